@@ -1,0 +1,29 @@
+# sbxlog — see README.md. Every target works on a fresh Debian machine with Go.
+GO        ?= go
+BIN       := bin
+PKGS      := ./...
+TESTFLAGS ?= -race -timeout 14m
+
+.PHONY: all build test bench lint clean
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+test:
+	$(GO) vet $(PKGS)
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+# bench runs every benchmark section in bench/, prints a table per section and
+# rewrites those sections of docs/benchmarks.md. BENCH=name[,name] runs a subset.
+bench:
+	$(GO) run ./bench -out docs/benchmarks.md $(if $(BENCH),-only $(BENCH),)
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet $(PKGS)
+
+clean:
+	rm -rf $(BIN)

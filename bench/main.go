@@ -1,0 +1,98 @@
+// Command bench runs the project's benchmark sections, prints each as a table and
+// writes the figures of record into docs/benchmarks.md (see `make bench`).
+//
+// Each section lives in its own package under bench/ and is listed in sections
+// below; a section measures the project's code and, in the same run, the floor or
+// comparator the issue names, so every ratio in the document compares figures
+// taken minutes apart on the same machine.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sbxlog/sbxlog/bench/report"
+)
+
+// section is one runnable benchmark.
+type section struct {
+	name string
+	run  func(ctx context.Context, opts Options) (*report.Section, error)
+}
+
+// Options are shared by all sections.
+type Options = report.Options
+
+var sections = []section{}
+
+func main() {
+	out := flag.String("out", "docs/benchmarks.md", "markdown file to splice the figures into (empty: print only)")
+	only := flag.String("only", "", "comma-separated section names to run (default all)")
+	quick := flag.Bool("quick", false, "smaller sample counts, for a smoke run")
+	scratch := flag.String("scratch", "", "scratch directory (default a temp dir)")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	want := map[string]bool{}
+	for _, n := range strings.Split(*only, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			want[n] = true
+		}
+	}
+	dir := *scratch
+	if dir == "" {
+		d, err := os.MkdirTemp("", "sbxbench-")
+		if err != nil {
+			fatal(err)
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	opts := Options{Quick: *quick, Scratch: dir}
+
+	var done []*report.Section
+	var failed []string
+	for _, s := range sections {
+		if len(want) > 0 && !want[s.name] {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "bench: running %s\n", s.name)
+		start := time.Now()
+		sec, err := s.run(ctx, opts)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %s failed: %v\n", s.name, err)
+			failed = append(failed, s.name)
+			continue
+		}
+		sec.Name = s.name
+		sec.Text(os.Stdout)
+		fmt.Fprintf(os.Stderr, "bench: %s took %s\n", s.name, time.Since(start).Round(time.Millisecond))
+		done = append(done, sec)
+	}
+	if *out != "" && len(done) > 0 {
+		old, err := os.ReadFile(*out)
+		if err != nil && !os.IsNotExist(err) {
+			fatal(err)
+		}
+		if err := os.WriteFile(*out, report.Splice(old, report.Machine(time.Now()), done), 0o644); err != nil {
+			fatal(err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: wrote %d section(s) to %s\n", len(done), *out)
+	}
+	if len(failed) > 0 {
+		fatal(fmt.Errorf("sections failed: %s", strings.Join(failed, ", ")))
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
