@@ -1,0 +1,147 @@
+package event
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Type is an event's type tag. The numbering is append-only: never renumber,
+// never reuse a retired number (mark it retired in typeInfos instead).
+type Type uint16
+
+// Event types. Add new ones at the end with the next number.
+const (
+	TypeInvalid Type = 0
+
+	// Pool configuration.
+	TypePoolsConfigured  Type = 1
+	TypeLimitsConfigured Type = 2
+
+	// Golden snapshot lifecycle.
+	TypeGoldenBuildRequested Type = 3
+	TypeGoldenBuilt          Type = 4
+	TypeGoldenFailed         Type = 5
+
+	// VM lifecycle.
+	TypeVMCloneRequested   Type = 6
+	TypeVMCloned           Type = 7
+	TypeVMCloneFailed      Type = 8
+	TypeVMDestroyRequested Type = 9
+	TypeVMDestroyed        Type = 10
+	TypeVMExited           Type = 11
+
+	// Claims.
+	TypeClaimCreated  Type = 12
+	TypeClaimServed   Type = 13
+	TypeClaimFailed   Type = 14
+	TypeClaimRenewed  Type = 15
+	TypeClaimReleased Type = 16
+
+	// Hibernate and wake.
+	TypeHibernateRequested Type = 17
+	TypeHibernated         Type = 18
+	TypeHibernateFailed    Type = 19
+	TypeWakeRequested      Type = 20
+	TypeWoken              Type = 21
+	TypeWakeFailed         Type = 22
+
+	// Capacity.
+	TypeCapacityParked Type = 23
+)
+
+// AggKind is the kind of aggregate an event belongs to.
+type AggKind uint8
+
+// Aggregate kinds; append-only like Type.
+const (
+	AggInvalid AggKind = 0
+	AggNode    AggKind = 1
+	AggPool    AggKind = 2
+	AggGolden  AggKind = 3
+	AggVM      AggKind = 4
+	AggClaim   AggKind = 5
+)
+
+type typeInfo struct {
+	name    string
+	version uint16 // current schema version written by this build
+	agg     AggKind
+}
+
+// typeInfos is the registry of every type this build can read. A retired type
+// keeps its entry so old logs stay readable.
+var typeInfos = map[Type]typeInfo{
+	TypePoolsConfigured:      {"pools_configured", 1, AggNode},
+	TypeLimitsConfigured:     {"limits_configured", 1, AggNode},
+	TypeGoldenBuildRequested: {"golden_build_requested", 1, AggGolden},
+	TypeGoldenBuilt:          {"golden_built", 1, AggGolden},
+	TypeGoldenFailed:         {"golden_failed", 1, AggGolden},
+	TypeVMCloneRequested:     {"vm_clone_requested", 1, AggVM},
+	TypeVMCloned:             {"vm_cloned", 1, AggVM},
+	TypeVMCloneFailed:        {"vm_clone_failed", 1, AggVM},
+	TypeVMDestroyRequested:   {"vm_destroy_requested", 1, AggVM},
+	TypeVMDestroyed:          {"vm_destroyed", 1, AggVM},
+	TypeVMExited:             {"vm_exited", 1, AggVM},
+	TypeClaimCreated:         {"claim_created", 1, AggClaim},
+	TypeClaimServed:          {"claim_served", 1, AggClaim},
+	TypeClaimFailed:          {"claim_failed", 1, AggClaim},
+	TypeClaimRenewed:         {"claim_renewed", 1, AggClaim},
+	TypeClaimReleased:        {"claim_released", 1, AggClaim},
+	TypeHibernateRequested:   {"hibernate_requested", 1, AggClaim},
+	TypeHibernated:           {"hibernated", 1, AggClaim},
+	TypeHibernateFailed:      {"hibernate_failed", 1, AggClaim},
+	TypeWakeRequested:        {"wake_requested", 1, AggClaim},
+	TypeWoken:                {"woken", 1, AggClaim},
+	TypeWakeFailed:           {"wake_failed", 1, AggClaim},
+	TypeCapacityParked:       {"capacity_parked", 1, AggNode},
+}
+
+// Known reports whether this build can read events of type t.
+func (t Type) Known() bool { _, ok := typeInfos[t]; return ok }
+
+// String returns the type's stable name (used in /v1/events and JSON dumps).
+func (t Type) String() string {
+	if ti, ok := typeInfos[t]; ok {
+		return ti.name
+	}
+	return fmt.Sprintf("type(%d)", uint16(t))
+}
+
+// Version returns the schema version this build writes for t (0 if unknown).
+func (t Type) Version() uint16 { return typeInfos[t].version }
+
+// Aggregate returns the aggregate kind events of type t belong to.
+func (t Type) Aggregate() AggKind { return typeInfos[t].agg }
+
+// ParseType maps a stable name back to its Type.
+func ParseType(name string) (Type, bool) {
+	for t, ti := range typeInfos {
+		if ti.name == name {
+			return t, true
+		}
+	}
+	return TypeInvalid, false
+}
+
+// Types returns every known type in numeric order.
+func Types() []Type {
+	out := make([]Type, 0, len(typeInfos))
+	for t := range typeInfos {
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return out
+}
+
+var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim"}
+
+// String returns the aggregate kind's stable name.
+func (k AggKind) String() string {
+	if int(k) < len(aggNames) {
+		return aggNames[k]
+	}
+	return fmt.Sprintf("agg(%d)", uint8(k))
+}
+
+// Known reports whether k is a defined aggregate kind.
+func (k AggKind) Known() bool { return k > AggInvalid && int(k) < len(aggNames) }
