@@ -18,9 +18,9 @@ const (
 )
 
 // A golden-like disk: large, mostly holes, a few data ranges.
-var diskRegions = []region{{0, 2 * MiB}, {40 * MiB, 1 * MiB}, {100 * MiB, 3 * MiB}}
+var diskRegions = []region{{0, 2 * MiB}, {20 * MiB, 1 * MiB}, {50 * MiB, 3 * MiB}}
 
-const diskSize = 256 * MiB
+const diskSize = 96 * MiB
 
 func TestCloneReflinkSharesAllExtents(t *testing.T) {
 	dir := xfstest.Mount(t, 512*MiB)

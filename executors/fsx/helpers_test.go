@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
@@ -30,16 +31,12 @@ func writeSparse(t *testing.T, path string, size int64, perm os.FileMode, region
 		t.Fatal(err)
 	}
 	var written int64
-	seed := uint64(len(path))
+	var seed [32]byte
+	copy(seed[:], path)
+	rng := rand.NewChaCha8(seed)
 	for _, r := range regions {
 		buf := make([]byte, r.len)
-		for i := range buf {
-			// xorshift: cheap, deterministic, not compressible into zeros
-			seed ^= seed << 13
-			seed ^= seed >> 7
-			seed ^= seed << 17
-			buf[i] = byte(seed)
-		}
+		_, _ = rng.Read(buf) // never fails
 		if _, err := f.WriteAt(buf, r.off); err != nil {
 			t.Fatal(err)
 		}

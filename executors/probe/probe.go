@@ -1,0 +1,216 @@
+// Package probe decides when a restored, woken or cold-booted VM is ready: its VMM
+// reports the VM Running and the guest agent accepts a connection on its vsock port.
+//
+// The vsock check uses Cloud Hypervisor's hybrid vsock: the VM's vsock device is a
+// unix socket on the host; a client connects to it, writes "CONNECT <port>\n", and
+// the VMM answers "OK <host port>\n" once a guest listener on <port> has accepted
+// (otherwise it closes the connection). The probe retries every Interval (20 ms, as
+// the old daemon did) until it gets an OK or its timeout or context ends, and never
+// leaves a connection open.
+//
+// Contract:
+//   - Connect makes one attempt and returns nil only on an "OK " answer.
+//   - Vsock retries Connect; Ready first waits for the injected RunningFunc (vm.info
+//     in production, kept a func so this package does not depend on the CH client)
+//     to report true, then runs Vsock. Both report attempts so recipes can log them.
+//   - Giving up returns an error wrapping ErrNotReady, the context's error and the
+//     last attempt's error; an error from RunningFunc is returned at once, wrapped.
+//   - ErrInvalid: empty socket path or nil RunningFunc.
+package probe
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+)
+
+const (
+	// DefaultInterval is the pause between attempts.
+	DefaultInterval = 20 * time.Millisecond
+	// DefaultAttemptTimeout bounds one dial plus answer: a VMM that has accepted the
+	// connection but whose guest never answers must not stall the whole probe.
+	DefaultAttemptTimeout = time.Second
+	// maxAnswer bounds the answer line; a real one is "OK " and a port number.
+	maxAnswer = 64
+)
+
+var (
+	// ErrNotReady: the VM did not become ready before the timeout or context end.
+	ErrNotReady = errors.New("probe: vm not ready")
+	// ErrInvalid: the probe was called with unusable arguments.
+	ErrInvalid = errors.New("probe: invalid arguments")
+)
+
+// Options tunes a probe; zero values take the defaults.
+type Options struct {
+	// Interval between attempts (DefaultInterval).
+	Interval time.Duration
+	// Timeout for the whole probe; 0 leaves it to the context.
+	Timeout time.Duration
+	// AttemptTimeout for one dial plus answer (DefaultAttemptTimeout).
+	AttemptTimeout time.Duration
+	// OnAttempt, if set, is called after every failed attempt with its number
+	// (from 1) and error, e.g. to log at debug level.
+	OnAttempt func(n int, err error)
+}
+
+func (o Options) withDefaults() Options {
+	if o.Interval <= 0 {
+		o.Interval = DefaultInterval
+	}
+	if o.AttemptTimeout <= 0 {
+		o.AttemptTimeout = DefaultAttemptTimeout
+	}
+	return o
+}
+
+// Result says how much waiting the probe took.
+type Result struct {
+	// RunningChecks is how many times RunningFunc was called (Ready only).
+	RunningChecks int
+	// Attempts is how many vsock handshakes were tried.
+	Attempts int
+}
+
+// Connect performs one hybrid-vsock handshake with the guest's port via the VM's
+// vsock unix socket.
+func Connect(ctx context.Context, socket string, port uint32) error {
+	if socket == "" {
+		return fmt.Errorf("%w: empty vsock socket path", ErrInvalid)
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	// Closing on cancel unblocks a read the deadline does not cover.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	if _, err := fmt.Fprintf(conn, "CONNECT %d\n", port); err != nil {
+		return fmt.Errorf("send CONNECT: %w", ctxErr(ctx, err))
+	}
+	line, err := bufio.NewReaderSize(conn, maxAnswer).ReadSlice('\n')
+	if err != nil {
+		if len(line) > 0 && errors.Is(err, bufio.ErrBufferFull) {
+			return fmt.Errorf("answer to CONNECT %d too long: %q", port, line)
+		}
+		return fmt.Errorf("no answer to CONNECT %d: %w", port, ctxErr(ctx, err))
+	}
+	if !strings.HasPrefix(string(line), "OK ") {
+		return fmt.Errorf("answer to CONNECT %d: %q", port, strings.TrimSpace(string(line)))
+	}
+	return nil
+}
+
+// ctxErr prefers the context's reason over the I/O error it caused.
+func ctxErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// Vsock retries Connect until it succeeds or the probe times out.
+func Vsock(ctx context.Context, socket string, port uint32, opt Options) (Result, error) {
+	var res Result
+	if socket == "" {
+		return res, fmt.Errorf("%w: empty vsock socket path", ErrInvalid)
+	}
+	opt = opt.withDefaults()
+	if opt.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, opt.Timeout)
+		defer cancel()
+	}
+	err := vsock(ctx, socket, port, opt, &res)
+	return res, err
+}
+
+func vsock(ctx context.Context, socket string, port uint32, opt Options, res *Result) error {
+	return retry(ctx, opt, func() (bool, error) {
+		res.Attempts++
+		actx, cancel := context.WithTimeout(ctx, opt.AttemptTimeout)
+		err := Connect(actx, socket, port)
+		cancel()
+		if err != nil && opt.OnAttempt != nil {
+			opt.OnAttempt(res.Attempts, err)
+		}
+		return err == nil, err
+	}, fmt.Sprintf("vsock %s port %d", socket, port))
+}
+
+// RunningFunc reports whether the VM is running (vm.info state Running). It returns
+// (false, nil) while the VM may still get there, and an error when it will not
+// (the VMM is gone, the VM shut down): that error ends the probe at once.
+type RunningFunc func(ctx context.Context) (bool, error)
+
+// Ready waits until running reports true, then until the guest answers on port.
+func Ready(ctx context.Context, running RunningFunc, socket string, port uint32, opt Options) (Result, error) {
+	var res Result
+	if running == nil {
+		return res, fmt.Errorf("%w: nil RunningFunc", ErrInvalid)
+	}
+	if socket == "" {
+		return res, fmt.Errorf("%w: empty vsock socket path", ErrInvalid)
+	}
+	opt = opt.withDefaults()
+	if opt.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, opt.Timeout)
+		defer cancel()
+	}
+	var fatal error
+	err := retry(ctx, opt, func() (bool, error) {
+		res.RunningChecks++
+		ok, err := running(ctx)
+		if err != nil {
+			fatal = err
+			return true, nil // stop retrying; reported below
+		}
+		if !ok {
+			return false, errors.New("vm not running yet")
+		}
+		return true, nil
+	}, "vm running")
+	if fatal != nil {
+		return res, fmt.Errorf("probe: vm state: %w", fatal)
+	}
+	if err != nil {
+		return res, err
+	}
+	return res, vsock(ctx, socket, port, opt, &res)
+}
+
+// retry calls try until it reports done, pausing opt.Interval between calls, and
+// gives up when ctx ends.
+func retry(ctx context.Context, opt Options, try func() (bool, error), what string) error {
+	var t *time.Timer
+	for {
+		done, err := try()
+		if done {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: %s: %w (last: %w)", ErrNotReady, what, ctx.Err(), err)
+		}
+		if t == nil {
+			t = time.NewTimer(opt.Interval)
+			defer t.Stop()
+		} else {
+			t.Reset(opt.Interval)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s: %w (last: %w)", ErrNotReady, what, ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
