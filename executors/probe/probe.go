@@ -120,18 +120,7 @@ func ctxErr(ctx context.Context, err error) error {
 
 // Vsock retries Connect until it succeeds or the probe times out.
 func Vsock(ctx context.Context, socket string, port uint32, opt Options) (Result, error) {
-	var res Result
-	if socket == "" {
-		return res, fmt.Errorf("%w: empty vsock socket path", ErrInvalid)
-	}
-	opt = opt.withDefaults()
-	if opt.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, opt.Timeout)
-		defer cancel()
-	}
-	err := vsock(ctx, socket, port, opt, &res)
-	return res, err
+	return wait(ctx, nil, socket, port, opt)
 }
 
 func vsock(ctx context.Context, socket string, port uint32, opt Options, res *Result) error {
@@ -154,10 +143,15 @@ type RunningFunc func(ctx context.Context) (bool, error)
 
 // Ready waits until running reports true, then until the guest answers on port.
 func Ready(ctx context.Context, running RunningFunc, socket string, port uint32, opt Options) (Result, error) {
-	var res Result
 	if running == nil {
-		return res, fmt.Errorf("%w: nil RunningFunc", ErrInvalid)
+		return Result{}, fmt.Errorf("%w: nil RunningFunc", ErrInvalid)
 	}
+	return wait(ctx, running, socket, port, opt)
+}
+
+// wait is Ready, with the running check skipped when running is nil.
+func wait(ctx context.Context, running RunningFunc, socket string, port uint32, opt Options) (Result, error) {
+	var res Result
 	if socket == "" {
 		return res, fmt.Errorf("%w: empty vsock socket path", ErrInvalid)
 	}
@@ -167,24 +161,26 @@ func Ready(ctx context.Context, running RunningFunc, socket string, port uint32,
 		ctx, cancel = context.WithTimeout(ctx, opt.Timeout)
 		defer cancel()
 	}
-	var fatal error
-	err := retry(ctx, opt, func() (bool, error) {
-		res.RunningChecks++
-		ok, err := running(ctx)
+	if running != nil {
+		var fatal error
+		err := retry(ctx, opt, func() (bool, error) {
+			res.RunningChecks++
+			ok, err := running(ctx)
+			if err != nil {
+				fatal = err
+				return true, nil // stop retrying; reported below
+			}
+			if !ok {
+				return false, errors.New("vm not running yet")
+			}
+			return true, nil
+		}, "vm running")
+		if fatal != nil {
+			return res, fmt.Errorf("probe: vm state: %w", fatal)
+		}
 		if err != nil {
-			fatal = err
-			return true, nil // stop retrying; reported below
+			return res, err
 		}
-		if !ok {
-			return false, errors.New("vm not running yet")
-		}
-		return true, nil
-	}, "vm running")
-	if fatal != nil {
-		return res, fmt.Errorf("probe: vm state: %w", fatal)
-	}
-	if err != nil {
-		return res, err
 	}
 	return res, vsock(ctx, socket, port, opt, &res)
 }
