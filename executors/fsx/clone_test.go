@@ -254,3 +254,40 @@ func TestMethodString(t *testing.T) {
 		}
 	}
 }
+
+// The recipes also clone config.json and state.json: small, unaligned and possibly
+// empty files, and re-run steps overwrite an earlier attempt's file.
+func TestCloneSmallFilesOnXFS(t *testing.T) {
+	dir := xfstest.Mount(t, 512*MiB)
+	c, _ := newLogged()
+	for _, tc := range []struct {
+		name string
+		data string
+	}{
+		{"empty", ""},
+		{"unaligned", `{"disks":[{"path":"/run/vm/cow.raw"}],"vsock":{"cid":3}}`},
+	} {
+		src := filepath.Join(dir, tc.name+".json")
+		if err := os.WriteFile(src, []byte(tc.data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(dir, tc.name+".clone")
+		if err := os.WriteFile(dst, []byte("an earlier, longer attempt's leftover content"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		res, err := c.Clone(dst, src, Overwrite())
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if res.Method != Reflink || res.Size != int64(len(tc.data)) {
+			t.Fatalf("%s: result %+v, want reflink of %d bytes", tc.name, res, len(tc.data))
+		}
+		b, err := os.ReadFile(dst)
+		if err != nil || string(b) != tc.data {
+			t.Fatalf("%s: clone reads %q, %v; want %q", tc.name, b, err, tc.data)
+		}
+		if st, _ := os.Stat(dst); st.Mode().Perm() != 0o644 {
+			t.Fatalf("%s: mode %v, want 0644 from the source", tc.name, st.Mode().Perm())
+		}
+	}
+}
