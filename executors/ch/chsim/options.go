@@ -1,0 +1,312 @@
+package chsim
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/bits"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Environment variables read by ParseEnv. They exist because a VMM is
+// launched with nothing but --api-socket, so the environment is the only way
+// a test or benchmark can shape one instance's behaviour.
+const (
+	EnvLatency           = "SBX_CHSIM_LATENCY"             // duration added to every API call, e.g. "2ms"
+	EnvFail              = "SBX_CHSIM_FAIL"                // "<op>:<n>[+]:<status|exit|hang>[,...]"
+	EnvSnapshotExitAfter = "SBX_CHSIM_SNAPSHOT_EXIT_AFTER" // bytes: die (SIGKILL) mid-snapshot after writing this many
+	EnvExitRandom        = "SBX_CHSIM_EXIT_RANDOM"         // duration: die (SIGKILL) at a uniformly random time within it
+	EnvDirtyBytes        = "SBX_CHSIM_DIRTY_BYTES"         // size of the data a booted guest writes into its memory
+	EnvBalloonRate       = "SBX_CHSIM_BALLOON_RATE"        // balloon inflation speed, bytes per second (0 = instant)
+	EnvAgentDelay        = "SBX_CHSIM_AGENT_DELAY"         // time after boot before the guest answers vsock CONNECTs
+	EnvVsockPorts        = "SBX_CHSIM_VSOCK_PORTS"         // comma-separated guest ports that accept (default: all)
+)
+
+// Defaults.
+const (
+	DefaultDirtyBytes  = 4 << 20
+	DefaultBalloonRate = 256 << 20
+	// DefaultMemorySize is CH's memory size when a config names none.
+	DefaultMemorySize = 512 << 20
+)
+
+// FailAction says what an injected failure does.
+type FailAction int
+
+// Fail actions.
+const (
+	// FailStatus answers with the rule's status and an error chain.
+	FailStatus FailAction = iota
+	// FailExit kills the process (SIGKILL) instead of answering.
+	FailExit
+	// FailHang never answers; the connection stays open until the client
+	// gives up.
+	FailHang
+)
+
+// FailRule fails the N-th call (1-based) of one endpoint, or every call from
+// the N-th on when From is set.
+type FailRule struct {
+	Op     string // endpoint, e.g. "vm.pause"
+	N      int
+	From   bool
+	Action FailAction
+	Status int // for FailStatus
+}
+
+func (r FailRule) matches(op string, n int) bool {
+	if r.Op != op {
+		return false
+	}
+	if r.From {
+		return n >= r.N
+	}
+	return n == r.N
+}
+
+// Options configure a simulator instance.
+type Options struct {
+	// Socket is the API socket path.
+	Socket string
+	// Latency is added to every API call.
+	Latency time.Duration
+	// Fail lists injected failures.
+	Fail []FailRule
+	// SnapshotExitAfter, when >= 0, kills the process once a snapshot has
+	// written this many bytes into its directory (config.json, then
+	// memory-ranges, then state.json). -1 disables it.
+	SnapshotExitAfter int64
+	// ExitRandom, when > 0, kills the process at a uniformly random time
+	// within this long after start.
+	ExitRandom time.Duration
+	// DirtyBytes is how much data a freshly booted guest writes into its
+	// memory; snapshots write that much real data into memory-ranges.
+	DirtyBytes int64
+	// BalloonRate is how fast a balloon inflates or deflates towards its
+	// target, in bytes per second of running guest; 0 is instant.
+	BalloonRate int64
+	// AgentDelay is how long after boot the guest's agent starts accepting
+	// vsock connections (restored guests accept at once).
+	AgentDelay time.Duration
+	// VsockPorts restricts the guest ports that accept; empty accepts all.
+	VsockPorts []uint32
+	// Seed seeds the random exit time; 0 derives one from the clock.
+	Seed int64
+	// Log receives the simulator's log lines (stderr in the binary).
+	Log io.Writer
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Crash ends the process abruptly; nil means SIGKILL to itself, which
+	// is what a crashed VMM looks like from outside.
+	Crash func(reason string)
+}
+
+// DefaultOptions returns the options with every default filled in.
+func DefaultOptions() Options {
+	return Options{
+		SnapshotExitAfter: -1,
+		DirtyBytes:        DefaultDirtyBytes,
+		BalloonRate:       DefaultBalloonRate,
+	}
+}
+
+// ApplyEnv overlays the SBX_CHSIM_* variables read through getenv.
+func (o *Options) ApplyEnv(getenv func(string) string) error {
+	var errs []error
+	set := func(name string, parse func(string) error) {
+		if v := strings.TrimSpace(getenv(name)); v != "" {
+			if err := parse(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	}
+	set(EnvLatency, durationInto(&o.Latency))
+	set(EnvFail, func(v string) error {
+		rules, err := ParseFailRules(v)
+		o.Fail = append(o.Fail, rules...)
+		return err
+	})
+	set(EnvSnapshotExitAfter, sizeInto(&o.SnapshotExitAfter))
+	set(EnvExitRandom, durationInto(&o.ExitRandom))
+	set(EnvDirtyBytes, sizeInto(&o.DirtyBytes))
+	set(EnvBalloonRate, sizeInto(&o.BalloonRate))
+	set(EnvAgentDelay, durationInto(&o.AgentDelay))
+	set(EnvVsockPorts, func(v string) error {
+		ports, err := parsePorts(v)
+		o.VsockPorts = ports
+		return err
+	})
+	return errors.Join(errs...)
+}
+
+// RegisterFlags binds the fault and behaviour flags to fs; flags given on
+// the command line override the environment. The --api-socket flag is
+// registered by the binary, since its syntax is CH's.
+func (o *Options) RegisterFlags(fs *flag.FlagSet) {
+	fs.Func("latency", "added latency per API call (env "+EnvLatency+")", durationInto(&o.Latency))
+	fs.Func("fail", "fail calls: <op>:<n>[+]:<status|exit|hang>[,...] (env "+EnvFail+")", func(v string) error {
+		rules, err := ParseFailRules(v)
+		o.Fail = append(o.Fail, rules...)
+		return err
+	})
+	fs.Func("snapshot-exit-after", "die mid-snapshot after writing this many bytes (env "+EnvSnapshotExitAfter+")", sizeInto(&o.SnapshotExitAfter))
+	fs.Func("exit-random", "die at a random time within this duration (env "+EnvExitRandom+")", durationInto(&o.ExitRandom))
+	fs.Func("dirty-bytes", "data a booted guest writes into memory (env "+EnvDirtyBytes+", default 4MiB)", sizeInto(&o.DirtyBytes))
+	fs.Func("balloon-rate", "balloon inflation bytes per second, 0 instant (env "+EnvBalloonRate+", default 256MiB)", sizeInto(&o.BalloonRate))
+	fs.Func("agent-delay", "delay after boot before vsock CONNECTs are answered (env "+EnvAgentDelay+")", durationInto(&o.AgentDelay))
+	fs.Func("vsock-ports", "guest ports that accept vsock connections, default all (env "+EnvVsockPorts+")", func(v string) error {
+		ports, err := parsePorts(v)
+		o.VsockPorts = ports
+		return err
+	})
+}
+
+func durationInto(d *time.Duration) func(string) error {
+	return func(v string) error {
+		x, err := time.ParseDuration(v)
+		if err != nil {
+			return err
+		}
+		if x < 0 {
+			return errors.New("negative duration")
+		}
+		*d = x
+		return nil
+	}
+}
+
+func sizeInto(n *int64) func(string) error {
+	return func(v string) error {
+		x, err := ParseSize(v)
+		if err != nil {
+			return err
+		}
+		*n = x
+		return nil
+	}
+}
+
+// ParseSize parses a byte count: a plain number or one with a K, M, G or T
+// suffix (binary multiples; "KiB", "MB" and "k" spellings are accepted).
+func ParseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	t := strings.ToUpper(s)
+	t = strings.TrimSuffix(t, "IB")
+	t = strings.TrimSuffix(t, "B")
+	shift := 0
+	if n := len(t); n > 0 {
+		switch t[n-1] {
+		case 'K':
+			shift = 10
+		case 'M':
+			shift = 20
+		case 'G':
+			shift = 30
+		case 'T':
+			shift = 40
+		}
+		if shift > 0 {
+			t = t[:n-1]
+		}
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(t), 10, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("invalid size %q", s)
+	}
+	if v != 0 && bits.Len64(uint64(v))+shift > 62 {
+		return 0, fmt.Errorf("size %q too large", s)
+	}
+	return v << shift, nil
+}
+
+// ParseFailRules parses "<op>:<n>[+]:<status|exit|hang>" rules separated by
+// commas, e.g. "vm.pause:2:500,vm.snapshot:1+:exit".
+func ParseFailRules(s string) ([]FailRule, error) {
+	var out []FailRule
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		f := strings.Split(part, ":")
+		if len(f) != 3 {
+			return out, fmt.Errorf("fail rule %q: want <op>:<n>[+]:<status|exit|hang>", part)
+		}
+		r := FailRule{Op: f[0]}
+		if _, ok := routes[r.Op]; !ok {
+			return out, fmt.Errorf("fail rule %q: unknown endpoint %q", part, r.Op)
+		}
+		nstr, from := strings.CutSuffix(f[1], "+")
+		n, err := strconv.Atoi(nstr)
+		if err != nil || n < 1 {
+			return out, fmt.Errorf("fail rule %q: call number must be >= 1", part)
+		}
+		r.N, r.From = n, from
+		switch f[2] {
+		case "exit":
+			r.Action = FailExit
+		case "hang":
+			r.Action = FailHang
+		default:
+			st, err := strconv.Atoi(f[2])
+			if err != nil || st < 400 || st > 599 {
+				return out, fmt.Errorf("fail rule %q: status must be 400-599, exit or hang", part)
+			}
+			r.Action, r.Status = FailStatus, st
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func parsePorts(s string) ([]uint32, error) {
+	var out []uint32
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(p, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("invalid port %q", p)
+		}
+		out = append(out, uint32(n))
+	}
+	return out, nil
+}
+
+// Usage is the binary's --help text.
+const Usage = `chsim — a SIMULATOR of the Cloud Hypervisor REST API. It is not a hypervisor
+and runs no guest code: it answers CH's API over a unix socket with the real
+server's status codes, error bodies and VM state machine, and writes and reads
+snapshot files for real, so that sbxlog can be built and tested on machines
+without KVM or the cloud-hypervisor binary. One process per VM, like CH.
+
+Usage:
+  chsim --api-socket path=<socket> [fault flags]
+
+Flags:
+  --api-socket path=<socket>   the API socket (also: a bare path, or fd=<n>)
+  --latency <duration>         added latency per API call
+  --fail <rules>               <op>:<n>[+]:<status|exit|hang>[,...]: fail the n-th
+                               call of an endpoint (n+ : every call from the n-th),
+                               e.g. vm.pause:2:500 or vm.restore:1:exit
+  --snapshot-exit-after <size> die (SIGKILL) mid-snapshot after writing this many bytes
+  --exit-random <duration>     die (SIGKILL) at a random time within this duration
+  --dirty-bytes <size>         data a booted guest writes into memory (default 4MiB)
+  --balloon-rate <size>        balloon inflation per second of running guest
+                               (default 256MiB; 0 = instant)
+  --agent-delay <duration>     time after boot before the guest answers vsock CONNECTs
+  --vsock-ports <list>         guest ports that accept vsock connections (default all)
+  --version                    print the simulated version and exit
+
+Each flag has an environment variable, read first (flags override), because a
+VMM is launched with nothing but --api-socket:
+  SBX_CHSIM_LATENCY, SBX_CHSIM_FAIL, SBX_CHSIM_SNAPSHOT_EXIT_AFTER,
+  SBX_CHSIM_EXIT_RANDOM, SBX_CHSIM_DIRTY_BYTES, SBX_CHSIM_BALLOON_RATE,
+  SBX_CHSIM_AGENT_DELAY, SBX_CHSIM_VSOCK_PORTS
+Sizes take K, M, G suffixes (binary). Logs go to stderr.
+`
