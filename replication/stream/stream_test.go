@@ -1,0 +1,161 @@
+package stream_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sbxlog/sbxlog/replication/natsembed/natstest"
+	"github.com/sbxlog/sbxlog/replication/stream"
+)
+
+func TestCheckNodeID(t *testing.T) {
+	for _, tc := range []struct {
+		node string
+		ok   bool
+	}{
+		{"node-1", true},
+		{"Host_2", true},
+		{"", false},
+		{"a.b", false},
+		{"a*", false},
+		{">", false},
+		{"a b", false},
+		{strings.Repeat("x", 129), false},
+	} {
+		err := stream.CheckNodeID(tc.node)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, stream.ErrBadNodeID)) {
+			t.Errorf("CheckNodeID(%q) = %v, want ok=%v", tc.node, err, tc.ok)
+		}
+	}
+	if got := stream.Subject("n1"); got != "sbx.ev.n1" {
+		t.Fatalf("Subject = %s", got)
+	}
+	if n, ok := stream.NodeOf("sbx.ev.n1"); !ok || n != "n1" {
+		t.Fatalf("NodeOf = %q %v", n, ok)
+	}
+	if _, ok := stream.NodeOf("sbx.other.n1"); ok {
+		t.Fatal("NodeOf accepted a foreign subject")
+	}
+	if got := stream.MsgID("n1", 42); got != "n1-42" {
+		t.Fatalf("MsgID = %s", got)
+	}
+}
+
+func TestConfigDefaultsAndBadInput(t *testing.T) {
+	sc, err := stream.Config{}.StreamConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Name != stream.DefaultName || sc.Replicas != 1 || sc.Duplicates != stream.DefaultDuplicates ||
+		sc.Storage != jetstream.FileStorage || sc.Retention != jetstream.LimitsPolicy || len(sc.Subjects) != 1 || sc.Subjects[0] != "sbx.ev.*" {
+		t.Fatalf("defaults: %+v", sc)
+	}
+	for _, c := range []stream.Config{{Name: "a.b"}, {Replicas: 7}, {Replicas: -1}, {Duplicates: time.Millisecond}} {
+		if _, err := c.StreamConfig(); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+}
+
+func TestEnsureCreatesThenAccepts(t *testing.T) {
+	ctx := context.Background()
+	s := natstest.Single(t)
+	_, js := natstest.Connect(t, s.ClientURL())
+	// Several nodes starting at once all end with the same stream.
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = stream.Ensure(ctx, js, stream.Config{})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("Ensure %d: %v", i, err)
+		}
+	}
+	st, err := stream.Ensure(ctx, js, stream.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Storage != jetstream.FileStorage || info.Config.Replicas != 1 || !info.Config.DenyDelete {
+		t.Fatalf("created %+v", info.Config)
+	}
+	// A longer duplicate window than asked for is fine.
+	if _, err := stream.Ensure(ctx, js, stream.Config{Duplicates: time.Minute}); err != nil {
+		t.Fatalf("shorter requested window: %v", err)
+	}
+}
+
+// An existing stream whose settings would break replication is refused with
+// an error naming the setting; a wider subject filter is accepted.
+func TestEnsureRefusesIncompatible(t *testing.T) {
+	ctx := context.Background()
+	s := natstest.Single(t)
+	_, js := natstest.Connect(t, s.ClientURL())
+	base := func(name string) jetstream.StreamConfig {
+		c, err := stream.Config{Name: name}.StreamConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name    string
+		mutate  func(*jetstream.StreamConfig)
+		setting string // "" = compatible
+	}{
+		{"wider subjects", func(c *jetstream.StreamConfig) { c.Subjects = []string{"sbx.>"} }, ""},
+		{"other subjects", func(c *jetstream.StreamConfig) { c.Subjects = []string{"sbx.ev.a"} }, "subjects"},
+		{"memory", func(c *jetstream.StreamConfig) { c.Storage = jetstream.MemoryStorage }, "storage"},
+		{"workqueue", func(c *jetstream.StreamConfig) { c.Retention = jetstream.WorkQueuePolicy }, "retention"},
+		{"short window", func(c *jetstream.StreamConfig) { c.Duplicates = 5 * time.Second }, "duplicate_window"},
+		{"per-subject cap", func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = 10 }, "max_msgs_per_subject"},
+		{"no ack", func(c *jetstream.StreamConfig) { c.NoAck = true }, "no_ack"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := strings.ReplaceAll(strings.ToUpper(tc.name), " ", "_")
+			c := base(name)
+			tc.mutate(&c)
+			st, err := js.CreateStream(ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = js.DeleteStream(context.Background(), st.CachedInfo().Config.Name) })
+			_, err = stream.Ensure(ctx, js, stream.Config{Name: name})
+			if tc.setting == "" {
+				if err != nil {
+					t.Fatalf("compatible stream refused: %v", err)
+				}
+				return
+			}
+			var ie *stream.IncompatibleError
+			if !errors.As(err, &ie) {
+				t.Fatalf("err %v, want *IncompatibleError", err)
+			}
+			if ie.Setting != tc.setting || ie.Stream != name || !strings.Contains(err.Error(), tc.setting) {
+				t.Fatalf("error %q names %q, want %q", err, ie.Setting, tc.setting)
+			}
+		})
+	}
+	// Replicas are compared too (checked without a cluster: pure Check).
+	have, want := base("R"), base("R")
+	want.Replicas = 3
+	var ie *stream.IncompatibleError
+	if err := stream.Check(have, want); !errors.As(err, &ie) || ie.Setting != "replicas" || ie.Have != "1" || ie.Want != "3" {
+		t.Fatalf("replicas: %v", err)
+	}
+}
