@@ -1,0 +1,285 @@
+package qemu
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/guest/agent"
+)
+
+// Config configures a Driver. Zero values take the defaults named per field.
+type Config struct {
+	// QEMU is the emulator binary (default "qemu-system-x86_64").
+	QEMU string
+	// Accel is the accelerator for cold boots (default AccelAuto). Restores use the
+	// accelerator recorded in the snapshot.
+	Accel Accel
+	// Machine is QEMU's machine type (default "pc").
+	Machine string
+	// FS performs every side effect on the run dir and the store (default
+	// fsx.NewOS(Log)); tests wrap it in an fsx.Recorder.
+	FS fsx.FS
+	Log zerolog.Logger
+	// Now is the clock for step timings and snapshot metadata (default time.Now).
+	Now func() time.Time
+
+	// BootTimeout bounds a cold boot up to the agent's first answer (default 2 min:
+	// TCG under load is slow).
+	BootTimeout time.Duration
+	// ReadyTimeout bounds the wait for the agent after a restore (default 30 s).
+	ReadyTimeout time.Duration
+	// StartTimeout bounds the wait for QMP after launching QEMU (default 30 s).
+	StartTimeout time.Duration
+	// MigrateTimeout bounds saving or loading the device state (default 2 min).
+	MigrateTimeout time.Duration
+	// StopGrace is how long each of quit, SIGTERM and SIGKILL is given (default 5 s).
+	StopGrace time.Duration
+
+	// ProbeTimeout bounds AccelAuto's KVM probe boot (default 10 s). Nested KVM
+	// can hang forever, so the probe must give up fast and fall back to TCG.
+	ProbeTimeout time.Duration
+	// KVMDevice is checked before probing (default "/dev/kvm").
+	KVMDevice string
+	// Probe replaces the KVM probe boot (tests); nil means a real boot of the
+	// spec's kernel and initrd under KVM that must reach agent ready.
+	Probe func(ctx context.Context, spec Spec) error
+}
+
+// Driver runs VMs with QEMU. Its methods are safe for concurrent use on different
+// VMs; calls for the same VM must not overlap (the state machine serialises them).
+type Driver struct {
+	qemu, machine string
+	fs            fsx.FS
+	log           zerolog.Logger
+	now           func() time.Time
+
+	bootTimeout, readyTimeout, startTimeout, migrateTimeout, stopGrace time.Duration
+	probeTimeout                                                       time.Duration
+	kvmDevice                                                          string
+	probe                                                              func(ctx context.Context, spec Spec) error
+
+	accelMu  sync.Mutex
+	accel    Accel // AccelAuto until resolved
+	accelWhy string
+
+	mu       sync.Mutex
+	children map[int]chan struct{} // processes this Driver started, closed when reaped
+}
+
+// New returns a Driver.
+func New(cfg Config) (*Driver, error) {
+	accel, err := ParseAccel(string(cfg.Accel))
+	if err != nil {
+		return nil, err
+	}
+	d := &Driver{
+		qemu:           or(cfg.QEMU, "qemu-system-x86_64"),
+		machine:        or(cfg.Machine, "pc"),
+		fs:             cfg.FS,
+		log:            cfg.Log,
+		now:            cfg.Now,
+		bootTimeout:    orDur(cfg.BootTimeout, 2*time.Minute),
+		readyTimeout:   orDur(cfg.ReadyTimeout, 30*time.Second),
+		startTimeout:   orDur(cfg.StartTimeout, 30*time.Second),
+		migrateTimeout: orDur(cfg.MigrateTimeout, 2*time.Minute),
+		stopGrace:      orDur(cfg.StopGrace, 5*time.Second),
+		probeTimeout:   orDur(cfg.ProbeTimeout, 10*time.Second),
+		kvmDevice:      or(cfg.KVMDevice, "/dev/kvm"),
+		probe:          cfg.Probe,
+		accel:          accel,
+		children:       make(map[int]chan struct{}),
+	}
+	if d.fs == nil {
+		d.fs = fsx.NewOS(cfg.Log)
+	}
+	if d.now == nil {
+		d.now = time.Now
+	}
+	if d.probe == nil {
+		d.probe = d.probeBoot
+	}
+	return d, nil
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func orDur(v, def time.Duration) time.Duration {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// Accel returns the accelerator cold boots use, resolving AccelAuto on first use
+// (with spec's kernel and initrd for the probe boot) and remembering the outcome,
+// and a sentence saying why.
+func (d *Driver) Accel(ctx context.Context, spec Spec) (Accel, string) {
+	d.accelMu.Lock()
+	defer d.accelMu.Unlock()
+	if d.accel != AccelAuto {
+		if d.accelWhy == "" {
+			d.accelWhy = "configured"
+		}
+		return d.accel, d.accelWhy
+	}
+	d.accel, d.accelWhy = d.resolveAuto(ctx, spec)
+	d.log.Info().Str("accel", string(d.accel)).Str("why", d.accelWhy).Msg("qemu accelerator chosen")
+	return d.accel, d.accelWhy
+}
+
+func (d *Driver) resolveAuto(ctx context.Context, spec Spec) (Accel, string) {
+	f, err := os.OpenFile(d.kvmDevice, os.O_RDWR, 0)
+	if err != nil {
+		return AccelTCG, fmt.Sprintf("auto: %s unusable (%v)", d.kvmDevice, err)
+	}
+	f.Close()
+	pctx, cancel := context.WithTimeout(ctx, d.probeTimeout)
+	defer cancel()
+	start := d.now()
+	if err := d.probe(pctx, spec); err != nil {
+		return AccelTCG, fmt.Sprintf("auto: KVM probe boot failed after %s (%v)", d.now().Sub(start).Round(time.Millisecond), err)
+	}
+	return AccelKVM, fmt.Sprintf("auto: KVM probe boot answered in %s", d.now().Sub(start).Round(time.Millisecond))
+}
+
+// probeBoot cold-boots spec's guest under KVM in a scratch run dir next to
+// spec.RunDir and waits for the agent; the VM is destroyed either way.
+func (d *Driver) probeBoot(ctx context.Context, spec Spec) error {
+	dir, err := os.MkdirTemp(filepath.Dir(spec.RunDir), ".kvm-probe-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	m := d.bootMeta(spec, AccelKVM)
+	m.MemoryMiB = min(m.MemoryMiB, 256)
+	pid, c, err := d.launch(ctx, dir, m, false)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// The probe's context may be what expired; stopping needs its own.
+		sctx, cancel := context.WithTimeout(context.Background(), 3*d.stopGrace)
+		defer cancel()
+		_ = d.terminate(sctx, pid, dir, c)
+		c.Close()
+	}()
+	a, err := agent.WaitReady(ctx, AgentSocket(dir), 200*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	return a.Close()
+}
+
+func (d *Driver) bootMeta(spec Spec, accel Accel) Meta {
+	return Meta{
+		Format:    MetaFormat,
+		Machine:   d.machine,
+		Accel:     accel,
+		MemoryMiB: spec.MemoryMiB,
+		CPUs:      max(spec.CPUs, 1),
+		Kernel:    spec.Kernel,
+		Initrd:    spec.Initrd,
+		Append:    spec.Append,
+		Disk:      spec.Disk != "",
+	}
+}
+
+// Step is one named step of a recipe and how long it took.
+type Step struct {
+	Name string
+	Dur  time.Duration
+}
+
+// Step names.
+const (
+	StepPrepare  = "prepare"  // run dir created/cleared, disk cloned for a cold boot
+	StepLaunch   = "launch"   // QEMU started, until QMP answered
+	StepReady    = "ready"    // until the guest agent answered
+	StepStop     = "stop"     // QMP stop (vCPUs paused)
+	StepMigrate  = "migrate"  // device state saved to the snapshot's state file
+	StepClone    = "clone"    // FICLONE (or copy) of RAM and disk
+	StepMeta     = "meta"     // meta.json written
+	StepSync     = "sync"     // SyncTree of the snapshot
+	StepRename   = "rename"   // snapshot moved into place
+	StepQuit     = "quit"     // QEMU told to quit, until the process was gone
+	StepCleanup  = "cleanup"  // run dir removed
+	StepIncoming = "incoming" // device state loaded with migrate-incoming
+	StepCont     = "cont"     // QMP cont (vCPUs running)
+)
+
+// Result is what a recipe did.
+type Result struct {
+	Steps []Step
+	// Method says how RAM (and disk) reached their destination: fsx.Reflink or
+	// fsx.Copy; zero when the recipe cloned nothing.
+	Method fsx.Method
+	// CopiedBytes is how much data the clones physically copied (0 for reflinks).
+	CopiedBytes int64
+	// StateBytes is the size of the migration stream written or read.
+	StateBytes int64
+	// PID is the QEMU process after Boot, Clone and Wake.
+	PID int
+	// Already is set when the recipe found its effect in place and did nothing
+	// (a re-run after a crash).
+	Already bool
+	// Accel is the accelerator the VM runs with (Boot, Clone, Wake).
+	Accel Accel
+}
+
+// Dur returns the duration of the named step (0 if it did not run).
+func (r *Result) Dur(name string) time.Duration {
+	var t time.Duration
+	for _, s := range r.Steps {
+		if s.Name == name {
+			t += s.Dur
+		}
+	}
+	return t
+}
+
+// Total is the sum of all steps.
+func (r *Result) Total() time.Duration {
+	var t time.Duration
+	for _, s := range r.Steps {
+		t += s.Dur
+	}
+	return t
+}
+
+// timer appends timed steps to a Result.
+type timer struct {
+	d    *Driver
+	r    *Result
+	last time.Time
+}
+
+func (d *Driver) timer(r *Result) *timer { return &timer{d: d, r: r, last: d.now()} }
+
+// mark ends the current step: it lasted from the previous mark until now.
+func (t *timer) mark(name string) {
+	now := t.d.now()
+	t.r.Steps = append(t.r.Steps, Step{Name: name, Dur: now.Sub(t.last)})
+	t.last = now
+}
+
+// skip restarts the clock without recording (time spent outside any step).
+func (t *timer) skip() { t.last = t.d.now() }
+
+func (r *Result) addClone(res fsx.CloneResult) {
+	if r.Method == 0 || res.Method == fsx.Copy {
+		r.Method = res.Method
+	}
+	r.CopiedBytes += res.Bytes
+}

@@ -1,0 +1,243 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
+)
+
+// launch starts QEMU for m in runDir and returns its pid and a QMP connection.
+// QEMU runs in its own process group with its output in qemu.log, so neither a
+// signal to the daemon's group nor the daemon's exit reaches it.
+func (d *Driver) launch(ctx context.Context, runDir string, m Meta, incoming bool) (int, *qmp.Client, error) {
+	// vm.json first: whoever finds the pid file can then always learn how the VM
+	// was started, even after a daemon restart.
+	vm, err := json.Marshal(m)
+	if err != nil {
+		return 0, nil, fmt.Errorf("qemu: launch: %w", err)
+	}
+	if err := fsx.WriteFileAtomic(filepath.Join(runDir, FileVM), vm, 0o600); err != nil {
+		return 0, nil, fmt.Errorf("qemu: launch: %w", err)
+	}
+	for _, f := range []string{FileQMP, FileAgent, FilePID} {
+		if err := os.Remove(filepath.Join(runDir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return 0, nil, fmt.Errorf("qemu: launch: %w", err)
+		}
+	}
+	logf, err := os.OpenFile(filepath.Join(runDir, FileLog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return 0, nil, fmt.Errorf("qemu: launch: %w", err)
+	}
+	cmd := exec.Command(d.qemu, cmdline(runDir, m, incoming)...)
+	cmd.Dir = runDir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = cmd.Start()
+	logf.Close()
+	if err != nil {
+		return 0, nil, fmt.Errorf("qemu: launch %s: %w", d.qemu, err)
+	}
+	pid := cmd.Process.Pid
+	exited := make(chan struct{})
+	d.mu.Lock()
+	d.children[pid] = exited
+	d.mu.Unlock()
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+		d.mu.Lock()
+		delete(d.children, pid)
+		d.mu.Unlock()
+	}()
+	fail := func(err error) (int, *qmp.Client, error) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		<-exited
+		return 0, nil, err
+	}
+	if err := fsx.WriteFileAtomic(filepath.Join(runDir, FilePID), []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
+		return fail(fmt.Errorf("qemu: pid file: %w", err))
+	}
+	c, err := d.dialQMP(ctx, runDir, exited)
+	if err != nil {
+		return fail(err)
+	}
+	return pid, c, nil
+}
+
+// dialQMP connects to the QMP socket of runDir, retrying while QEMU starts up.
+// exited, if not nil, ends the wait early when the process is gone.
+func (d *Driver) dialQMP(ctx context.Context, runDir string, exited <-chan struct{}) (*qmp.Client, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.startTimeout)
+	defer cancel()
+	var last error
+	for {
+		actx, acancel := context.WithTimeout(ctx, time.Second)
+		c, err := qmp.Dial(actx, QMPSocket(runDir))
+		acancel()
+		if err == nil {
+			return c, nil
+		}
+		last = err
+		select {
+		case <-exited:
+			return nil, fmt.Errorf("%w before QMP answered: %s", ErrExited, logTail(runDir))
+		case <-ctx.Done():
+			return nil, fmt.Errorf("qemu: QMP at %s: %w (last: %w)", QMPSocket(runDir), ctx.Err(), last)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// logTail returns the last lines of qemu.log, for errors.
+func logTail(runDir string) string {
+	b, err := os.ReadFile(filepath.Join(runDir, FileLog))
+	if err != nil {
+		return "(no qemu.log: " + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 8 {
+		lines = lines[len(lines)-8:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// Adopt returns the pid of the QEMU process of the VM in spec.RunDir, or
+// ErrNotRunning. A pid is trusted only if /proc/<pid>/cmdline names the QEMU binary
+// and this run dir's QMP socket, so a recycled pid is never mistaken for the VM.
+func (d *Driver) Adopt(spec Spec) (int, error) {
+	if err := spec.validateDirs(); err != nil {
+		return 0, err
+	}
+	return d.adopt(spec.RunDir)
+}
+
+func (d *Driver) adopt(runDir string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(runDir, FilePID))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("%w: no pid file in %s", ErrNotRunning, runDir)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("qemu: adopt: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("%w: bad pid file %s: %q", ErrNotRunning, runDir, b)
+	}
+	if !d.isOurs(pid, runDir) {
+		return 0, fmt.Errorf("%w: pid %d is not the QEMU of %s", ErrNotRunning, pid, runDir)
+	}
+	return pid, nil
+}
+
+// isOurs reports whether pid is alive and is the QEMU of runDir. A zombie has an
+// empty cmdline, so an exited but unreaped process counts as gone.
+func (d *Driver) isOurs(pid int, runDir string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || len(b) == 0 {
+		return false
+	}
+	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	if filepath.Base(args[0]) != filepath.Base(d.qemu) {
+		return false
+	}
+	want := "path=" + escape(QMPSocket(runDir)) + ","
+	for _, a := range args[1:] {
+		if strings.Contains(a, want) && strings.HasPrefix(a, "socket,id=qmp,") {
+			return true
+		}
+	}
+	return false
+}
+
+// waitGone waits until pid is no longer the QEMU of runDir, or timeout.
+func (d *Driver) waitGone(ctx context.Context, pid int, runDir string, timeout time.Duration) bool {
+	d.mu.Lock()
+	exited := d.children[pid]
+	d.mu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	if exited != nil {
+		// Our own child: wait for the reaper so that no zombie outlives the call.
+		select {
+		case <-exited:
+			return true
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for d.isOurs(pid, runDir) {
+		select {
+		case <-tick.C:
+		case <-t.C:
+			return !d.isOurs(pid, runDir)
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+// terminate ends the VM's QEMU: QMP quit (through c when given, else a fresh
+// connection), then SIGTERM, then SIGKILL, each after a grace period and each only
+// after checking that pid still is this VM's QEMU.
+func (d *Driver) terminate(ctx context.Context, pid int, runDir string, c *qmp.Client) error {
+	if !d.isOurs(pid, runDir) {
+		return nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, d.stopGrace)
+	if c == nil {
+		if nc, err := qmp.Dial(qctx, QMPSocket(runDir)); err == nil {
+			c = nc
+			defer nc.Close()
+		}
+	}
+	if c != nil {
+		// QEMU may exit before its answer is read; the wait below decides.
+		_ = c.Execute(qctx, "quit", nil, nil)
+	}
+	cancel()
+	if d.waitGone(ctx, pid, runDir, d.stopGrace) {
+		return nil
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		if !d.isOurs(pid, runDir) {
+			return nil
+		}
+		d.log.Warn().Int("pid", pid).Str("run_dir", runDir).Stringer("signal", sig).Msg("qemu did not exit; signalling")
+		if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("qemu: kill %d: %w", pid, err)
+		}
+		if d.waitGone(ctx, pid, runDir, d.stopGrace) {
+			return nil
+		}
+	}
+	return fmt.Errorf("qemu: pid %d survived SIGKILL for %s", pid, d.stopGrace)
+}
+
+// launchedMeta reads the Meta the VM in runDir was launched with.
+func launchedMeta(runDir string) (Meta, error) {
+	var m Meta
+	b, err := os.ReadFile(filepath.Join(runDir, FileVM))
+	if err != nil {
+		return m, fmt.Errorf("qemu: %w", err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("qemu: %s/%s: %w", runDir, FileVM, err)
+	}
+	return m, nil
+}

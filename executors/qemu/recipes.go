@@ -1,0 +1,503 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
+	"github.com/sbxlog/sbxlog/guest/agent"
+)
+
+// migration capabilities on both ends: x-ignore-shared leaves RAM blocks backed by
+// shared memory (our RAM file) out of the stream, since the file itself is the
+// snapshot; events makes QEMU send MIGRATION events.
+var migrationCaps = []string{"x-ignore-shared", "events"}
+
+// migrationFD is the name under which the state file's descriptor is passed.
+const migrationFD = "sbx-state"
+
+// Boot cold-boots the VM of spec in spec.RunDir and waits until the guest agent
+// answers; the VM keeps running. If the run dir already holds this VM's live QEMU,
+// Boot does nothing and reports Already.
+func (d *Driver) Boot(ctx context.Context, spec Spec) (Result, error) {
+	var r Result
+	if err := spec.validateBoot(); err != nil {
+		return r, err
+	}
+	if pid, err := d.adopt(spec.RunDir); err == nil {
+		r.PID, r.Already = pid, true
+		return r, nil
+	}
+	accel, _ := d.Accel(ctx, spec)
+	r.Accel = accel
+	t := d.timer(&r)
+	if err := d.fs.RemoveAll(spec.RunDir); err != nil {
+		return r, err
+	}
+	if err := d.fs.MkdirAll(spec.RunDir, 0o700); err != nil {
+		return r, err
+	}
+	if spec.Disk != "" {
+		res, err := d.fs.Clone(filepath.Join(spec.RunDir, FileDisk), spec.Disk)
+		if err != nil {
+			return r, err
+		}
+		r.addClone(res)
+	}
+	t.mark(StepPrepare)
+	pid, c, err := d.launch(ctx, spec.RunDir, d.bootMeta(spec, accel), false)
+	if err != nil {
+		return r, err
+	}
+	c.Close()
+	r.PID = pid
+	t.mark(StepLaunch)
+	if err := d.waitAgent(ctx, spec.RunDir, d.bootTimeout); err != nil {
+		d.abandon(pid, spec.RunDir)
+		return r, err
+	}
+	t.mark(StepReady)
+	return r, nil
+}
+
+// waitAgent waits up to timeout for the guest agent to answer "ready".
+func (d *Driver) waitAgent(ctx context.Context, runDir string, timeout time.Duration) error {
+	actx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	a, err := agent.WaitReady(actx, AgentSocket(runDir), 100*time.Millisecond)
+	if err != nil {
+		return fmt.Errorf("qemu: guest agent in %s: %w (console: %s)", runDir, err, consoleTail(runDir))
+	}
+	return a.Close()
+}
+
+func consoleTail(runDir string) string {
+	b, err := os.ReadFile(filepath.Join(runDir, FileConsole))
+	if err != nil {
+		return "none"
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 3 {
+		lines = lines[len(lines)-3:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// abandon stops a VM whose recipe failed and removes its run dir; it has its own
+// deadline because the recipe's context may be what ended.
+func (d *Driver) abandon(pid int, runDir string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*d.stopGrace)
+	defer cancel()
+	if err := d.terminate(ctx, pid, runDir, nil); err != nil {
+		d.log.Error().Err(err).Str("run_dir", runDir).Msg("qemu: stopping a failed VM")
+		return
+	}
+	if err := d.fs.RemoveAll(runDir); err != nil {
+		d.log.Error().Err(err).Str("run_dir", runDir).Msg("qemu: removing a failed VM's run dir")
+	}
+}
+
+// Golden builds the snapshot name in the store: cold boot, agent ready, stop, save
+// the device state, clone RAM (and disk) into a temp dir of the store, SyncTree,
+// rename into place; then the VM is stopped and its run dir removed. If the snapshot
+// already exists, Golden does nothing and reports Already.
+func (d *Driver) Golden(ctx context.Context, spec Spec, name string) (Result, error) {
+	if err := validateName(name); err != nil {
+		return Result{}, err
+	}
+	if err := spec.validateBoot(); err != nil {
+		return Result{}, err
+	}
+	if _, err := ReadMeta(spec.SnapshotDir(name)); err == nil {
+		return Result{Already: true}, nil
+	}
+	r, err := d.Boot(ctx, spec)
+	if err != nil {
+		return r, err
+	}
+	pid := r.PID
+	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
+	if err != nil {
+		d.abandon(pid, spec.RunDir)
+		return r, fmt.Errorf("qemu: golden: %w", err)
+	}
+	defer c.Close()
+	m := d.bootMeta(spec, r.Accel)
+	m.Source = "golden"
+	m.QEMUVersion = c.Version().String()
+	if err := d.snapshot(ctx, c, spec, name, m, &r); err != nil {
+		d.abandon(pid, spec.RunDir)
+		return r, err
+	}
+	err = d.finish(ctx, c, pid, spec.RunDir, &r)
+	return r, err
+}
+
+// finish quits QEMU after a snapshot and removes the run dir.
+func (d *Driver) finish(ctx context.Context, c *qmp.Client, pid int, runDir string, r *Result) error {
+	t := d.timer(r)
+	if err := d.terminate(ctx, pid, runDir, c); err != nil {
+		return err
+	}
+	t.mark(StepQuit)
+	if err := d.fs.RemoveAll(runDir); err != nil {
+		return err
+	}
+	t.mark(StepCleanup)
+	return nil
+}
+
+// snapshot saves the running or paused VM behind c into the store as name, in the
+// order DESIGN §3 requires: stop; state into a fresh temp dir inside the store;
+// clone RAM and disk next to it; meta.json; SyncTree; rename into place. A failure
+// removes the temp dir, so no half snapshot is ever visible under name; resuming
+// the VM is the caller's decision.
+func (d *Driver) snapshot(ctx context.Context, c *qmp.Client, spec Spec, name string, m Meta, r *Result) (err error) {
+	t := d.timer(r)
+	if err := c.Execute(ctx, "stop", nil, nil); err != nil {
+		return fmt.Errorf("qemu: snapshot: %w", err)
+	}
+	t.mark(StepStop)
+
+	tmp, err := d.fs.MkTempDir(spec.StoreDir, name)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			if rerr := d.fs.RemoveAll(tmp); rerr != nil {
+				d.log.Error().Err(rerr).Str("dir", tmp).Msg("qemu: removing a failed snapshot's temp dir")
+			}
+		}
+	}()
+	if m.StateBytes, err = d.saveState(ctx, c, filepath.Join(tmp, FileState)); err != nil {
+		return err
+	}
+	r.StateBytes = m.StateBytes
+	t.mark(StepMigrate)
+
+	res, err := d.fs.Clone(filepath.Join(tmp, FileRAM), filepath.Join(spec.RunDir, FileRAM))
+	if err != nil {
+		return err
+	}
+	r.addClone(res)
+	if m.Disk {
+		res, err := d.fs.Clone(filepath.Join(tmp, FileDisk), filepath.Join(spec.RunDir, FileDisk))
+		if err != nil {
+			return err
+		}
+		r.addClone(res)
+	}
+	t.mark(StepClone)
+
+	m.Created = d.now().UTC()
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := d.fs.WriteFileAtomic(filepath.Join(tmp, FileMeta), append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	t.mark(StepMeta)
+	if err := d.fs.SyncTree(tmp); err != nil {
+		return err
+	}
+	t.mark(StepSync)
+	if err := d.fs.RenameDir(tmp, spec.SnapshotDir(name)); err != nil {
+		return err
+	}
+	t.mark(StepRename)
+	return nil
+}
+
+// saveState migrates the (stopped) VM's device state into a new file at path and
+// returns the file's size.
+func (d *Driver) saveState(ctx context.Context, c *qmp.Client, path string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.migrateTimeout)
+	defer cancel()
+	if err := c.SetMigrationCapabilities(ctx, migrationCaps...); err != nil {
+		return 0, fmt.Errorf("qemu: save state: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("qemu: save state: %w", err)
+	}
+	err = c.GetFD(ctx, migrationFD, int(f.Fd()))
+	f.Close()
+	if err != nil {
+		return 0, fmt.Errorf("qemu: save state: %w", err)
+	}
+	sub := c.Subscribe("MIGRATION")
+	defer sub.Close()
+	if err := c.Execute(ctx, "migrate", map[string]any{"uri": "fd:" + migrationFD}, nil); err != nil {
+		return 0, fmt.Errorf("qemu: save state: %w", err)
+	}
+	if err := waitMigration(ctx, c, sub); err != nil {
+		return 0, fmt.Errorf("qemu: save state: %w", err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0, fmt.Errorf("qemu: save state: %w", err)
+	}
+	return st.Size(), nil
+}
+
+// waitMigration waits until the current migration (either direction) completes,
+// woken by MIGRATION events and, in case one is missed, polling query-migrate.
+func waitMigration(ctx context.Context, c *qmp.Client, sub *qmp.Subscription) error {
+	for {
+		mi, err := c.QueryMigrate(ctx)
+		if err != nil {
+			return err
+		}
+		switch mi.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("%w: %s: %s", ErrMigration, mi.Status, mi.ErrorDesc)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		_, err = sub.Next(wctx)
+		cancel()
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: still %q: %w", ErrMigration, mi.Status, ctx.Err())
+		}
+		if errors.Is(err, qmp.ErrClosed) {
+			return fmt.Errorf("%w: %w", ErrMigration, err)
+		}
+	}
+}
+
+// Hibernate saves the running VM of spec as snapshot name and stops it: stop, state
+// into a temp dir in the store, clone RAM and disk, meta.json, SyncTree, rename,
+// then quit QEMU and remove the run dir. If anything before the rename fails, the
+// temp dir is removed and a VM that was running is resumed. If the snapshot
+// already exists (a re-run after a crash past the rename), Hibernate only makes
+// sure QEMU is gone and the run dir removed, and reports Already.
+func (d *Driver) Hibernate(ctx context.Context, spec Spec, name string) (Result, error) {
+	var r Result
+	if err := validateName(name); err != nil {
+		return r, err
+	}
+	if err := spec.validateDirs(); err != nil {
+		return r, err
+	}
+	if _, err := ReadMeta(spec.SnapshotDir(name)); err == nil {
+		r.Already = true
+		if pid, err := d.adopt(spec.RunDir); err == nil {
+			return r, d.finish(ctx, nil, pid, spec.RunDir, &r)
+		}
+		return r, d.fs.RemoveAll(spec.RunDir)
+	}
+	pid, err := d.adopt(spec.RunDir)
+	if err != nil {
+		return r, err
+	}
+	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
+	if err != nil {
+		return r, fmt.Errorf("qemu: hibernate: %w", err)
+	}
+	defer c.Close()
+	st, err := c.QueryStatus(ctx)
+	if err != nil {
+		return r, fmt.Errorf("qemu: hibernate: %w", err)
+	}
+	m, err := launchedMeta(spec.RunDir)
+	if err != nil {
+		return r, err
+	}
+	m.StateBytes, m.Created = 0, time.Time{}
+	m.Source = "hibernate"
+	m.QEMUVersion = c.Version().String()
+	if err := d.snapshot(ctx, c, spec, name, m, &r); err != nil {
+		if st.Running {
+			rctx, cancel := context.WithTimeout(context.Background(), d.stopGrace)
+			defer cancel()
+			if cerr := c.Execute(rctx, "cont", nil, nil); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("qemu: resuming after a failed hibernate: %w", cerr))
+			}
+		}
+		return r, err
+	}
+	err = d.finish(ctx, c, pid, spec.RunDir, &r)
+	return r, err
+}
+
+// Clone starts a new VM in spec.RunDir from the golden snapshot: clone RAM (and
+// disk) from the golden into the run dir, launch QEMU with -incoming defer, load the
+// device state, cont, wait for the agent. See restore for re-runs.
+func (d *Driver) Clone(ctx context.Context, spec Spec, golden string) (Result, error) {
+	return d.restore(ctx, spec, golden)
+}
+
+// Wake restarts the hibernated VM of spec from snapshot name, like Clone. The
+// snapshot is left in the store: it no longer backs anything once Wake returns (the
+// run dir holds clones), so the caller may remove it at once.
+func (d *Driver) Wake(ctx context.Context, spec Spec, name string) (Result, error) {
+	return d.restore(ctx, spec, name)
+}
+
+// restore runs the VM of spec from snapshot name. A live QEMU of this VM that is
+// running already makes it a no-op (Already); one in any other state (a restore cut
+// short) is stopped and the restore starts over. On failure QEMU is stopped and the
+// run dir removed; the snapshot is never modified.
+func (d *Driver) restore(ctx context.Context, spec Spec, name string) (Result, error) {
+	var r Result
+	if err := validateName(name); err != nil {
+		return r, err
+	}
+	if err := spec.validateDirs(); err != nil {
+		return r, err
+	}
+	snap := spec.SnapshotDir(name)
+	m, err := ReadMeta(snap)
+	if err != nil {
+		return r, err
+	}
+	r.Accel = m.Accel
+	if pid, err := d.adopt(spec.RunDir); err == nil {
+		if d.isRunning(ctx, spec.RunDir) {
+			r.PID, r.Already = pid, true
+			return r, nil
+		}
+		if err := d.terminate(ctx, pid, spec.RunDir, nil); err != nil {
+			return r, err
+		}
+	}
+
+	t := d.timer(&r)
+	if err := d.fs.RemoveAll(spec.RunDir); err != nil {
+		return r, err
+	}
+	if err := d.fs.MkdirAll(spec.RunDir, 0o700); err != nil {
+		return r, err
+	}
+	t.mark(StepPrepare)
+	files := []string{FileRAM}
+	if m.Disk {
+		files = append(files, FileDisk)
+	}
+	for _, f := range files {
+		res, err := d.fs.Clone(filepath.Join(spec.RunDir, f), filepath.Join(snap, f))
+		if err != nil {
+			_ = d.fs.RemoveAll(spec.RunDir)
+			return r, err
+		}
+		r.addClone(res)
+	}
+	t.mark(StepClone)
+
+	pid, c, err := d.launch(ctx, spec.RunDir, m, true)
+	if err != nil {
+		_ = d.fs.RemoveAll(spec.RunDir)
+		return r, err
+	}
+	defer c.Close()
+	r.PID = pid
+	t.mark(StepLaunch)
+	if r.StateBytes, err = d.loadState(ctx, c, filepath.Join(snap, FileState)); err != nil {
+		d.abandon(pid, spec.RunDir)
+		return r, err
+	}
+	t.mark(StepIncoming)
+	if err := c.Execute(ctx, "cont", nil, nil); err != nil {
+		d.abandon(pid, spec.RunDir)
+		return r, fmt.Errorf("qemu: restore: %w", err)
+	}
+	t.mark(StepCont)
+	if err := d.waitAgent(ctx, spec.RunDir, d.readyTimeout); err != nil {
+		d.abandon(pid, spec.RunDir)
+		return r, err
+	}
+	t.mark(StepReady)
+	return r, nil
+}
+
+// loadState feeds the state file at path to a QEMU started with -incoming defer.
+func (d *Driver) loadState(ctx context.Context, c *qmp.Client, path string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.migrateTimeout)
+	defer cancel()
+	if err := c.SetMigrationCapabilities(ctx, migrationCaps...); err != nil {
+		return 0, fmt.Errorf("qemu: load state: %w", err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, fmt.Errorf("qemu: load state: %w", err)
+	}
+	st, err := f.Stat()
+	if err == nil {
+		err = c.GetFD(ctx, migrationFD, int(f.Fd()))
+	}
+	f.Close()
+	if err != nil {
+		return 0, fmt.Errorf("qemu: load state: %w", err)
+	}
+	sub := c.Subscribe("MIGRATION")
+	defer sub.Close()
+	if err := c.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:" + migrationFD}, nil); err != nil {
+		return 0, fmt.Errorf("qemu: load state: %w", err)
+	}
+	if err := waitMigration(ctx, c, sub); err != nil {
+		return 0, fmt.Errorf("qemu: load state: %w", err)
+	}
+	return st.Size(), nil
+}
+
+// isRunning reports whether the VM in runDir answers QMP with status running.
+func (d *Driver) isRunning(ctx context.Context, runDir string) bool {
+	ctx, cancel := context.WithTimeout(ctx, d.stopGrace)
+	defer cancel()
+	c, err := qmp.Dial(ctx, QMPSocket(runDir))
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	st, err := c.QueryStatus(ctx)
+	return err == nil && st.Running
+}
+
+// Destroy stops the VM of spec (QMP quit, then SIGTERM, then SIGKILL, each checked
+// against the pid's cmdline) and removes its run dir. It succeeds when there is
+// nothing to stop, so it can be re-run; snapshots in the store are not touched.
+func (d *Driver) Destroy(ctx context.Context, spec Spec) (Result, error) {
+	var r Result
+	if err := spec.validateDirs(); err != nil {
+		return r, err
+	}
+	t := d.timer(&r)
+	if pid, err := d.adopt(spec.RunDir); err == nil {
+		if err := d.terminate(ctx, pid, spec.RunDir, nil); err != nil {
+			return r, err
+		}
+		t.mark(StepQuit)
+	} else if !errors.Is(err, ErrNotRunning) {
+		return r, err
+	}
+	t.skip()
+	if err := d.fs.RemoveAll(spec.RunDir); err != nil {
+		return r, err
+	}
+	t.mark(StepCleanup)
+	return r, nil
+}
+
+// Status returns QEMU's run state of the VM of spec ("running", "paused", ...), or
+// an error wrapping ErrNotRunning when there is no process.
+func (d *Driver) Status(ctx context.Context, spec Spec) (string, error) {
+	if _, err := d.Adopt(spec); err != nil {
+		return "", err
+	}
+	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
+	if err != nil {
+		return "", fmt.Errorf("qemu: status: %w", err)
+	}
+	defer c.Close()
+	st, err := c.QueryStatus(ctx)
+	return st.Status, err
+}
