@@ -25,7 +25,7 @@ type Config struct {
 	Machine string
 	// FS performs every side effect on the run dir and the store (default
 	// fsx.NewOS(Log)); tests wrap it in an fsx.Recorder.
-	FS fsx.FS
+	FS  fsx.FS
 	Log zerolog.Logger
 	// Now is the clock for step timings and snapshot metadata (default time.Now).
 	Now func() time.Time

@@ -70,7 +70,9 @@ type RemoteError struct {
 	Msg  string
 }
 
-func (e *RemoteError) Error() string { return fmt.Sprintf("agent: guest error on %q: %s", e.Verb, e.Msg) }
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("agent: guest error on %q: %s", e.Verb, e.Msg)
+}
 
 // Server answers requests inside the guest.
 type Server struct {
