@@ -9,11 +9,12 @@ import (
 // never reuse a retired number (mark it retired in typeInfos instead).
 type Type uint16
 
-// Event types. Add new ones at the end with the next number.
+// Event types. Add new ones at the end with the next number. The payload of
+// each is the struct of the same name in payloads.go.
 const (
 	TypeInvalid Type = 0
 
-	// Pool configuration.
+	// Node configuration.
 	TypePoolsConfigured  Type = 1
 	TypeLimitsConfigured Type = 2
 
@@ -45,8 +46,13 @@ const (
 	TypeWoken              Type = 21
 	TypeWakeFailed         Type = 22
 
-	// Capacity.
-	TypeCapacityParked Type = 23
+	// Refill parking (capacity or a failing clone).
+	TypePoolParked   Type = 23
+	TypePoolUnparked Type = 24
+
+	TypeNodeConfigured Type = 25
+	TypeClaimTouched   Type = 26
+	TypeClaimExpired   Type = 27
 )
 
 // AggKind is the kind of aggregate an event belongs to.
@@ -93,7 +99,11 @@ var typeInfos = map[Type]typeInfo{
 	TypeWakeRequested:        {"wake_requested", 1, AggClaim},
 	TypeWoken:                {"woken", 1, AggClaim},
 	TypeWakeFailed:           {"wake_failed", 1, AggClaim},
-	TypeCapacityParked:       {"capacity_parked", 1, AggNode},
+	TypePoolParked:           {"pool_parked", 1, AggPool},
+	TypePoolUnparked:         {"pool_unparked", 1, AggPool},
+	TypeNodeConfigured:       {"node_configured", 1, AggNode},
+	TypeClaimTouched:         {"claim_touched", 1, AggClaim},
+	TypeClaimExpired:         {"claim_expired", 1, AggClaim},
 }
 
 // Known reports whether this build can read events of type t.

@@ -1,0 +1,146 @@
+package event
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+)
+
+// samplePayloads holds one fully populated payload per type, so that every
+// field's JSON name and shape is pinned by a golden file.
+func samplePayloads() []Payload {
+	key := PoolKey{Template: "py:3.12/base", Net: "egress", Size: "small"}
+	rep := &ExecReport{Steps: []Step{{Name: "restore", NS: 26_000_000}, {Name: "resume", NS: 1_500_000}}, CopyMode: "reflink"}
+	return []Payload{
+		NodeConfigured{Node: "node-a", Instance: "i7f3a"},
+		PoolsConfigured{Pools: []PoolSpec{{PoolKey: key, Warm: 4, WarmMax: 8, IdleHibernateSeconds: 300}}},
+		LimitsConfigured{MaxClaims: 1000, DefaultTenantCap: 50, TenantCaps: []TenantCap{{Tenant: "acme", Cap: 200}}},
+		GoldenBuildRequested{Key: key, Reason: "new"},
+		GoldenBuilt{Key: key, SnapshotDir: "goldens/py:3.12/base/egress/small", Report: rep},
+		GoldenFailed{Key: key, Error: "vm.boot: 500", RetryAtNS: 1_790_000_030_000_000_000},
+		VMCloneRequested{VM: "vm-0011223344556677", Key: key, Node: "node-a", Instance: "i7f3a", RunDir: "i7f3a/vm-0011223344556677", Claim: "sb_00112233445566ff", Cold: true},
+		VMCloned{VM: "vm-0011223344556677", Report: rep},
+		VMCloneFailed{VM: "vm-0011223344556677", Error: "vm.restore: 500"},
+		VMDestroyRequested{VM: "vm-0011223344556677", Reason: "release"},
+		VMDestroyed{VM: "vm-0011223344556677", Report: rep},
+		VMExited{VM: "vm-0011223344556677", Detail: "signal: killed"},
+		ClaimCreated{Claim: "sb_00112233445566ff", Key: key, VM: "vm-0011223344556677", Tier: "warm", Tenant: "acme", ClaimRef: "job-17",
+			Metadata: map[string]string{"a": "1", "b": "2"}, TTLSeconds: 300, DeadlineNS: 1_790_000_300_000_000_000, ServeByNS: 1_790_000_060_000_000_000, TokenGen: 1},
+		ClaimServed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677"},
+		ClaimFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Reason: "clone_failed", Error: "vm.restore: 500"},
+		ClaimRenewed{Claim: "sb_00112233445566ff", TTLSeconds: 600, DeadlineNS: 1_790_000_600_000_000_000},
+		ClaimTouched{Claim: "sb_00112233445566ff"},
+		ClaimReleased{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677"},
+		ClaimExpired{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677"},
+		HibernateRequested{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Reason: "idle"},
+		Hibernated{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", SnapshotDir: "snapshots/sb_00112233445566ff", Report: rep},
+		HibernateFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Error: "vm.snapshot: 500", Lost: true},
+		WakeRequested{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", SnapshotDir: "snapshots/sb_00112233445566ff"},
+		Woken{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Report: rep},
+		WakeFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Error: "vm.restore: 500", Lost: true},
+		PoolParked{Key: &key, UntilNS: 1_790_000_030_000_000_000, Reason: "capacity"},
+		PoolUnparked{Key: &key},
+	}
+}
+
+func payloadGolden(t Type, v uint16) string {
+	return filepath.Join("testdata", "payloads", fmt.Sprintf("%s_v%d.json", t, v))
+}
+
+// Every known type has a decoder for each of its versions and a golden sample
+// per version that still decodes and re-encodes byte for byte. A pinned file
+// is never rewritten: a change of shape needs a new version.
+func TestPayloadGoldens(t *testing.T) {
+	samples := map[Type]Payload{}
+	for _, p := range samplePayloads() {
+		if _, dup := samples[p.EventType()]; dup {
+			t.Fatalf("two samples for %s", p.EventType())
+		}
+		samples[p.EventType()] = p
+	}
+	for _, ty := range Types() {
+		sample, ok := samples[ty]
+		if !ok {
+			t.Errorf("%s: no sample payload in samplePayloads", ty)
+			continue
+		}
+		cur, err := EncodePayload(sample)
+		if err != nil {
+			t.Fatalf("%s: encode sample: %v", ty, err)
+		}
+		checkGolden(t, payloadGolden(ty, ty.Version()), cur)
+		for v := uint16(1); v <= ty.Version(); v++ {
+			if _, ok := decoders[ty][v]; !ok {
+				t.Errorf("%s: no decoder for v%d", ty, v)
+				continue
+			}
+			pinned, err := os.ReadFile(payloadGolden(ty, v))
+			if err != nil {
+				t.Errorf("%s v%d: %v", ty, v, err)
+				continue
+			}
+			p, err := DecodePayload(ty, v, pinned)
+			if err != nil {
+				t.Errorf("%s v%d: golden no longer decodes: %v", ty, v, err)
+				continue
+			}
+			if p.EventType() != ty {
+				t.Errorf("%s v%d: decodes to %T of type %s", ty, v, p, p.EventType())
+			}
+			if v == ty.Version() {
+				if !reflect.DeepEqual(p, sample) {
+					t.Errorf("%s: golden decodes to %+v, want %+v", ty, p, sample)
+				}
+				re, err := EncodePayload(p)
+				if err != nil || !bytes.Equal(re, pinned) {
+					t.Errorf("%s: re-encoding differs (%v):\n got %s\nwant %s", ty, err, re, pinned)
+				}
+			}
+		}
+	}
+}
+
+// A payload registered for decoding must round-trip through New and Decode.
+func TestNewDecodeRoundTrip(t *testing.T) {
+	op := OpIDFromUint(1_790_000_000_000, 3)
+	for _, p := range samplePayloads() {
+		e, err := New(p, "agg", op, ZeroOpID, 1)
+		if err != nil {
+			t.Fatalf("New(%T): %v", p, err)
+		}
+		got, err := e.Decode()
+		if err != nil || !reflect.DeepEqual(got, p) {
+			t.Fatalf("%T: round trip = %+v, %v", p, got, err)
+		}
+	}
+}
+
+func TestDecodeUnknownVersion(t *testing.T) {
+	if _, err := DecodePayload(TypeClaimCreated, 99, []byte(`{}`)); err == nil {
+		t.Fatal("decoded an unknown version")
+	}
+	if _, err := DecodePayload(TypeClaimCreated, 1, []byte(`{"claim":`)); err == nil {
+		t.Fatal("decoded truncated JSON")
+	}
+}
+
+func TestPoolKeyString(t *testing.T) {
+	for _, s := range []string{"a/none/small", "py:3.12/base/x/egress/2xlarge"} {
+		k, err := ParsePoolKey(s)
+		if err != nil || k.String() != s {
+			t.Fatalf("ParsePoolKey(%q) = %+v, %v", s, k, err)
+		}
+	}
+	k, _ := ParsePoolKey("py:3.12/base/x/egress/2xlarge")
+	if k.Template != "py:3.12/base/x" || k.Net != "egress" || k.Size != "2xlarge" {
+		t.Fatalf("split wrong: %+v", k)
+	}
+	for _, s := range []string{"", "a", "a/b", "/none/small", "a//small", "a/none/"} {
+		if _, err := ParsePoolKey(s); err == nil {
+			t.Fatalf("ParsePoolKey(%q) accepted", s)
+		}
+	}
+}
