@@ -1,0 +1,163 @@
+// Package repltest holds what the replication tests share: real op logs in
+// t.TempDir(), event generators, and a reader of a node's subject.
+package repltest
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/replication/stream"
+)
+
+// OpenLog opens an op log for node in a fresh directory, closed at cleanup.
+func OpenLog(t testing.TB, node string) *eventlog.Log {
+	t.Helper()
+	return OpenLogAt(t, filepath.Join(t.TempDir(), "log"), node)
+}
+
+// OpenLogAt opens an op log for node in dir, closed at cleanup.
+func OpenLogAt(t testing.TB, dir, node string) *eventlog.Log {
+	t.Helper()
+	l, err := eventlog.Open(dir, eventlog.Options{NodeID: node})
+	if err != nil {
+		t.Fatalf("open log %s: %v", dir, err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+var opCounter atomic.Uint64
+
+// NextOp returns a fresh op id; tag separates logs that must differ.
+func NextOp() event.OpID {
+	return event.OpIDFromUint(uint64(time.Now().UnixMilli()), opCounter.Add(1))
+}
+
+// Filler builds a claim_renewed event: any valid event will do where the
+// content does not matter, and a unique op id makes every log distinct.
+func Filler(i int) event.Event {
+	return event.Event{
+		Time:    int64(1_700_000_000_000_000_000 + i),
+		Type:    event.TypeClaimRenewed,
+		Version: 1,
+		AggKind: event.AggClaim,
+		AggID:   fmt.Sprintf("claim-%d", i%17),
+		OpID:    NextOp(),
+		Payload: []byte(fmt.Sprintf(`{"n":%d}`, i)),
+	}
+}
+
+// AppendFillers appends n single-event ops.
+func AppendFillers(t testing.TB, l *eventlog.Log, n int) {
+	t.Helper()
+	for i := range n {
+		if _, err := l.Append(context.Background(), []event.Event{Filler(i)}); err != nil {
+			t.Fatalf("append: %v", err)
+		}
+	}
+}
+
+// LocalEvents reads the whole log.
+func LocalEvents(t testing.TB, l *eventlog.Log) []event.Event {
+	t.Helper()
+	evs, err := l.Read(0, 0)
+	if err != nil {
+		t.Fatalf("read log: %v", err)
+	}
+	return evs
+}
+
+// Hash is a digest of events' records in order.
+func Hash(evs []event.Event) string {
+	h := sha256.New()
+	for i := range evs {
+		h.Write(event.Encode(&evs[i]))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// SubjectMsg is one message of a node's subject.
+type SubjectMsg struct {
+	MsgID string
+	Data  []byte
+	Event event.Event
+}
+
+// ReadSubject returns every message on node's subject in stream order.
+func ReadSubject(t testing.TB, js jetstream.JetStream, streamName, node string) []SubjectMsg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, streamName)
+	if err != nil {
+		t.Fatalf("stream %s: %v", streamName, err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(stream.Subject(node)))
+	if err != nil {
+		t.Fatalf("stream info: %v", err)
+	}
+	want := info.State.Subjects[stream.Subject(node)]
+	if want == 0 {
+		return nil
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{stream.Subject(node)}})
+	if err != nil {
+		t.Fatalf("ordered consumer: %v", err)
+	}
+	var out []SubjectMsg
+	for uint64(len(out)) < want {
+		batch, err := cons.Fetch(int(min(want-uint64(len(out)), 500)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatalf("fetch: %v", err)
+		}
+		for m := range batch.Messages() {
+			ev, err := event.Decode(m.Data())
+			if err != nil {
+				t.Fatalf("decode message %d: %v", len(out), err)
+			}
+			out = append(out, SubjectMsg{MsgID: m.Headers().Get(jetstream.MsgIDHeader), Data: m.Data(), Event: ev})
+		}
+		if err := batch.Error(); err != nil {
+			t.Fatalf("fetch: %v", err)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of %d messages: %v", len(out), want, ctx.Err())
+		}
+	}
+	return out
+}
+
+// RequireSubjectIs fails unless node's subject holds exactly the events of
+// want, in order, once each, with the replicator's message ids.
+func RequireSubjectIs(t testing.TB, js jetstream.JetStream, streamName, node string, want []event.Event) {
+	t.Helper()
+	got := ReadSubject(t, js, streamName, node)
+	if len(got) != len(want) {
+		seqs := make([]uint64, 0, min(len(got), 20))
+		for i := range min(len(got), 20) {
+			seqs = append(seqs, got[i].Event.Seq)
+		}
+		t.Fatalf("subject of %s holds %d messages, want %d (first seqs %v)", node, len(got), len(want), seqs)
+	}
+	for i := range want {
+		if got[i].Event.Seq != want[i].Seq {
+			t.Fatalf("message %d carries seq %d, want %d", i, got[i].Event.Seq, want[i].Seq)
+		}
+		if string(got[i].Data) != string(event.Encode(&want[i])) {
+			t.Fatalf("message %d (seq %d) differs from the local event", i, want[i].Seq)
+		}
+		if got[i].MsgID != stream.MsgID(node, want[i].Seq) {
+			t.Fatalf("message %d has Nats-Msg-Id %q", i, got[i].MsgID)
+		}
+	}
+}

@@ -1,0 +1,36 @@
+// Package replicator publishes a node's op log to its JetStream subject
+// (sbx.ev.<node>, see package stream), one message per event:
+// Nats-Msg-Id = node + "-" + seq, payload = the event's checksummed record
+// (event.Encode).
+//
+// Contract:
+//   - Every durable event of the local log reaches the subject exactly once
+//     and in sequence order. The resume point after a start, a disconnect or
+//     any publish error is read from the stream (the last message on the
+//     node's subject), never from a local cursor: JetStream may acknowledge
+//     before it fsyncs, so a crashed server can lose a tail the local log
+//     still has; that tail is published again.
+//   - Local appends never wait for NATS. The replicator tails the log on its
+//     own goroutine with a bounded number of publishes in flight; while NATS
+//     is unreachable it retries with capped backoff and on its return
+//     catches up from the stream's last message.
+//   - Single writer per subject. Before publishing, the stream's last
+//     message for the node must be byte-identical to the local event with
+//     that sequence; every window of publishes starts with a message carrying
+//     Nats-Expected-Last-Subject-Sequence (the stream sequence of the last
+//     acknowledged message), and the rest of the window is only sent after
+//     that one is acknowledged. A second process using the same node id with
+//     a different log therefore fails one of these checks: the replicator
+//     logs the refusal at error level, stops for good and returns a
+//     *SecondWriterError (errors.Is ErrSecondWriter). It never overwrites or
+//     interleaves with the other writer's messages. (Two processes with
+//     byte-identical logs are indistinguishable until their logs differ.)
+//   - Replicated reports the highest sequence acknowledged by JetStream, and
+//     WaitReplicated blocks until a sequence is acknowledged: the opt-in
+//     synchronous mode of the API path.
+//
+// Errors: ErrSecondWriter (via *SecondWriterError), ErrGap (via *GapError:
+// the local log no longer holds events the stream lacks), ErrStopped, and
+// *stream.IncompatibleError from the stream check are fatal; Run returns them.
+// Everything else (connection loss, timeouts, leader elections) is retried.
+package replicator
