@@ -43,6 +43,8 @@ var (
 	// CH's generic handler answers an unsupported method with 400 and no body.
 	errBadMethodNoBody = &apiError{status: http.StatusBadRequest}
 	errNotFound        = &apiError{status: http.StatusNotFound, chain: []string{"Not Found"}}
+	// errCrashedAPI drops the connection without an answer.
+	errCrashedAPI = &apiError{status: -1}
 )
 
 func deserializeErr(msg string) *apiError {
@@ -276,6 +278,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		switch rule.Action {
 		case FailExit:
 			s.crash(fmt.Sprintf("injected exit at %s call %d", op, n))
+			panic(http.ErrAbortHandler) // only reached with an in-process Crash hook
 		case FailHang:
 			s.log.Printf("%s call %d: injected hang", op, n)
 			select {
@@ -293,6 +296,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	out, e := rt.fn(s, body)
 	s.mu.Unlock()
 
+	if e == errCrashedAPI {
+		panic(http.ErrAbortHandler) // an in-process Crash hook returned
+	}
 	if e != nil {
 		s.log.Printf("%s -> %d %s", op, e.status, strings.Join(e.chain, ": "))
 		writeErr(w, e)

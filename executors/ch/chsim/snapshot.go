@@ -103,8 +103,11 @@ func (s *Server) snapshot(body []byte) (any, *apiError) {
 	b := &budget{s: s, left: s.opts.SnapshotExitAfter}
 
 	cfgData, _ := json.Marshal(v.cfg)
-	if e := writeNew(b, filepath.Join(dir, ConfigFile), cfgData); e != nil {
-		return nil, sendErr(e.Error())
+	if err := writeNew(b, filepath.Join(dir, ConfigFile), cfgData); err != nil {
+		if errors.Is(err, errCrashed) {
+			return nil, errCrashedAPI
+		}
+		return nil, sendErr(err.Error())
 	}
 
 	mf, err := os.OpenFile(filepath.Join(dir, MemoryFile), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
@@ -122,6 +125,9 @@ func (s *Server) snapshot(body []byte) (any, *apiError) {
 		for off := e.Off; off < e.Off+e.Len; off += chunk {
 			end := min(off+chunk, e.Off+e.Len)
 			if err := b.writeAt(mf, v.mem.data[off:end], off); err != nil {
+				if errors.Is(err, errCrashed) {
+					return nil, errCrashedAPI
+				}
 				return nil, sendErr(osErrText(err))
 			}
 		}
@@ -140,8 +146,11 @@ func (s *Server) snapshot(body []byte) (any, *apiError) {
 		BootID:        v.bootID,
 	}
 	stData, _ := json.Marshal(st)
-	if e := writeNew(b, filepath.Join(dir, StateFile), stData); e != nil {
-		return nil, sendErr(e.Error())
+	if err := writeNew(b, filepath.Join(dir, StateFile), stData); err != nil {
+		if errors.Is(err, errCrashed) {
+			return nil, errCrashedAPI
+		}
+		return nil, sendErr(err.Error())
 	}
 	s.log.Printf("snapshot of %d bytes of data (%d bytes of memory) written to %s", v.mem.dataBytes(), v.memSize, dir)
 	return nil, nil
@@ -155,6 +164,9 @@ func writeNew(b *budget, path string, data []byte) error {
 	}
 	defer f.Close()
 	if err := b.writeAt(f, data, 0); err != nil {
+		if errors.Is(err, errCrashed) {
+			return err
+		}
 		return errors.New(osErrText(err))
 	}
 	return nil
