@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -18,49 +17,15 @@ import (
 // chsimBin is the simulator, built once for this test binary.
 var chsimBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "chsim-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	chsimBin, err = chsimbin.Build(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(chsimbin.RunTests(m, &chsimBin)) }
 
 // shortDir is a temp dir with a short path: unix socket paths are limited to
 // 108 bytes, and t.TempDir embeds the test name.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "ch")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
+func shortDir(t *testing.T) string { return chsimbin.ShortTempDir(t) }
 
 // startSim runs chsim as its own process on a socket in dir.
 func startSim(t *testing.T, dir string, env ...string) *chsimbin.Process {
-	t.Helper()
-	p, err := chsimbin.Start(context.Background(), chsimBin, filepath.Join(dir, "api.sock"), env...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Kill()
-		if t.Failed() {
-			t.Logf("chsim log:\n%s", p.Log())
-		}
-	})
-	return p
+	return chsimbin.StartT(t, chsimBin, filepath.Join(dir, "api.sock"), env...)
 }
 
 // rawCall sends one request to a socket without the client, to see exactly

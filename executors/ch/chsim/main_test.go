@@ -1,9 +1,7 @@
 package chsim_test
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -17,32 +15,9 @@ import (
 
 var chsimBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "chsim-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	chsimBin, err = chsimbin.Build(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(chsimbin.RunTests(m, &chsimBin)) }
 
-func shortDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "cs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
+func shortDir(t *testing.T) string { return chsimbin.ShortTempDir(t) }
 
 // fakeClock is an injected clock for the time-driven parts (the balloon,
 // the agent delay).
@@ -65,29 +40,12 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // inProc runs a simulator inside the test process (so -race sees it) on a
 // socket in dir.
 func inProc(t *testing.T, dir string, opts chsim.Options) *ch.Client {
 	t.Helper()
 	opts.Socket = filepath.Join(dir, "api.sock")
-	logs := &lockedBuffer{}
+	logs := &chsimbin.SyncBuffer{}
 	opts.Log = logs
 	if opts.Crash == nil {
 		opts.Crash = func(reason string) { t.Errorf("unexpected crash: %s", reason) }
@@ -116,18 +74,7 @@ func inProc(t *testing.T, dir string, opts chsim.Options) *ch.Client {
 
 // startProc runs the chsim binary on a socket in dir.
 func startProc(t *testing.T, dir string, env ...string) *chsimbin.Process {
-	t.Helper()
-	p, err := chsimbin.Start(context.Background(), chsimBin, filepath.Join(dir, "api.sock"), env...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Kill()
-		if t.Failed() {
-			t.Logf("chsim log:\n%s", p.Log())
-		}
-	})
-	return p
+	return chsimbin.StartT(t, chsimBin, filepath.Join(dir, "api.sock"), env...)
 }
 
 // vmConfig is a config whose kernel and disk exist in dir.

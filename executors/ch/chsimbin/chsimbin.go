@@ -52,7 +52,7 @@ type Process struct {
 	Socket string
 	Client *ch.Client
 
-	log  *syncBuffer
+	log  *SyncBuffer
 	done chan struct{}
 	err  error
 }
@@ -62,7 +62,7 @@ type Process struct {
 func Start(ctx context.Context, bin, socket string, env ...string) (*Process, error) {
 	cmd := exec.Command(bin, "--api-socket", "path="+socket)
 	cmd.Env = append(os.Environ(), env...)
-	buf := &syncBuffer{}
+	buf := &SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = buf, buf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -119,19 +119,78 @@ func (p *Process) Kill() {
 	<-p.done
 }
 
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer safe for concurrent writers, for logs.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// RunTests is a TestMain body for packages whose tests run chsim: it builds
+// the binary into a temporary directory, stores its path in bin, runs the
+// tests and removes the directory. It returns the exit code for os.Exit; a
+// failed build fails the whole package rather than skipping it.
+func RunTests(m interface{ Run() int }, bin *string) int {
+	dir, err := os.MkdirTemp("", "chsim-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if *bin, err = Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// TB is the part of testing.TB the test helpers need.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+	Failed() bool
+	Logf(format string, args ...any)
+}
+
+// StartT is Start for a test: the process is killed when the test ends and
+// its log is printed if the test failed.
+func StartT(t TB, bin, socket string, env ...string) *Process {
+	t.Helper()
+	p, err := Start(context.Background(), bin, socket, env...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("chsim log:\n%s", p.Log())
+		}
+	})
+	return p
+}
+
+// ShortTempDir is a temporary directory with a short path, removed when the
+// test ends: unix socket paths are limited to 108 bytes and t.TempDir embeds
+// the test's name.
+func ShortTempDir(t TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "sbx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
 }
