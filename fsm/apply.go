@@ -1,0 +1,451 @@
+package fsm
+
+import (
+	"maps"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+)
+
+// Apply folds ev into s in place. It reads only the event's type, version,
+// aggregate, op id, time and payload (never Seq or Node), so applying an event
+// before or after the log sequenced it gives the same state. On error (an
+// undecodable payload, or an event that does not fit the state: *ApplyError
+// wrapping ErrInconsistent) s is unchanged.
+//
+// After the event, claims that ended more than ClaimRetentionNS before the
+// event's time are forgotten.
+func Apply(s *State, ev *event.Event) error {
+	p, err := ev.Decode()
+	if err != nil {
+		return &ApplyError{Seq: ev.Seq, Type: ev.Type.String(), Err: err}
+	}
+	a := applier{s: s, ev: ev, seq: s.applied + 1}
+	if err := a.apply(p); err != nil {
+		return &ApplyError{Seq: ev.Seq, Type: ev.Type.String(), Err: err}
+	}
+	s.applied++
+	s.purgeDue(ev.Time)
+	return nil
+}
+
+type applier struct {
+	s   *State
+	ev  *event.Event
+	seq uint64
+}
+
+func (a *applier) intentOp() event.OpID { return IntentOp(a.ev.OpID, a.ev.Type, a.ev.AggID) }
+
+func (s *State) purgeDue(now int64) {
+	for _, t := range s.purge.due(now) {
+		if c := s.claims[t.key.id]; c != nil && !c.Status.Live() {
+			s.dropClaim(c)
+		}
+	}
+}
+
+func (a *applier) vm(id string, want ...VMStatus) (*VMRec, error) {
+	v := a.s.vms[id]
+	if v == nil {
+		return nil, inconsistent("no VM %s", id)
+	}
+	for _, w := range want {
+		if v.Status == w {
+			return v, nil
+		}
+	}
+	return nil, inconsistent("VM %s is %s, want %v", id, v.Status, want)
+}
+
+func (a *applier) claim(id string, want ...ClaimStatus) (*ClaimRec, error) {
+	c := a.s.claims[id]
+	if c == nil {
+		return nil, inconsistent("no claim %s", id)
+	}
+	for _, w := range want {
+		if c.Status == w {
+			return c, nil
+		}
+	}
+	return nil, inconsistent("claim %s is %s, want %v", id, c.Status, want)
+}
+
+func (a *applier) liveClaim(id string) (*ClaimRec, error) {
+	return a.claim(id, ClaimPending, ClaimRunning, ClaimHibernating, ClaimHibernated, ClaimWaking)
+}
+
+// claimIf returns v's claim when it is in status want and still holds v;
+// results for a VM whose claim ended leave the claim alone.
+func (a *applier) claimIf(v *VMRec, want ClaimStatus) *ClaimRec {
+	c := a.s.claims[v.Claim]
+	if c == nil || c.Status != want || c.VM != v.ID {
+		return nil
+	}
+	return c
+}
+
+func (a *applier) apply(p event.Payload) error {
+	s, now := a.s, a.ev.Time
+	switch p := p.(type) {
+	case event.NodeConfigured:
+		if p.Node == "" || p.Instance == "" {
+			return inconsistent("empty node or instance id")
+		}
+		s.node, s.instance = p.Node, p.Instance
+
+	case event.PoolsConfigured:
+		return a.poolsConfigured(p)
+
+	case event.LimitsConfigured:
+		caps := make(map[string]int, len(p.TenantCaps))
+		for _, tc := range p.TenantCaps {
+			caps[tc.Tenant] = tc.Cap
+		}
+		if len(caps) == 0 {
+			caps = nil
+		}
+		s.limits = Limits{MaxClaims: p.MaxClaims, DefaultTenantCap: p.DefaultTenantCap, TenantCaps: caps}
+
+	case event.GoldenBuildRequested:
+		g := s.goldens[p.Key]
+		if g != nil && (g.Status == GoldenBuilding || g.Status == GoldenReady) {
+			return inconsistent("golden %s is %s", p.Key, g.Status)
+		}
+		if g == nil {
+			g = &GoldenRec{Key: p.Key}
+			s.goldens[p.Key] = g
+		}
+		g.Status, g.Op, g.ReqSeq, g.Error, g.RetryAt = GoldenBuilding, a.intentOp(), a.seq, "", 0
+		s.pendingGoldens[p.Key] = struct{}{}
+		s.syncGoldenTimer(p.Key)
+		s.syncRefill(p.Key)
+
+	case event.GoldenBuilt:
+		g, err := a.building(p.Key)
+		if err != nil {
+			return err
+		}
+		g.Status, g.Op, g.SnapshotDir = GoldenReady, event.ZeroOpID, p.SnapshotDir
+		delete(s.pendingGoldens, p.Key)
+		s.syncRefill(p.Key)
+
+	case event.GoldenFailed:
+		g, err := a.building(p.Key)
+		if err != nil {
+			return err
+		}
+		g.Status, g.Op, g.Error, g.RetryAt = GoldenBroken, event.ZeroOpID, p.Error, p.RetryAtNS
+		delete(s.pendingGoldens, p.Key)
+		s.syncGoldenTimer(p.Key)
+
+	case event.VMCloneRequested:
+		if _, dup := s.vms[p.VM]; dup || p.VM == "" {
+			return inconsistent("VM id %q already in use", p.VM)
+		}
+		if s.pools[p.Key] == nil {
+			return inconsistent("VM %s for unknown pool %s", p.VM, p.Key)
+		}
+		s.addVM(&VMRec{ID: p.VM, Key: p.Key, Node: p.Node, Instance: p.Instance, RunDir: p.RunDir, Status: VMCloning,
+			Claim: p.Claim, Cold: p.Cold, Op: a.intentOp(), ReqSeq: a.seq, Created: now})
+
+	case event.VMCloned:
+		v, err := a.vm(p.VM, VMCloning)
+		if err != nil {
+			return err
+		}
+		v.Op = event.ZeroOpID
+		if v.Claim != "" {
+			s.setVMStatus(v, VMClaimed)
+			return nil
+		}
+		s.setVMStatus(v, VMWarm)
+		if pool := s.pools[v.Key]; pool != nil {
+			s.pushWarm(pool, v)
+		}
+
+	case event.VMCloneFailed:
+		v, err := a.vm(p.VM, VMCloning)
+		if err != nil {
+			return err
+		}
+		s.dropVM(v)
+
+	case event.VMDestroyRequested:
+		v, err := a.vm(p.VM, VMWarm, VMClaimed, VMHibernated)
+		if err != nil {
+			return err
+		}
+		if v.Status == VMWarm {
+			if pool := s.pools[v.Key]; pool != nil {
+				s.removeWarm(pool, v.ID)
+			}
+		}
+		v.Op, v.ReqSeq = a.intentOp(), a.seq
+		s.setVMStatus(v, VMDestroying)
+
+	case event.VMDestroyed:
+		v, err := a.vm(p.VM, VMDestroying)
+		if err != nil {
+			return err
+		}
+		s.dropVM(v)
+
+	case event.VMExited:
+		if _, err := a.vm(p.VM, VMWarm, VMClaimed, VMCloning, VMHibernating, VMHibernated, VMWaking, VMDestroying); err != nil {
+			return err
+		}
+
+	case event.ClaimCreated:
+		return a.claimCreated(p)
+
+	case event.ClaimServed:
+		c, err := a.claim(p.Claim, ClaimPending)
+		if err != nil {
+			return err
+		}
+		if v := s.vms[c.VM]; v == nil || v.Status != VMClaimed || v.Claim != c.ID {
+			return inconsistent("claim %s served by VM %s that is not claimed by it", c.ID, c.VM)
+		}
+		c.LastActivity = now
+		s.setClaimStatus(c, ClaimRunning, now)
+
+	case event.ClaimFailed:
+		c, err := a.liveClaim(p.Claim)
+		if err != nil {
+			return err
+		}
+		c.Reason = p.Reason
+		s.setClaimStatus(c, ClaimFailed, now)
+
+	case event.ClaimRenewed:
+		c, err := a.liveClaim(p.Claim)
+		if err != nil {
+			return err
+		}
+		c.TTLSeconds, c.Deadline = p.TTLSeconds, p.DeadlineNS
+		if c.Status == ClaimRunning {
+			c.LastActivity = max(c.LastActivity, now)
+		}
+		s.syncClaimTimers(c)
+
+	case event.ClaimTouched:
+		c, err := a.claim(p.Claim, ClaimRunning)
+		if err != nil {
+			return err
+		}
+		c.LastActivity = max(c.LastActivity, now)
+		s.syncClaimTimers(c)
+
+	case event.ClaimReleased:
+		c, err := a.liveClaim(p.Claim)
+		if err != nil {
+			return err
+		}
+		c.Reason = "released"
+		s.setClaimStatus(c, ClaimReleased, now)
+
+	case event.ClaimExpired:
+		c, err := a.liveClaim(p.Claim)
+		if err != nil {
+			return err
+		}
+		c.Reason = "expired"
+		s.setClaimStatus(c, ClaimExpired, now)
+
+	case event.HibernateRequested:
+		c, err := a.claim(p.Claim, ClaimRunning)
+		if err != nil {
+			return err
+		}
+		v, err := a.vm(c.VM, VMClaimed)
+		if err != nil {
+			return err
+		}
+		v.Op, v.ReqSeq = a.intentOp(), a.seq
+		s.setVMStatus(v, VMHibernating)
+		s.setClaimStatus(c, ClaimHibernating, now)
+
+	case event.Hibernated:
+		v, err := a.vm(p.VM, VMHibernating)
+		if err != nil {
+			return err
+		}
+		v.Op, v.SnapshotDir = event.ZeroOpID, p.SnapshotDir
+		s.setVMStatus(v, VMHibernated)
+		if c := a.claimIf(v, ClaimHibernating); c != nil {
+			s.setClaimStatus(c, ClaimHibernated, now)
+		}
+
+	case event.HibernateFailed:
+		v, err := a.vm(p.VM, VMHibernating)
+		if err != nil {
+			return err
+		}
+		v.Op = event.ZeroOpID
+		s.setVMStatus(v, VMClaimed)
+		if c := a.claimIf(v, ClaimHibernating); c != nil {
+			// The idle timer restarts from now, so a failing idle
+			// hibernate is retried after another idle period, not at
+			// every Tick.
+			c.LastActivity = max(c.LastActivity, now)
+			s.setClaimStatus(c, ClaimRunning, now)
+		}
+
+	case event.WakeRequested:
+		c, err := a.claim(p.Claim, ClaimHibernated)
+		if err != nil {
+			return err
+		}
+		v, err := a.vm(c.VM, VMHibernated)
+		if err != nil {
+			return err
+		}
+		v.Op, v.ReqSeq = a.intentOp(), a.seq
+		s.setVMStatus(v, VMWaking)
+		s.setClaimStatus(c, ClaimWaking, now)
+
+	case event.Woken:
+		v, err := a.vm(p.VM, VMWaking)
+		if err != nil {
+			return err
+		}
+		v.Op = event.ZeroOpID
+		s.setVMStatus(v, VMClaimed)
+		if c := a.claimIf(v, ClaimWaking); c != nil {
+			c.LastActivity = max(c.LastActivity, now)
+			s.setClaimStatus(c, ClaimRunning, now)
+		}
+
+	case event.WakeFailed:
+		v, err := a.vm(p.VM, VMWaking)
+		if err != nil {
+			return err
+		}
+		v.Op = event.ZeroOpID
+		s.setVMStatus(v, VMHibernated)
+		if c := a.claimIf(v, ClaimWaking); c != nil {
+			s.setClaimStatus(c, ClaimHibernated, now)
+		}
+
+	case event.PoolParked:
+		if p.Key == nil {
+			s.nodeParkUntil, s.nodeParkReason = p.UntilNS, p.Reason
+			s.timers.set(timerKey{kind: tPark, id: "*"}, p.UntilNS)
+			s.syncAllRefills()
+			return nil
+		}
+		pool := s.pools[*p.Key]
+		if pool == nil {
+			return inconsistent("park of unknown pool %s", *p.Key)
+		}
+		pool.ParkedUntil, pool.ParkReason = p.UntilNS, p.Reason
+		s.timers.set(timerKey{kind: tPark, pool: *p.Key}, p.UntilNS)
+		s.syncRefill(*p.Key)
+
+	case event.PoolUnparked:
+		if p.Key == nil {
+			s.nodeParkUntil, s.nodeParkReason = 0, ""
+			s.timers.remove(timerKey{kind: tPark, id: "*"})
+			s.syncAllRefills()
+			return nil
+		}
+		if pool := s.pools[*p.Key]; pool != nil {
+			pool.ParkedUntil, pool.ParkReason = 0, ""
+			s.syncRefill(*p.Key)
+		}
+		s.timers.remove(timerKey{kind: tPark, pool: *p.Key})
+
+	default:
+		return inconsistent("no state transition for %T", p)
+	}
+	return nil
+}
+
+func (a *applier) building(k PoolKey) (*GoldenRec, error) {
+	g := a.s.goldens[k]
+	if g == nil || g.Status != GoldenBuilding {
+		return nil, inconsistent("golden %s is not building", k)
+	}
+	return g, nil
+}
+
+func (a *applier) poolsConfigured(p event.PoolsConfigured) error {
+	s := a.s
+	keep := make(map[PoolKey]PoolSpec, len(p.Pools))
+	for _, sp := range p.Pools {
+		if _, dup := keep[sp.PoolKey]; dup {
+			return inconsistent("pool %s listed twice", sp.PoolKey)
+		}
+		keep[sp.PoolKey] = sp
+	}
+	idleChanged := map[PoolKey]bool{}
+	for k, pool := range s.pools { //fsm:unordered each pool is updated on its own
+		if _, ok := keep[k]; !ok && !pool.Draining {
+			pool.Draining = true
+		}
+	}
+	for _, sp := range p.Pools {
+		pool := s.pools[sp.PoolKey]
+		if pool == nil {
+			s.pools[sp.PoolKey] = &PoolRec{Spec: sp}
+			continue
+		}
+		if pool.Spec.IdleHibernateSeconds != sp.IdleHibernateSeconds {
+			idleChanged[sp.PoolKey] = true
+		}
+		pool.Spec, pool.Draining = sp, false
+	}
+	if len(idleChanged) > 0 {
+		// O(claims), but only when an idle setting changes.
+		for _, c := range s.claims { //fsm:unordered each claim's timers are set on their own
+			if idleChanged[c.Key] {
+				s.syncClaimTimers(c)
+			}
+		}
+	}
+	for _, k := range sortedPoolKeys(s.pools) {
+		s.syncRefill(k)
+		s.syncGoldenTimer(k)
+		s.maybeDropPool(k)
+	}
+	return nil
+}
+
+func (a *applier) claimCreated(p event.ClaimCreated) error {
+	s, now := a.s, a.ev.Time
+	if _, dup := s.claims[p.Claim]; dup || p.Claim == "" {
+		return inconsistent("claim id %q already in use", p.Claim)
+	}
+	tier, ok := parseTier(p.Tier)
+	if !ok {
+		return inconsistent("claim %s: unknown tier %q", p.Claim, p.Tier)
+	}
+	pool := s.pools[p.Key]
+	if pool == nil {
+		return inconsistent("claim %s on unknown pool %s", p.Claim, p.Key)
+	}
+	c := &ClaimRec{ID: p.Claim, Key: p.Key, VM: p.VM, Tenant: p.Tenant, ClaimRef: p.ClaimRef, Metadata: maps.Clone(p.Metadata),
+		Tier: tier, Status: ClaimPending, TTLSeconds: p.TTLSeconds, Deadline: p.DeadlineNS, ServeBy: p.ServeByNS,
+		TokenGen: p.TokenGen, Created: now}
+	if len(c.Metadata) == 0 {
+		c.Metadata = nil
+	}
+	if tier == TierWarm {
+		n := len(pool.warm)
+		if n == 0 || pool.warm[n-1] != p.VM {
+			return inconsistent("claim %s: VM %s is not the newest warm VM of %s", p.Claim, p.VM, p.Key)
+		}
+		v, err := a.vm(p.VM, VMWarm)
+		if err != nil {
+			return err
+		}
+		pool.warm = pool.warm[:n-1]
+		v.Claim = c.ID
+		s.setVMStatus(v, VMClaimed)
+		c.Status, c.LastActivity = ClaimRunning, now
+	} else if _, used := s.vms[p.VM]; used {
+		return inconsistent("claim %s: new VM id %s already in use", p.Claim, p.VM)
+	}
+	s.addClaim(c)
+	return nil
+}

@@ -1,0 +1,178 @@
+package fsm
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Check verifies the state's invariants and that every index Apply maintains
+// incrementally equals what the records imply. It costs O(state) and is meant
+// for tests, `sbxctl replay --check` and debugging, not for every request.
+//
+// Invariants: a VM serves at most one live claim, and each live claim's VM
+// is in the matching status (pending/cloning, running/claimed,
+// hibernating, hibernated, waking); warm VMs are exactly the warm stacks'
+// members and belong to no claim and no draining pool; every VM's pool
+// exists; a draining pool with no VMs and no live claims is gone.
+func (s *State) Check() error {
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	var claimCount [numClaimStatus]int
+	var vmCount [numVMStatus]int
+	live := 0
+	tenantLive := map[string]int{}
+	poolVMs, poolRefill, poolLive := map[PoolKey]int{}, map[PoolKey]int{}, map[PoolKey]int{}
+	timers := map[timerKey]int64{}
+	purge := map[timerKey]int64{}
+	vmOwner := map[string]string{}
+
+	for id, v := range s.vms { //fsm:unordered verification only; errors.Join order is not state
+		vmCount[v.Status]++
+		poolVMs[v.Key]++
+		if isRefill(v) {
+			poolRefill[v.Key]++
+		}
+		_, pending := s.pendingVMs[id]
+		if pending != hasIntent(v.Status) {
+			fail("VM %s (%s): pending index says %v", id, v.Status, pending)
+		}
+		if s.pools[v.Key] == nil {
+			fail("VM %s: pool %s does not exist", id, v.Key)
+		}
+		switch v.Status {
+		case VMWarm:
+			if v.Claim != "" {
+				fail("warm VM %s belongs to claim %s", id, v.Claim)
+			}
+			if p := s.pools[v.Key]; p != nil && p.Draining {
+				fail("warm VM %s in draining pool %s", id, v.Key)
+			}
+		case VMClaimed:
+			if c := s.claims[v.Claim]; c == nil || c.Status != ClaimRunning || c.VM != id {
+				fail("claimed VM %s: claim %q is not running on it", id, v.Claim)
+			}
+		case VMHibernated:
+			if c := s.claims[v.Claim]; c == nil || c.Status != ClaimHibernated || c.VM != id {
+				fail("hibernated VM %s: claim %q is not hibernated on it", id, v.Claim)
+			}
+		}
+		if hasIntent(v.Status) == (v.Op == [16]byte{}) {
+			fail("VM %s (%s): op %s", id, v.Status, v.Op)
+		}
+	}
+	if len(s.pendingVMs) != s.vmCountWithIntent() {
+		fail("pending VM index has %d entries, %d VMs have intents", len(s.pendingVMs), s.vmCountWithIntent())
+	}
+
+	for id, c := range s.claims { //fsm:unordered verification only
+		claimCount[c.Status]++
+		if !c.Status.Live() {
+			purge[timerKey{kind: tPurge, id: id}] = c.Ended + ClaimRetentionNS
+			continue
+		}
+		live++
+		tenantLive[c.Tenant]++
+		poolLive[c.Key]++
+		if other, dup := vmOwner[c.VM]; dup {
+			fail("VM %s is in claims %s and %s", c.VM, other, id)
+		}
+		vmOwner[c.VM] = id
+		want := map[ClaimStatus]VMStatus{ClaimPending: VMCloning, ClaimRunning: VMClaimed, ClaimHibernating: VMHibernating,
+			ClaimHibernated: VMHibernated, ClaimWaking: VMWaking}[c.Status]
+		if v := s.vms[c.VM]; v == nil || v.Status != want || v.Claim != id {
+			fail("claim %s (%s): VM %s is not %s for it", id, c.Status, c.VM, want)
+		}
+		if c.Status == ClaimPending {
+			timers[timerKey{kind: tServe, id: id}] = c.ServeBy
+		} else {
+			timers[timerKey{kind: tTTL, id: id}] = c.Deadline
+		}
+		if p := s.pools[c.Key]; c.Status == ClaimRunning && p != nil && p.Spec.IdleHibernateSeconds > 0 {
+			timers[timerKey{kind: tIdle, id: id}] = c.LastActivity + p.Spec.IdleHibernateSeconds*second
+		}
+	}
+	if claimCount != s.claimCount || live != s.live {
+		fail("claim counters %v/%d, records say %v/%d", s.claimCount, s.live, claimCount, live)
+	}
+	if vmCount != s.vmCount {
+		fail("VM counters %v, records say %v", s.vmCount, vmCount)
+	}
+	if len(tenantLive) != len(s.tenantLive) {
+		fail("tenant counters %v, records say %v", s.tenantLive, tenantLive)
+	}
+	for _, t := range sortedKeys(tenantLive) {
+		if s.tenantLive[t] != tenantLive[t] {
+			fail("tenant %q: %d live, records say %d", t, s.tenantLive[t], tenantLive[t])
+		}
+	}
+
+	onStack := map[string]bool{}
+	for _, k := range sortedPoolKeys(s.pools) {
+		p := s.pools[k]
+		if p.vms != poolVMs[k] || p.refilling != poolRefill[k] || p.live != poolLive[k] {
+			fail("pool %s: counters vms %d refilling %d live %d, records say %d %d %d", k, p.vms, p.refilling, p.live, poolVMs[k], poolRefill[k], poolLive[k])
+		}
+		if p.Draining && p.vms == 0 && p.live == 0 {
+			fail("empty draining pool %s was not dropped", k)
+		}
+		for _, id := range p.warm {
+			if v := s.vms[id]; v == nil || v.Status != VMWarm || v.Key != k || onStack[id] {
+				fail("pool %s: warm stack entry %s is not a warm VM of the pool", k, id)
+			}
+			onStack[id] = true
+		}
+		_, need := s.needRefill[k]
+		_, can := s.canRefill(k)
+		if want := can && refillDeficit(p) > 0; need != want {
+			fail("pool %s: refill index %v, want %v", k, need, want)
+		}
+		if p.ParkedUntil != 0 {
+			timers[timerKey{kind: tPark, pool: k}] = p.ParkedUntil
+		}
+		if g := s.goldens[k]; g != nil && g.Status == GoldenBroken && !p.Draining {
+			timers[timerKey{kind: tGolden, pool: k}] = g.RetryAt
+		}
+	}
+	if len(onStack) != vmCount[VMWarm] {
+		fail("%d warm VMs, %d on warm stacks", vmCount[VMWarm], len(onStack))
+	}
+	if len(s.needRefill) > len(s.pools) {
+		fail("refill index names %d pools, %d exist", len(s.needRefill), len(s.pools))
+	}
+	for _, k := range sortedPoolKeys(s.goldens) {
+		g := s.goldens[k]
+		if _, ok := s.pendingGoldens[k]; ok != (g.Status == GoldenBuilding) {
+			fail("golden %s (%s): pending index says %v", k, g.Status, ok)
+		}
+	}
+	if len(s.pendingGoldens) > len(s.goldens) {
+		fail("pending golden index has unknown keys")
+	}
+	if s.nodeParkUntil != 0 {
+		timers[timerKey{kind: tPark, id: "*"}] = s.nodeParkUntil
+	}
+	checkHeap := func(name string, h *timerHeap, want map[timerKey]int64) {
+		if len(h.items) != len(want) || len(h.index) != len(want) {
+			fail("%s: %d armed (%d indexed), records imply %d", name, len(h.items), len(h.index), len(want))
+		}
+		for i, t := range h.items {
+			if t.idx != i || h.index[t.key] != t {
+				fail("%s: entry %d mis-indexed", name, i)
+			}
+			if i > 0 && timerLess(t, h.items[(i-1)/2]) {
+				fail("%s: heap order broken at %d", name, i)
+			}
+			if at, ok := want[t.key]; !ok || at != t.at {
+				fail("%s: %v armed at %d, records imply %d (%v)", name, t.key, t.at, at, ok)
+			}
+		}
+	}
+	checkHeap("timers", &s.timers, timers)
+	checkHeap("purge", &s.purge, purge)
+	return errors.Join(errs...)
+}
+
+func (s *State) vmCountWithIntent() int {
+	return s.vmCount[VMCloning] + s.vmCount[VMHibernating] + s.vmCount[VMWaking] + s.vmCount[VMDestroying]
+}

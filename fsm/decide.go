@@ -1,0 +1,762 @@
+package fsm
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+)
+
+// Decide checks cmd against s and returns the events recording its outcome,
+// all carrying cmd's op id, cause and time. A command the state does not
+// allow returns a *Rejection and no events; a command already satisfied
+// returns neither. Decide never changes s. Any other error is a bug (an
+// event that would not encode), never a property of the input.
+func Decide(s *State, cmd Command) ([]event.Event, error) {
+	if cmd == nil {
+		return nil, reject(Invalid, "no command")
+	}
+	m := cmd.meta()
+	if m.Op == event.ZeroOpID {
+		return nil, reject(Invalid, "command without an op id")
+	}
+	if m.Now <= 0 {
+		return nil, reject(Invalid, "command without a time")
+	}
+	d := &decider{s: s, m: m}
+	var err error
+	switch c := cmd.(type) {
+	case ConfigureNode:
+		err = d.configureNode(&c)
+	case *ConfigureNode:
+		err = d.configureNode(c)
+	case ConfigurePools:
+		err = d.configurePools(&c)
+	case *ConfigurePools:
+		err = d.configurePools(c)
+	case ConfigureLimits:
+		err = d.configureLimits(&c)
+	case *ConfigureLimits:
+		err = d.configureLimits(c)
+	case Claim:
+		err = d.claim(&c)
+	case *Claim:
+		err = d.claim(c)
+	case Refill:
+		err = d.refill(&c)
+	case *Refill:
+		err = d.refill(c)
+	case Hibernate:
+		err = d.hibernate(c.Claim)
+	case *Hibernate:
+		err = d.hibernate(c.Claim)
+	case Wake:
+		err = d.wake(c.Claim)
+	case *Wake:
+		err = d.wake(c.Claim)
+	case Release:
+		err = d.release(c.Claim)
+	case *Release:
+		err = d.release(c.Claim)
+	case Renew:
+		err = d.renew(&c)
+	case *Renew:
+		err = d.renew(c)
+	case Touch:
+		err = d.touch(c.Claim)
+	case *Touch:
+		err = d.touch(c.Claim)
+	case Tick:
+		err = d.tick()
+	case *Tick:
+		err = d.tick()
+	case GoldenBuilt:
+		err = d.goldenBuilt(&c)
+	case *GoldenBuilt:
+		err = d.goldenBuilt(c)
+	case GoldenFailed:
+		err = d.goldenFailed(&c)
+	case *GoldenFailed:
+		err = d.goldenFailed(c)
+	case VMCloned:
+		err = d.vmCloned(&c)
+	case *VMCloned:
+		err = d.vmCloned(c)
+	case VMCloneFailed:
+		err = d.vmCloneFailed(&c)
+	case *VMCloneFailed:
+		err = d.vmCloneFailed(c)
+	case HibernateDone:
+		err = d.hibernateDone(&c)
+	case *HibernateDone:
+		err = d.hibernateDone(c)
+	case HibernateFailed:
+		err = d.hibernateFailed(&c)
+	case *HibernateFailed:
+		err = d.hibernateFailed(c)
+	case WakeDone:
+		err = d.wakeDone(&c)
+	case *WakeDone:
+		err = d.wakeDone(c)
+	case WakeFailed:
+		err = d.wakeFailed(&c)
+	case *WakeFailed:
+		err = d.wakeFailed(c)
+	case VMDestroyed:
+		err = d.vmDestroyed(&c)
+	case *VMDestroyed:
+		err = d.vmDestroyed(c)
+	case VMExited:
+		err = d.vmExited(&c)
+	case *VMExited:
+		err = d.vmExited(c)
+	case CapacityFull:
+		err = d.capacityFull(&c)
+	case *CapacityFull:
+		err = d.capacityFull(c)
+	default:
+		return nil, reject(Invalid, "unknown command %T", cmd)
+	}
+	if err == nil {
+		err = d.err
+	}
+	if err != nil {
+		return nil, err
+	}
+	return d.evs, nil
+}
+
+type decider struct {
+	s   *State
+	m   Meta
+	evs []event.Event
+	err error // an event that failed to encode (a bug)
+	// vmIDs are the ids this decision has handed out so far.
+	vmN int
+}
+
+func (d *decider) emit(p event.Payload, aggID string) {
+	if d.err != nil {
+		return
+	}
+	ev, err := event.New(p, aggID, d.m.Op, d.m.Cause, d.m.Now)
+	if err != nil {
+		d.err = fmt.Errorf("fsm: build %s event: %w", p.EventType(), err)
+		return
+	}
+	d.evs = append(d.evs, ev)
+}
+
+// newVMID returns the next VM id derived from the command's op id that no VM
+// in state uses.
+func (d *decider) newVMID() string {
+	for {
+		id := VMID(d.m.Op, d.vmN)
+		d.vmN++
+		if _, used := d.s.vms[id]; !used {
+			return id
+		}
+	}
+}
+
+func (d *decider) cloneRequest(vm string, k PoolKey, claim string, cold bool) {
+	d.emit(event.VMCloneRequested{VM: vm, Key: k, Node: d.s.node, Instance: d.s.instance,
+		RunDir: runDir(d.s.instance, vm), Claim: claim, Cold: cold}, vm)
+}
+
+func (d *decider) destroy(vm, reason string) {
+	d.emit(event.VMDestroyRequested{VM: vm, Reason: reason}, vm)
+}
+
+// destroySettled asks for vm's destruction if no side effect is in flight on
+// it; otherwise the result of that side effect destroys it (see the result
+// handlers: a VM whose claim ended is destroyed when it settles).
+func (d *decider) destroySettled(vm, reason string) {
+	v := d.s.vms[vm]
+	if v != nil && (v.Status == VMClaimed || v.Status == VMHibernated || v.Status == VMWarm) {
+		d.destroy(vm, reason)
+	}
+}
+
+func (d *decider) needInstance() error {
+	if d.s.instance == "" {
+		return reject(Invalid, "node not configured: ConfigureNode must come before VMs are created")
+	}
+	return nil
+}
+
+// --- configuration -----------------------------------------------------------
+
+func (d *decider) configureNode(c *ConfigureNode) error {
+	if !nameRE.MatchString(c.Node) {
+		return reject(Invalid, "invalid node id %q", c.Node)
+	}
+	if !nameRE.MatchString(c.Instance) {
+		return reject(Invalid, "invalid instance id %q", c.Instance)
+	}
+	if c.Node == d.s.node && c.Instance == d.s.instance {
+		return nil
+	}
+	d.emit(event.NodeConfigured{Node: c.Node, Instance: c.Instance}, event.NodeAggID)
+	return nil
+}
+
+func sortSpecs(specs []PoolSpec) {
+	slices.SortFunc(specs, func(a, b PoolSpec) int { return a.PoolKey.Compare(b.PoolKey) })
+}
+
+func (d *decider) configurePools(c *ConfigurePools) error {
+	specs, err := normSpecs(c.Pools)
+	if err != nil {
+		return err
+	}
+	s := d.s
+	active := 0
+	for _, p := range s.pools { //fsm:unordered counting
+		if !p.Draining {
+			active++
+		}
+	}
+	changed := active != len(specs)
+	for _, sp := range specs {
+		if p := s.pools[sp.PoolKey]; p == nil || p.Draining || p.Spec != sp {
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	d.emit(event.PoolsConfigured{Pools: specs}, event.NodeAggID)
+	keep := make(map[PoolKey]bool, len(specs))
+	for _, sp := range specs {
+		keep[sp.PoolKey] = true
+	}
+	for _, k := range sortedPoolKeys(s.pools) {
+		if p := s.pools[k]; !p.Draining && !keep[k] {
+			for _, vm := range p.warm {
+				d.destroy(vm, "drain")
+			}
+		}
+	}
+	for _, sp := range specs {
+		if p := s.pools[sp.PoolKey]; p != nil {
+			excess := len(p.warm) + p.refilling - sp.WarmMax
+			for _, vm := range p.warm[:max(0, min(excess, len(p.warm)))] {
+				d.destroy(vm, "trim")
+			}
+		}
+		switch g := s.goldens[sp.PoolKey]; {
+		case g == nil:
+			d.emit(event.GoldenBuildRequested{Key: sp.PoolKey, Reason: "new"}, sp.PoolKey.String())
+		case g.Status == GoldenBroken && g.RetryAt <= d.m.Now:
+			d.emit(event.GoldenBuildRequested{Key: sp.PoolKey, Reason: "retry"}, sp.PoolKey.String())
+		}
+	}
+	return nil
+}
+
+func (d *decider) configureLimits(c *ConfigureLimits) error {
+	if c.MaxClaims < 0 || c.DefaultTenantCap < 0 {
+		return reject(Invalid, "limits must not be negative")
+	}
+	if len(c.TenantCaps) > 100_000 {
+		return reject(Invalid, "%d tenant caps, at most 100000", len(c.TenantCaps))
+	}
+	caps := make([]event.TenantCap, 0, len(c.TenantCaps))
+	for _, t := range sortedKeys(c.TenantCaps) {
+		if t == "" || len(t) > MaxTenant {
+			return reject(Invalid, "tenant name %q: 1 to %d bytes", t, MaxTenant)
+		}
+		if c.TenantCaps[t] < 0 {
+			return reject(Invalid, "tenant %q: negative cap", t)
+		}
+		caps = append(caps, event.TenantCap{Tenant: t, Cap: c.TenantCaps[t]})
+	}
+	l := d.s.limits
+	same := l.MaxClaims == c.MaxClaims && l.DefaultTenantCap == c.DefaultTenantCap && len(l.TenantCaps) == len(caps)
+	for _, tc := range caps {
+		if v, ok := l.TenantCaps[tc.Tenant]; !ok || v != tc.Cap {
+			same = false
+		}
+	}
+	if same {
+		return nil
+	}
+	if len(caps) == 0 {
+		caps = nil
+	}
+	d.emit(event.LimitsConfigured{MaxClaims: c.MaxClaims, DefaultTenantCap: c.DefaultTenantCap, TenantCaps: caps}, event.NodeAggID)
+	return nil
+}
+
+// --- claims ------------------------------------------------------------------
+
+func (d *decider) claim(c *Claim) error {
+	s := d.s
+	if !ValidClaimID(c.ID) {
+		return reject(Invalid, "invalid claim id %q: want sb_ and 16 lowercase hex digits", c.ID)
+	}
+	if _, used := s.claims[c.ID]; used {
+		return reject(Invalid, "claim id %s is already in use", c.ID)
+	}
+	if err := ValidKey(c.Key); err != nil {
+		return err
+	}
+	if err := checkText("tenant", c.Tenant, MaxTenant); err != nil {
+		return err
+	}
+	if err := checkText("claim_ref", c.ClaimRef, MaxClaimRef); err != nil {
+		return err
+	}
+	if err := checkMetadata(c.Metadata); err != nil {
+		return err
+	}
+	ttl, err := ttlSeconds(c.TTLSeconds)
+	if err != nil {
+		return err
+	}
+	serve := c.ServeTimeoutSeconds
+	switch {
+	case serve < 0 || serve > MaxServeTimeout:
+		return reject(Invalid, "serve timeout %d s out of [0, %d]", serve, MaxServeTimeout)
+	case serve == 0:
+		serve = DefaultServeTimeoutSeconds
+	}
+	p := s.pools[c.Key]
+	switch {
+	case p == nil:
+		return reject(UnknownPool, "no pool %s", c.Key)
+	case p.Draining:
+		return reject(Draining, "pool %s is draining", c.Key)
+	}
+	if l := s.limits.MaxClaims; l > 0 && s.live >= l {
+		return reject(TooMany, "max_claims %d reached", l)
+	}
+	if l := s.limits.CapFor(c.Tenant); l > 0 && s.tenantLive[c.Tenant] >= l {
+		return reject(TooMany, "tenant %q is at its cap of %d claims", c.Tenant, l)
+	}
+	gen := c.TokenGen
+	if gen == 0 {
+		gen = 1
+	}
+	deadline := d.m.Now + ttl*second
+	ev := event.ClaimCreated{Claim: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
+		TTLSeconds: ttl, DeadlineNS: deadline, ServeByNS: min(deadline, d.m.Now+serve*second), TokenGen: gen}
+	if len(ev.Metadata) == 0 {
+		ev.Metadata = nil
+	}
+	if n := len(p.warm); n > 0 {
+		ev.Tier, ev.VM = TierWarm.String(), p.warm[n-1]
+		d.emit(ev, c.ID)
+		return nil
+	}
+	if err := d.needInstance(); err != nil {
+		return err
+	}
+	tier := TierCold
+	if g := s.goldens[c.Key]; g != nil && g.Status == GoldenReady {
+		tier = TierClone
+	}
+	ev.Tier, ev.VM = tier.String(), d.newVMID()
+	d.emit(ev, c.ID)
+	d.cloneRequest(ev.VM, c.Key, c.ID, tier == TierCold)
+	return nil
+}
+
+func (d *decider) refill(c *Refill) error {
+	s := d.s
+	var keys []PoolKey
+	if c.Key == (PoolKey{}) {
+		keys = sortedPoolKeys(s.needRefill)
+	} else {
+		if s.pools[c.Key] == nil {
+			return reject(UnknownPool, "no pool %s", c.Key)
+		}
+		if _, ok := s.needRefill[c.Key]; ok {
+			keys = []PoolKey{c.Key}
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	if err := d.needInstance(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		for range refillDeficit(s.pools[k]) {
+			d.cloneRequest(d.newVMID(), k, "", false)
+		}
+	}
+	return nil
+}
+
+func (d *decider) liveClaim(id string) (*ClaimRec, error) {
+	c := d.s.claims[id]
+	if c == nil {
+		return nil, reject(NotFound, "no sandbox %s", id)
+	}
+	return c, nil
+}
+
+func (d *decider) hibernate(id string) error {
+	c, err := d.liveClaim(id)
+	if err != nil {
+		return err
+	}
+	switch c.Status {
+	case ClaimHibernating, ClaimHibernated:
+		return nil
+	case ClaimRunning:
+		if v := d.s.vms[c.VM]; v == nil || v.Status != VMClaimed {
+			return reject(InvalidTransition, "sandbox %s: its VM is not running", id)
+		}
+		d.emit(event.HibernateRequested{Claim: id, VM: c.VM, Reason: "user"}, id)
+		return nil
+	}
+	return reject(InvalidTransition, "sandbox %s is %s, cannot hibernate", id, c.Status)
+}
+
+func (d *decider) wake(id string) error {
+	c, err := d.liveClaim(id)
+	if err != nil {
+		return err
+	}
+	switch c.Status {
+	case ClaimRunning, ClaimWaking, ClaimPending:
+		return nil
+	case ClaimHibernated:
+		v := d.s.vms[c.VM]
+		if v == nil || v.Status != VMHibernated {
+			return reject(InvalidTransition, "sandbox %s: its VM is not hibernated", id)
+		}
+		d.emit(event.WakeRequested{Claim: id, VM: c.VM, SnapshotDir: v.SnapshotDir}, id)
+		return nil
+	}
+	return reject(InvalidTransition, "sandbox %s is %s, cannot wake", id, c.Status)
+}
+
+func (d *decider) release(id string) error {
+	c, err := d.liveClaim(id)
+	if err != nil {
+		return err
+	}
+	if !c.Status.Live() {
+		return nil
+	}
+	d.emit(event.ClaimReleased{Claim: id, VM: c.VM}, id)
+	d.destroySettled(c.VM, "release")
+	return nil
+}
+
+func (d *decider) renew(r *Renew) error {
+	c, err := d.liveClaim(r.Claim)
+	if err != nil {
+		return err
+	}
+	if !c.Status.Live() {
+		return reject(InvalidTransition, "sandbox %s is %s, cannot renew", r.Claim, c.Status)
+	}
+	ttl, err := ttlSeconds(r.TTLSeconds)
+	if err != nil {
+		return err
+	}
+	d.emit(event.ClaimRenewed{Claim: r.Claim, TTLSeconds: ttl, DeadlineNS: d.m.Now + ttl*second}, r.Claim)
+	return nil
+}
+
+func (d *decider) touch(id string) error {
+	c, err := d.liveClaim(id)
+	if err != nil {
+		return err
+	}
+	if c.Status != ClaimRunning || d.m.Now <= c.LastActivity {
+		return nil
+	}
+	d.emit(event.ClaimTouched{Claim: id}, id)
+	return nil
+}
+
+// tick fires due timers. Leases and serve deadlines go first, so that a claim
+// both idle and expired is reaped rather than hibernated.
+func (d *decider) tick() error {
+	s := d.s
+	due := s.timers.due(d.m.Now)
+	if len(due) == 0 {
+		return nil
+	}
+	var ended map[string]bool
+	for _, t := range due {
+		c := s.claims[t.key.id]
+		switch {
+		case c == nil:
+			continue
+		case t.key.kind == tServe && c.Status == ClaimPending:
+			d.emit(event.ClaimFailed{Claim: c.ID, VM: c.VM, Reason: "deadline", Error: "not served before its serve deadline"}, c.ID)
+		case t.key.kind == tTTL && c.Status.Live() && c.Status != ClaimPending:
+			d.emit(event.ClaimExpired{Claim: c.ID, VM: c.VM}, c.ID)
+			d.destroySettled(c.VM, "expire")
+		default:
+			continue
+		}
+		if ended == nil {
+			ended = map[string]bool{}
+		}
+		ended[c.ID] = true
+	}
+	for _, t := range due {
+		switch t.key.kind {
+		case tIdle:
+			c := s.claims[t.key.id]
+			if c != nil && c.Status == ClaimRunning && !ended[c.ID] {
+				if v := s.vms[c.VM]; v != nil && v.Status == VMClaimed {
+					d.emit(event.HibernateRequested{Claim: c.ID, VM: c.VM, Reason: "idle"}, c.ID)
+				}
+			}
+		case tGolden:
+			g, p := s.goldens[t.key.pool], s.pools[t.key.pool]
+			if g != nil && g.Status == GoldenBroken && p != nil && !p.Draining {
+				d.emit(event.GoldenBuildRequested{Key: t.key.pool, Reason: "retry"}, t.key.pool.String())
+			}
+		case tPark:
+			var k *PoolKey
+			if t.key.id != "*" {
+				pk := t.key.pool
+				k = &pk
+			}
+			d.emit(event.PoolUnparked{Key: k}, event.ParkAggID(k))
+		}
+	}
+	return nil
+}
+
+// --- executor results --------------------------------------------------------
+
+// inFlight returns VM id if it is in status want with the result's cause as
+// its op in flight.
+func (d *decider) inFlight(id string, want VMStatus) (*VMRec, error) {
+	v := d.s.vms[id]
+	if v == nil {
+		return nil, reject(NotFound, "no VM %s", id)
+	}
+	if v.Status != want {
+		return nil, reject(InvalidTransition, "VM %s is %s, not %s", id, v.Status, want)
+	}
+	if v.Op != d.m.Cause {
+		return nil, reject(InvalidTransition, "VM %s: stale result (cause %s, op in flight %s)", id, d.m.Cause, v.Op)
+	}
+	return v, nil
+}
+
+func (d *decider) building(k PoolKey) (*GoldenRec, error) {
+	g := d.s.goldens[k]
+	if g == nil {
+		return nil, reject(NotFound, "no golden %s", k)
+	}
+	if g.Status != GoldenBuilding || g.Op != d.m.Cause {
+		return nil, reject(InvalidTransition, "golden %s is %s; stale result (cause %s)", k, g.Status, d.m.Cause)
+	}
+	return g, nil
+}
+
+func errText(s string) string {
+	if len(s) > MaxErrorText {
+		return s[:MaxErrorText]
+	}
+	return s
+}
+
+func checkDir(dir string) error {
+	if dir == "" || len(dir) > maxSnapshotDirLen {
+		return reject(Invalid, "snapshot dir: 1 to %d bytes", maxSnapshotDirLen)
+	}
+	return nil
+}
+
+func (d *decider) goldenBuilt(c *GoldenBuilt) error {
+	if _, err := d.building(c.Key); err != nil {
+		return err
+	}
+	if err := checkDir(c.SnapshotDir); err != nil {
+		return err
+	}
+	d.emit(event.GoldenBuilt{Key: c.Key, SnapshotDir: c.SnapshotDir, Report: c.Report}, c.Key.String())
+	return nil
+}
+
+func (d *decider) goldenFailed(c *GoldenFailed) error {
+	if _, err := d.building(c.Key); err != nil {
+		return err
+	}
+	d.emit(event.GoldenFailed{Key: c.Key, Error: errText(c.Error), RetryAtNS: d.m.Now + GoldenRetryNS}, c.Key.String())
+	return nil
+}
+
+// claimWaiting returns v's claim if it is live in status want and still
+// holds v.
+func (d *decider) claimWaiting(v *VMRec, want ClaimStatus) *ClaimRec {
+	c := d.s.claims[v.Claim]
+	if c == nil || c.Status != want || c.VM != v.ID {
+		return nil
+	}
+	return c
+}
+
+func (d *decider) vmCloned(c *VMCloned) error {
+	v, err := d.inFlight(c.VM, VMCloning)
+	if err != nil {
+		return err
+	}
+	d.emit(event.VMCloned{VM: v.ID, Report: c.Report}, v.ID)
+	if v.Claim != "" {
+		if cl := d.claimWaiting(v, ClaimPending); cl != nil {
+			d.emit(event.ClaimServed{Claim: cl.ID, VM: v.ID}, cl.ID)
+		} else {
+			d.destroy(v.ID, "claim_ended")
+		}
+		return nil
+	}
+	switch p := d.s.pools[v.Key]; {
+	case p == nil || p.Draining:
+		d.destroy(v.ID, "drain")
+	case len(p.warm)+p.refilling > p.Spec.WarmMax:
+		d.destroy(v.ID, "trim")
+	}
+	return nil
+}
+
+func (d *decider) vmCloneFailed(c *VMCloneFailed) error {
+	v, err := d.inFlight(c.VM, VMCloning)
+	if err != nil {
+		return err
+	}
+	d.emit(event.VMCloneFailed{VM: v.ID, Error: errText(c.Error)}, v.ID)
+	if v.Claim != "" {
+		if cl := d.claimWaiting(v, ClaimPending); cl != nil {
+			reason := "clone_failed"
+			if v.Cold {
+				reason = "cold_boot_failed"
+			}
+			d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: reason, Error: errText(c.Error)}, cl.ID)
+		}
+		return nil
+	}
+	if p := d.s.pools[v.Key]; p != nil && !p.Draining && p.ParkedUntil == 0 {
+		k := v.Key
+		d.emit(event.PoolParked{Key: &k, UntilNS: d.m.Now + CloneRetryNS, Reason: ParkCloneFailed}, k.String())
+	}
+	return nil
+}
+
+func (d *decider) hibernateDone(c *HibernateDone) error {
+	v, err := d.inFlight(c.VM, VMHibernating)
+	if err != nil {
+		return err
+	}
+	if err := checkDir(c.SnapshotDir); err != nil {
+		return err
+	}
+	d.emit(event.Hibernated{Claim: v.Claim, VM: v.ID, SnapshotDir: c.SnapshotDir, Report: c.Report}, v.Claim)
+	if d.claimWaiting(v, ClaimHibernating) == nil {
+		d.destroy(v.ID, "claim_ended")
+	}
+	return nil
+}
+
+func (d *decider) hibernateFailed(c *HibernateFailed) error {
+	v, err := d.inFlight(c.VM, VMHibernating)
+	if err != nil {
+		return err
+	}
+	d.emit(event.HibernateFailed{Claim: v.Claim, VM: v.ID, Error: errText(c.Error), Lost: c.Lost}, v.Claim)
+	d.settleFailure(v, ClaimHibernating, c.Lost, "hibernate_failed", c.Error)
+	return nil
+}
+
+func (d *decider) wakeDone(c *WakeDone) error {
+	v, err := d.inFlight(c.VM, VMWaking)
+	if err != nil {
+		return err
+	}
+	d.emit(event.Woken{Claim: v.Claim, VM: v.ID, Report: c.Report}, v.Claim)
+	if d.claimWaiting(v, ClaimWaking) == nil {
+		d.destroy(v.ID, "claim_ended")
+	}
+	return nil
+}
+
+func (d *decider) wakeFailed(c *WakeFailed) error {
+	v, err := d.inFlight(c.VM, VMWaking)
+	if err != nil {
+		return err
+	}
+	d.emit(event.WakeFailed{Claim: v.Claim, VM: v.ID, Error: errText(c.Error), Lost: c.Lost}, v.Claim)
+	d.settleFailure(v, ClaimWaking, c.Lost, "wake_failed", c.Error)
+	return nil
+}
+
+// settleFailure follows a failed hibernate or wake: a VM whose claim ended
+// meanwhile is destroyed; a lost VM fails its claim and is destroyed.
+func (d *decider) settleFailure(v *VMRec, want ClaimStatus, lost bool, reason, msg string) {
+	cl := d.claimWaiting(v, want)
+	switch {
+	case cl == nil:
+		d.destroy(v.ID, "claim_ended")
+	case lost:
+		d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: reason, Error: errText(msg)}, cl.ID)
+		d.destroy(v.ID, "failed")
+	}
+}
+
+func (d *decider) vmDestroyed(c *VMDestroyed) error {
+	v, err := d.inFlight(c.VM, VMDestroying)
+	if err != nil {
+		return err
+	}
+	d.emit(event.VMDestroyed{VM: v.ID, Report: c.Report}, v.ID)
+	return nil
+}
+
+func (d *decider) vmExited(c *VMExited) error {
+	v := d.s.vms[c.VM]
+	if v == nil {
+		return reject(NotFound, "no VM %s", c.VM)
+	}
+	switch v.Status {
+	case VMDestroying:
+		return nil
+	case VMWarm:
+		d.emit(event.VMExited{VM: v.ID, Detail: errText(c.Detail)}, v.ID)
+		d.destroy(v.ID, "exited")
+	case VMClaimed:
+		d.emit(event.VMExited{VM: v.ID, Detail: errText(c.Detail)}, v.ID)
+		if cl := d.claimWaiting(v, ClaimRunning); cl != nil {
+			d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: "vm_exited", Error: errText(c.Detail)}, cl.ID)
+		}
+		d.destroy(v.ID, "exited")
+	default:
+		return reject(InvalidTransition, "VM %s is %s: its executor reports the outcome", v.ID, v.Status)
+	}
+	return nil
+}
+
+func (d *decider) capacityFull(c *CapacityFull) error {
+	until := d.m.Now + CapacityParkNS
+	cur := d.s.nodeParkUntil
+	if c.Key != nil {
+		p := d.s.pools[*c.Key]
+		if p == nil {
+			return reject(UnknownPool, "no pool %s", *c.Key)
+		}
+		cur = p.ParkedUntil
+	}
+	if cur >= until {
+		return nil
+	}
+	var k *PoolKey
+	if c.Key != nil {
+		kk := *c.Key
+		k = &kk
+	}
+	d.emit(event.PoolParked{Key: k, UntilNS: until, Reason: ParkCapacity}, event.ParkAggID(k))
+	return nil
+}

@@ -1,0 +1,407 @@
+package fsm
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+)
+
+// StateFormatV1 is the first byte of an encoded State.
+const (
+	StateFormatV1 = 1
+	// StateFormatCurrent is the newest format this build writes and reads.
+	StateFormatCurrent = StateFormatV1
+)
+
+// ErrStateFormat means an encoded State is of a format this build cannot
+// read (written by a newer build); ErrStateCorrupt means it is malformed.
+var (
+	ErrStateFormat  = errors.New("fsm: state format not supported")
+	ErrStateCorrupt = errors.New("fsm: state encoding corrupt")
+)
+
+// Layout (integers are uvarints unless noted; strings are length-prefixed):
+//
+//	format byte, applied
+//	node, instance
+//	max_claims, default_tenant_cap, n, n×(tenant, cap)
+//	node park until (varint), reason
+//	n pools × (key, warm, warm_max, idle (varint), draining, park until (varint), park reason, n warm ids oldest first)
+//	n goldens × (key, status, op, req seq, snapshot dir, error, retry at (varint))
+//	n VMs × (id, key, node, instance, run dir, status, claim, cold, op, req seq, snapshot dir, created (varint))
+//	n claims × (id, key, vm, tenant, claim ref, n metadata × (k, v), tier, status, ttl, deadline, serve by,
+//	            token gen, created, last activity, ended (varints), reason)
+//
+// Every collection is sorted by its key, so equal states encode to equal
+// bytes. Indexes (timers, pending intents, counters) are not encoded: Decode
+// rebuilds them from the records.
+
+// Encode returns s's deterministic encoding.
+func Encode(s *State) []byte {
+	e := encoder{b: make([]byte, 0, 256+len(s.vms)*96+len(s.claims)*160)}
+	e.b = append(e.b, StateFormatV1)
+	e.u(s.applied)
+	e.str(s.node)
+	e.str(s.instance)
+	e.i(int64(s.limits.MaxClaims))
+	e.i(int64(s.limits.DefaultTenantCap))
+	tenants := sortedKeys(s.limits.TenantCaps)
+	e.u(uint64(len(tenants)))
+	for _, t := range tenants {
+		e.str(t)
+		e.i(int64(s.limits.TenantCaps[t]))
+	}
+	e.i(s.nodeParkUntil)
+	e.str(s.nodeParkReason)
+
+	keys := sortedPoolKeys(s.pools)
+	e.u(uint64(len(keys)))
+	for _, k := range keys {
+		p := s.pools[k]
+		e.key(k)
+		e.i(int64(p.Spec.Warm))
+		e.i(int64(p.Spec.WarmMax))
+		e.i(p.Spec.IdleHibernateSeconds)
+		e.bool(p.Draining)
+		e.i(p.ParkedUntil)
+		e.str(p.ParkReason)
+		e.u(uint64(len(p.warm)))
+		for _, id := range p.warm {
+			e.str(id)
+		}
+	}
+
+	keys = sortedPoolKeys(s.goldens)
+	e.u(uint64(len(keys)))
+	for _, k := range keys {
+		g := s.goldens[k]
+		e.key(k)
+		e.u(uint64(g.Status))
+		e.op(g.Op)
+		e.u(g.ReqSeq)
+		e.str(g.SnapshotDir)
+		e.str(g.Error)
+		e.i(g.RetryAt)
+	}
+
+	ids := sortedKeys(s.vms)
+	e.u(uint64(len(ids)))
+	for _, id := range ids {
+		v := s.vms[id]
+		e.str(v.ID)
+		e.key(v.Key)
+		e.str(v.Node)
+		e.str(v.Instance)
+		e.str(v.RunDir)
+		e.u(uint64(v.Status))
+		e.str(v.Claim)
+		e.bool(v.Cold)
+		e.op(v.Op)
+		e.u(v.ReqSeq)
+		e.str(v.SnapshotDir)
+		e.i(v.Created)
+	}
+
+	ids = sortedKeys(s.claims)
+	e.u(uint64(len(ids)))
+	for _, id := range ids {
+		c := s.claims[id]
+		e.str(c.ID)
+		e.key(c.Key)
+		e.str(c.VM)
+		e.str(c.Tenant)
+		e.str(c.ClaimRef)
+		mk := sortedKeys(c.Metadata)
+		e.u(uint64(len(mk)))
+		for _, k := range mk {
+			e.str(k)
+			e.str(c.Metadata[k])
+		}
+		e.u(uint64(c.Tier))
+		e.u(uint64(c.Status))
+		e.i(c.TTLSeconds)
+		e.i(c.Deadline)
+		e.i(c.ServeBy)
+		e.u(uint64(c.TokenGen))
+		e.i(c.Created)
+		e.i(c.LastActivity)
+		e.i(c.Ended)
+		e.str(c.Reason)
+	}
+	return e.b
+}
+
+// Hash returns the SHA-256 of s's encoding: equal states, equal hashes.
+func Hash(s *State) [32]byte { return sha256.Sum256(Encode(s)) }
+
+// HashHex is Hash in lowercase hex.
+func HashHex(s *State) string { h := Hash(s); return fmt.Sprintf("%x", h[:]) }
+
+type encoder struct{ b []byte }
+
+func (e *encoder) u(v uint64) { e.b = binary.AppendUvarint(e.b, v) }
+func (e *encoder) i(v int64)  { e.b = binary.AppendVarint(e.b, v) }
+func (e *encoder) str(s string) {
+	e.u(uint64(len(s)))
+	e.b = append(e.b, s...)
+}
+func (e *encoder) bool(v bool) {
+	if v {
+		e.b = append(e.b, 1)
+	} else {
+		e.b = append(e.b, 0)
+	}
+}
+func (e *encoder) op(id event.OpID) { e.b = append(e.b, id[:]...) }
+func (e *encoder) key(k PoolKey) {
+	e.str(k.Template)
+	e.str(k.Net)
+	e.str(k.Size)
+}
+
+// Decode parses an encoding made by Encode and rebuilds every index. A
+// newer format fails with ErrStateFormat, a malformed or inconsistent one
+// with ErrStateCorrupt.
+func Decode(b []byte) (*State, error) {
+	if len(b) == 0 {
+		return nil, fmt.Errorf("%w: empty", ErrStateCorrupt)
+	}
+	if b[0] != StateFormatV1 {
+		return nil, fmt.Errorf("%w: format %d, this build reads %d", ErrStateFormat, b[0], StateFormatCurrent)
+	}
+	d := &sdec{b: b[1:]}
+	s := New()
+	s.applied = d.u()
+	s.node = d.str()
+	s.instance = d.str()
+	s.limits.MaxClaims = int(d.i())
+	s.limits.DefaultTenantCap = int(d.i())
+	if n := d.count(); n > 0 {
+		s.limits.TenantCaps = make(map[string]int, n)
+		for range n {
+			t := d.str()
+			s.limits.TenantCaps[t] = int(d.i())
+		}
+	}
+	s.nodeParkUntil = d.i()
+	s.nodeParkReason = d.str()
+
+	for range d.count() {
+		k := d.key()
+		p := &PoolRec{Spec: PoolSpec{PoolKey: k}}
+		p.Spec.Warm = int(d.i())
+		p.Spec.WarmMax = int(d.i())
+		p.Spec.IdleHibernateSeconds = d.i()
+		p.Draining = d.bool()
+		p.ParkedUntil = d.i()
+		p.ParkReason = d.str()
+		if n := d.count(); n > 0 {
+			p.warm = make([]string, n)
+			for i := range p.warm {
+				p.warm[i] = d.str()
+			}
+		}
+		d.check(s.pools[k] == nil, "pool %s twice", k)
+		s.pools[k] = p
+	}
+	for range d.count() {
+		g := &GoldenRec{Key: d.key()}
+		g.Status = GoldenStatus(d.u())
+		g.Op = d.op()
+		g.ReqSeq = d.u()
+		g.SnapshotDir = d.str()
+		g.Error = d.str()
+		g.RetryAt = d.i()
+		d.check(g.Status >= GoldenBuilding && g.Status <= GoldenBroken && s.goldens[g.Key] == nil, "golden %s", g.Key)
+		s.goldens[g.Key] = g
+	}
+	for range d.count() {
+		v := &VMRec{ID: d.str(), Key: d.key(), Node: d.str(), Instance: d.str(), RunDir: d.str()}
+		v.Status = VMStatus(d.u())
+		v.Claim = d.str()
+		v.Cold = d.bool()
+		v.Op = d.op()
+		v.ReqSeq = d.u()
+		v.SnapshotDir = d.str()
+		v.Created = d.i()
+		d.check(v.Status >= VMCloning && v.Status < VMGone && s.vms[v.ID] == nil, "VM %s", v.ID)
+		s.vms[v.ID] = v
+	}
+	for range d.count() {
+		c := &ClaimRec{ID: d.str(), Key: d.key(), VM: d.str(), Tenant: d.str(), ClaimRef: d.str()}
+		if n := d.count(); n > 0 {
+			c.Metadata = make(map[string]string, n)
+			for range n {
+				k := d.str()
+				c.Metadata[k] = d.str()
+			}
+		}
+		c.Tier = Tier(d.u())
+		c.Status = ClaimStatus(d.u())
+		c.TTLSeconds = d.i()
+		c.Deadline = d.i()
+		c.ServeBy = d.i()
+		c.TokenGen = uint32(d.u())
+		c.Created = d.i()
+		c.LastActivity = d.i()
+		c.Ended = d.i()
+		c.Reason = d.str()
+		d.check(c.Tier >= TierWarm && c.Tier <= TierCold && c.Status >= ClaimPending && c.Status < numClaimStatus && s.claims[c.ID] == nil, "claim %s", c.ID)
+		s.claims[c.ID] = c
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.err = fmt.Errorf("%w: %d trailing bytes", ErrStateCorrupt, len(d.b))
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	if err := s.rebuild(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// rebuild derives every index from the records and checks that they agree
+// with each other (each warm id is a warm VM of its pool, exactly once).
+func (s *State) rebuild() error {
+	for _, id := range sortedKeys(s.vms) {
+		v := s.vms[id]
+		s.vmCount[v.Status]++
+		if hasIntent(v.Status) {
+			s.pendingVMs[id] = struct{}{}
+		}
+		if p := s.pools[v.Key]; p != nil {
+			p.vms++
+			if isRefill(v) {
+				p.refilling++
+			}
+		}
+	}
+	onStack := map[string]bool{}
+	for _, k := range sortedPoolKeys(s.pools) {
+		for _, id := range s.pools[k].warm {
+			v := s.vms[id]
+			if v == nil || v.Status != VMWarm || v.Key != k || onStack[id] {
+				return fmt.Errorf("%w: warm stack of %s holds %s", ErrStateCorrupt, k, id)
+			}
+			onStack[id] = true
+		}
+	}
+	if len(onStack) != s.vmCount[VMWarm] {
+		return fmt.Errorf("%w: %d warm VMs, %d on warm stacks", ErrStateCorrupt, s.vmCount[VMWarm], len(onStack))
+	}
+	for _, k := range sortedPoolKeys(s.goldens) {
+		if s.goldens[k].Status == GoldenBuilding {
+			s.pendingGoldens[k] = struct{}{}
+		}
+	}
+	for _, id := range sortedKeys(s.claims) {
+		c := s.claims[id]
+		s.claimCount[c.Status]++
+		if c.Status.Live() {
+			s.liveDelta(c, 1)
+		} else {
+			s.purge.set(timerKey{kind: tPurge, id: c.ID}, c.Ended+ClaimRetentionNS)
+		}
+		s.syncClaimTimers(c)
+	}
+	for _, k := range sortedPoolKeys(s.pools) {
+		if p := s.pools[k]; p.ParkedUntil != 0 {
+			s.timers.set(timerKey{kind: tPark, pool: k}, p.ParkedUntil)
+		}
+		s.syncGoldenTimer(k)
+		s.syncRefill(k)
+	}
+	if s.nodeParkUntil != 0 {
+		s.timers.set(timerKey{kind: tPark, id: "*"}, s.nodeParkUntil)
+	}
+	return nil
+}
+
+type sdec struct {
+	b   []byte
+	err error
+}
+
+func (d *sdec) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: %s", ErrStateCorrupt, fmt.Sprintf(format, args...))
+	}
+	d.b = nil
+}
+
+func (d *sdec) check(ok bool, format string, args ...any) {
+	if !ok {
+		d.fail(format, args...)
+	}
+}
+
+func (d *sdec) u() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("truncated")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *sdec) i() int64 {
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail("truncated")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads a collection length, bounded by the bytes left so a corrupt
+// length cannot make Decode allocate without limit.
+func (d *sdec) count() int {
+	n := d.u()
+	if n > uint64(len(d.b)) {
+		d.fail("count %d over %d bytes left", n, len(d.b))
+		return 0
+	}
+	return int(n)
+}
+
+func (d *sdec) str() string {
+	n := d.u()
+	if n > uint64(len(d.b)) {
+		d.fail("string of %d bytes, %d left", n, len(d.b))
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+func (d *sdec) bool() bool {
+	if len(d.b) < 1 || d.b[0] > 1 {
+		d.fail("bad bool")
+		return false
+	}
+	v := d.b[0] == 1
+	d.b = d.b[1:]
+	return v
+}
+
+func (d *sdec) op() event.OpID {
+	var id event.OpID
+	if len(d.b) < len(id) {
+		d.fail("truncated op id")
+		return id
+	}
+	copy(id[:], d.b)
+	d.b = d.b[len(id):]
+	return id
+}
+
+func (d *sdec) key() PoolKey {
+	return PoolKey{Template: d.str(), Net: d.str(), Size: d.str()}
+}

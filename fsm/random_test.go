@@ -1,0 +1,375 @@
+package fsm_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/fsmsim"
+)
+
+// The randomized test (issue acceptance 3). Each seed drives SBX_FSM_STEPS
+// (default 10,000) commands from fsmsim: valid and invalid ones, executor
+// results (some failures, some stale) and ticks moving time. After every step
+// it checks the invariants; every `cadence` steps, replay equivalence:
+//
+//   - live: the state the commands were decided and applied on, with events
+//     applied as Decide returned them (no sequence, no node);
+//   - replica: a second state fed the binary log records (encoded and decoded
+//     as the log stores them), incrementally, which is a full replay done a
+//     step at a time; plus a from-scratch full replay every 25 cadences and at
+//     the end;
+//   - snapshot + tail: a state encoding taken at a random earlier sequence,
+//     decoded, with the log's tail applied.
+//
+// All three hashes must be equal. On failure the run is repeated with every
+// check at every step to find the shortest failing prefix, which is printed
+// with the seed and the commands leading to it.
+//
+// SBX_FSM_SEEDS=1,2,3 and SBX_FSM_STEPS=n override the defaults.
+func TestRandomized(t *testing.T) {
+	seeds := []uint64{1, 20260901}
+	if v := os.Getenv("SBX_FSM_SEEDS"); v != "" {
+		seeds = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+			if err != nil {
+				t.Fatalf("SBX_FSM_SEEDS: %v", err)
+			}
+			seeds = append(seeds, n)
+		}
+	}
+	steps := 10_000
+	if v := os.Getenv("SBX_FSM_STEPS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("SBX_FSM_STEPS: %v", err)
+		}
+		steps = n
+	}
+	seen := map[event.Type]int{}
+	var seenMu sync.Mutex
+	t.Cleanup(func() {
+		// The workload must exercise every transition the log can record.
+		if t.Failed() || steps < 5000 {
+			return
+		}
+		for _, ty := range event.Types() {
+			if seen[ty] == 0 {
+				t.Errorf("no seed produced a %s event: the workload misses a transition", ty)
+			}
+		}
+	})
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			r := newRun(seed, 100)
+			f := r.run(steps)
+			if f == nil {
+				t.Logf("seed %d: %d steps, %d events, %d rejections, %d no-ops; final: %d claims (%d live), %d VMs, %d pools; hash %s",
+					seed, steps, len(r.log), r.rejected, r.noops, len(r.live.ClaimIDs()), r.live.LiveClaims(), len(r.live.VMIDs()), len(r.live.Pools()), fsm.HashHex(r.live))
+				t.Logf("rejections by code: %v", r.codes)
+				t.Logf("events by type: %v", r.types)
+				seenMu.Lock()
+				for ty, n := range r.types {
+					seen[ty] += n
+				}
+				seenMu.Unlock()
+				return
+			}
+			// Shrink: the same seed with every check at every step stops
+			// at the first step whose prefix fails.
+			short := newRun(seed, 1).run(f.step)
+			if short == nil {
+				short = f
+			}
+			t.Fatalf("seed %d fails; shortest failing prefix: %d steps (reproduce: SBX_FSM_SEEDS=%d SBX_FSM_STEPS=%d go test ./fsm -run TestRandomized)\n%v\nlast commands:\n%s",
+				seed, short.step, seed, short.step, short.err, strings.Join(short.tail, "\n"))
+		})
+	}
+}
+
+type failure struct {
+	step int
+	err  error
+	tail []string
+}
+
+type snap struct {
+	seq  uint64
+	data []byte
+}
+
+type run struct {
+	seed      uint64
+	cadence   int
+	sim       *fsmsim.Sim
+	live      *fsm.State
+	replica   *fsm.State
+	log       []event.Event // as stored: sequenced, with node
+	snaps     []snap
+	history   []string
+	rejected  int
+	codes     map[fsm.Code]int
+	types     map[event.Type]int
+	noops     int
+	pick      uint64
+	lastTickT int64
+}
+
+func newRun(seed uint64, cadence int) *run {
+	return &run{seed: seed, cadence: cadence, sim: fsmsim.New(seed, fsmsim.Options{}), live: fsm.New(), replica: fsm.New(), codes: map[fsm.Code]int{}, types: map[event.Type]int{}, pick: seed*2654435761 + 1}
+}
+
+func (r *run) rand(n int) int {
+	r.pick = r.pick*6364136223846793005 + 1442695040888963407
+	return int((r.pick >> 33) % uint64(n))
+}
+
+func (r *run) run(steps int) *failure {
+	for i := 1; i <= steps; i++ {
+		if err := r.step(i); err != nil {
+			from := max(0, len(r.history)-12)
+			return &failure{step: i, err: err, tail: r.history[from:]}
+		}
+		if i%r.cadence == 0 || i == steps {
+			if err := r.replayCheck(i%(25*r.cadence) == 0 || i == steps); err != nil {
+				from := max(0, len(r.history)-12)
+				return &failure{step: i, err: err, tail: r.history[from:]}
+			}
+		}
+	}
+	return nil
+}
+
+func (r *run) step(i int) error {
+	cmd := r.sim.Next(r.live)
+	// Decide must not change the state: compared at every 8th step (and
+	// at every step while shrinking), as the encoding is the costly part.
+	var before []byte
+	if r.cadence == 1 || i%8 == 0 {
+		before = fsm.Encode(r.live)
+	}
+	evs, err := fsm.Decide(r.live, cmd)
+	desc := fmt.Sprintf("%5d %T %+v", i, cmd, cmd)
+	if err != nil {
+		desc += " -> " + err.Error()
+	} else {
+		names := make([]string, len(evs))
+		for j, ev := range evs {
+			names[j] = ev.Type.String() + "(" + ev.AggID + ")"
+		}
+		desc += " -> " + strings.Join(names, " ")
+	}
+	r.history = append(r.history, desc)
+	if before != nil && !bytes.Equal(before, fsm.Encode(r.live)) {
+		return errors.New("Decide changed the state")
+	}
+	if err != nil {
+		if _, ok := fsm.AsRejection(err); !ok {
+			return fmt.Errorf("Decide failed with a non-rejection: %v", err)
+		}
+		if evs != nil {
+			return errors.New("Decide returned events with a rejection")
+		}
+		r.rejected++
+		rj, _ := fsm.AsRejection(err)
+		r.codes[rj.Code]++
+		return r.invariants(cmd, nil)
+	}
+	if len(evs) == 0 {
+		r.noops++
+	}
+	for j := range evs {
+		r.types[evs[j].Type]++
+		live := evs[j]
+		if err := fsm.Apply(r.live, &live); err != nil {
+			return fmt.Errorf("Apply of an event Decide produced failed: %v", err)
+		}
+		stored := evs[j]
+		stored.Seq, stored.Node = uint64(len(r.log)+1), "node-sim"
+		rec, err := event.Decode(event.Encode(&stored))
+		if err != nil {
+			return err
+		}
+		r.log = append(r.log, rec)
+		if err := fsm.Apply(r.replica, &rec); err != nil {
+			return fmt.Errorf("replica: %v", err)
+		}
+	}
+	if len(evs) > 0 && r.rand(40) == 0 {
+		r.snaps = append(r.snaps, snap{seq: uint64(len(r.log)), data: fsm.Encode(r.live)})
+	}
+	if err := r.newIntents(evs); err != nil {
+		return err
+	}
+	return r.invariants(cmd, evs)
+}
+
+func (r *run) newIntents(evs []event.Event) error {
+	all := map[event.OpID]bool{}
+	for _, in := range fsm.Intents(r.live) {
+		all[in.IntentOp()] = true
+	}
+	for _, in := range fsm.NewIntents(r.live, evs) {
+		if !all[in.IntentOp()] {
+			return fmt.Errorf("NewIntents returned %+v, which Intents does not list", in)
+		}
+	}
+	return nil
+}
+
+func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
+	s := r.live
+	if err := s.Check(); err != nil {
+		return err
+	}
+	// Info counts equal the claims and VMs in each state.
+	info := s.Info()
+	var byStatus [16]int
+	live := 0
+	vmClaims := map[string]string{}
+	for _, id := range s.ClaimIDs() {
+		c, _ := s.Claim(id)
+		byStatus[c.Status]++
+		if c.Status.Live() {
+			live++
+			if other, dup := vmClaims[c.VM]; dup {
+				return fmt.Errorf("VM %s in claims %s and %s", c.VM, other, id)
+			}
+			vmClaims[c.VM] = id
+		}
+	}
+	for st := fsm.ClaimPending; st <= fsm.ClaimFailed; st++ {
+		if info.Count(st) != byStatus[st] {
+			return fmt.Errorf("info says %d %s claims, there are %d", info.Count(st), st, byStatus[st])
+		}
+	}
+	if info.Live != live || s.LiveClaims() != live {
+		return fmt.Errorf("info says %d live claims, there are %d", info.Live, live)
+	}
+	warm, refilling := map[fsm.PoolKey]int{}, map[fsm.PoolKey]int{}
+	for _, id := range s.VMIDs() {
+		v, _ := s.VM(id)
+		switch {
+		case v.Status == fsm.VMWarm:
+			warm[v.Key]++
+		case v.Status == fsm.VMCloning && v.Claim == "":
+			refilling[v.Key]++
+		}
+	}
+	for _, p := range info.Pools {
+		if p.Warm != warm[p.Key] || p.Refilling != refilling[p.Key] {
+			return fmt.Errorf("pool %s: info warm %d refilling %d, VMs say %d %d", p.Key, p.Warm, p.Refilling, warm[p.Key], refilling[p.Key])
+		}
+		// Once PUT pools drained it, no warm VM survives in the pool
+		// (they move to destroying in the same decision).
+		if p.Draining && p.Warm != 0 {
+			return fmt.Errorf("draining pool %s still has %d warm VMs", p.Key, p.Warm)
+		}
+		// Refill clones in flight are not cancelled when warm_max drops;
+		// they are trimmed as they finish, so warm VMs never exceed it.
+		if !p.Draining && p.Warm > p.WarmMax {
+			return fmt.Errorf("pool %s: %d warm over warm_max %d", p.Key, p.Warm, p.WarmMax)
+		}
+	}
+	// No intent refers to a VM that is gone, and each matches its VM.
+	for _, in := range fsm.Intents(s) {
+		var vm string
+		var want fsm.VMStatus
+		switch in := in.(type) {
+		case fsm.CloneVM:
+			vm, want = in.VM, fsm.VMCloning
+		case fsm.HibernateVM:
+			vm, want = in.VM, fsm.VMHibernating
+		case fsm.WakeVM:
+			vm, want = in.VM, fsm.VMWaking
+		case fsm.DestroyVM:
+			vm, want = in.VM, fsm.VMDestroying
+		case fsm.BuildGolden:
+			if g, ok := s.Golden(in.Key); !ok || g.Status != fsm.GoldenBuilding || g.Op != in.OpID {
+				return fmt.Errorf("intent %+v: golden is %+v", in, g)
+			}
+			continue
+		}
+		v, ok := s.VM(vm)
+		if !ok || v.Status != want || v.Op != in.IntentOp() {
+			return fmt.Errorf("intent %T for VM %s: VM is %+v (exists %v)", in, vm, v, ok)
+		}
+	}
+	// After a Tick, everything due has fired: no pending claim is past its
+	// serve deadline, no live lease has expired, and a second Tick at the
+	// same time decides nothing.
+	if tk, ok := cmd.(fsm.Tick); ok && tk.Op != event.ZeroOpID {
+		now := tk.Now
+		for _, id := range s.ClaimIDs() {
+			c, _ := s.Claim(id)
+			if c.Status == fsm.ClaimPending && c.ServeBy <= now {
+				return fmt.Errorf("claim %s still pending %d ns after its serve deadline", id, now-c.ServeBy)
+			}
+			if c.Status.Live() && c.Status != fsm.ClaimPending && c.Deadline <= now {
+				return fmt.Errorf("claim %s live %d ns after its deadline", id, now-c.Deadline)
+			}
+		}
+		again, err := fsm.Decide(s, fsm.Tick{Meta: fsm.Meta{Op: event.OpIDFromUint(1, 1), Now: now}})
+		if err != nil || len(again) != 0 {
+			return fmt.Errorf("a second Tick at the same time decided %d events (%v)", len(again), err)
+		}
+		r.lastTickT = now
+	}
+	return nil
+}
+
+func (r *run) replayCheck(full bool) error {
+	want := fsm.Hash(r.live)
+	if got := fsm.Hash(r.replica); got != want {
+		return fmt.Errorf("replica of the log records hashes %x, live %x", got, want)
+	}
+	enc := fsm.Encode(r.live)
+	back, err := fsm.Decode(enc)
+	if err != nil {
+		return fmt.Errorf("decode of the live state: %v", err)
+	}
+	if err := back.Check(); err != nil {
+		return fmt.Errorf("decoded state: %v", err)
+	}
+	if !bytes.Equal(fsm.Encode(back), enc) {
+		return errors.New("Encode(Decode(Encode(live))) differs")
+	}
+	if full {
+		s := fsm.New()
+		for i := range r.log {
+			if err := fsm.Apply(s, &r.log[i]); err != nil {
+				return fmt.Errorf("full replay: %v", err)
+			}
+		}
+		if got := fsm.Hash(s); got != want {
+			return fmt.Errorf("full replay hashes %x, live %x", got, want)
+		}
+	}
+	// Snapshot at a random earlier sequence + tail; recent snapshots keep
+	// the tail short.
+	if len(r.snaps) > 0 {
+		sn := r.snaps[max(0, len(r.snaps)-1-r.rand(min(len(r.snaps), 10)))]
+		s, err := fsm.Decode(sn.data)
+		if err != nil {
+			return fmt.Errorf("snapshot at %d: %v", sn.seq, err)
+		}
+		for i := sn.seq; i < uint64(len(r.log)); i++ {
+			if err := fsm.Apply(s, &r.log[i]); err != nil {
+				return fmt.Errorf("tail after snapshot %d: %v", sn.seq, err)
+			}
+		}
+		if got := fsm.Hash(s); got != want {
+			return fmt.Errorf("snapshot at %d + tail hashes %x, live %x", sn.seq, got, want)
+		}
+	}
+	return nil
+}

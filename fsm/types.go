@@ -1,0 +1,240 @@
+package fsm
+
+import (
+	"github.com/sbxlog/sbxlog/eventlog/event"
+)
+
+// PoolKey identifies a pool (template, net, size) and its golden.
+type PoolKey = event.PoolKey
+
+// PoolSpec is one pool's configuration.
+type PoolSpec = event.PoolSpec
+
+// Time constants of the old daemon's behaviour, in nanoseconds.
+const (
+	second = int64(1_000_000_000)
+
+	// DefaultTTLSeconds is a claim's lease when the request says 0.
+	DefaultTTLSeconds = 300
+	// MaxTTLSeconds is the longest lease (24 h).
+	MaxTTLSeconds = 86400
+	// DefaultServeTimeoutSeconds bounds how long a pending (clone or cold)
+	// claim may wait for its VM before it fails with reason "deadline".
+	DefaultServeTimeoutSeconds = 60
+	// GoldenRetryNS is how long after a failed build the golden is retried.
+	GoldenRetryNS = 30 * second
+	// CapacityParkNS is how long refills stay parked after the executors
+	// report the node or a pool at capacity.
+	CapacityParkNS = 30 * second
+	// CloneRetryNS parks a pool's refills after a failed refill clone, so a
+	// broken golden does not spin the executors.
+	CloneRetryNS = 5 * second
+	// ClaimRetentionNS is how long an ended claim stays in state (so a second
+	// release still answers 204) before it is forgotten.
+	ClaimRetentionNS = 3600 * second
+)
+
+// Bounds on inputs, so a client cannot grow the log or the state without
+// bound. They match the HTTP API's own checks.
+const (
+	MaxPools          = 256
+	MaxWarm           = 10000
+	MaxIdleSeconds    = 30 * 86400
+	MaxClaimRef       = 256
+	MaxMetadataKeys   = 32
+	MaxMetadataKey    = 64
+	MaxMetadataValue  = 1024
+	MaxTenant         = 128
+	MaxErrorText      = 4096
+	MaxServeTimeout   = 3600
+	maxIDLen          = 64
+	maxSnapshotDirLen = 1024
+)
+
+// GoldenStatus is a golden snapshot's state. A key with no record is absent.
+type GoldenStatus uint8
+
+// Golden statuses.
+const (
+	GoldenAbsent GoldenStatus = iota
+	GoldenBuilding
+	GoldenReady
+	GoldenBroken // failed; retried at RetryAt
+)
+
+var goldenNames = [...]string{"absent", "building", "ready", "failed"}
+
+func (g GoldenStatus) String() string { return enumName(goldenNames[:], int(g)) }
+
+// VMStatus is a VM's state. Gone and failed VMs are removed from State (their
+// history is the log); the values exist for events and views.
+type VMStatus uint8
+
+// VM statuses.
+const (
+	VMCloning VMStatus = iota + 1
+	VMWarm
+	VMClaimed
+	VMHibernating
+	VMHibernated
+	VMWaking
+	VMDestroying
+	VMGone
+	VMFailed
+	numVMStatus
+)
+
+var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed"}
+
+func (v VMStatus) String() string { return enumName(vmNames[:], int(v)) }
+
+// ClaimStatus is a claim's state. Pending, running, hibernating, hibernated
+// and waking are live (they count against limits); the rest are ended.
+type ClaimStatus uint8
+
+// Claim statuses.
+const (
+	ClaimPending ClaimStatus = iota + 1
+	ClaimRunning
+	ClaimHibernating
+	ClaimHibernated
+	ClaimWaking
+	ClaimReleased
+	ClaimExpired
+	ClaimFailed
+	numClaimStatus
+)
+
+var claimNames = [...]string{"", "pending", "running", "hibernating", "hibernated", "waking", "released", "expired", "failed"}
+
+func (c ClaimStatus) String() string { return enumName(claimNames[:], int(c)) }
+
+// Live reports whether the claim still holds (or waits for) a VM.
+func (c ClaimStatus) Live() bool { return c >= ClaimPending && c <= ClaimWaking }
+
+// Tier says how a claim was served.
+type Tier uint8
+
+// Claim tiers, in the order they are tried.
+const (
+	TierWarm Tier = iota + 1
+	TierClone
+	TierCold
+)
+
+var tierNames = [...]string{"", "warm", "clone", "cold"}
+
+func (t Tier) String() string { return enumName(tierNames[:], int(t)) }
+
+func parseTier(s string) (Tier, bool) {
+	for i, n := range tierNames {
+		if i > 0 && n == s {
+			return Tier(i), true
+		}
+	}
+	return 0, false
+}
+
+func enumName(names []string, i int) string {
+	if i > 0 && i < len(names) || (i == 0 && names[0] != "") {
+		return names[i]
+	}
+	return "unknown"
+}
+
+// Park reasons.
+const (
+	ParkCapacity    = "capacity"
+	ParkCloneFailed = "clone_failed"
+)
+
+// PoolRec is a pool's record. Draining pools (omitted from the last
+// ConfigurePools) keep their record until their last VM is gone.
+type PoolRec struct {
+	Spec     PoolSpec
+	Draining bool
+	// ParkedUntil/ParkReason: refills are parked until that time.
+	ParkedUntil int64
+	ParkReason  string
+
+	// warm is the LIFO stack of warm VM ids (top = newest = next claimed).
+	warm []string
+	// Derived counters, rebuilt by Decode.
+	refilling int // refill clones in flight (cloning VMs with no claim)
+	vms       int // VM records of this pool, any status
+	live      int // live claims of this pool
+}
+
+// WarmVMs returns the warm VM ids, oldest first (the last is claimed next).
+func (p *PoolRec) WarmVMs() []string { return append([]string(nil), p.warm...) }
+
+// GoldenRec is a golden snapshot's record.
+type GoldenRec struct {
+	Key         PoolKey
+	Status      GoldenStatus
+	Op          event.OpID // the build intent's op id while building
+	ReqSeq      uint64
+	SnapshotDir string
+	Error       string
+	RetryAt     int64
+}
+
+// VMRec is a VM's record.
+type VMRec struct {
+	ID       string
+	Key      PoolKey
+	Node     string
+	Instance string
+	RunDir   string
+	Status   VMStatus
+	// Claim is the claim the VM serves (or was created for); empty for a
+	// refill clone until it is claimed.
+	Claim string
+	Cold  bool
+	// Op is the op id of the side effect in flight (cloning, hibernating,
+	// waking, destroying): executor results must name it as their cause.
+	Op event.OpID
+	// ReqSeq orders intents: the state's event count when it was requested.
+	ReqSeq      uint64
+	SnapshotDir string
+	Created     int64
+}
+
+// ClaimRec is a claim's record.
+type ClaimRec struct {
+	ID           string
+	Key          PoolKey
+	VM           string
+	Tenant       string
+	ClaimRef     string
+	Metadata     map[string]string // read-only
+	Tier         Tier
+	Status       ClaimStatus
+	TTLSeconds   int64
+	Deadline     int64
+	ServeBy      int64
+	TokenGen     uint32
+	Created      int64
+	LastActivity int64
+	Ended        int64
+	Reason       string
+}
+
+// Limits are the claim limits; 0 means unlimited.
+type Limits struct {
+	MaxClaims        int
+	DefaultTenantCap int
+	TenantCaps       map[string]int // read-only
+}
+
+// CapFor returns the live-claim cap of tenant (0 = unlimited). The empty
+// tenant (root token) has no cap.
+func (l *Limits) CapFor(tenant string) int {
+	if tenant == "" {
+		return 0
+	}
+	if c, ok := l.TenantCaps[tenant]; ok {
+		return c
+	}
+	return l.DefaultTenantCap
+}

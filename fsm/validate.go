@@ -1,0 +1,140 @@
+package fsm
+
+import (
+	"encoding/hex"
+	"regexp"
+	"strconv"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+)
+
+var (
+	templateRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._:/-]{0,62}$`)
+	nameRE     = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$`)
+)
+
+// Nets and sizes of the old daemon's API.
+var (
+	Nets  = []string{"none", "egress"}
+	Sizes = []string{"small", "medium", "large", "xlarge", "2xlarge"}
+)
+
+// ValidKey checks a pool key's template name, net and size.
+func ValidKey(k PoolKey) error {
+	if !templateRE.MatchString(k.Template) {
+		return reject(Invalid, "invalid template name %q", k.Template)
+	}
+	if !contains(Nets, k.Net) {
+		return reject(Invalid, "invalid net %q: want none or egress", k.Net)
+	}
+	if !contains(Sizes, k.Size) {
+		return reject(Invalid, "invalid size %q: want small, medium, large, xlarge or 2xlarge", k.Size)
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// ValidClaimID reports whether id is "sb_" followed by 16 lowercase hex digits.
+func ValidClaimID(id string) bool {
+	if len(id) != 19 || id[:3] != "sb_" {
+		return false
+	}
+	for _, c := range []byte(id[3:]) {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// VMID returns the n-th VM id derived from op: "vm-" + 16 hex digits. Decide
+// uses n = 0, 1, ... skipping ids already in use, so a decision's VM ids are
+// a pure function of its op id and the state.
+func VMID(op event.OpID, n int) string {
+	d := event.DeriveOpID(op, "vm/"+strconv.Itoa(n))
+	return "vm-" + hex.EncodeToString(d[8:16])
+}
+
+// IntentOp is the op id of the intent created by the request event of type t
+// about aggregate aggID appended under op. It is derived rather than reused
+// because one batch may create several intents (a refill's clones).
+func IntentOp(op event.OpID, t event.Type, aggID string) event.OpID {
+	return event.DeriveOpID(op, t.String()+"/"+aggID)
+}
+
+func checkText(field, v string, max int) error {
+	if len(v) > max {
+		return reject(Invalid, "%s is over %d bytes", field, max)
+	}
+	return nil
+}
+
+func checkMetadata(m map[string]string) error {
+	if len(m) > MaxMetadataKeys {
+		return reject(Invalid, "metadata has %d keys, at most %d", len(m), MaxMetadataKeys)
+	}
+	for _, k := range sortedKeys(m) {
+		if k == "" || len(k) > MaxMetadataKey {
+			return reject(Invalid, "metadata key %q: 1 to %d bytes", k, MaxMetadataKey)
+		}
+		if len(m[k]) > MaxMetadataValue {
+			return reject(Invalid, "metadata value of %q is over %d bytes", k, MaxMetadataValue)
+		}
+	}
+	return nil
+}
+
+// ttlSeconds applies the default and bounds of a lease.
+func ttlSeconds(v int64) (int64, error) {
+	switch {
+	case v < 0:
+		return 0, reject(Invalid, "ttl_seconds %d is negative", v)
+	case v == 0:
+		return DefaultTTLSeconds, nil
+	case v > MaxTTLSeconds:
+		return 0, reject(Invalid, "ttl_seconds %d is over the maximum %d", v, MaxTTLSeconds)
+	}
+	return v, nil
+}
+
+// normSpecs validates pool specs, fills WarmMax and sorts them by key.
+func normSpecs(in []PoolSpec) ([]PoolSpec, error) {
+	if len(in) > MaxPools {
+		return nil, reject(Invalid, "%d pools, at most %d", len(in), MaxPools)
+	}
+	out := make([]PoolSpec, len(in))
+	seen := make(map[PoolKey]bool, len(in))
+	for i, p := range in {
+		if err := ValidKey(p.PoolKey); err != nil {
+			return nil, err
+		}
+		if seen[p.PoolKey] {
+			return nil, reject(Invalid, "pool %s listed twice", p.PoolKey)
+		}
+		seen[p.PoolKey] = true
+		switch {
+		case p.Warm < 0 || p.Warm > MaxWarm:
+			return nil, reject(Invalid, "pool %s: warm %d out of [0, %d]", p.PoolKey, p.Warm, MaxWarm)
+		case p.WarmMax != 0 && p.WarmMax < p.Warm:
+			return nil, reject(Invalid, "pool %s: warm_max %d below warm %d", p.PoolKey, p.WarmMax, p.Warm)
+		case p.WarmMax > MaxWarm:
+			return nil, reject(Invalid, "pool %s: warm_max %d over %d", p.PoolKey, p.WarmMax, MaxWarm)
+		case p.IdleHibernateSeconds < 0 || p.IdleHibernateSeconds > MaxIdleSeconds:
+			return nil, reject(Invalid, "pool %s: idle_hibernate_seconds %d out of [0, %d]", p.PoolKey, p.IdleHibernateSeconds, MaxIdleSeconds)
+		}
+		if p.WarmMax == 0 {
+			p.WarmMax = p.Warm
+		}
+		out[i] = p
+	}
+	sortSpecs(out)
+	return out, nil
+}
