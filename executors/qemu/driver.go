@@ -68,10 +68,16 @@ type Driver struct {
 	accelMu  sync.Mutex
 	accel    Accel // AccelAuto until resolved
 	accelWhy string
-
-	mu       sync.Mutex
-	children map[int]chan struct{} // processes this Driver started, closed when reaped
 }
+
+// children are the QEMU processes started by any Driver of this process, each with
+// a channel closed once reaped. Process-wide, because a child outlives the Driver
+// value that started it (a second Driver adopting it must still wait for the reap,
+// or it would report a zombie as gone).
+var children = struct {
+	sync.Mutex
+	m map[int]chan struct{}
+}{m: make(map[int]chan struct{})}
 
 // New returns a Driver.
 func New(cfg Config) (*Driver, error) {
@@ -94,7 +100,6 @@ func New(cfg Config) (*Driver, error) {
 		kvmDevice:      or(cfg.KVMDevice, "/dev/kvm"),
 		probe:          cfg.Probe,
 		accel:          accel,
-		children:       make(map[int]chan struct{}),
 	}
 	if d.fs == nil {
 		d.fs = fsx.NewOS(cfg.Log)

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
 )
@@ -50,18 +52,18 @@ func (d *Driver) launch(ctx context.Context, runDir string, m Meta, incoming boo
 	}
 	pid := cmd.Process.Pid
 	exited := make(chan struct{})
-	d.mu.Lock()
-	d.children[pid] = exited
-	d.mu.Unlock()
+	children.Lock()
+	children.m[pid] = exited
+	children.Unlock()
 	go func() {
 		_ = cmd.Wait()
+		children.Lock()
+		delete(children.m, pid)
+		children.Unlock()
 		close(exited)
-		d.mu.Lock()
-		delete(d.children, pid)
-		d.mu.Unlock()
 	}()
 	fail := func(err error) (int, *qmp.Client, error) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+		_ = cmd.Process.Kill()
 		<-exited
 		return 0, nil, err
 	}
@@ -162,9 +164,9 @@ func (d *Driver) isOurs(pid int, runDir string) bool {
 
 // waitGone waits until pid is no longer the QEMU of runDir, or timeout.
 func (d *Driver) waitGone(ctx context.Context, pid int, runDir string, timeout time.Duration) bool {
-	d.mu.Lock()
-	exited := d.children[pid]
-	d.mu.Unlock()
+	children.Lock()
+	exited := children.m[pid]
+	children.Unlock()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	if exited != nil {
@@ -214,13 +216,29 @@ func (d *Driver) terminate(ctx context.Context, pid int, runDir string, c *qmp.C
 	if d.waitGone(ctx, pid, runDir, d.stopGrace) {
 		return nil
 	}
-	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+	// Signals go through a pidfd opened before the cmdline check, so the checked
+	// process is the one signalled even if the pid is recycled in between.
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		pidfd = -1 // no pidfd support: fall back to kill after the check
+	} else {
+		defer unix.Close(pidfd)
+	}
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGKILL} {
 		if !d.isOurs(pid, runDir) {
 			return nil
 		}
 		d.log.Warn().Int("pid", pid).Str("run_dir", runDir).Stringer("signal", sig).Msg("qemu did not exit; signalling")
-		if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return fmt.Errorf("qemu: kill %d: %w", pid, err)
+		if pidfd >= 0 {
+			err = unix.PidfdSendSignal(pidfd, sig, nil, 0)
+		} else {
+			err = unix.Kill(pid, sig)
+		}
+		if err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("qemu: signal %d: %w", pid, err)
 		}
 		if d.waitGone(ctx, pid, runDir, d.stopGrace) {
 			return nil

@@ -241,6 +241,23 @@ func (d *Driver) saveState(ctx context.Context, c *qmp.Client, path string) (int
 	if err := waitMigration(ctx, c, sub); err != nil {
 		return 0, fmt.Errorf("qemu: save state: %w", err)
 	}
+	// The migration thread reports "completed" a moment before it moves the run
+	// state to postmigrate; a cont in between (resuming after a failed hibernate)
+	// would be overridden and leave the VM stopped. Wait for postmigrate.
+	for {
+		st, err := c.QueryStatus(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("qemu: save state: %w", err)
+		}
+		if st.Status == "postmigrate" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("qemu: save state: run state still %q: %w", st.Status, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 	st, err := os.Stat(path)
 	if err != nil {
 		return 0, fmt.Errorf("qemu: save state: %w", err)

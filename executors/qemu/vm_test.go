@@ -84,13 +84,27 @@ func dialAgent(t *testing.T, ctx context.Context, spec Spec) *agent.Client {
 	return a
 }
 
-// destroyOnCleanup makes sure no QEMU outlives a failed test.
+// destroyOnCleanup makes sure no QEMU outlives a failed test, and shows the guest's
+// console and QEMU's log when the test failed.
 func (e *vmEnv) destroyOnCleanup(spec Spec) {
 	e.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if _, err := e.d.Destroy(ctx, spec); err != nil {
 			e.t.Errorf("cleanup destroy: %v", err)
+		}
+	})
+	e.t.Cleanup(func() {
+		if !e.t.Failed() {
+			return
+		}
+		for _, f := range []string{FileConsole, FileLog} {
+			if b, err := os.ReadFile(filepath.Join(spec.RunDir, f)); err == nil {
+				if len(b) > 4000 {
+					b = b[len(b)-4000:]
+				}
+				e.t.Logf("%s of %s:\n%s", f, spec.RunDir, b)
+			}
 		}
 	})
 }

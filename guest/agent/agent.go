@@ -3,11 +3,13 @@
 //
 // Protocol: one request per line, one response line per request, ASCII, "\n"
 // terminated. A request may start with a tag "#<token>"; the response then starts
-// with the same tag, so a client can ignore lines that belong to an earlier,
-// abandoned request (a serial line keeps bytes across reconnects). Untagged
-// requests get untagged responses, so a human with socat can type them. The
-// Client's tags are "#<random client id>.<sequence>": unique across connections,
-// because answers to a previous client's requests may still be on the line.
+// with "=<token>", so a client can ignore lines that belong to an earlier,
+// abandoned request (a serial line keeps bytes across reconnects) and can never
+// mistake the tty's echo of its own request for an answer (until the agent has put
+// the port in raw mode, the guest kernel echoes what arrives). Untagged requests
+// get untagged responses, so a human with socat can type them. The Client's tokens
+// are "<random client id>.<sequence>": unique across connections, because answers
+// to a previous client's requests may still be on the line.
 //
 //	ready              -> ready
 //	write <n>          -> sha <hex>      n random bytes replace the data file; hex is their sha256
@@ -38,6 +40,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -96,10 +99,10 @@ func (s *Server) Counter() uint64 { return s.counter.Load() }
 
 // Handle answers one request line (without its newline) with one response line.
 func (s *Server) Handle(line string) string {
-	tag, verb, args := splitRequest(line)
+	token, verb, args := splitRequest(line)
 	prefix := ""
-	if tag != "" {
-		prefix = tag + " "
+	if token != "" {
+		prefix = respTag + token + " "
 	}
 	resp, err := s.handle(verb, args)
 	if err != nil {
@@ -242,15 +245,21 @@ func readLine(br *bufio.Reader) (string, error) {
 	return strings.TrimRight(string(line), "\r\n"), nil
 }
 
-func splitRequest(line string) (tag, verb string, args []string) {
+// Tag markers: a request's token follows reqTag, the response's respTag.
+const (
+	reqTag  = "#"
+	respTag = "="
+)
+
+func splitRequest(line string) (token, verb string, args []string) {
 	f := strings.Fields(line)
-	if len(f) > 0 && strings.HasPrefix(f[0], "#") {
-		tag, f = f[0], f[1:]
+	if len(f) > 0 && strings.HasPrefix(f[0], reqTag) && len(f[0]) > len(reqTag) {
+		token, f = f[0][len(reqTag):], f[1:]
 	}
 	if len(f) == 0 {
-		return tag, "", nil
+		return token, "", nil
 	}
-	return tag, f[0], f[1:]
+	return token, f[0], f[1:]
 }
 
 // Uptime is the answer to an uptime request.
@@ -296,24 +305,38 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 func (c *Client) Close() error { return c.conn.Close() }
 
 // Do sends one request and returns its response without the tag. It skips lines
-// that do not carry this request's tag (console noise, answers to abandoned
-// requests). The context's deadline bounds the exchange; on error the connection
+// that do not carry this request's response tag (console noise, echo, answers to
+// abandoned requests). The context's deadline bounds the exchange; on error the connection
 // may hold a late answer, which the next request's tag filters out.
 func (c *Client) Do(ctx context.Context, verb string, args ...string) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
 	c.seq++
-	tag := "#" + c.id + "." + strconv.FormatUint(c.seq, 10)
-	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Unix(1, 0)) })
+	token := c.id + "." + strconv.FormatUint(c.seq, 10)
+	// Cancellation interrupts a blocked read by moving the deadline into the past.
+	// The mutex keeps a late cancellation from landing after the reset below, which
+	// would make every later request on this connection time out at once.
+	var mu sync.Mutex
+	finished := false
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !finished {
+			_ = c.conn.SetDeadline(time.Unix(1, 0))
+		}
+	})
 	defer func() {
 		stop()
+		mu.Lock()
+		finished = true
 		_ = c.conn.SetDeadline(time.Time{})
+		mu.Unlock()
 	}()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.conn.SetDeadline(dl)
 	}
-	req := strings.Join(append([]string{tag, verb}, args...), " ") + "\n"
+	req := strings.Join(append([]string{reqTag + token, verb}, args...), " ") + "\n"
 	if _, err := io.WriteString(c.conn, req); err != nil {
 		return "", c.ctxErr(ctx, fmt.Errorf("agent: send %s: %w", verb, err))
 	}
@@ -325,7 +348,7 @@ func (c *Client) Do(ctx context.Context, verb string, args ...string) (string, e
 		if err != nil {
 			return "", c.ctxErr(ctx, fmt.Errorf("agent: read %s: %w", verb, err))
 		}
-		rest, ok := strings.CutPrefix(line, tag+" ")
+		rest, ok := strings.CutPrefix(line, respTag+token+" ")
 		if !ok {
 			continue
 		}
@@ -340,6 +363,11 @@ func (c *Client) Do(ctx context.Context, verb string, args ...string) (string, e
 func (c *Client) ctxErr(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("%w (%w)", ctx.Err(), err)
+	}
+	// The connection's deadline is the context's, and may fire a moment before the
+	// context reports it.
+	if _, ok := ctx.Deadline(); ok && errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
 	}
 	return err
 }
