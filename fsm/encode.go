@@ -261,6 +261,11 @@ func Decode(b []byte) (*State, error) {
 	if err := s.rebuild(); err != nil {
 		return nil, err
 	}
+	// A snapshot that decodes but breaks an invariant (a flipped bit in a
+	// key, say) must not become the daemon's state.
+	if err := s.Check(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrStateCorrupt, err)
+	}
 	return s, nil
 }
 

@@ -73,14 +73,22 @@ func (s *State) Pool(k PoolKey) (PoolRec, bool) {
 	if !ok {
 		return PoolRec{}, false
 	}
-	return *p, true
+	return p.copy(), true
+}
+
+// copy returns p with its own warm stack, so a caller's copy does not change
+// under it.
+func (p *PoolRec) copy() PoolRec {
+	cp := *p
+	cp.warm = slices.Clone(p.warm)
+	return cp
 }
 
 // Pools returns every pool record (draining ones included), sorted by key.
 func (s *State) Pools() []PoolRec {
 	out := make([]PoolRec, 0, len(s.pools))
 	for _, k := range sortedPoolKeys(s.pools) {
-		out = append(out, *s.pools[k])
+		out = append(out, s.pools[k].copy())
 	}
 	return out
 }

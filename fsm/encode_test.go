@@ -1,0 +1,167 @@
+package fsm
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+)
+
+// richState has a record of every kind: pools (one draining, one parked),
+// goldens in each status, VMs in each live status, claims in each status.
+func richState(t *testing.T) *harness {
+	h := newHarness(t)
+	h.setup(4)
+	h.do(ConfigureLimits{Meta: h.meta(), MaxClaims: 100, DefaultTenantCap: 10, TenantCaps: map[string]int{"acme": 20}}, event.TypeLimitsConfigured)
+	h.pools(PoolSpec{PoolKey: kA, Warm: 4, WarmMax: 6, IdleHibernateSeconds: 300}, PoolSpec{PoolKey: kB, Warm: 1})
+	h.do(GoldenFailed{Meta: h.res(h.intentFor("", kB)), Key: kB, Error: "boom"}, event.TypeGoldenFailed)
+	h.do(Claim{Meta: h.meta(), ID: claimID(1), Key: kA, Tenant: "acme", Metadata: map[string]string{"b": "2", "a": "1"}}, event.TypeClaimCreated)
+	h.claimWarm(2, kA)
+	h.claimWarm(3, kA)
+	h.claimWarm(4, kA)
+	h.hibernate(claimID(2))
+	h.do(Hibernate{Meta: h.meta(), Claim: claimID(3)}, event.TypeHibernateRequested)
+	h.do(Release{Meta: h.meta(), Claim: claimID(4)}, event.TypeClaimReleased, event.TypeVMDestroyRequested)
+	h.do(Claim{Meta: h.meta(), ID: claimID(5), Key: kA}, event.TypeClaimCreated, event.TypeVMCloneRequested)
+	h.do(Refill{Meta: h.meta()}, event.TypeVMCloneRequested, event.TypeVMCloneRequested, event.TypeVMCloneRequested, event.TypeVMCloneRequested)
+	k := kA
+	h.do(CapacityFull{Meta: h.meta(), Key: &k}, event.TypePoolParked)
+	return h
+}
+
+func TestEncodeRoundTrip(t *testing.T) {
+	for _, s := range []*State{New(), richState(t).s} {
+		enc := Encode(s)
+		if enc[0] != StateFormatV1 {
+			t.Fatalf("first byte %d", enc[0])
+		}
+		back, err := Decode(enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := back.Check(); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(Encode(back), enc) || Hash(back) != Hash(s) {
+			t.Fatal("round trip changed the encoding")
+		}
+		// The rebuilt indexes behave like the live ones.
+		if fmt.Sprint(Intents(back)) != fmt.Sprint(Intents(s)) {
+			t.Fatalf("intents differ:\n%v\n%v", Intents(back), Intents(s))
+		}
+		a1, ok1 := back.NextTimer()
+		a2, ok2 := s.NextTimer()
+		if a1 != a2 || ok1 != ok2 || fmt.Sprint(back.Info()) != fmt.Sprint(s.Info()) {
+			t.Fatal("timers or info differ after decode")
+		}
+	}
+}
+
+// The warm VMs' LIFO order is part of the state: the same VMs in another
+// order encode differently, and a decoded state claims the same VM next.
+func TestEncodeKeepsLIFOOrder(t *testing.T) {
+	h := newHarness(t)
+	h.setup(3)
+	back, err := Decode(Encode(h.s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	swapped := New()
+	*swapped = *back
+	p := *back.pools[kA]
+	p.warm = slices.Clone(p.warm)
+	p.warm[0], p.warm[2] = p.warm[2], p.warm[0]
+	swapped.pools = map[PoolKey]*PoolRec{kA: &p}
+	if Hash(swapped) == Hash(h.s) {
+		t.Fatal("warm order not part of the hash")
+	}
+	cmd := Claim{Meta: h.meta(), ID: claimID(1), Key: kA}
+	e1, _ := Decide(h.s, cmd)
+	e2, _ := Decide(back, cmd)
+	if !bytes.Equal(e1[0].Payload, e2[0].Payload) {
+		t.Fatal("decoded state claims a different VM")
+	}
+}
+
+func TestDecodeRefusesNewerFormat(t *testing.T) {
+	enc := Encode(New())
+	enc[0] = StateFormatCurrent + 1
+	if _, err := Decode(enc); !errors.Is(err, ErrStateFormat) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// Any truncation or byte flip is an error, never a panic or a state that
+// fails its own invariants.
+func TestDecodeCorrupt(t *testing.T) {
+	enc := Encode(richState(t).s)
+	if _, err := Decode(nil); !errors.Is(err, ErrStateCorrupt) {
+		t.Fatalf("empty: %v", err)
+	}
+	for i := 1; i < len(enc); i++ {
+		if _, err := Decode(enc[:i]); err == nil {
+			t.Fatalf("truncated at %d decoded", i)
+		}
+	}
+	for i := 1; i < len(enc); i++ {
+		b := bytes.Clone(enc)
+		b[i] ^= 0x5a
+		s, err := Decode(b)
+		if err == nil {
+			if cerr := s.Check(); cerr != nil {
+				t.Fatalf("flip at %d decoded into a state that fails Check: %v", i, cerr)
+			}
+		}
+	}
+	if _, err := Decode(append(bytes.Clone(enc), 0)); !errors.Is(err, ErrStateCorrupt) {
+		t.Fatalf("trailing byte: %v", err)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add(Encode(New()))
+	f.Add([]byte{1, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := Decode(b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(Encode(s), b) {
+			// Non-canonical input (e.g. unsorted) may decode; it must
+			// re-encode to a stable form.
+			s2, err := Decode(Encode(s))
+			if err != nil || Hash(s2) != Hash(s) {
+				t.Fatalf("re-encoding unstable: %v", err)
+			}
+		}
+	})
+}
+
+func TestHashDiffersOnEveryField(t *testing.T) {
+	h := richState(t)
+	base := Hash(h.s)
+	c := h.s.claims[claimID(1)]
+	for name, mut := range map[string]func(){
+		"claim deadline":  func() { c.Deadline++ },
+		"claim metadata":  func() { c.Metadata = map[string]string{"a": "1"} },
+		"vm snapshot dir": func() { h.s.vms[c.VM].SnapshotDir = "x" },
+		"golden error":    func() { h.s.goldens[kB].Error = "other" },
+		"limits":          func() { h.s.limits.MaxClaims++ },
+		"applied":         func() { h.s.applied++ },
+	} {
+		saved := Encode(h.s)
+		mut()
+		if Hash(h.s) == base {
+			t.Errorf("%s: hash unchanged", name)
+		}
+		s, err := Decode(saved)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.s = s
+		c = h.s.claims[claimID(1)]
+	}
+}
