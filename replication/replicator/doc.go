@@ -14,17 +14,24 @@
 //     own goroutine with a bounded number of publishes in flight; while NATS
 //     is unreachable it retries with capped backoff and on its return
 //     catches up from the stream's last message.
+//   - The subject only ever holds a gap-free prefix of the log. Events go out
+//     in windows of up to Window events. The first message of a window
+//     carries Nats-Expected-Last-Subject-Sequence (the stream sequence of our
+//     last acknowledged message). With one stream replica, the rest are
+//     pipelined after it is acknowledged, each with Nats-Expected-Last-Msg-Id
+//     naming its predecessor, so none is stored unless its predecessor is.
+//     With several replicas (a shared cluster, where a leader change can drop
+//     some pipelined messages and store later ones) a window is one atomic
+//     batch (nats-server 2.12+), stored entirely or not at all.
 //   - Single writer per subject. Before publishing, the stream's last
 //     message for the node must be byte-identical to the local event with
-//     that sequence; every window of publishes starts with a message carrying
-//     Nats-Expected-Last-Subject-Sequence (the stream sequence of the last
-//     acknowledged message), and the rest of the window is only sent after
-//     that one is acknowledged. A second process using the same node id with
-//     a different log therefore fails one of these checks: the replicator
-//     logs the refusal at error level, stops for good and returns a
-//     *SecondWriterError (errors.Is ErrSecondWriter). It never overwrites or
-//     interleaves with the other writer's messages. (Two processes with
-//     byte-identical logs are indistinguishable until their logs differ.)
+//     that sequence, and every window is fenced as above. A second process
+//     using the same node id with a different log therefore fails one of
+//     these checks: the replicator logs the refusal at error level, stops for
+//     good and returns a *SecondWriterError (errors.Is ErrSecondWriter). It
+//     never overwrites or interleaves with the other writer's messages. (Two
+//     processes with byte-identical logs are indistinguishable until their
+//     logs differ.)
 //   - Replicated reports the highest sequence acknowledged by JetStream, and
 //     WaitReplicated blocks until a sequence is acknowledged: the opt-in
 //     synchronous mode of the API path.

@@ -3,9 +3,13 @@ package replicator
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,7 +82,9 @@ type Options struct {
 	NATSOptions []nats.Option
 	// Stream is checked (created if missing) before the first publish.
 	Stream stream.Config
-	// Window bounds the publishes in flight (default 256).
+	// Window bounds the events published together: the publishes in flight
+	// with one replica, the size of an atomic batch with several (default
+	// 256, at most MaxWindow).
 	Window int
 	// PublishTimeout bounds the wait for one acknowledgement (default 5 s).
 	PublishTimeout time.Duration
@@ -115,12 +121,17 @@ type Status struct {
 	LastError string `json:"last_error,omitempty"`
 }
 
+// MaxWindow is the largest Window: JetStream's default atomic batch limit.
+const MaxWindow = 1000
+
 // Replicator publishes one node's log. Create with New, run with Run.
 type Replicator struct {
 	opts    Options
 	node    string
 	subject string
 	log     zerolog.Logger
+
+	atomic bool // windows are atomic batches (stream replicas > 1)
 
 	acked     atomic.Uint64 // highest acknowledged event seq
 	streamSeq atomic.Uint64 // its stream sequence
@@ -156,6 +167,9 @@ func New(opts Options) (*Replicator, error) {
 	if opts.Window <= 0 {
 		opts.Window = 256
 	}
+	if opts.Window > MaxWindow {
+		return nil, fmt.Errorf("replicator: window %d above %d (JetStream's atomic batch limit)", opts.Window, MaxWindow)
+	}
 	if opts.PublishTimeout <= 0 {
 		opts.PublishTimeout = 5 * time.Second
 	}
@@ -165,7 +179,9 @@ func New(opts Options) (*Replicator, error) {
 	if opts.MaxBackoff < opts.MinBackoff {
 		opts.MaxBackoff = max(2*time.Second, opts.MinBackoff)
 	}
+	scfg, _ := opts.Stream.StreamConfig()
 	return &Replicator{
+		atomic:   scfg.Replicas > 1,
 		opts:     opts,
 		node:     opts.NodeID,
 		subject:  stream.Subject(opts.NodeID),
@@ -285,7 +301,7 @@ func (r *Replicator) Run(ctx context.Context) error {
 	backoff := r.opts.MinBackoff
 	failing := false
 	for {
-		progressed, err := r.session(ctx, js)
+		progressed, err := r.session(ctx, nc, js)
 		if ctx.Err() != nil {
 			r.setState(StateStopped, nil)
 			return nil
@@ -324,7 +340,7 @@ func isFatal(err error) bool {
 
 // session checks the stream, reads the resume point and publishes until an
 // error. progressed reports whether any window was acknowledged.
-func (r *Replicator) session(ctx context.Context, js jetstream.JetStream) (progressed bool, err error) {
+func (r *Replicator) session(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) (progressed bool, err error) {
 	r.setState(StateSyncing, nil)
 	st, err := stream.Ensure(ctx, js, r.opts.Stream)
 	if err != nil {
@@ -363,7 +379,7 @@ func (r *Replicator) session(ctx context.Context, js jetstream.JetStream) (progr
 				batch = append(batch, ev)
 			}
 		}
-		if err := r.publishWindow(ctx, js, batch, &sseq); err != nil {
+		if err := r.publishWindow(ctx, js, nc, batch, &sseq); err != nil {
 			return progressed, err
 		}
 		progressed = true
@@ -426,13 +442,29 @@ func (r *Replicator) resume(ctx context.Context, st jetstream.Stream) (last, sse
 // errUnexpectedAck makes the session resynchronise from the stream.
 var errUnexpectedAck = errors.New("unexpected acknowledgement")
 
-// publishWindow publishes evs (contiguous) after the message with stream
-// sequence *sseq. The first carries the expected last subject sequence and
-// is acknowledged before the others are sent, so a writer that lost the race
-// for the subject never gets a message in.
-func (r *Replicator) publishWindow(ctx context.Context, js jetstream.JetStream, evs []event.Event, sseq *uint64) error {
+// publishWindow publishes evs (contiguous) after our message with stream
+// sequence *sseq, so that the subject can only ever hold a gap-free prefix
+// of the log: a message is stored only if everything before it is.
+//
+// The first message always carries Nats-Expected-Last-Subject-Sequence
+// (*sseq), which is what refuses a second writer. The rest of the window:
+//   - one stream replica (the embedded server, where this node is normally
+//     the stream's only publisher): once the first message is acknowledged,
+//     the others are pipelined, each with Nats-Expected-Last-Msg-Id naming
+//     its predecessor's id, so each is stored only right after it. (Not
+//     Nats-Expected-Last-Sequence: another publisher's message could fill
+//     the expected stream slot after one of ours was refused.) Another
+//     publisher on the same stream only causes spurious refusals, which
+//     resynchronise and retry.
+//   - several replicas (a shared cluster, where a leader change can drop a
+//     prefix of pipelined messages and store the rest): the window is one
+//     atomic batch, committed entirely or not at all.
+func (r *Replicator) publishWindow(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, evs []event.Event, sseq *uint64) error {
+	if len(evs) > 1 && r.atomic {
+		return r.publishBatch(ctx, nc, evs, sseq)
+	}
 	pctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
-	ack, err := js.PublishMsg(pctx, r.message(&evs[0]), jetstream.WithExpectLastSequencePerSubject(*sseq))
+	ack, err := js.PublishMsg(pctx, r.message(&evs[0]), jetstream.WithExpectLastSequencePerSubject(*sseq), jetstream.WithRetryAttempts(0))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("publish seq %d: %w", evs[0].Seq, err)
@@ -447,7 +479,10 @@ func (r *Replicator) publishWindow(ctx context.Context, js jetstream.JetStream, 
 	}
 	futs := make([]jetstream.PubAckFuture, 0, len(evs)-1)
 	for i := 1; i < len(evs); i++ {
-		f, err := js.PublishMsgAsync(r.message(&evs[i]))
+		// No client-side retries: a retried message could land after its
+		// successors; the chain refuses it instead and the session resyncs.
+		f, err := js.PublishMsgAsync(r.message(&evs[i]),
+			jetstream.WithExpectLastMsgID(stream.MsgID(r.node, evs[i-1].Seq)), jetstream.WithRetryAttempts(0))
 		if err != nil {
 			return fmt.Errorf("publish seq %d: %w", evs[i].Seq, err)
 		}
@@ -476,6 +511,66 @@ func (r *Replicator) publishWindow(ctx context.Context, js jetstream.JetStream, 
 	}
 	return nil
 }
+
+// batchAck is the server's answer to an atomic batch commit.
+type batchAck struct {
+	Stream    string              `json:"stream"`
+	Sequence  uint64              `json:"seq"`
+	BatchID   string              `json:"batch"`
+	BatchSize uint64              `json:"count"`
+	Error     *jetstream.APIError `json:"error"`
+}
+
+// publishBatch publishes evs as one atomic batch (JetStream 2.12+): the
+// messages are staged by the stream leader and stored together, contiguous,
+// when the last one (the commit) arrives complete; a lost message, a leader
+// change or a duplicate fails the whole batch.
+func (r *Replicator) publishBatch(ctx context.Context, nc *nats.Conn, evs []event.Event, sseq *uint64) error {
+	var id [12]byte
+	_, _ = crand.Read(id[:])
+	batchID := hex.EncodeToString(id[:])
+	for i := range evs {
+		m := r.message(&evs[i])
+		m.Header.Set(hdrBatchID, batchID)
+		m.Header.Set(hdrBatchSeq, strconv.Itoa(i+1))
+		if i == 0 {
+			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(*sseq, 10))
+		}
+		if i < len(evs)-1 {
+			if err := nc.PublishMsg(m); err != nil {
+				return fmt.Errorf("publish seq %d: %w", evs[i].Seq, err)
+			}
+			continue
+		}
+		m.Header.Set(hdrBatchCommit, "1")
+		pctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
+		resp, err := nc.RequestMsgWithContext(pctx, m)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("commit batch of seqs %d..%d: %w", evs[0].Seq, evs[i].Seq, err)
+		}
+		var ack batchAck
+		if err := json.Unmarshal(resp.Data, &ack); err != nil {
+			return fmt.Errorf("commit batch of seqs %d..%d: bad reply %q: %w", evs[0].Seq, evs[i].Seq, resp.Data, err)
+		}
+		if ack.Error != nil {
+			return fmt.Errorf("commit batch of seqs %d..%d: %w", evs[0].Seq, evs[i].Seq, ack.Error)
+		}
+		if ack.BatchID != batchID || ack.BatchSize != uint64(len(evs)) || ack.Sequence < *sseq+uint64(len(evs)) {
+			return fmt.Errorf("%w: batch %s of %d stored as batch %s of %d ending at stream seq %d", errUnexpectedAck, batchID, len(evs), ack.BatchID, ack.BatchSize, ack.Sequence)
+		}
+		*sseq = ack.Sequence
+		r.advance(evs[i].Seq, *sseq)
+	}
+	return nil
+}
+
+// Atomic batch headers (nats-server 2.12+; nats.go has no helper for them).
+const (
+	hdrBatchID     = "Nats-Batch-Id"
+	hdrBatchSeq    = "Nats-Batch-Sequence"
+	hdrBatchCommit = "Nats-Batch-Commit"
+)
 
 // checkAck accepts a fresh acknowledgement placed after prev. A duplicate or
 // an out-of-order position means the subject moved under us: the session

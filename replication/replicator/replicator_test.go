@@ -358,3 +358,31 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// Two nodes publishing into one single-replica stream under load: each
+// node's chained pipeline is refused whenever the other's message lands in
+// between, and resynchronises; both subjects still end exact.
+func TestSharedSingleReplicaStream(t *testing.T) {
+	srv := natstest.Single(t)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	nodes := []string{"n1", "n2"}
+	logs := map[string]*eventlog.Log{}
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		l := repltest.OpenLog(t, n)
+		logs[n] = l
+		rr := start(t, replicator.Options{Log: l, URL: srv.ClientURL(), Window: 32})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for w := range 3 {
+				repltest.AppendFillers(t, l, 300+w)
+			}
+			waitReplicated(t, rr.r, l, 20*time.Second)
+		}()
+	}
+	wg.Wait()
+	for _, n := range nodes {
+		repltest.RequireSubjectIs(t, js, stream.DefaultName, n, repltest.LocalEvents(t, logs[n]))
+	}
+}

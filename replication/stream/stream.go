@@ -122,6 +122,9 @@ func (c Config) StreamConfig() (jetstream.StreamConfig, error) {
 		// Single events are never deleted by hand: a hole would be a gap
 		// every follower refuses.
 		DenyDelete: true,
+		// The replicator publishes a window as one atomic batch when the
+		// stream has several replicas.
+		AllowAtomicPublish: true,
 	}, nil
 }
 
@@ -203,6 +206,8 @@ func Check(have, want jetstream.StreamConfig) error {
 		return bad("max_msgs_per_subject", have.MaxMsgsPerSubject, "unlimited (-1)")
 	case have.PersistMode != jetstream.DefaultPersistMode:
 		return bad("persist_mode", have.PersistMode, "default (acknowledge after the write)")
+	case want.AllowAtomicPublish && !have.AllowAtomicPublish:
+		return bad("allow_atomic", false, "true (atomic batch publish, nats-server 2.12 or later)")
 	}
 	return nil
 }

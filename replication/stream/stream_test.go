@@ -125,6 +125,7 @@ func TestEnsureRefusesIncompatible(t *testing.T) {
 		{"short window", func(c *jetstream.StreamConfig) { c.Duplicates = 5 * time.Second }, "duplicate_window"},
 		{"per-subject cap", func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = 10 }, "max_msgs_per_subject"},
 		{"no ack", func(c *jetstream.StreamConfig) { c.NoAck = true }, "no_ack"},
+		{"no atomic batches", func(c *jetstream.StreamConfig) { c.AllowAtomicPublish = false }, "allow_atomic"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := strings.ReplaceAll(strings.ToUpper(tc.name), " ", "_")

@@ -93,48 +93,63 @@ type SubjectMsg struct {
 	Event event.Event
 }
 
-// ReadSubject returns every message on node's subject in stream order.
+// ReadSubject returns every message on node's subject in stream order. It
+// retries from scratch on errors for up to 30 s: right after a cluster
+// member rejoins, consumer requests can briefly find no responder.
 func ReadSubject(t testing.TB, js jetstream.JetStream, streamName, node string) []SubjectMsg {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	for {
+		out, err := readSubject(ctx, js, streamName, node)
+		if err == nil {
+			return out
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("read subject of %s: %v", node, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func readSubject(ctx context.Context, js jetstream.JetStream, streamName, node string) ([]SubjectMsg, error) {
 	st, err := js.Stream(ctx, streamName)
 	if err != nil {
-		t.Fatalf("stream %s: %v", streamName, err)
+		return nil, err
 	}
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(stream.Subject(node)))
 	if err != nil {
-		t.Fatalf("stream info: %v", err)
+		return nil, err
 	}
 	want := info.State.Subjects[stream.Subject(node)]
 	if want == 0 {
-		return nil
+		return nil, nil
 	}
 	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{stream.Subject(node)}})
 	if err != nil {
-		t.Fatalf("ordered consumer: %v", err)
+		return nil, err
 	}
 	var out []SubjectMsg
 	for uint64(len(out)) < want {
 		batch, err := cons.Fetch(int(min(want-uint64(len(out)), 500)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
-			t.Fatalf("fetch: %v", err)
+			return nil, err
 		}
 		for m := range batch.Messages() {
 			ev, err := event.Decode(m.Data())
 			if err != nil {
-				t.Fatalf("decode message %d: %v", len(out), err)
+				return nil, fmt.Errorf("decode message %d: %w", len(out), err)
 			}
 			out = append(out, SubjectMsg{MsgID: m.Headers().Get(jetstream.MsgIDHeader), Data: m.Data(), Event: ev})
 		}
 		if err := batch.Error(); err != nil {
-			t.Fatalf("fetch: %v", err)
+			return nil, err
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("read %d of %d messages: %v", len(out), want, ctx.Err())
+			return nil, fmt.Errorf("read %d of %d messages: %w", len(out), want, ctx.Err())
 		}
 	}
-	return out
+	return out, nil
 }
 
 // RequireSubjectIs fails unless node's subject holds exactly the events of
@@ -143,11 +158,20 @@ func RequireSubjectIs(t testing.TB, js jetstream.JetStream, streamName, node str
 	t.Helper()
 	got := ReadSubject(t, js, streamName, node)
 	if len(got) != len(want) {
-		seqs := make([]uint64, 0, min(len(got), 20))
-		for i := range min(len(got), 20) {
-			seqs = append(seqs, got[i].Event.Seq)
+		seen := map[uint64]int{}
+		for _, m := range got {
+			seen[m.Event.Seq]++
 		}
-		t.Fatalf("subject of %s holds %d messages, want %d (first seqs %v)", node, len(got), len(want), seqs)
+		var missing, dup []uint64
+		for i := range want {
+			switch s := want[i].Seq; {
+			case seen[s] == 0 && len(missing) < 20:
+				missing = append(missing, s)
+			case seen[s] > 1 && len(dup) < 20:
+				dup = append(dup, s)
+			}
+		}
+		t.Fatalf("subject of %s holds %d messages, want %d (missing %v, duplicated %v)", node, len(got), len(want), missing, dup)
 	}
 	for i := range want {
 		if got[i].Event.Seq != want[i].Seq {

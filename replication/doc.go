@@ -1,0 +1,17 @@
+// Package replication is the home of the op log's replication over NATS
+// JetStream (DESIGN.md §6, issue 7). It holds no code itself; the parts are:
+//
+//   - natsembed: the embedded NATS server with JetStream (and loopback
+//     clusters for tests and benchmarks);
+//   - stream: the stream's name, per-node subjects sbx.ev.<node> and its
+//     create-or-check;
+//   - replicator: publishes the local log, exactly once, in order, resuming
+//     from the stream, refusing a second writer;
+//   - feed: verified delivery of the stream to consumers through durable
+//     consumers;
+//   - follower, audit, usage, cluster: the consumers (replica log,
+//     audit.jsonl, usage.jsonl, cluster view with node addresses).
+//
+// The tests in this directory run the parts together: a three-server R3
+// cluster losing a server under load.
+package replication
