@@ -28,6 +28,8 @@
 //     run dir. A failure before the rename removes the temp dir and resumes the VM.
 //   - Destroy: quit, SIGTERM, SIGKILL (each after checking the cmdline), remove the
 //     run dir.
+//   - Resume: cont a VM left stopped by a hibernate that a crash cut short before
+//     its rename (reconcile decides between this and re-running Hibernate).
 //
 // Every recipe can be re-run after a crash: Golden and Hibernate find a complete
 // snapshot (one with meta.json; SyncTree runs before the rename) and only finish

@@ -31,8 +31,15 @@ func (d *Driver) Boot(ctx context.Context, spec Spec) (Result, error) {
 		return r, err
 	}
 	if pid, err := d.adopt(spec.RunDir); err == nil {
-		r.PID, r.Already = pid, true
-		return r, nil
+		// A boot cut short by a crash: its VM counts once its agent answers.
+		m, merr := launchedMeta(spec.RunDir)
+		if merr == nil && d.waitAgent(ctx, spec.RunDir, d.bootTimeout) == nil {
+			r.PID, r.Already, r.Accel = pid, true, m.Accel
+			return r, nil
+		}
+		if err := d.terminate(ctx, pid, spec.RunDir, nil); err != nil {
+			return r, err
+		}
 	}
 	accel, _ := d.Accel(ctx, spec)
 	r.Accel = accel
@@ -128,7 +135,11 @@ func (d *Driver) Golden(ctx context.Context, spec Spec, name string) (Result, er
 		return r, fmt.Errorf("qemu: golden: %w", err)
 	}
 	defer c.Close()
-	m := d.bootMeta(spec, r.Accel)
+	m, err := launchedMeta(spec.RunDir)
+	if err != nil {
+		d.abandon(pid, spec.RunDir)
+		return r, err
+	}
 	m.Source = "golden"
 	m.QEMUVersion = c.Version().String()
 	if err := d.snapshot(ctx, c, spec, name, m, &r); err != nil {
@@ -160,6 +171,16 @@ func (d *Driver) finish(ctx context.Context, c *qmp.Client, pid int, runDir stri
 // the VM is the caller's decision.
 func (d *Driver) snapshot(ctx context.Context, c *qmp.Client, spec Spec, name string, m Meta, r *Result) (err error) {
 	t := d.timer(r)
+	// QEMU refuses to migrate a VM again from postmigrate (where a hibernate cut
+	// short after its migration leaves it); running it for a moment first is as if
+	// this hibernate had started a little later.
+	if st, err := c.QueryStatus(ctx); err != nil {
+		return fmt.Errorf("qemu: snapshot: %w", err)
+	} else if st.Status == "postmigrate" {
+		if err := c.Execute(ctx, "cont", nil, nil); err != nil {
+			return fmt.Errorf("qemu: snapshot: cont from postmigrate: %w", err)
+		}
+	}
 	if err := c.Execute(ctx, "stop", nil, nil); err != nil {
 		return fmt.Errorf("qemu: snapshot: %w", err)
 	}
@@ -294,7 +315,8 @@ func waitMigration(ctx context.Context, c *qmp.Client, sub *qmp.Subscription) er
 // Hibernate saves the running VM of spec as snapshot name and stops it: stop, state
 // into a temp dir in the store, clone RAM and disk, meta.json, SyncTree, rename,
 // then quit QEMU and remove the run dir. If anything before the rename fails, the
-// temp dir is removed and a VM that was running is resumed. If the snapshot
+// temp dir is removed and a VM that was running (or in postmigrate, left by an
+// earlier hibernate cut short) is resumed; a paused one stays paused. If the snapshot
 // already exists (a re-run after a crash past the rename), Hibernate only makes
 // sure QEMU is gone and the run dir removed, and reports Already.
 func (d *Driver) Hibernate(ctx context.Context, spec Spec, name string) (Result, error) {
@@ -333,7 +355,8 @@ func (d *Driver) Hibernate(ctx context.Context, spec Spec, name string) (Result,
 	m.Source = "hibernate"
 	m.QEMUVersion = c.Version().String()
 	if err := d.snapshot(ctx, c, spec, name, m, &r); err != nil {
-		if st.Running {
+		// Postmigrate: an earlier hibernate stopped it, and snapshot ran it again.
+		if st.Running || st.Status == "postmigrate" {
 			rctx, cancel := context.WithTimeout(context.Background(), d.stopGrace)
 			defer cancel()
 			if cerr := c.Execute(rctx, "cont", nil, nil); cerr != nil {
@@ -477,6 +500,44 @@ func (d *Driver) isRunning(ctx context.Context, runDir string) bool {
 	defer c.Close()
 	st, err := c.QueryStatus(ctx)
 	return err == nil && st.Running
+}
+
+// Resume makes the VM of spec run again after it was left stopped (a hibernate cut
+// short by a crash before its rename leaves QEMU paused or in postmigrate): cont,
+// then wait for the agent. A running VM is left alone (Already).
+func (d *Driver) Resume(ctx context.Context, spec Spec) (Result, error) {
+	var r Result
+	if err := spec.validateDirs(); err != nil {
+		return r, err
+	}
+	pid, err := d.adopt(spec.RunDir)
+	if err != nil {
+		return r, err
+	}
+	r.PID = pid
+	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
+	if err != nil {
+		return r, fmt.Errorf("qemu: resume: %w", err)
+	}
+	defer c.Close()
+	st, err := c.QueryStatus(ctx)
+	if err != nil {
+		return r, fmt.Errorf("qemu: resume: %w", err)
+	}
+	if st.Running {
+		r.Already = true
+		return r, nil
+	}
+	t := d.timer(&r)
+	if err := c.Execute(ctx, "cont", nil, nil); err != nil {
+		return r, fmt.Errorf("qemu: resume from %q: %w", st.Status, err)
+	}
+	t.mark(StepCont)
+	if err := d.waitAgent(ctx, spec.RunDir, d.readyTimeout); err != nil {
+		return r, err
+	}
+	t.mark(StepReady)
+	return r, nil
 }
 
 // Destroy stops the VM of spec (QMP quit, then SIGTERM, then SIGKILL, each checked

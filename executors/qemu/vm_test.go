@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io/fs"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
+	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
 	"github.com/sbxlog/sbxlog/guest/agent"
 	"github.com/sbxlog/sbxlog/guest/guesttest"
 )
@@ -137,10 +139,20 @@ func noTemp(t *testing.T, store string) {
 	}
 }
 
+// Boot with a disk attached; the disk travels through a failed and a successful
+// hibernate and a wake; Destroy leaves nothing behind.
 func TestBootAgentDestroy(t *testing.T) {
 	e := newEnv(t, mountXFS)
 	ctx := ctxT(t, 3*time.Minute)
 	spec := e.spec("boot")
+	spec.Disk = filepath.Join(e.root, "base.raw")
+	marker := []byte("sbx disk marker")
+	if err := os.WriteFile(spec.Disk, marker, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(spec.Disk, 1<<20); err != nil {
+		t.Fatal(err)
+	}
 	e.destroyOnCleanup(spec)
 
 	r, err := e.d.Boot(ctx, spec)
@@ -168,8 +180,52 @@ func TestBootAgentDestroy(t *testing.T) {
 	a.Close()
 
 	// Boot again finds the running VM.
-	if r2, err := e.d.Boot(ctx, spec); err != nil || !r2.Already || r2.PID != r.PID {
+	if r2, err := e.d.Boot(ctx, spec); err != nil || !r2.Already || r2.PID != r.PID || r2.Accel != AccelTCG {
 		t.Fatalf("second Boot = %+v, %v", r2, err)
+	}
+
+	// With a disk, a failed hibernate must reactivate QEMU's block devices
+	// (inactivated by the completed migration) when it resumes the VM.
+	e.rec.Before = func(s fsx.Step) error {
+		if s.Op == fsx.OpSyncTree {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	_, err = e.d.Hibernate(ctx, spec, "disk")
+	e.rec.Before = nil
+	if err == nil {
+		t.Fatal("hibernate with injected failure succeeded")
+	}
+	if st, err := e.d.Status(ctx, spec); err != nil || st != "running" {
+		t.Fatalf("after failed hibernate with disk: %q, %v", st, err)
+	}
+	hr, err := e.d.Hibernate(ctx, spec, "disk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	processGone(t, r.PID)
+	snapDisk := filepath.Join(spec.SnapshotDir("disk"), FileDisk)
+	if b, err := os.ReadFile(snapDisk); err != nil || !bytes.HasPrefix(b, marker) || len(b) != 1<<20 {
+		t.Fatalf("snapshot disk: %d bytes, %v", len(b), err)
+	}
+	if shared, err := fsx.AllExtentsShared(snapDisk); err != nil || !shared || hr.Method != fsx.Reflink {
+		t.Fatalf("snapshot disk not reflinked: shared %v (%v), method %v", shared, err, hr.Method)
+	}
+	wr, err := e.d.Wake(ctx, spec, "disk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.PID = wr.PID
+	if b, err := os.ReadFile(filepath.Join(spec.RunDir, FileDisk)); err != nil || !bytes.HasPrefix(b, marker) {
+		t.Fatalf("woken VM's disk: %v", err)
+	}
+	if a, err := agent.Dial(ctx, AgentSocket(spec.RunDir)); err != nil {
+		t.Fatal(err)
+	} else if up2, err := a.Uptime(ctx); err != nil || up2.BootID != up.BootID {
+		t.Fatalf("after wake with disk: %+v, %v (boot id was %s)", up2, err, up.BootID)
+	} else {
+		a.Close()
 	}
 
 	if _, err := e.d.Destroy(ctx, spec); err != nil {
@@ -274,6 +330,48 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 	}
 	if pid, err := e.d.Adopt(spec); err != nil || pid != cr.PID {
 		t.Fatalf("after failed hibernates: pid %d, %v; want %d", pid, err, cr.PID)
+	}
+
+	// A daemon killed in the middle of a hibernate, after the migration and before
+	// the rename, leaves QEMU in postmigrate and a temp dir in the store. After the
+	// restart (a new Driver, SweepTemp) reconcile either resumes the VM or re-runs
+	// the hibernate; both must work and keep the guest's memory.
+	for _, then := range []string{"resume", "hibernate again"} {
+		crashMidHibernate(t, ctx, e.d, spec)
+		if _, err := fsx.SweepTemp(spec.StoreDir); err != nil {
+			t.Fatal(err)
+		}
+		noTemp(t, spec.StoreDir)
+		d := e.driver()
+		if st, err := d.Status(ctx, spec); err != nil || st != "postmigrate" {
+			t.Fatalf("after the crash: status %q, %v", st, err)
+		}
+		switch then {
+		case "resume":
+			if _, err := d.Resume(ctx, spec); err != nil {
+				t.Fatalf("resume after crash: %v", err)
+			}
+			if again, err := d.Resume(ctx, spec); err != nil || !again.Already {
+				t.Fatalf("second Resume = %+v, %v", again, err)
+			}
+		case "hibernate again":
+			if _, err := d.Hibernate(ctx, spec, "after-crash"); err != nil {
+				t.Fatalf("hibernate after crash: %v", err)
+			}
+			wr, err := d.Wake(ctx, spec, "after-crash")
+			if err != nil {
+				t.Fatalf("wake after crash: %v", err)
+			}
+			cr.PID = wr.PID
+			if err := os.RemoveAll(spec.SnapshotDir("after-crash")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a := dialAgent(t, ctx, spec)
+		if got, err := a.Sha(ctx); err != nil || got != sum {
+			t.Fatalf("after crash and %s: sha %q, %v", then, got, err)
+		}
+		a.Close()
 	}
 
 	pid := cr.PID
@@ -412,5 +510,26 @@ func TestCopyFallbackWithoutReflink(t *testing.T) {
 	a = dialAgent(t, ctx, spec)
 	if got, err := a.Sha(ctx); err != nil || got != sum {
 		t.Fatalf("sha after wake on ext4 = %q, %v; want %q", got, err, sum)
+	}
+}
+
+// crashMidHibernate does what Hibernate does up to the end of the migration, into a
+// temp dir of the store, and stops there as a killed daemon would.
+func crashMidHibernate(t *testing.T, ctx context.Context, d *Driver, spec Spec) {
+	t.Helper()
+	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Execute(ctx, "stop", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	tmp, err := fsx.MkTempDir(spec.StoreDir, "crashed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.saveState(ctx, c, filepath.Join(tmp, FileState)); err != nil {
+		t.Fatal(err)
 	}
 }
