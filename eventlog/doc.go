@@ -18,8 +18,10 @@
 //     A subscription delivers every event from its start in order with no gap;
 //     it is served from an in-memory ring of recent events and falls back to
 //     Pebble when it lags, so it never blocks appends and never drops events.
-//   - There is no background goroutine: the log's work happens on its callers'
-//     goroutines, and Close waits for calls in progress, then closes Pebble.
+//   - A writable log runs two goroutines, a committer that batches concurrent
+//     appends into one Pebble write and a syncer that waits for the WAL fsync
+//     and publishes (see append.go). Close waits for calls in progress, stops
+//     both after every applied batch is synced, then closes Pebble.
 //
 // On-disk layout (format version FormatVersion, stored under "m/format"; a
 // newer version is refused with *FormatError):
