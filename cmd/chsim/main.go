@@ -71,7 +71,12 @@ func run(args []string) int {
 		srv.UseListener(ln)
 	}
 	// CH exits cleanly on SIGTERM and SIGINT.
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	sigs := []os.Signal{syscall.SIGTERM, syscall.SIGINT}
+	if opts.IgnoreSIGTERM {
+		signal.Ignore(syscall.SIGTERM)
+		sigs = sigs[1:]
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), sigs...)
 	defer stop()
 	if err := srv.Serve(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -436,14 +436,14 @@ func TestOptionsParsing(t *testing.T) {
 	env := map[string]string{
 		chsim.EnvLatency: "3ms", chsim.EnvDirtyBytes: "8M", chsim.EnvBalloonRate: "0",
 		chsim.EnvSnapshotExitAfter: "1K", chsim.EnvExitRandom: "1s", chsim.EnvFail: "vm.boot:1:500",
-		chsim.EnvAgentDelay: "50ms", chsim.EnvVsockPorts: "52, 1024",
+		chsim.EnvAgentDelay: "50ms", chsim.EnvVsockPorts: "52, 1024", chsim.EnvIgnoreSIGTERM: "1",
 	}
 	o := chsim.DefaultOptions()
 	if err := o.ApplyEnv(func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
 	if o.Latency != 3*time.Millisecond || o.DirtyBytes != 8<<20 || o.BalloonRate != 0 || o.SnapshotExitAfter != 1024 ||
-		o.ExitRandom != time.Second || len(o.Fail) != 1 || o.AgentDelay != 50*time.Millisecond || len(o.VsockPorts) != 2 {
+		o.ExitRandom != time.Second || len(o.Fail) != 1 || o.AgentDelay != 50*time.Millisecond || len(o.VsockPorts) != 2 || !o.IgnoreSIGTERM {
 		t.Errorf("ApplyEnv = %+v", o)
 	}
 	env[chsim.EnvLatency] = "soon"

@@ -23,6 +23,7 @@ const (
 	EnvBalloonRate       = "SBX_CHSIM_BALLOON_RATE"        // balloon inflation speed, bytes per second (0 = instant)
 	EnvAgentDelay        = "SBX_CHSIM_AGENT_DELAY"         // time after boot before the guest answers vsock CONNECTs
 	EnvVsockPorts        = "SBX_CHSIM_VSOCK_PORTS"         // comma-separated guest ports that accept (default: all)
+	EnvIgnoreSIGTERM     = "SBX_CHSIM_IGNORE_SIGTERM"      // "1": a wedged VMM that only SIGKILL stops
 )
 
 // Defaults.
@@ -93,6 +94,9 @@ type Options struct {
 	AgentDelay time.Duration
 	// VsockPorts restricts the guest ports that accept; empty accepts all.
 	VsockPorts []uint32
+	// IgnoreSIGTERM makes the binary ignore SIGTERM, like a wedged VMM, so
+	// that only SIGKILL ends it.
+	IgnoreSIGTERM bool
 	// Seed seeds the random exit time; 0 derives one from the clock.
 	Seed int64
 	// Log receives the simulator's log lines (stderr in the binary).
@@ -139,6 +143,11 @@ func (o *Options) ApplyEnv(getenv func(string) string) error {
 		o.VsockPorts = ports
 		return err
 	})
+	set(EnvIgnoreSIGTERM, func(v string) error {
+		b, err := strconv.ParseBool(v)
+		o.IgnoreSIGTERM = b
+		return err
+	})
 	return errors.Join(errs...)
 }
 
@@ -157,6 +166,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("dirty-bytes", "data a booted guest writes into memory (env "+EnvDirtyBytes+", default 4MiB)", sizeInto(&o.DirtyBytes))
 	fs.Func("balloon-rate", "balloon inflation bytes per second, 0 instant (env "+EnvBalloonRate+", default 256MiB)", sizeInto(&o.BalloonRate))
 	fs.Func("agent-delay", "delay after boot before vsock CONNECTs are answered (env "+EnvAgentDelay+")", durationInto(&o.AgentDelay))
+	fs.BoolVar(&o.IgnoreSIGTERM, "ignore-sigterm", o.IgnoreSIGTERM, "ignore SIGTERM like a wedged VMM (env "+EnvIgnoreSIGTERM+")")
 	fs.Func("vsock-ports", "guest ports that accept vsock connections, default all (env "+EnvVsockPorts+")", func(v string) error {
 		ports, err := parsePorts(v)
 		o.VsockPorts = ports
@@ -301,12 +311,13 @@ Flags:
                                (default 256MiB; 0 = instant)
   --agent-delay <duration>     time after boot before the guest answers vsock CONNECTs
   --vsock-ports <list>         guest ports that accept vsock connections (default all)
+  --ignore-sigterm             ignore SIGTERM, like a wedged VMM (only SIGKILL stops it)
   --version                    print the simulated version and exit
 
 Each flag has an environment variable, read first (flags override), because a
 VMM is launched with nothing but --api-socket:
   SBX_CHSIM_LATENCY, SBX_CHSIM_FAIL, SBX_CHSIM_SNAPSHOT_EXIT_AFTER,
   SBX_CHSIM_EXIT_RANDOM, SBX_CHSIM_DIRTY_BYTES, SBX_CHSIM_BALLOON_RATE,
-  SBX_CHSIM_AGENT_DELAY, SBX_CHSIM_VSOCK_PORTS
+  SBX_CHSIM_AGENT_DELAY, SBX_CHSIM_VSOCK_PORTS, SBX_CHSIM_IGNORE_SIGTERM
 Sizes take K, M, G suffixes (binary). Logs go to stderr.
 `

@@ -220,9 +220,15 @@ func (s *Server) Serve(ctx context.Context) error {
 	case <-s.quit:
 	case err = <-errc:
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = s.hs.Shutdown(sctx)
+	if ctx.Err() != nil {
+		// A signal: stop at once, like CH, without waiting for calls in flight.
+		_ = s.hs.Close()
+	} else {
+		// vmm.shutdown: let its answer reach the caller first.
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.hs.Shutdown(sctx)
+	}
 	s.mu.Lock()
 	s.teardownLocked()
 	s.mu.Unlock()
