@@ -37,6 +37,6 @@
 // of nothing succeeds. Temp dirs left in the store by a crash are removed by
 // fsx.SweepTemp at start-up.
 //
-// Errors: ErrInvalidSpec, ErrNotRunning, ErrNoSnapshot, ErrExited, ErrMigration
-// (all wrapped with detail); QMP failures are *qmp.Error.
+// Errors: ErrInvalidSpec, ErrNotRunning, ErrNoSnapshot, ErrExited, ErrMigration,
+// ErrSnapshotExists (all wrapped with detail); QMP failures are *qmp.Error.
 package qemu

@@ -328,11 +328,19 @@ func (d *Driver) Hibernate(ctx context.Context, spec Spec, name string) (Result,
 		return r, err
 	}
 	if _, err := ReadMeta(spec.SnapshotDir(name)); err == nil {
-		r.Already = true
-		if pid, err := d.adopt(spec.RunDir); err == nil {
-			return r, d.finish(ctx, nil, pid, spec.RunDir, &r)
+		pid, err := d.adopt(spec.RunDir)
+		if err != nil {
+			r.Already = true
+			return r, d.fs.RemoveAll(spec.RunDir)
 		}
-		return r, d.fs.RemoveAll(spec.RunDir)
+		// A live VM and a snapshot of that name: the snapshot is this hibernate's
+		// only if it is newer than the VM's launch. Otherwise the name is reused
+		// (the VM may even have been woken from it), and quitting would lose the VM.
+		if !newerThanLaunch(spec.SnapshotDir(name), spec.RunDir) {
+			return r, fmt.Errorf("%w: %s predates the VM in %s", ErrSnapshotExists, name, spec.RunDir)
+		}
+		r.Already = true
+		return r, d.finish(ctx, nil, pid, spec.RunDir, &r)
 	}
 	pid, err := d.adopt(spec.RunDir)
 	if err != nil {
@@ -578,4 +586,12 @@ func (d *Driver) Status(ctx context.Context, spec Spec) (string, error) {
 	defer c.Close()
 	st, err := c.QueryStatus(ctx)
 	return st.Status, err
+}
+
+// newerThanLaunch reports whether the snapshot in snap was written after the VM in
+// runDir was launched (its meta.json is younger than the run dir's vm.json).
+func newerThanLaunch(snap, runDir string) bool {
+	ms, err1 := os.Stat(filepath.Join(snap, FileMeta))
+	vs, err2 := os.Stat(filepath.Join(runDir, FileVM))
+	return err1 == nil && err2 == nil && !ms.ModTime().Before(vs.ModTime())
 }

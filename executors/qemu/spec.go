@@ -49,11 +49,16 @@ var (
 	ErrExited = errors.New("qemu: process exited")
 	// ErrMigration: a migration (save or restore of the device state) failed.
 	ErrMigration = errors.New("qemu: migration failed")
+	// ErrSnapshotExists: Hibernate was given the name of a snapshot older than the
+	// running VM (names must not be reused while a snapshot of that name exists).
+	ErrSnapshotExists = errors.New("qemu: snapshot name already taken")
 )
 
 // Spec describes one VM. RunDir holds everything of the running VM (RAM file,
-// sockets, logs, pid file); StoreDir is the snapshot store. RunDir and StoreDir must
-// be on the same filesystem for clones to be reflinks; elsewhere they are copies.
+// sockets, logs, pid file, vm.json) and belongs to the driver: Boot, Clone and Wake
+// clear it, Hibernate and Destroy remove it. StoreDir is the snapshot store. RunDir
+// and StoreDir must be on the same filesystem for clones to be reflinks; elsewhere
+// they are copies. Socket paths must fit a unix socket (about 95 bytes of RunDir).
 //
 // Cold boots (Boot, Golden) use MemoryMiB, CPUs, Kernel, Initrd, Append and Disk.
 // Restores (Clone, Wake) take all of these from the snapshot's meta.json instead,

@@ -454,6 +454,14 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 		}
 		t.Logf("gen %d: counter %d -> %d, uptime %v -> %v", gen, before.Counter, after.Counter, before.Since, after.Since)
 		before = after
+		// The snapshot still exists and the VM was woken from it: hibernating
+		// under the same name must refuse rather than take it for done.
+		if _, err := d.Hibernate(ctx, spec, name); !errors.Is(err, ErrSnapshotExists) {
+			t.Fatalf("gen %d: Hibernate onto the snapshot it was woken from = %v", gen, err)
+		}
+		if st, err := d.Status(ctx, spec); err != nil || st != "running" {
+			t.Fatalf("gen %d: after refused hibernate: %q, %v", gen, st, err)
+		}
 		if err := os.RemoveAll(snap); err != nil {
 			t.Fatal(err)
 		}
