@@ -23,9 +23,15 @@ func (s *State) Check() error {
 	live := 0
 	tenantLive := map[string]int{}
 	poolVMs, poolRefill, poolLive := map[PoolKey]int{}, map[PoolKey]int{}, map[PoolKey]int{}
-	timers := map[timerKey]int64{}
-	purge := map[timerKey]int64{}
-	vmOwner := map[string]string{}
+	// Expected timers are checked in place against the heap's index, and
+	// counted; the counts must then equal the heaps' sizes.
+	nTimers, nPurge := 0, 0
+	checkTimer := func(h *timerHeap, k timerKey, at int64) {
+		t, ok := h.index[k]
+		if !ok || t.at != at || t.idx >= len(h.items) || h.items[t.idx] != t {
+			fail("timer %v: armed %v, want at %d", k, ok, at)
+		}
+	}
 
 	for id, v := range s.vms { //fsm:unordered verification only; errors.Join order is not state
 		vmCount[v.Status]++
@@ -48,14 +54,6 @@ func (s *State) Check() error {
 			if p := s.pools[v.Key]; p != nil && p.Draining {
 				fail("warm VM %s in draining pool %s", id, v.Key)
 			}
-		case VMClaimed:
-			if c := s.claims[v.Claim]; c == nil || c.Status != ClaimRunning || c.VM != id {
-				fail("claimed VM %s: claim %q is not running on it", id, v.Claim)
-			}
-		case VMHibernated:
-			if c := s.claims[v.Claim]; c == nil || c.Status != ClaimHibernated || c.VM != id {
-				fail("hibernated VM %s: claim %q is not hibernated on it", id, v.Claim)
-			}
 		}
 		if hasIntent(v.Status) == (v.Op == [16]byte{}) {
 			fail("VM %s (%s): op %s", id, v.Status, v.Op)
@@ -67,30 +65,34 @@ func (s *State) Check() error {
 
 	for id, c := range s.claims { //fsm:unordered verification only
 		claimCount[c.Status]++
+		for _, k := range claimTimerKinds {
+			if at, on := s.claimTimer(c, k); on {
+				checkTimer(&s.timers, timerKey{kind: k, id: id}, at)
+				nTimers++
+			}
+		}
 		if !c.Status.Live() {
-			purge[timerKey{kind: tPurge, id: id}] = c.Ended + ClaimRetentionNS
+			checkTimer(&s.purge, timerKey{kind: tPurge, id: id}, c.Ended+ClaimRetentionNS)
+			nPurge++
 			continue
 		}
 		live++
 		tenantLive[c.Tenant]++
 		poolLive[c.Key]++
-		if other, dup := vmOwner[c.VM]; dup {
-			fail("VM %s is in claims %s and %s", c.VM, other, id)
-		}
-		vmOwner[c.VM] = id
-		want := map[ClaimStatus]VMStatus{ClaimPending: VMCloning, ClaimRunning: VMClaimed, ClaimHibernating: VMHibernating,
-			ClaimHibernated: VMHibernated, ClaimWaking: VMWaking}[c.Status]
+		// v.Claim names one claim, so requiring v.Claim == id for every
+		// live claim also proves no VM serves two.
+		want := claimVMStatus[c.Status]
 		if v := s.vms[c.VM]; v == nil || v.Status != want || v.Claim != id {
 			fail("claim %s (%s): VM %s is not %s for it", id, c.Status, c.VM, want)
 		}
-		if c.Status == ClaimPending {
-			timers[timerKey{kind: tServe, id: id}] = c.ServeBy
-		} else {
-			timers[timerKey{kind: tTTL, id: id}] = c.Deadline
-		}
-		if p := s.pools[c.Key]; c.Status == ClaimRunning && p != nil && p.Spec.IdleHibernateSeconds > 0 {
-			timers[timerKey{kind: tIdle, id: id}] = c.LastActivity + p.Spec.IdleHibernateSeconds*second
-		}
+	}
+	// Each running (hibernated) claim's VM was checked to be claimed
+	// (hibernated) with v.Claim naming it, which maps those claims one to
+	// one into such VMs; equal counts make it onto, so no claimed or
+	// hibernated VM is without its claim.
+	if claimCount[ClaimRunning] != vmCount[VMClaimed] || claimCount[ClaimHibernated] != vmCount[VMHibernated] {
+		fail("%d running claims for %d claimed VMs, %d hibernated claims for %d hibernated VMs",
+			claimCount[ClaimRunning], vmCount[VMClaimed], claimCount[ClaimHibernated], vmCount[VMHibernated])
 	}
 	if claimCount != s.claimCount || live != s.live {
 		fail("claim counters %v/%d, records say %v/%d", s.claimCount, s.live, claimCount, live)
@@ -128,10 +130,12 @@ func (s *State) Check() error {
 			fail("pool %s: refill index %v, want %v", k, need, want)
 		}
 		if p.ParkedUntil != 0 {
-			timers[timerKey{kind: tPark, pool: k}] = p.ParkedUntil
+			checkTimer(&s.timers, poolTimer(tPark, k), p.ParkedUntil)
+			nTimers++
 		}
-		if g := s.goldens[k]; g != nil && g.Status == GoldenBroken && !p.Draining {
-			timers[timerKey{kind: tGolden, pool: k}] = g.RetryAt
+		if at, on := s.goldenTimer(k); on {
+			checkTimer(&s.timers, poolTimer(tGolden, k), at)
+			nTimers++
 		}
 	}
 	if len(onStack) != vmCount[VMWarm] {
@@ -150,28 +154,32 @@ func (s *State) Check() error {
 		fail("pending golden index has unknown keys")
 	}
 	if s.nodeParkUntil != 0 {
-		timers[timerKey{kind: tPark, id: "*"}] = s.nodeParkUntil
+		checkTimer(&s.timers, timerKey{kind: tPark, id: "*"}, s.nodeParkUntil)
+		nTimers++
 	}
-	checkHeap := func(name string, h *timerHeap, want map[timerKey]int64) {
-		if len(h.items) != len(want) || len(h.index) != len(want) {
-			fail("%s: %d armed (%d indexed), records imply %d", name, len(h.items), len(h.index), len(want))
+	checkHeap := func(name string, h *timerHeap, want int) {
+		if len(h.items) != want || len(h.index) != want {
+			fail("%s: %d armed (%d indexed), records imply %d", name, len(h.items), len(h.index), want)
 		}
+		// Every expected timer was found through the index at its
+		// position; with equal counts, no entry is stray.
 		for i, t := range h.items {
-			if t.idx != i || h.index[t.key] != t {
+			if t.idx != i {
 				fail("%s: entry %d mis-indexed", name, i)
 			}
 			if i > 0 && timerLess(t, h.items[(i-1)/2]) {
 				fail("%s: heap order broken at %d", name, i)
 			}
-			if at, ok := want[t.key]; !ok || at != t.at {
-				fail("%s: %v armed at %d, records imply %d (%v)", name, t.key, t.at, at, ok)
-			}
 		}
 	}
-	checkHeap("timers", &s.timers, timers)
-	checkHeap("purge", &s.purge, purge)
+	checkHeap("timers", &s.timers, nTimers)
+	checkHeap("purge", &s.purge, nPurge)
 	return errors.Join(errs...)
 }
+
+// claimVMStatus is the status a live claim's VM must be in.
+var claimVMStatus = [numClaimStatus]VMStatus{ClaimPending: VMCloning, ClaimRunning: VMClaimed, ClaimHibernating: VMHibernating,
+	ClaimHibernated: VMHibernated, ClaimWaking: VMWaking}
 
 func (s *State) vmCountWithIntent() int {
 	return s.vmCount[VMCloning] + s.vmCount[VMHibernating] + s.vmCount[VMWaking] + s.vmCount[VMDestroying]

@@ -513,14 +513,20 @@ func (d *decider) tick() error {
 				}
 			}
 		case tGolden:
-			g, p := s.goldens[t.key.pool], s.pools[t.key.pool]
-			if g != nil && g.Status == GoldenBroken && p != nil && !p.Draining {
-				d.emit(event.GoldenBuildRequested{Key: t.key.pool, Reason: "retry"}, t.key.pool.String())
+			k, err := event.ParsePoolKey(t.key.id)
+			if err != nil {
+				return fmt.Errorf("fsm: golden timer %q: %w", t.key.id, err)
+			}
+			if _, due := s.goldenTimer(k); due {
+				d.emit(event.GoldenBuildRequested{Key: k, Reason: "retry"}, t.key.id)
 			}
 		case tPark:
 			var k *PoolKey
 			if t.key.id != "*" {
-				pk := t.key.pool
+				pk, err := event.ParsePoolKey(t.key.id)
+				if err != nil {
+					return fmt.Errorf("fsm: park timer %q: %w", t.key.id, err)
+				}
 				k = &pk
 			}
 			d.emit(event.PoolUnparked{Key: k}, event.ParkAggID(k))

@@ -218,8 +218,10 @@ func Decode(b []byte) (*State, error) {
 		d.check(g.Status >= GoldenBuilding && g.Status <= GoldenBroken && s.goldens[g.Key] == nil, "golden %s", g.Key)
 		s.goldens[g.Key] = g
 	}
-	for range d.count() {
-		v := &VMRec{ID: d.str(), Key: d.key(), Node: d.str(), Instance: d.str(), RunDir: d.str()}
+	nVMs := d.count()
+	s.vms = make(map[string]*VMRec, nVMs)
+	for range nVMs {
+		v := &VMRec{ID: d.str(), Key: d.key(), Node: d.istr(), Instance: d.istr(), RunDir: d.str()}
 		v.Status = VMStatus(d.u())
 		v.Claim = d.str()
 		v.Cold = d.bool()
@@ -230,8 +232,13 @@ func Decode(b []byte) (*State, error) {
 		d.check(v.Status >= VMCloning && v.Status < VMGone && s.vms[v.ID] == nil, "VM %s", v.ID)
 		s.vms[v.ID] = v
 	}
-	for range d.count() {
-		c := &ClaimRec{ID: d.str(), Key: d.key(), VM: d.str(), Tenant: d.str(), ClaimRef: d.str()}
+	nClaims := d.count()
+	s.claims = make(map[string]*ClaimRec, nClaims)
+	for range nClaims {
+		c := &ClaimRec{ID: d.str(), Key: d.key(), VM: d.vmID(s.vms), Tenant: d.istr(), ClaimRef: d.str()}
+		if v := s.vms[c.VM]; v != nil && v.Claim == c.ID {
+			v.Claim = c.ID // share the string
+		}
 		if n := d.count(); n > 0 {
 			c.Metadata = make(map[string]string, n)
 			for range n {
@@ -248,7 +255,7 @@ func Decode(b []byte) (*State, error) {
 		c.Created = d.i()
 		c.LastActivity = d.i()
 		c.Ended = d.i()
-		c.Reason = d.str()
+		c.Reason = d.istr()
 		d.check(c.Tier >= TierWarm && c.Tier <= TierCold && c.Status >= ClaimPending && c.Status < numClaimStatus && s.claims[c.ID] == nil, "claim %s", c.ID)
 		s.claims[c.ID] = c
 	}
@@ -270,10 +277,13 @@ func Decode(b []byte) (*State, error) {
 }
 
 // rebuild derives every index from the records and checks that they agree
-// with each other (each warm id is a warm VM of its pool, exactly once).
+// with each other (each warm id is a warm VM of its pool, exactly once). The
+// order of map iteration only affects the heap's array layout, which nothing
+// observes.
 func (s *State) rebuild() error {
-	for _, id := range sortedKeys(s.vms) {
-		v := s.vms[id]
+	s.timers.index = make(map[timerKey]*timer, len(s.claims)+len(s.pools))
+	s.timers.items = make([]*timer, 0, len(s.claims)+len(s.pools))
+	for id, v := range s.vms { //fsm:unordered counters and sets only
 		s.vmCount[v.Status]++
 		if hasIntent(v.Status) {
 			s.pendingVMs[id] = struct{}{}
@@ -285,50 +295,83 @@ func (s *State) rebuild() error {
 			}
 		}
 	}
-	onStack := map[string]bool{}
-	for _, k := range sortedPoolKeys(s.pools) {
-		for _, id := range s.pools[k].warm {
+	onStack := 0
+	for k, p := range s.pools { //fsm:unordered checks only
+		for _, id := range p.warm {
 			v := s.vms[id]
-			if v == nil || v.Status != VMWarm || v.Key != k || onStack[id] {
+			if v == nil || v.Status != VMWarm || v.Key != k {
 				return fmt.Errorf("%w: warm stack of %s holds %s", ErrStateCorrupt, k, id)
 			}
-			onStack[id] = true
+			onStack++
 		}
 	}
-	if len(onStack) != s.vmCount[VMWarm] {
-		return fmt.Errorf("%w: %d warm VMs, %d on warm stacks", ErrStateCorrupt, s.vmCount[VMWarm], len(onStack))
+	if onStack != s.vmCount[VMWarm] {
+		return fmt.Errorf("%w: %d warm VMs, %d on warm stacks", ErrStateCorrupt, s.vmCount[VMWarm], onStack)
 	}
-	for _, k := range sortedPoolKeys(s.goldens) {
-		if s.goldens[k].Status == GoldenBuilding {
+	for k, g := range s.goldens { //fsm:unordered set only
+		if g.Status == GoldenBuilding {
 			s.pendingGoldens[k] = struct{}{}
 		}
 	}
-	for _, id := range sortedKeys(s.claims) {
-		c := s.claims[id]
+	for _, c := range s.claims { //fsm:unordered counters and heap pushes; heapify below
 		s.claimCount[c.Status]++
 		if c.Status.Live() {
 			s.liveDelta(c, 1)
 		} else {
-			s.purge.set(timerKey{kind: tPurge, id: c.ID}, c.Ended+ClaimRetentionNS)
+			s.purge.push(timerKey{kind: tPurge, id: c.ID}, c.Ended+ClaimRetentionNS)
 		}
-		s.syncClaimTimers(c)
+		for _, k := range claimTimerKinds {
+			if at, on := s.claimTimer(c, k); on {
+				s.timers.push(timerKey{kind: k, id: c.ID}, at)
+			}
+		}
 	}
-	for _, k := range sortedPoolKeys(s.pools) {
-		if p := s.pools[k]; p.ParkedUntil != 0 {
-			s.timers.set(timerKey{kind: tPark, pool: k}, p.ParkedUntil)
+	for k, p := range s.pools { //fsm:unordered heap pushes and sets; heapify below
+		if p.ParkedUntil != 0 {
+			s.timers.push(poolTimer(tPark, k), p.ParkedUntil)
 		}
-		s.syncGoldenTimer(k)
+		if at, on := s.goldenTimer(k); on {
+			s.timers.push(poolTimer(tGolden, k), at)
+		}
 		s.syncRefill(k)
 	}
 	if s.nodeParkUntil != 0 {
-		s.timers.set(timerKey{kind: tPark, id: "*"}, s.nodeParkUntil)
+		s.timers.push(timerKey{kind: tPark, id: "*"}, s.nodeParkUntil)
 	}
+	s.timers.heapify()
+	s.purge.heapify()
 	return nil
 }
 
 type sdec struct {
 	b   []byte
 	err error
+	// interned holds the strings that repeat across records (pool keys,
+	// node, instance, tenants, reasons), so a decoded state shares them.
+	interned map[string]string
+}
+
+// istr reads a string, sharing one copy per distinct value. The lookup
+// string(b) does not allocate.
+func (d *sdec) istr() string {
+	n := d.u()
+	if n > uint64(len(d.b)) {
+		d.fail("string of %d bytes, %d left", n, len(d.b))
+		return ""
+	}
+	raw := d.b[:n]
+	d.b = d.b[n:]
+	if s, ok := d.interned[string(raw)]; ok {
+		return s
+	}
+	s := string(raw)
+	if d.interned == nil {
+		d.interned = map[string]string{}
+	}
+	if len(d.interned) < 1<<16 {
+		d.interned[s] = s
+	}
+	return s
 }
 
 func (d *sdec) fail(format string, args ...any) {
@@ -386,6 +429,21 @@ func (d *sdec) str() string {
 	return s
 }
 
+// vmID reads a VM id, sharing the record's copy when the VM exists.
+func (d *sdec) vmID(vms map[string]*VMRec) string {
+	n := d.u()
+	if n > uint64(len(d.b)) {
+		d.fail("string of %d bytes, %d left", n, len(d.b))
+		return ""
+	}
+	raw := d.b[:n]
+	d.b = d.b[n:]
+	if v, ok := vms[string(raw)]; ok {
+		return v.ID
+	}
+	return string(raw)
+}
+
 func (d *sdec) bool() bool {
 	if len(d.b) < 1 || d.b[0] > 1 {
 		d.fail("bad bool")
@@ -408,5 +466,5 @@ func (d *sdec) op() event.OpID {
 }
 
 func (d *sdec) key() PoolKey {
-	return PoolKey{Template: d.str(), Net: d.str(), Size: d.str()}
+	return PoolKey{Template: d.istr(), Net: d.istr(), Size: d.istr()}
 }

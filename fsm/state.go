@@ -229,23 +229,42 @@ func (s *State) dropClaim(c *ClaimRec) {
 	if c.Status.Live() {
 		s.liveDelta(c, -1)
 	}
-	for _, k := range []timerKind{tServe, tTTL, tIdle} {
+	for _, k := range claimTimerKinds {
 		s.timers.remove(timerKey{kind: k, id: c.ID})
 	}
 	s.purge.remove(timerKey{kind: tPurge, id: c.ID})
 	delete(s.claims, c.ID)
 }
 
+// claimTimerKinds are the timers a claim may have armed.
+var claimTimerKinds = [...]timerKind{tServe, tTTL, tIdle}
+
+// claimTimer returns when c's timer of kind k should fire, and false when
+// c's status arms no such timer. It is the single definition used by Apply,
+// Decode and Check.
+func (s *State) claimTimer(c *ClaimRec, k timerKind) (int64, bool) {
+	switch k {
+	case tServe:
+		return c.ServeBy, c.Status == ClaimPending
+	case tTTL:
+		return c.Deadline, c.Status.Live() && c.Status != ClaimPending
+	case tIdle:
+		if c.Status != ClaimRunning {
+			return 0, false
+		}
+		if p := s.pools[c.Key]; p != nil && p.Spec.IdleHibernateSeconds > 0 {
+			return c.LastActivity + p.Spec.IdleHibernateSeconds*second, true
+		}
+	}
+	return 0, false
+}
+
 // syncClaimTimers arms exactly the timers c's status calls for.
 func (s *State) syncClaimTimers(c *ClaimRec) {
-	s.armIf(timerKey{kind: tServe, id: c.ID}, c.Status == ClaimPending, c.ServeBy)
-	ttl := c.Status.Live() && c.Status != ClaimPending
-	s.armIf(timerKey{kind: tTTL, id: c.ID}, ttl, c.Deadline)
-	idle := int64(0)
-	if p := s.pools[c.Key]; p != nil {
-		idle = p.Spec.IdleHibernateSeconds
+	for _, k := range claimTimerKinds {
+		at, on := s.claimTimer(c, k)
+		s.armIf(timerKey{kind: k, id: c.ID}, on, at)
 	}
-	s.armIf(timerKey{kind: tIdle, id: c.ID}, c.Status == ClaimRunning && idle > 0, c.LastActivity+idle*second)
 }
 
 func (s *State) armIf(k timerKey, on bool, at int64) {
@@ -321,7 +340,7 @@ func (s *State) maybeDropPool(k PoolKey) {
 	}
 	delete(s.pools, k)
 	delete(s.needRefill, k)
-	s.timers.remove(timerKey{kind: tPark, pool: k})
+	s.timers.remove(poolTimer(tPark, k))
 	s.syncGoldenTimer(k)
 }
 
@@ -358,16 +377,20 @@ func (s *State) syncAllRefills() {
 	}
 }
 
+// goldenTimer returns when the failed golden of k is retried, and false
+// when no retry is due (not failed, or its pool is gone or draining).
+func (s *State) goldenTimer(k PoolKey) (int64, bool) {
+	g, p := s.goldens[k], s.pools[k]
+	if g == nil || g.Status != GoldenBroken || p == nil || p.Draining {
+		return 0, false
+	}
+	return g.RetryAt, true
+}
+
 // syncGoldenTimer arms the retry of a failed golden while its pool is active.
 func (s *State) syncGoldenTimer(k PoolKey) {
-	g := s.goldens[k]
-	p := s.pools[k]
-	on := g != nil && g.Status == GoldenBroken && p != nil && !p.Draining
-	at := int64(0)
-	if g != nil {
-		at = g.RetryAt
-	}
-	s.armIf(timerKey{kind: tGolden, pool: k}, on, at)
+	at, on := s.goldenTimer(k)
+	s.armIf(poolTimer(tGolden, k), on, at)
 }
 
 // pushWarm puts v on top of its pool's LIFO stack.

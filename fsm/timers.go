@@ -13,17 +13,20 @@ const (
 	tServe  timerKind = iota + 1 // a pending claim fails (id = claim)
 	tTTL                         // a live claim's lease expires (id = claim)
 	tIdle                        // a running claim hibernates (id = claim)
-	tGolden                      // a failed golden is retried (pool = key)
-	tPark                        // parked refills resume (pool = key, or id "*" for the node)
+	tGolden                      // a failed golden is retried (id = pool key)
+	tPark                        // parked refills resume (id = pool key, or "*" for the node)
 	tPurge                       // an ended claim is forgotten (id = claim; purge heap only)
 )
 
-// timerKey names a timer: at most one per (kind, entity).
+// timerKey names a timer: at most one per (kind, entity). Pool timers use
+// the key's string form as id (they are few; claim timers are many and keep
+// the key small to hash).
 type timerKey struct {
 	kind timerKind
 	id   string
-	pool PoolKey
 }
+
+func poolTimer(kind timerKind, k PoolKey) timerKey { return timerKey{kind: kind, id: k.String()} }
 
 type timer struct {
 	at  int64
@@ -38,10 +41,7 @@ func timerLess(a, b *timer) bool {
 	if a.key.kind != b.key.kind {
 		return a.key.kind < b.key.kind
 	}
-	if a.key.id != b.key.id {
-		return a.key.id < b.key.id
-	}
-	return a.key.pool.Compare(b.key.pool) < 0
+	return a.key.id < b.key.id
 }
 
 func compareTimers(a, b timer) int {
@@ -90,6 +90,24 @@ func (h *timerHeap) set(k timerKey, at int64) {
 	h.items = append(h.items, t)
 	h.index[k] = t
 	h.up(t.idx)
+}
+
+// push arms k without restoring heap order; a batch of pushes ends with
+// heapify. k must not be armed. It is how Decode builds the heap in O(n).
+func (h *timerHeap) push(k timerKey, at int64) {
+	if h.index == nil {
+		h.index = map[timerKey]*timer{}
+	}
+	t := &timer{at: at, key: k, idx: len(h.items)}
+	h.items = append(h.items, t)
+	h.index[k] = t
+}
+
+// heapify restores heap order after pushes.
+func (h *timerHeap) heapify() {
+	for i := len(h.items)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
 }
 
 // remove disarms k if it is armed.
