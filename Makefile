@@ -4,7 +4,7 @@ BIN       := bin
 PKGS      := ./...
 TESTFLAGS ?= -race -timeout 14m
 
-.PHONY: all build test bench lint clean
+.PHONY: all build test bench lint clean guest
 
 all: build
 
@@ -20,6 +20,11 @@ test:
 # rewrites those sections of docs/benchmarks.md. BENCH=name[,name] runs a subset.
 bench:
 	$(GO) run ./bench -out docs/benchmarks.md $(if $(BENCH),-only $(BENCH),)
+
+# guest builds the QEMU test guest (kernel from Debian's cloud kernel package,
+# busybox initramfs with the project's agent), cached by content hash.
+guest:
+	./guest/build.sh
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -17,6 +17,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sbxlog/sbxlog/bench/chbench"
+	"github.com/sbxlog/sbxlog/bench/fsmbench"
+	"github.com/sbxlog/sbxlog/bench/logbench"
+	"github.com/sbxlog/sbxlog/bench/qemubench"
 	"github.com/sbxlog/sbxlog/bench/report"
 )
 
@@ -29,7 +33,12 @@ type section struct {
 // Options are shared by all sections.
 type Options = report.Options
 
-var sections = []section{}
+var sections = []section{
+	{"logbench", logbench.Run},
+	{"fsmbench", fsmbench.Run},
+	{"chbench", chbench.Run},
+	{"qemubench", qemubench.Run},
+}
 
 func main() {
 	out := flag.String("out", "docs/benchmarks.md", "markdown file to splice the figures into (empty: print only)")
