@@ -63,7 +63,8 @@ type Claim struct {
 }
 
 // Refill requests clones to bring pool Key (every pool short of its target
-// when Key is zero) up to its warm target, as RefillsNeeded reports.
+// when Key is zero) up to its warm target, as RefillsNeeded reports, at most
+// MaxRefillBatch per command.
 type Refill struct {
 	Meta
 	Key PoolKey
@@ -81,7 +82,8 @@ type Wake struct {
 	Claim string
 }
 
-// Release ends a claim and destroys its VM.
+// Release ends a live claim and destroys its VM (once any side effect in
+// flight on it settles); releasing an ended claim is a no-op.
 type Release struct {
 	Meta
 	Claim string

@@ -382,9 +382,11 @@ func (d *decider) refill(c *Refill) error {
 	if err := d.needInstance(); err != nil {
 		return err
 	}
+	budget := MaxRefillBatch
 	for _, k := range keys {
-		for range refillDeficit(s.pools[k]) {
+		for range min(refillDeficit(s.pools[k]), budget) {
 			d.cloneRequest(d.newVMID(), k, "", false)
+			budget--
 		}
 	}
 	return nil

@@ -4,38 +4,62 @@
 // The contract:
 //
 //   - Decide(s, cmd) checks a command against the current state and returns
-//     the events that record its outcome, or a *Rejection (typed, with an
-//     HTTP status) and no events. It never changes s. A command that is
-//     already satisfied (release of a released claim, hibernate of a
-//     hibernated one, a Tick with nothing due) returns no events and no error.
+//     the events that record its outcome, or a *Rejection (typed by Code,
+//     with an HTTP status) and no events. It never changes s. A command that
+//     is already satisfied (release of an ended claim, hibernate of a
+//     hibernating or hibernated one, wake of a running or waking one, a Tick
+//     with nothing due) returns no events and no error. Any other error is a
+//     bug, never a property of the input; append failures are the caller's
+//     and never a Rejection.
 //   - Apply(s, ev) folds one event into s, in place. It is deterministic: the
 //     same events in the same order give the same state, byte for byte
-//     (compare Hash). It never fails on events Decide produced from the same
-//     state; it fails only on undecodable or inconsistent events, and then
-//     leaves s unchanged.
-//   - Intents(s) lists the side effects the state asks for (build a golden,
-//     clone, hibernate, wake, destroy), each with the op id its executor keys
-//     its idempotent steps by. It is computed from state alone, so a restarted
-//     daemon recomputes the same intents with the same op ids. NewIntents
-//     gives the intents created by a batch of applied events (an incremental
-//     feed); RefillsNeeded lists pools whose warm target is short, which the
-//     proposer answers with a Refill command.
+//     (compare Hash). It reads neither Seq nor Node, so applying an event
+//     before or after the log sequenced it is the same. It never fails on
+//     events Decide produced from the same state; it fails only on
+//     undecodable or inconsistent events (*ApplyError), and then leaves s
+//     unchanged.
+//   - Intents(s) lists the side effects the state asks for (BuildGolden,
+//     CloneVM, HibernateVM, WakeVM, DestroyVM), each with the op id its
+//     executor keys its idempotent steps by (derived from the request
+//     event's op id, see IntentOp), computed from state alone, so a restarted
+//     daemon recomputes the same intents with the same op ids. Intents costs
+//     O(pending side effects) thanks to an index Apply maintains; NewIntents
+//     is the incremental feed (the intents a just-applied batch created, in
+//     O(batch)). Results come back as commands (VMCloned, HibernateDone...)
+//     whose Meta.Cause is the intent's op id; a result that does not match
+//     the op in flight is refused as a stale InvalidTransition.
+//   - RefillsNeeded(s) lists pools short of their warm target that may
+//     refill now; the proposer answers with a Refill command, which creates
+//     the clone requests (refill clones in flight count toward the target).
+//     Refills are commands rather than side effects of every decision so a
+//     claim's decision stays one event.
+//   - s.NextTimer() says when to send the next Tick. Timers (a pending
+//     claim's serve deadline, a lease, idle hibernation, a failed golden's
+//     retry, parked refills) live in an indexed min-heap, so a Tick costs
+//     O(due timers), and a Tick with nothing due decides nothing.
 //
-// Everything outside the log is stamped by the caller into commands: op ids,
-// claim ids, token generations and the time (Meta.Now; timers are Tick
-// commands carrying the time). VM ids are derived from the command's op id
-// (see VMID), so they are deterministic too. The package has no clock, no
-// randomness, no I/O and no dependence on map order (enforced by
-// purity_test.go).
+// Everything from outside the log is stamped by the caller into commands:
+// op ids, claim ids, token generations and the time (Meta.Now). VM ids are
+// derived from the command's op id (VMID), so they are deterministic too. A
+// VM keeps its id and run dir across hibernate and wake (statuses claimed ->
+// hibernating -> hibernated -> waking -> claimed); its snapshot dir is
+// recorded by Hibernated and removed by its eventual destroy. The package has
+// no clock, no randomness, no I/O and no map-order dependence (enforced by
+// purity_test.go: every range over a map carries an //fsm:unordered marker
+// saying why order cannot reach an output).
 //
-// Cost model: Decide and Apply are O(1) in the number of live claims except
-// where noted (PUT pools re-arms idle timers of claims in pools whose idle
-// setting changed). Timers live in an indexed min-heap, so a Tick costs
-// O(due timers · log n). Intents costs O(pending side effects), never a scan
-// of all VMs or claims.
+// Claims are served by tiers, as the old daemon: warm (the newest warm VM,
+// LIFO, in the same decision), else clone (a pending claim plus an on-demand
+// clone from the ready golden, ahead of refills), else cold (a pending claim
+// served by a cold boot of the template). A pending claim not served by its
+// serve deadline fails with reason "deadline"; a VM that arrives for a claim
+// that ended meanwhile is destroyed. Ended claims stay ClaimRetentionNS, so
+// a second release still answers 204, then are forgotten.
 //
-// Encode/Decode give a versioned, deterministic binary form of State for the
-// op log's snapshots; Decode rebuilds every index (timers, pending intents,
-// counters) from the records, and the warm VMs' LIFO order is part of the
-// encoding.
+// Cost model: Decide and Apply are O(1) in the number of live claims, except
+// that PUT pools re-arms the idle timers of the claims in pools whose idle
+// setting changed (O(claims), rarely). Encode/Decode give a versioned
+// (first byte StateFormatV1), deterministic binary form of State for the op
+// log's snapshots; Decode rebuilds every index and runs Check, and the warm
+// VMs' LIFO order is part of the encoding.
 package fsm

@@ -121,18 +121,22 @@ func Intents(s *State) []Intent {
 	return out
 }
 
-func sortIntents(in []Intent) {
-	slices.SortFunc(in, func(a, b Intent) int {
-		ac, as, ai := a.order()
-		bc, bs, bi := b.order()
-		if c := cmp.Compare(ac, bc); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(as, bs); c != 0 {
-			return c
-		}
-		return cmp.Compare(ai, bi)
-	})
+func sortIntents(in []Intent) { slices.SortFunc(in, CompareIntents) }
+
+// CompareIntents orders intents as Intents lists them: by priority class
+// (on-demand clones for waiting claims, wakes, hibernates, destroys, golden
+// builds, refill clones), then request order, then id. An executor queue
+// that merges batches keeps this order with it.
+func CompareIntents(a, b Intent) int {
+	ac, as, ai := a.order()
+	bc, bs, bi := b.order()
+	if c := cmp.Compare(ac, bc); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(as, bs); c != 0 {
+		return c
+	}
+	return cmp.Compare(ai, bi)
 }
 
 // NewIntents returns the intents created by evs, a batch just applied to s

@@ -84,15 +84,55 @@ func TestRandomized(t *testing.T) {
 				seenMu.Unlock()
 				return
 			}
-			// Shrink: the same seed with every check at every step stops
-			// at the first step whose prefix fails.
-			short := newRun(seed, 1).run(f.step)
-			if short == nil {
-				short = f
-			}
+			short := shrink(seed, f, nil)
 			t.Fatalf("seed %d fails; shortest failing prefix: %d steps (reproduce: SBX_FSM_SEEDS=%d SBX_FSM_STEPS=%d go test ./fsm -run TestRandomized)\n%v\nlast commands:\n%s",
 				seed, short.step, seed, short.step, short.err, strings.Join(short.tail, "\n"))
 		})
+	}
+}
+
+// shrink re-runs a failed seed with every check at every step: it stops at
+// the first step whose prefix fails, the shortest failing prefix.
+func shrink(seed uint64, f *failure, extra func(*fsm.State) error) *failure {
+	r := newRun(seed, 1)
+	r.extra = extra
+	if short := r.run(f.step); short != nil {
+		return short
+	}
+	return f
+}
+
+// The shrinker finds the first failing step even when the failure is only
+// noticed at a later cadence check.
+func TestRandomizedShrinks(t *testing.T) {
+	first := 0
+	extra := func(s *fsm.State) error {
+		if s.LiveClaims() >= 6 {
+			return fmt.Errorf("%d live claims", s.LiveClaims())
+		}
+		return nil
+	}
+	// The reference: the first step after which the property fails.
+	ref := newRun(3, 1)
+	for i := 1; i <= 3000 && first == 0; i++ {
+		if err := ref.step(i); err != nil {
+			t.Fatal(err)
+		}
+		if extra(ref.live) != nil {
+			first = i
+		}
+	}
+	if first == 0 {
+		t.Fatal("the property never failed; pick another")
+	}
+	r := newRun(3, 100)
+	r.extra = extra
+	f := r.run(3000)
+	if f == nil || f.step <= first || f.step%100 != 0 {
+		t.Fatalf("cadence run: %+v, want a failure after step %d at a cadence step", f, first)
+	}
+	if short := shrink(3, f, extra); short.step != first || len(short.tail) == 0 {
+		t.Fatalf("shrunk to %d steps, want %d", short.step, first)
 	}
 }
 
@@ -108,6 +148,9 @@ type snap struct {
 }
 
 type run struct {
+	// extra is an additional invariant checked with the replay checks
+	// (every cadence steps); the shrink test uses it.
+	extra     func(*fsm.State) error
 	seed      uint64
 	cadence   int
 	sim       *fsmsim.Sim
@@ -328,6 +371,11 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 }
 
 func (r *run) replayCheck(full bool) error {
+	if r.extra != nil {
+		if err := r.extra(r.live); err != nil {
+			return err
+		}
+	}
 	want := fsm.Hash(r.live)
 	if got := fsm.Hash(r.replica); got != want {
 		return fmt.Errorf("replica of the log records hashes %x, live %x", got, want)

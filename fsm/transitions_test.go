@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -588,6 +589,7 @@ func TestRejections(t *testing.T) {
 		{"pools: warm_max below warm", ConfigurePools{Meta: h.meta(), Pools: []PoolSpec{{PoolKey: kA, Warm: 3, WarmMax: 2}}}, Invalid},
 		{"pools: negative idle", ConfigurePools{Meta: h.meta(), Pools: []PoolSpec{{PoolKey: kA, IdleHibernateSeconds: -1}}}, Invalid},
 		{"pools: too many", ConfigurePools{Meta: h.meta(), Pools: make([]PoolSpec, MaxPools+1)}, Invalid},
+		{"pools: too many warm in all", ConfigurePools{Meta: h.meta(), Pools: manyPools(11, MaxWarm)}, Invalid},
 		{"limits: negative", ConfigureLimits{Meta: h.meta(), MaxClaims: -1}, Invalid},
 		{"limits: empty tenant", ConfigureLimits{Meta: h.meta(), TenantCaps: map[string]int{"": 1}}, Invalid},
 		{"limits: negative cap", ConfigureLimits{Meta: h.meta(), TenantCaps: map[string]int{"a": -1}}, Invalid},
@@ -678,4 +680,36 @@ func TestRejectionStatusAndSentinels(t *testing.T) {
 	if !errors.Is(err, ErrNotFound) || errors.Is(err, ErrTooMany) || err.Error() != "not_found: x" {
 		t.Fatalf("sentinels: %v", err)
 	}
+}
+
+// A large deficit is requested in batches of MaxRefillBatch.
+func TestRefillBatches(t *testing.T) {
+	h := newHarness(t)
+	h.node()
+	h.pools(PoolSpec{PoolKey: kA, Warm: MaxRefillBatch + 10})
+	h.goldenReady(kA)
+	evs, err := Decide(h.s, Refill{Meta: h.meta()})
+	if err != nil || len(evs) != MaxRefillBatch {
+		t.Fatalf("%d events, %v", len(evs), err)
+	}
+	for i := range evs {
+		if err := Apply(h.s, &evs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(RefillsNeeded(h.s), []PoolKey{kA}) {
+		t.Fatal("pool still short is not listed")
+	}
+	evs, _ = Decide(h.s, Refill{Meta: h.meta(), Key: kA})
+	if len(evs) != 10 {
+		t.Fatalf("second batch %d", len(evs))
+	}
+}
+
+func manyPools(n, warm int) []PoolSpec {
+	var out []PoolSpec
+	for i := range n {
+		out = append(out, PoolSpec{PoolKey: PoolKey{Template: fmt.Sprint("t", i), Net: "none", Size: "small"}, Warm: warm})
+	}
+	return out
 }

@@ -37,16 +37,22 @@ const (
 // Bounds on inputs, so a client cannot grow the log or the state without
 // bound. They match the HTTP API's own checks.
 const (
-	MaxPools          = 256
-	MaxWarm           = 10000
-	MaxIdleSeconds    = 30 * 86400
-	MaxClaimRef       = 256
-	MaxMetadataKeys   = 32
-	MaxMetadataKey    = 64
-	MaxMetadataValue  = 1024
-	MaxTenant         = 128
-	MaxErrorText      = 4096
-	MaxServeTimeout   = 3600
+	MaxPools = 256
+	MaxWarm  = 10000
+	// MaxTotalWarm bounds warm_max over all pools, which bounds the events
+	// of one PUT pools (its drains and trims) well under an append's limit.
+	MaxTotalWarm     = 100_000
+	MaxIdleSeconds   = 30 * 86400
+	MaxClaimRef      = 256
+	MaxMetadataKeys  = 32
+	MaxMetadataKey   = 64
+	MaxMetadataValue = 1024
+	MaxTenant        = 128
+	MaxErrorText     = 4096
+	MaxServeTimeout  = 3600
+	// MaxRefillBatch bounds the clones one Refill requests; a pool still
+	// short stays in RefillsNeeded for the next Refill.
+	MaxRefillBatch    = 512
 	maxIDLen          = 64
 	maxSnapshotDirLen = 1024
 )

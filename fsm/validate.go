@@ -112,6 +112,7 @@ func normSpecs(in []PoolSpec) ([]PoolSpec, error) {
 	}
 	out := make([]PoolSpec, len(in))
 	seen := make(map[PoolKey]bool, len(in))
+	total := 0
 	for i, p := range in {
 		if err := ValidKey(p.PoolKey); err != nil {
 			return nil, err
@@ -133,7 +134,11 @@ func normSpecs(in []PoolSpec) ([]PoolSpec, error) {
 		if p.WarmMax == 0 {
 			p.WarmMax = p.Warm
 		}
+		total += p.WarmMax
 		out[i] = p
+	}
+	if total > MaxTotalWarm {
+		return nil, reject(Invalid, "pools hold up to %d warm VMs in all, at most %d", total, MaxTotalWarm)
 	}
 	sortSpecs(out)
 	return out, nil
