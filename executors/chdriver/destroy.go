@@ -1,0 +1,63 @@
+package chdriver
+
+import (
+	"context"
+
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/vmm"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// Destroy implements executors.Driver. Every step tolerates what is already
+// gone, so a re-run after a crash finishes the job.
+func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
+	if in.Instance != "" && in.Instance != d.instance {
+		return executors.Result{}, executors.Unrecoverablef("destroy %s: VM belongs to instance %q, not %q; not touching it", in.VM, in.Instance, d.instance)
+	}
+	runDir, err := d.vmRunDir(in.RunDir)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	var snap string
+	if in.SnapshotDir != "" {
+		if snap, err = d.hibernateSnapshot(in.SnapshotDir); err != nil {
+			return executors.Result{}, err
+		}
+	}
+	egress := in.Key.Net == NetEgress
+	r := d.begin(ctx, RecipeDestroy, in.OpID, runDir)
+	var proc *vmm.Process
+	if err := r.step(StepAdopt, func() error {
+		var err error
+		proc, err = d.attach(r.ctx, runDir, in.VM)
+		if proc != nil {
+			return nil // unresponsive is fine: Terminate escalates to signals
+		}
+		return err
+	}); err != nil {
+		return executors.Result{}, err
+	}
+	if proc != nil {
+		api := d.api(runDir)
+		if err := r.step(StepShutdown, func() error { return ignoreStopped(api.Shutdown(r.ctx)) }); err != nil {
+			return executors.Result{}, err
+		}
+		if err := r.step(StepTerminate, func() error { return d.terminate(r.ctx, runDir, proc) }); err != nil {
+			return executors.Result{}, err
+		}
+	}
+	if egress {
+		if err := r.step(StepTapDelete, func() error { return d.taps.Delete(TapName(in.VM)) }); err != nil {
+			return executors.Result{}, err
+		}
+	}
+	if err := r.step(StepRemoveRun, func() error { return d.fs.RemoveAll(runDir) }); err != nil {
+		return executors.Result{}, err
+	}
+	if snap != "" {
+		if err := r.step(StepRemoveSnapshot, func() error { return d.fs.RemoveAll(snap) }); err != nil {
+			return executors.Result{}, err
+		}
+	}
+	return r.result(""), nil
+}

@@ -1,0 +1,389 @@
+package chdriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/tap"
+	"github.com/sbxlog/sbxlog/executors/templates"
+	"github.com/sbxlog/sbxlog/executors/vmm"
+)
+
+// Hypervisor says which VMM binary the driver runs. It only matters for
+// template synthesis (chsim) and is recorded in snapshot metadata.
+type Hypervisor string
+
+// Hypervisors.
+const (
+	CloudHypervisor Hypervisor = "cloud-hypervisor"
+	CHSim           Hypervisor = "chsim"
+)
+
+// Taps creates and deletes the taps of egress VMs (package tap by default).
+type Taps interface {
+	Create(name, bridge string) error
+	Delete(name string) error
+}
+
+type netlinkTaps struct{}
+
+func (netlinkTaps) Create(name, bridge string) error { return tap.Create(name, bridge) }
+func (netlinkTaps) Delete(name string) error         { return tap.Delete(name) }
+
+// Balloon tunes the wait for the balloon to settle before a pause.
+type Balloon struct {
+	// Poll is the vm.info interval (default 100 ms).
+	Poll time.Duration
+	// Stall gives up after this long without memory_actual_size moving
+	// (default 2 s).
+	Stall time.Duration
+	// Max gives up after this long in all (default 60 s).
+	Max time.Duration
+}
+
+// Config configures a Driver. Zero values take the defaults named per field.
+type Config struct {
+	Roots executors.Roots
+	// Instance is this daemon's instance id: every run dir the driver acts
+	// on must start with it, and destroys of another instance's VMs are
+	// refused.
+	Instance string
+	// VMM is the absolute path of cloud-hypervisor or chsim.
+	VMM        string
+	Hypervisor Hypervisor
+	// VMMEnv is added to every VMM's environment (SBX_CHSIM_* for chsim).
+	VMMEnv []string
+	// CgroupSlice puts each VMM into <slice>/vm-<id>.scope (vmm package);
+	// empty: no scope.
+	CgroupSlice string
+	// RestoreMode is vm.restore's memory mode for clones and wakes (default
+	// CopyOnWrite); VMs with shared or hugepage memory are restored Copy.
+	RestoreMode ch.MemoryRestoreMode
+	// AgentPort is the guest agent's vsock port the readiness probe
+	// connects to (default 1024).
+	AgentPort uint32
+	// Sizes maps pool sizes to resources (default templates.DefaultSizes).
+	Sizes templates.Sizes
+	// Synth shapes synthesized chsim templates.
+	Synth templates.SynthOptions
+	// Bridge is the bridge egress taps attach to (required for egress pools).
+	Bridge string
+	// Taps defaults to netlink taps (package tap).
+	Taps Taps
+	// FS performs every filesystem side effect (default fsx.NewOS(Log)).
+	FS fsx.FS
+	// NewAPI returns the API client of a VMM socket (default ch.New).
+	NewAPI func(socket string) API
+	// Now is the clock for step timings, balloon waits and metadata
+	// (default time.Now).
+	Now func() time.Time
+
+	// ReadyTimeout bounds the readiness probe after a restore (default 30 s).
+	ReadyTimeout time.Duration
+	// BootTimeout bounds the readiness probe after a cold boot (default 2 min).
+	BootTimeout time.Duration
+	// LaunchTimeout bounds a VMM's first vmm.ping (default vmm's 10 s).
+	LaunchTimeout time.Duration
+	// StopGrace is the grace of each of vmm.shutdown, SIGTERM, SIGKILL
+	// (default 5 s).
+	StopGrace time.Duration
+	Balloon   Balloon
+	// Warmup, if set, runs in a golden build after readiness and before the
+	// balloon settles (e.g. to fill the page cache through the agent).
+	Warmup func(ctx context.Context, vsockSocket string) error
+	// StepHook, if set, is called before every step and every rollback
+	// action; an error fails the step (or skips the action) as if the step
+	// itself had failed. Tests use it to crash recipes at chosen steps.
+	StepHook func(ctx context.Context, s StepCall) error
+
+	Log zerolog.Logger
+}
+
+// Driver is the CH executors.Driver.
+type Driver struct {
+	roots    executors.Roots
+	instance string
+	vmmBin   string
+	hv       Hypervisor
+	env      []string
+	slice    string
+	mode     ch.MemoryRestoreMode
+	port     uint32
+	sizes    templates.Sizes
+	synth    templates.SynthOptions
+	bridge   string
+	taps     Taps
+	fs       fsx.FS
+	newAPI   func(string) API
+	now      func() time.Time
+	readyTO  time.Duration
+	bootTO   time.Duration
+	launchTO time.Duration
+	grace    time.Duration
+	balloon  Balloon
+	warmup   func(context.Context, string) error
+	hook     func(context.Context, StepCall) error
+	log      zerolog.Logger
+
+	mu    sync.Mutex
+	procs map[string]*vmm.Process // by run dir: VMMs this driver launched or adopted
+}
+
+var _ executors.Driver = (*Driver)(nil)
+
+// New checks cfg and returns a Driver. Call Prepare once before the first
+// recipe.
+func New(cfg Config) (*Driver, error) {
+	if err := cfg.Roots.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Instance == "" || strings.ContainsAny(cfg.Instance, "/\x00") || cfg.Instance == "." || cfg.Instance == ".." {
+		return nil, fmt.Errorf("chdriver: instance id %q cannot name a directory", cfg.Instance)
+	}
+	if cfg.VMM == "" || !filepath.IsAbs(cfg.VMM) {
+		return nil, fmt.Errorf("chdriver: VMM binary %q is not an absolute path", cfg.VMM)
+	}
+	switch cfg.Hypervisor {
+	case CloudHypervisor, CHSim:
+	case "":
+		cfg.Hypervisor = CloudHypervisor
+		if filepath.Base(cfg.VMM) == "chsim" {
+			cfg.Hypervisor = CHSim
+		}
+	default:
+		return nil, fmt.Errorf("chdriver: hypervisor %q: want %s or %s", cfg.Hypervisor, CloudHypervisor, CHSim)
+	}
+	switch cfg.RestoreMode {
+	case "":
+		cfg.RestoreMode = ch.RestoreCopyOnWrite
+	case ch.RestoreCopyOnWrite, ch.RestoreOnDemand, ch.RestoreCopy:
+	default:
+		return nil, fmt.Errorf("chdriver: restore mode %q: want CopyOnWrite, OnDemand or Copy", cfg.RestoreMode)
+	}
+	d := &Driver{
+		roots: cfg.Roots, instance: cfg.Instance, vmmBin: cfg.VMM, hv: cfg.Hypervisor,
+		env: cfg.VMMEnv, slice: cfg.CgroupSlice, mode: cfg.RestoreMode,
+		port: cfg.AgentPort, sizes: cfg.Sizes, synth: cfg.Synth, bridge: cfg.Bridge,
+		taps: cfg.Taps, fs: cfg.FS, newAPI: cfg.NewAPI, now: cfg.Now,
+		readyTO: cfg.ReadyTimeout, bootTO: cfg.BootTimeout, launchTO: cfg.LaunchTimeout,
+		grace: cfg.StopGrace, balloon: cfg.Balloon, warmup: cfg.Warmup, hook: cfg.StepHook,
+		log:   cfg.Log.With().Str("component", "chdriver").Logger(),
+		procs: make(map[string]*vmm.Process),
+	}
+	if d.port == 0 {
+		d.port = 1024
+	}
+	if d.sizes == nil {
+		d.sizes = templates.DefaultSizes
+	}
+	if d.taps == nil {
+		d.taps = netlinkTaps{}
+	}
+	if d.fs == nil {
+		d.fs = fsx.NewOS(cfg.Log)
+	}
+	if d.newAPI == nil {
+		d.newAPI = func(s string) API { return ch.New(s) }
+	}
+	if d.now == nil {
+		d.now = time.Now
+	}
+	if d.readyTO <= 0 {
+		d.readyTO = 30 * time.Second
+	}
+	if d.bootTO <= 0 {
+		d.bootTO = 2 * time.Minute
+	}
+	if d.grace <= 0 {
+		d.grace = 5 * time.Second
+	}
+	if d.balloon.Poll <= 0 {
+		d.balloon.Poll = 100 * time.Millisecond
+	}
+	if d.balloon.Stall <= 0 {
+		d.balloon.Stall = 2 * time.Second
+	}
+	if d.balloon.Max <= 0 {
+		d.balloon.Max = 60 * time.Second
+	}
+	return d, nil
+}
+
+// Store subdirectories.
+const (
+	goldenDir    = "golden"
+	hibernateDir = "hibernate"
+)
+
+// PrepareReport says what Prepare found.
+type PrepareReport struct {
+	// CopyMode is how disks clone in the store: fsx.Reflink or fsx.Copy.
+	CopyMode fsx.Method
+	// Swept lists the temp dirs of crashed recipes that were removed.
+	Swept []string
+}
+
+// Prepare makes the roots, checks that runs and store share a filesystem,
+// removes temp dirs left by a crash (it must run before any recipe, at
+// start-up) and detects, once, whether the store can reflink; the copy
+// fallback is logged.
+func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
+	var rep PrepareReport
+	for _, dir := range []string{d.roots.Runs, filepath.Join(d.roots.Runs, d.instance), filepath.Join(d.roots.Store, goldenDir), filepath.Join(d.roots.Store, hibernateDir), d.roots.Templates} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return rep, fmt.Errorf("chdriver: %w", err)
+		}
+	}
+	var rs, ss syscall.Stat_t
+	if err := syscall.Stat(d.roots.Runs, &rs); err != nil {
+		return rep, fmt.Errorf("chdriver: %w", err)
+	}
+	if err := syscall.Stat(d.roots.Store, &ss); err != nil {
+		return rep, fmt.Errorf("chdriver: %w", err)
+	}
+	if rs.Dev != ss.Dev {
+		return rep, fmt.Errorf("chdriver: runs root %s and store %s are on different filesystems; memory-ranges is hard-linked and cow.raw reflinked between them", d.roots.Runs, d.roots.Store)
+	}
+	swept, err := fsx.SweepTemp(d.roots.Store)
+	if err != nil {
+		return rep, err
+	}
+	rep.Swept = swept
+	for _, p := range swept {
+		d.log.Info().Str("path", p).Msg("removed a temp dir left by an interrupted recipe")
+	}
+	m, err := fsx.NewCloner(d.log).Detect(d.roots.Store)
+	if err != nil {
+		return rep, err
+	}
+	rep.CopyMode = m
+	if m == fsx.Reflink {
+		d.log.Info().Str("store", d.roots.Store).Msg("store filesystem reflinks: clones and hibernates share extents")
+	} else {
+		d.log.Warn().Str("store", d.roots.Store).Msg("store filesystem cannot reflink: every clone and hibernate copies cow.raw (sparse copy)")
+	}
+	return rep, nil
+}
+
+// vmRunDir resolves an intent's run dir and checks it belongs to this
+// instance.
+func (d *Driver) vmRunDir(rel string) (string, error) {
+	first, _, _ := strings.Cut(rel, "/")
+	if first != d.instance {
+		return "", executors.Unrecoverablef("run dir %q is not under this instance (%s)", rel, d.instance)
+	}
+	return d.roots.RunDir(rel)
+}
+
+func (d *Driver) vmmConfig(runDir, id string) vmm.Config {
+	return vmm.Config{
+		Binary: d.vmmBin, RunDir: runDir, ID: id, CgroupSlice: d.slice,
+		Env: d.env, ReadyTimeout: d.launchTO, Log: d.log,
+	}
+}
+
+// attach returns the VMM serving runDir: one this driver holds, or one left
+// by an earlier daemon (adopted). It returns nil, nil when no VMM of ours
+// runs there. A process that is ours but does not answer is returned with
+// the error, so the caller can terminate it.
+func (d *Driver) attach(ctx context.Context, runDir, id string) (*vmm.Process, error) {
+	d.mu.Lock()
+	p := d.procs[runDir]
+	if p != nil && !p.Alive() {
+		delete(d.procs, runDir)
+		p.Release()
+		p = nil
+	}
+	d.mu.Unlock()
+	if p != nil {
+		return p, nil
+	}
+	p, err := vmm.Adopt(ctx, d.vmmConfig(runDir, id))
+	switch {
+	case err == nil:
+		d.keep(runDir, p)
+		return p, nil
+	case p != nil:
+		d.keep(runDir, p)
+		return p, err
+	case errors.Is(err, vmm.ErrNoProcess), errors.Is(err, vmm.ErrNotOurs):
+		return nil, nil
+	}
+	return nil, err
+}
+
+func (d *Driver) keep(runDir string, p *vmm.Process) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if old := d.procs[runDir]; old != nil && old != p {
+		old.Release()
+	}
+	d.procs[runDir] = p
+}
+
+func (d *Driver) forget(runDir string, p *vmm.Process) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.procs[runDir] == p {
+		delete(d.procs, runDir)
+	}
+}
+
+// launch starts a VMM for runDir.
+func (d *Driver) launch(ctx context.Context, runDir, id string) (*vmm.Process, error) {
+	p, err := vmm.Launch(ctx, d.vmmConfig(runDir, id))
+	if err != nil {
+		return nil, err
+	}
+	d.keep(runDir, p)
+	return p, nil
+}
+
+// terminate stops p (nil: nothing runs) and forgets it.
+func (d *Driver) terminate(ctx context.Context, runDir string, p *vmm.Process) error {
+	if p == nil {
+		return nil
+	}
+	how, err := p.Terminate(ctx, d.grace)
+	if err != nil {
+		return err
+	}
+	if how == vmm.BySIGKILL {
+		d.log.Warn().Str("run_dir", runDir).Msg("VMM needed SIGKILL")
+	}
+	d.forget(runDir, p)
+	return nil
+}
+
+// Close forgets every VMM without touching it: VMs outlive the daemon.
+func (d *Driver) Close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for k, p := range d.procs {
+		p.Release()
+		delete(d.procs, k)
+	}
+}
+
+// api returns the API client of the VMM serving runDir.
+func (d *Driver) api(runDir string) API { return d.newAPI(filepath.Join(runDir, vmm.SocketFile)) }
+
+// restoreMode picks vm.restore's memory mode for a snapshot's config.
+func (d *Driver) restoreMode(cfg *ch.VmConfig) ch.MemoryRestoreMode {
+	if d.mode == ch.RestoreCopyOnWrite && (cfg.MemoryShared() || cfg.MemoryHugepages()) {
+		return ch.RestoreCopy
+	}
+	return d.mode
+}

@@ -1,0 +1,130 @@
+package chdriver
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// BuildGolden implements executors.Driver: cold boot of the template (no
+// NICs: clones get their own), readiness, optional warmup, balloon settle,
+// pause, snapshot into the store, stop.
+func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors.Result, error) {
+	runDir := d.goldenRunDir(in.OpID)
+	id := filepath.Base(runDir)
+	r := d.begin(ctx, RecipeGolden, in.OpID, runDir)
+	rel := goldenRel(in.Key, in.OpID)
+	final := filepath.Join(d.roots.Store, rel)
+
+	var done *Meta
+	if err := r.step(StepCheck, func() error {
+		if m, err := ReadMeta(final); err == nil && m.Op == in.OpID.String() {
+			done = m
+		}
+		return nil
+	}); err != nil {
+		return executors.Result{}, err
+	}
+	if done != nil {
+		r.log.Info().Str("golden", final).Msg("golden already in the store; removing the build VM")
+		if err := r.step(StepSyncTree, func() error { return d.fs.SyncTree(final) }); err != nil {
+			return executors.Result{}, err
+		}
+		if err := d.stopVM(r, id, runDir, false); err != nil {
+			return executors.Result{}, err
+		}
+		res := r.result(rel)
+		res.Report.CopyMode = done.CopyMode
+		return res, nil
+	}
+
+	t, size, err := d.loadTemplate(r, in.Key)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	cfg, err := t.VMConfig(size, d.vmPaths(runDir))
+	if err != nil {
+		return executors.Result{}, executors.AsUnrecoverable(err)
+	}
+	if err := r.step(StepResetRun, func() error {
+		// A build interrupted before its rename starts over.
+		p, err := d.attach(r.ctx, runDir, id)
+		if p != nil {
+			if err := d.terminate(r.ctx, runDir, p); err != nil {
+				return err
+			}
+		} else if err != nil {
+			return err
+		}
+		if err := d.fs.RemoveAll(runDir); err != nil {
+			return err
+		}
+		return d.fs.MkdirAll(runDir, 0o700)
+	}); err != nil {
+		return executors.Result{}, err
+	}
+	fail := func(err error) (executors.Result, error) {
+		d.teardown(r, id, runDir, false)
+		return executors.Result{}, fmt.Errorf("golden %s: %w", in.Key, err)
+	}
+	if err := r.step(StepCloneTemplate, func() error {
+		cr, err := d.fs.Clone(filepath.Join(runDir, DiskFile), t.Disk, fsx.Overwrite())
+		r.noteClone(cr.Method)
+		return err
+	}); err != nil {
+		return fail(err)
+	}
+	if err := d.boot(r, runDir, id, cfg); err != nil {
+		return fail(err)
+	}
+	if d.warmup != nil {
+		if err := r.step(StepWarmup, func() error { return d.warmup(r.ctx, filepath.Join(runDir, VsockFile)) }); err != nil {
+			return fail(err)
+		}
+	}
+	api := d.api(runDir)
+	var info *ch.VmInfo
+	if err := r.step(StepInfo, func() error {
+		var err error
+		info, err = api.Info(r.ctx)
+		return err
+	}); err != nil {
+		return fail(err)
+	}
+	if err := r.step(StepBalloon, func() error { return d.settleBalloon(r.ctx, api, info, r.log) }); err != nil {
+		return fail(err)
+	}
+	if err := r.step(StepPause, func() error { return api.Pause(r.ctx) }); err != nil {
+		return fail(err)
+	}
+	proc, err := d.attach(r.ctx, runDir, id)
+	if proc == nil {
+		if err == nil {
+			err = fmt.Errorf("build VMM in %s is gone", runDir)
+		}
+		return fail(err)
+	}
+	mode, err := d.snapshotInto(r, api, proc, runDir, final, Meta{Kind: KindGolden, Op: in.OpID.String(), Key: in.Key})
+	if err != nil {
+		if executors.IsLost(err) {
+			// Lost means nothing for a golden: the build is simply redone.
+			err = fmt.Errorf("build VMM died: %w", err)
+		}
+		return fail(err)
+	}
+	if err := d.stopVM(r, id, runDir, false); err != nil {
+		return executors.Result{}, err
+	}
+	res := r.result(rel)
+	if r.copied == fsx.Copy {
+		res.Report.CopyMode = fsx.Copy.String()
+	} else {
+		res.Report.CopyMode = mode
+	}
+	return res, nil
+}

@@ -1,0 +1,186 @@
+package chdriver
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/vmm"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// Hibernate implements executors.Driver; the order of its steps is DESIGN
+// §3's (see the package doc).
+func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.Result, error) {
+	runDir, err := d.vmRunDir(in.RunDir)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	egress, err := d.checkEgress(in.Key)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	r := d.begin(ctx, RecipeHibernate, in.OpID, runDir)
+	rel := hibernateRel(in.VM, in.OpID)
+	final := filepath.Join(d.roots.Store, rel)
+
+	var done *Meta
+	if err := r.step(StepCheck, func() error {
+		if m, err := ReadMeta(final); err == nil && m.Op == in.OpID.String() {
+			done = m
+		}
+		return nil
+	}); err != nil {
+		return executors.Result{}, err
+	}
+	if done != nil {
+		// A crash after the rename: the snapshot is complete. Make it
+		// durable (again) and finish stopping the VM.
+		r.log.Info().Str("snapshot", final).Msg("snapshot already in the store; finishing the hibernate")
+		if err := r.step(StepSyncTree, func() error { return d.fs.SyncTree(final) }); err != nil {
+			return executors.Result{}, err
+		}
+		if err := d.stopVM(r, in.VM, runDir, egress); err != nil {
+			return executors.Result{}, err
+		}
+		res := r.result(rel)
+		res.Report.CopyMode = done.CopyMode
+		return res, nil
+	}
+
+	proc, err := d.attach(ctx, runDir, in.VM)
+	if proc == nil {
+		if err != nil {
+			return executors.Result{}, fmt.Errorf("hibernate %s: %w", in.VM, err)
+		}
+		return executors.Result{}, executors.Lostf("hibernate %s: no VMM runs in %s and no snapshot was taken", in.VM, runDir)
+	}
+	api := d.api(runDir)
+	// gone reports whether the VMM died, which makes the VM lost: its
+	// memory existed nowhere else.
+	gone := func(err error) error {
+		if !proc.Alive() || ch.IsVMMGone(err) {
+			return &executors.Unrecoverable{Err: err, Lost: true}
+		}
+		return err
+	}
+
+	var info *ch.VmInfo
+	if err := r.step(StepInfo, func() error {
+		var err error
+		info, err = api.Info(r.ctx)
+		return err
+	}); err != nil {
+		return executors.Result{}, gone(err)
+	}
+	if info.State != ch.StateRunning && info.State != ch.StatePaused {
+		return executors.Result{}, executors.Lostf("hibernate %s: VM is %s", in.VM, info.State)
+	}
+	if err := r.step(StepBalloon, func() error { return d.settleBalloon(r.ctx, api, info, r.log) }); err != nil {
+		return executors.Result{}, gone(err)
+	}
+	if err := r.step(StepPause, func() error { return api.Pause(r.ctx) }); err != nil {
+		return executors.Result{}, d.resumeAfter(r, api, proc, "", gone(err))
+	}
+	k := in.Key
+	copyMode, err := d.snapshotInto(r, api, proc, runDir, final, Meta{Kind: KindHibernate, Op: in.OpID.String(), VM: in.VM, Key: k})
+	if err != nil {
+		return executors.Result{}, err
+	}
+	if err := d.stopVM(r, in.VM, runDir, egress); err != nil {
+		return executors.Result{}, err
+	}
+	res := r.result(rel)
+	res.Report.CopyMode = copyMode
+	return res, nil
+}
+
+// resumeAfter is the rollback of a failed hibernate (or golden snapshot)
+// before its rename: remove the temp dir, resume the VM. A dead VMM makes
+// the error Lost.
+func (d *Driver) resumeAfter(r *run, api API, proc *vmm.Process, tmp string, cause error) error {
+	if tmp != "" {
+		r.undo("undo_"+StepMkTemp, func(context.Context) error { return d.fs.RemoveAll(tmp) })
+	}
+	if executors.IsLost(cause) || !proc.Alive() {
+		if executors.IsLost(cause) {
+			return cause
+		}
+		return &executors.Unrecoverable{Err: fmt.Errorf("VMM exited: %w", cause), Lost: true}
+	}
+	var rerr error
+	r.undo("undo_"+StepPause, func(ctx context.Context) error {
+		rerr = api.Resume(ctx)
+		return rerr
+	})
+	if rerr != nil && (ch.IsVMMGone(rerr) || !proc.Alive()) {
+		return &executors.Unrecoverable{Err: fmt.Errorf("%w (and the VMM is gone: %v)", cause, rerr), Lost: true}
+	}
+	return cause
+}
+
+// snapshotInto snapshots the paused VM into final by way of a temp dir in
+// the store: vm.snapshot, FICLONE cow.raw, SyncTree, meta.json, rename,
+// SyncTree. Before the rename a failure rolls back (temp dir removed, VM
+// resumed); after it the snapshot stands. It returns the copy mode.
+func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final string, m Meta) (string, error) {
+	var tmp string
+	fail := func(err error) (string, error) {
+		if !proc.Alive() || ch.IsVMMGone(err) {
+			err = &executors.Unrecoverable{Err: err, Lost: true}
+		}
+		return "", d.resumeAfter(r, api, proc, tmp, err)
+	}
+	if err := r.step(StepMkTemp, func() error {
+		var err error
+		tmp, err = d.fs.MkTempDir(d.roots.Store, m.Kind)
+		return err
+	}); err != nil {
+		return fail(err)
+	}
+	if err := r.step(StepSnapshot, func() error {
+		url, err := ch.FileURL(tmp)
+		if err != nil {
+			return err
+		}
+		return api.Snapshot(r.ctx, url)
+	}); err != nil {
+		return fail(err)
+	}
+	var mode string
+	if err := r.step(StepCloneDisk, func() error {
+		res, err := d.fs.Clone(filepath.Join(tmp, DiskFile), filepath.Join(runDir, DiskFile))
+		r.noteClone(res.Method)
+		mode = res.Method.String()
+		return err
+	}); err != nil {
+		return fail(err)
+	}
+	if err := r.step(StepSyncFiles, func() error { return d.fs.SyncTree(tmp) }); err != nil {
+		return fail(err)
+	}
+	if err := r.step(StepWriteMeta, func() error {
+		m.CreatedNS = d.now().UnixNano()
+		m.CopyMode = mode
+		m.Hypervisor = d.hv
+		data, err := buildMeta(tmp, m)
+		if err != nil {
+			return err
+		}
+		return d.fs.WriteFileAtomic(filepath.Join(tmp, MetaFile), data, 0o600)
+	}); err != nil {
+		return fail(err)
+	}
+	if err := r.step(StepRename, func() error { return d.fs.RenameDir(tmp, final) }); err != nil {
+		// RenameDir may have renamed and then failed to fsync a parent; a
+		// snapshot the caller will report as failed must not stay behind.
+		r.undo("undo_"+StepRename, func(context.Context) error { return d.fs.RemoveAll(final) })
+		return fail(err)
+	}
+	if err := r.step(StepSyncTree, func() error { return d.fs.SyncTree(final) }); err != nil {
+		return "", err
+	}
+	return mode, nil
+}

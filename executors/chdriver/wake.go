@@ -1,0 +1,58 @@
+package chdriver
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// Wake implements executors.Driver. The run dir gets its own hard link to
+// the snapshot's memory-ranges (which the VM maps copy-on-write) and a
+// reflink of its cow.raw, so once the wake is durable the snapshot's names
+// can go: Result.AfterCommit removes the snapshot dir.
+func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, error) {
+	runDir, err := d.vmRunDir(in.RunDir)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	src, err := d.hibernateSnapshot(in.SnapshotDir)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	r := d.begin(ctx, RecipeWake, in.OpID, runDir)
+	if err := d.restoreInto(r, in.VM, in.Key, runDir, src, false); err != nil {
+		if errors.Is(err, ErrNoSnapshot) {
+			err = &executors.Unrecoverable{Err: err, Lost: true}
+		}
+		return executors.Result{}, err
+	}
+	res := r.result("")
+	res.AfterCommit = func(context.Context) error {
+		if err := d.fs.RemoveAll(src); err != nil {
+			return err
+		}
+		d.log.Debug().Str("snapshot", src).Str("vm", in.VM).Msg("dropped the snapshot of a woken VM")
+		return nil
+	}
+	return res, nil
+}
+
+// hibernateSnapshot resolves a VM snapshot dir; only hibernate snapshots
+// qualify, so a bad intent can never make a wake or destroy remove a golden.
+func (d *Driver) hibernateSnapshot(rel string) (string, error) {
+	if !strings.HasPrefix(rel, hibernateDir+"/") {
+		return "", executors.Unrecoverablef("snapshot dir %q is not a hibernate snapshot", rel)
+	}
+	dir, err := d.roots.SnapshotDir(rel)
+	if err != nil {
+		return "", err
+	}
+	if filepath.Dir(dir) != filepath.Join(d.roots.Store, hibernateDir) {
+		return "", executors.Unrecoverablef("snapshot dir %q is not a hibernate snapshot", rel)
+	}
+	return dir, nil
+}
