@@ -1,0 +1,33 @@
+package logbench
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sbxlog/sbxlog/bench/report"
+)
+
+// TestRun runs the section when SBXLOG_LOGBENCH is "quick" or "full" and
+// prints its table; the figures of record come from `make bench`.
+func TestRun(t *testing.T) {
+	mode := os.Getenv("SBXLOG_LOGBENCH")
+	if mode == "" {
+		t.Skip("set SBXLOG_LOGBENCH=quick or full to run the op log benchmark")
+	}
+	scratch := os.Getenv("SBXLOG_LOGBENCH_SCRATCH")
+	if scratch == "" {
+		scratch = t.TempDir()
+	}
+	sec, err := Run(context.Background(), report.Options{Quick: mode == "quick", Scratch: scratch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	sec.Text(&b)
+	t.Log(b.String())
+	if len(sec.Rows) == 0 || len(sec.Verdicts) != 4 {
+		t.Fatalf("section has %d rows and %d verdicts", len(sec.Rows), len(sec.Verdicts))
+	}
+}
