@@ -95,8 +95,7 @@ type Pool struct {
 type op struct {
 	in       fsm.Intent
 	kind     Kind
-	class    int
-	reqSeq   uint64
+	refill   bool
 	id       string
 	seq      uint64
 	attempts int
@@ -105,35 +104,10 @@ type op struct {
 	idx      int
 }
 
-// Priority classes, mirroring fsm's intent order (fsm.Intents sorts by them;
-// the pool must keep that order across batches, so it recomputes them).
-const (
-	classClaimClone = iota
-	classWake
-	classHibernate
-	classDestroy
-	classGolden
-	classRefill
-)
-
-func newOp(in fsm.Intent) *op {
-	o := &op{in: in, kind: KindOf(in)}
-	switch t := in.(type) {
-	case fsm.CloneVM:
-		o.class, o.reqSeq, o.id = classRefill, t.ReqSeq, t.VM
-		if t.ForClaim != "" {
-			o.class = classClaimClone
-		}
-	case fsm.WakeVM:
-		o.class, o.reqSeq, o.id = classWake, t.ReqSeq, t.VM
-	case fsm.HibernateVM:
-		o.class, o.reqSeq, o.id = classHibernate, t.ReqSeq, t.VM
-	case fsm.DestroyVM:
-		o.class, o.reqSeq, o.id = classDestroy, t.ReqSeq, t.VM
-	case fsm.BuildGolden:
-		o.class, o.reqSeq, o.id = classGolden, t.ReqSeq, t.Key.String()
-	}
-	return o
+// isRefill reports a refill clone: the class capacity parking holds back.
+func isRefill(in fsm.Intent) bool {
+	c, ok := in.(fsm.CloneVM)
+	return ok && c.ForClaim == ""
 }
 
 // NewPool starts a pool; Shutdown stops it.
@@ -230,7 +204,7 @@ func (p *Pool) Offer(intents []fsm.Intent) {
 		if p.closed {
 			break
 		}
-		o := newOp(in)
+		o := &op{in: in, kind: KindOf(in), refill: isRefill(in), id: intentID(in)}
 		p.seq++
 		o.seq = p.seq
 		p.known[id] = o
@@ -275,7 +249,7 @@ func (p *Pool) dispatch() {
 		var next time.Duration = -1
 		for p.running < p.opt.Concurrency && p.ready.Len() > 0 {
 			o := p.ready[0]
-			if o.class == classRefill && now < p.parkUntil {
+			if o.refill && now < p.parkUntil {
 				// Refills sort last, so nothing startable remains.
 				next = p.parkUntil
 				break
@@ -548,24 +522,35 @@ func failure(in fsm.Intent, m fsm.Meta, err error) fsm.Command {
 	return nil
 }
 
-// opHeap orders operations by (class, request order, id, arrival).
+// intentID is the id intents are logged under: the VM, or the golden's key.
+func intentID(in fsm.Intent) string {
+	switch t := in.(type) {
+	case fsm.CloneVM:
+		return t.VM
+	case fsm.WakeVM:
+		return t.VM
+	case fsm.HibernateVM:
+		return t.VM
+	case fsm.DestroyVM:
+		return t.VM
+	case fsm.BuildGolden:
+		return t.Key.String()
+	}
+	return ""
+}
+
+// opHeap orders operations as fsm.Intents does (fsm.CompareIntents), then by
+// arrival.
 type opHeap []*op
 
 func (h opHeap) Len() int { return len(h) }
 func (h opHeap) Less(i, j int) bool {
-	a, b := h[i], h[j]
-	if a.class != b.class {
-		return a.class < b.class
+	if c := fsm.CompareIntents(h[i].in, h[j].in); c != 0 {
+		return c < 0
 	}
-	if a.reqSeq != b.reqSeq {
-		return a.reqSeq < b.reqSeq
-	}
-	if a.id != b.id {
-		return a.id < b.id
-	}
-	return a.seq < b.seq
+	return h[i].seq < h[j].seq
 }
-func (h opHeap) Swap(i, j int)  { h[i], h[j] = h[j], h[i]; h[i].idx = i; h[j].idx = j }
+func (h opHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].idx = i; h[j].idx = j }
 func (h *opHeap) Push(x any)   { o := x.(*op); o.idx = len(*h); *h = append(*h, o) }
 func (h *opHeap) Pop() any {
 	old := *h

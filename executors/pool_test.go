@@ -1,0 +1,677 @@
+package executors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// fakeDriver runs fn for every call and records the order of calls.
+type fakeDriver struct {
+	fn func(ctx context.Context, in fsm.Intent) (Result, error)
+
+	mu      sync.Mutex
+	calls   []fsm.Intent
+	running int
+	maxRun  int
+}
+
+var _ Driver = (*fakeDriver)(nil)
+
+func (f *fakeDriver) do(ctx context.Context, in fsm.Intent) (Result, error) {
+	f.mu.Lock()
+	f.calls = append(f.calls, in)
+	f.running++
+	f.maxRun = max(f.maxRun, f.running)
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.running--
+		f.mu.Unlock()
+	}()
+	if f.fn == nil {
+		return Result{}, nil
+	}
+	return f.fn(ctx, in)
+}
+
+func (f *fakeDriver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) Clone(ctx context.Context, in fsm.CloneVM) (Result, error) { return f.do(ctx, in) }
+func (f *fakeDriver) Hibernate(ctx context.Context, in fsm.HibernateVM) (Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) Wake(ctx context.Context, in fsm.WakeVM) (Result, error) { return f.do(ctx, in) }
+func (f *fakeDriver) Destroy(ctx context.Context, in fsm.DestroyVM) (Result, error) {
+	return f.do(ctx, in)
+}
+
+func (f *fakeDriver) callCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.calls)
+}
+
+func (f *fakeDriver) callOrder() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, c := range f.calls {
+		out = append(out, intentID(c))
+	}
+	return out
+}
+
+// fakeProposer records commands; fn, if set, decides the answer.
+type fakeProposer struct {
+	fn func(cmd fsm.Command) error
+
+	mu   sync.Mutex
+	cmds []fsm.Command
+	ch   chan fsm.Command
+}
+
+var _ Proposer = (*fakeProposer)(nil)
+
+func newProposer() *fakeProposer { return &fakeProposer{ch: make(chan fsm.Command, 100)} }
+
+func (p *fakeProposer) Propose(_ context.Context, cmd fsm.Command) error {
+	var err error
+	if p.fn != nil {
+		err = p.fn(cmd)
+	}
+	p.mu.Lock()
+	p.cmds = append(p.cmds, cmd)
+	p.mu.Unlock()
+	p.ch <- cmd
+	return err
+}
+
+// next waits for the next proposed command.
+func (p *fakeProposer) next(t *testing.T) fsm.Command {
+	t.Helper()
+	select {
+	case c := <-p.ch:
+		return c
+	case <-time.After(5 * time.Second):
+		t.Fatal("no command proposed")
+		return nil
+	}
+}
+
+func (p *fakeProposer) none(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case c := <-p.ch:
+		t.Fatalf("unexpected command %#v", c)
+	case <-time.After(d):
+	}
+}
+
+// countObserver counts what the pool reports.
+type countObserver struct {
+	mu       sync.Mutex
+	outcomes map[Outcome]int
+	retries  int
+	steps    int
+	maxWait  int
+}
+
+var _ Observer = (*countObserver)(nil)
+
+func (c *countObserver) OpDone(_ Kind, o Outcome, _ time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.outcomes == nil {
+		c.outcomes = map[Outcome]int{}
+	}
+	c.outcomes[o]++
+}
+func (c *countObserver) Retry(Kind, error) { c.mu.Lock(); c.retries++; c.mu.Unlock() }
+func (c *countObserver) Step(Kind, string, time.Duration) {
+	c.mu.Lock()
+	c.steps++
+	c.mu.Unlock()
+}
+func (c *countObserver) Queue(w, _ int) { c.mu.Lock(); c.maxWait = max(c.maxWait, w); c.mu.Unlock() }
+func (c *countObserver) get(o Outcome) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.outcomes[o]
+}
+
+var opN atomic.Uint64
+
+func nextOp() event.OpID { return event.OpIDFromUint(1_700_000_000_000, opN.Add(1)) }
+
+var key = fsm.PoolKey{Template: "t", Net: "none", Size: "small"}
+
+func refill(vm string, seq uint64) fsm.CloneVM {
+	return fsm.CloneVM{OpID: nextOp(), VM: vm, Key: key, RunDir: "i/" + vm, GoldenDir: "golden/g", ReqSeq: seq}
+}
+
+var fixedNow = time.Unix(1_800_000_000, 0)
+
+func newTestPool(t *testing.T, d Driver, p Proposer, opt PoolOptions) *Pool {
+	t.Helper()
+	if opt.Now == nil {
+		opt.Now = func() time.Time { return fixedNow }
+	}
+	if opt.Retry.Initial == 0 {
+		opt.Retry.Initial = time.Millisecond
+	}
+	pl := NewPool(d, p, opt)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := pl.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return pl
+}
+
+func TestPoolResultMeta(t *testing.T) {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
+		return Result{Report: event.ExecReport{Steps: []event.Step{{Name: "a", NS: 5}}, CopyMode: "reflink"}}, nil
+	}}
+	p := newProposer()
+	obs := &countObserver{}
+	pl := newTestPool(t, d, p, PoolOptions{Observer: obs})
+	in := refill("vm-1", 1)
+	pl.Offer([]fsm.Intent{in})
+	cmd, ok := p.next(t).(fsm.VMCloned)
+	if !ok {
+		t.Fatalf("got %T, want VMCloned", cmd)
+	}
+	if cmd.Op != event.DeriveOpID(in.OpID, "result") || cmd.Cause != in.OpID || cmd.Now != fixedNow.UnixNano() {
+		t.Fatalf("meta %+v", cmd.Meta)
+	}
+	if cmd.VM != "vm-1" || cmd.Report == nil || cmd.Report.CopyMode != "reflink" || len(cmd.Report.Steps) != 1 {
+		t.Fatalf("command %+v", cmd)
+	}
+	waitUntil(t, "op done", func() bool { return obs.get(OutcomeDone) == 1 })
+	if obs.steps != 1 {
+		t.Fatalf("observer saw %d steps", obs.steps)
+	}
+}
+
+// TestPoolResultCommands: every intent kind maps to its success and failure
+// command.
+func TestPoolResultCommands(t *testing.T) {
+	lost := errors.New("gone")
+	cases := []struct {
+		in      fsm.Intent
+		err     error
+		want    string
+		wantErr string
+	}{
+		{fsm.BuildGolden{OpID: nextOp(), Key: key}, nil, "fsm.GoldenBuilt", ""},
+		{fsm.BuildGolden{OpID: nextOp(), Key: key}, Unrecoverablef("no template"), "fsm.GoldenFailed", "no template"},
+		{refill("vm-c", 1), Unrecoverablef("boom"), "fsm.VMCloneFailed", "boom"},
+		{fsm.HibernateVM{OpID: nextOp(), VM: "vm-h"}, nil, "fsm.HibernateDone", ""},
+		{fsm.HibernateVM{OpID: nextOp(), VM: "vm-h"}, &Unrecoverable{Err: lost, Lost: true}, "fsm.HibernateFailed lost", "gone"},
+		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, nil, "fsm.WakeDone", ""},
+		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, Unrecoverablef("bad"), "fsm.WakeFailed", "bad"},
+		{fsm.DestroyVM{OpID: nextOp(), VM: "vm-d"}, nil, "fsm.VMDestroyed", ""},
+	}
+	for _, c := range cases {
+		d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
+			return Result{SnapshotDir: "hibernate/x"}, c.err
+		}}
+		p := newProposer()
+		pl := newTestPool(t, d, p, PoolOptions{})
+		pl.Offer([]fsm.Intent{c.in})
+		cmd := p.next(t)
+		got := fmt.Sprintf("%T", cmd)
+		var msg string
+		switch x := cmd.(type) {
+		case fsm.HibernateFailed:
+			msg = x.Error
+			if x.Lost {
+				got += " lost"
+			}
+		case fsm.GoldenFailed:
+			msg = x.Error
+		case fsm.VMCloneFailed:
+			msg = x.Error
+		case fsm.WakeFailed:
+			msg = x.Error
+		case fsm.HibernateDone:
+			if x.SnapshotDir != "hibernate/x" {
+				t.Errorf("HibernateDone snapshot dir %q", x.SnapshotDir)
+			}
+		}
+		if got != c.want || !strings.Contains(msg, c.wantErr) {
+			t.Errorf("%T with %v: got %s %q, want %s %q", c.in, c.err, got, msg, c.want, c.wantErr)
+		}
+	}
+}
+
+func TestPoolDedupe(t *testing.T) {
+	release := make(chan struct{})
+	d := &fakeDriver{fn: func(ctx context.Context, in fsm.Intent) (Result, error) {
+		<-release
+		return Result{}, nil
+	}}
+	p := newProposer()
+	pl := newTestPool(t, d, p, PoolOptions{Concurrency: 4})
+	in := refill("vm-1", 1)
+	pl.Offer([]fsm.Intent{in, in})
+	waitUntil(t, "first call", func() bool { return d.callCount() == 1 })
+	pl.Offer([]fsm.Intent{in}) // while running
+	close(release)
+	p.next(t)
+	p.none(t, 50*time.Millisecond)
+	if n := d.callCount(); n != 1 {
+		t.Fatalf("driver called %d times for one intent", n)
+	}
+}
+
+func TestPoolPriority(t *testing.T) {
+	gate := make(chan struct{})
+	first := true
+	var mu sync.Mutex
+	d := &fakeDriver{fn: func(ctx context.Context, in fsm.Intent) (Result, error) {
+		mu.Lock()
+		wait := first
+		first = false
+		mu.Unlock()
+		if wait {
+			<-gate
+		}
+		return Result{}, nil
+	}}
+	p := newProposer()
+	pl := newTestPool(t, d, p, PoolOptions{Concurrency: 1})
+	pl.Offer([]fsm.Intent{refill("blocker", 0)})
+	waitUntil(t, "blocker running", func() bool { return d.callCount() == 1 })
+	// Offered in two batches, out of order: the queue must merge them by
+	// priority class, then request order.
+	pl.Offer([]fsm.Intent{
+		refill("refill-2", 20),
+		fsm.DestroyVM{OpID: nextOp(), VM: "destroy", ReqSeq: 5},
+		fsm.BuildGolden{OpID: nextOp(), Key: key, ReqSeq: 1},
+	})
+	pl.Offer([]fsm.Intent{
+		refill("refill-1", 10),
+		fsm.HibernateVM{OpID: nextOp(), VM: "hibernate", ReqSeq: 9},
+		fsm.WakeVM{OpID: nextOp(), VM: "wake", ReqSeq: 8},
+		fsm.CloneVM{OpID: nextOp(), VM: "claim", ForClaim: "sb_1", ReqSeq: 30},
+	})
+	close(gate)
+	for i := 0; i < 8; i++ {
+		p.next(t)
+	}
+	want := []string{"blocker", "claim", "wake", "hibernate", "destroy", key.String(), "refill-1", "refill-2"}
+	if got := d.callOrder(); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("order %v, want %v", got, want)
+	}
+}
+
+func TestPoolConcurrencyLimit(t *testing.T) {
+	release := make(chan struct{})
+	d := &fakeDriver{fn: func(ctx context.Context, in fsm.Intent) (Result, error) {
+		<-release
+		return Result{}, nil
+	}}
+	p := newProposer()
+	pl := newTestPool(t, d, p, PoolOptions{Concurrency: 3})
+	var ins []fsm.Intent
+	for i := 0; i < 10; i++ {
+		ins = append(ins, refill(fmt.Sprintf("vm-%d", i), uint64(i)))
+	}
+	pl.Offer(ins)
+	waitUntil(t, "3 running", func() bool { _, r := pl.Stats(); return r == 3 })
+	if w, _ := pl.Stats(); w != 7 {
+		t.Fatalf("%d waiting, want 7", w)
+	}
+	close(release)
+	for i := 0; i < 10; i++ {
+		p.next(t)
+	}
+	d.mu.Lock()
+	maxRun := d.maxRun
+	d.mu.Unlock()
+	if maxRun != 3 {
+		t.Fatalf("at most %d ran at once, want 3", maxRun)
+	}
+}
+
+func TestPoolRetryThenSuccess(t *testing.T) {
+	var n atomic.Int32
+	var times []time.Time
+	var mu sync.Mutex
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
+		mu.Lock()
+		times = append(times, time.Now())
+		mu.Unlock()
+		if n.Add(1) < 3 {
+			return Result{}, errors.New("transient")
+		}
+		return Result{}, nil
+	}}
+	p := newProposer()
+	obs := &countObserver{}
+	pl := newTestPool(t, d, p, PoolOptions{Observer: obs, Retry: RetryPolicy{Initial: 20 * time.Millisecond}})
+	pl.Offer([]fsm.Intent{refill("vm-1", 1)})
+	if _, ok := p.next(t).(fsm.VMCloned); !ok {
+		t.Fatal("want VMCloned after retries")
+	}
+	if n.Load() != 3 || obs.retries != 2 {
+		t.Fatalf("%d calls, %d retries; want 3 and 2", n.Load(), obs.retries)
+	}
+	// Backoff doubles: >= 20 ms, then >= 40 ms.
+	if g1, g2 := times[1].Sub(times[0]), times[2].Sub(times[1]); g1 < 20*time.Millisecond || g2 < 40*time.Millisecond {
+		t.Fatalf("backoff gaps %v, %v", g1, g2)
+	}
+}
+
+func TestPoolRetriesExhausted(t *testing.T) {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
+		return Result{}, errors.New("still broken")
+	}}
+	p := newProposer()
+	pl := newTestPool(t, d, p, PoolOptions{Retry: RetryPolicy{Attempts: 3}})
+	pl.Offer([]fsm.Intent{fsm.WakeVM{OpID: nextOp(), VM: "vm-1"}})
+	cmd, ok := p.next(t).(fsm.WakeFailed)
+	if !ok || cmd.Lost || !strings.Contains(cmd.Error, "still broken") {
+		t.Fatalf("got %#v", cmd)
+	}
+	if d.callCount() != 3 {
+		t.Fatalf("%d calls, want 3", d.callCount())
+	}
+}
+
+func TestPoolUnrecoverableStops(t *testing.T) {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
+		return Result{}, fmt.Errorf("step x: %w", Unrecoverablef("no golden"))
+	}}
+	p := newProposer()
+	pl := newTestPool(t, d, p, PoolOptions{})
+	in := refill("vm-1", 1)
+	pl.Offer([]fsm.Intent{in})
+	if _, ok := p.next(t).(fsm.VMCloneFailed); !ok {
+		t.Fatal("want VMCloneFailed")
+	}
+	p.none(t, 30*time.Millisecond)
+	if d.callCount() != 1 {
+		t.Fatalf("%d calls, want 1 (no retry)", d.callCount())
+	}
+}
+
+func TestPoolPanicIsFailure(t *testing.T) {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) { panic("recipe bug") }}
+	p := newProposer()
+	pl := newTestPool(t, d, p, PoolOptions{})
+	pl.Offer([]fsm.Intent{refill("vm-1", 1)})
+	cmd, ok := p.next(t).(fsm.VMCloneFailed)
+	if !ok || !strings.Contains(cmd.Error, "recipe bug") {
+		t.Fatalf("got %#v", cmd)
+	}
+}
+
+func TestPoolTimeoutRetries(t *testing.T) {
+	var n atomic.Int32
+	d := &fakeDriver{fn: func(ctx context.Context, _ fsm.Intent) (Result, error) {
+		if n.Add(1) == 1 {
+			<-ctx.Done() // hangs until the per-attempt timeout
+			return Result{}, ctx.Err()
+		}
+		return Result{}, nil
+	}}
+	p := newProposer()
+	pl := newTestPool(t, d, p, PoolOptions{Timeouts: map[Kind]time.Duration{KindHibernate: 30 * time.Millisecond}})
+	pl.Offer([]fsm.Intent{fsm.HibernateVM{OpID: nextOp(), VM: "vm-1"}})
+	if _, ok := p.next(t).(fsm.HibernateDone); !ok {
+		t.Fatal("want HibernateDone after a timed-out attempt")
+	}
+	if n.Load() != 2 {
+		t.Fatalf("%d calls", n.Load())
+	}
+}
+
+func TestPoolCapacityParksRefills(t *testing.T) {
+	var mu sync.Mutex
+	full := true
+	d := &fakeDriver{fn: func(_ context.Context, in fsm.Intent) (Result, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if full && intentID(in) == "vm-full" {
+			return Result{}, fmt.Errorf("clone_disk: %w", syscall.ENOSPC)
+		}
+		return Result{}, nil
+	}}
+	p := newProposer()
+	const park = 300 * time.Millisecond
+	pl := newTestPool(t, d, p, PoolOptions{CapacityPark: park})
+	in := refill("vm-full", 1)
+	pl.Offer([]fsm.Intent{in})
+	cf, ok := p.next(t).(fsm.CapacityFull)
+	if !ok || cf.Key != nil || cf.Op != event.DeriveOpID(in.OpID, "capacity") {
+		t.Fatalf("want a node-wide CapacityFull first, got %#v", cf)
+	}
+	if _, ok := p.next(t).(fsm.VMCloneFailed); !ok {
+		t.Fatal("want VMCloneFailed")
+	}
+	parkedAt := time.Now()
+	// During the park a refill waits; a claim clone does not.
+	pl.Offer([]fsm.Intent{refill("vm-refill", 2), fsm.CloneVM{OpID: nextOp(), VM: "vm-claim", ForClaim: "sb_1", ReqSeq: 3}})
+	c1 := p.next(t).(fsm.VMCloned)
+	if c1.VM != "vm-claim" {
+		t.Fatalf("first served %s, want the claim clone", c1.VM)
+	}
+	c2 := p.next(t).(fsm.VMCloned)
+	if c2.VM != "vm-refill" {
+		t.Fatalf("got %s", c2.VM)
+	}
+	if waited := time.Since(parkedAt); waited < park-20*time.Millisecond {
+		t.Fatalf("refill ran %v after the park began, want >= %v", waited, park)
+	}
+}
+
+func TestPoolStaleResultDropsAfterCommit(t *testing.T) {
+	var ran atomic.Bool
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
+		return Result{AfterCommit: func(context.Context) error { ran.Store(true); return nil }}, nil
+	}}
+	p := newProposer()
+	p.fn = func(fsm.Command) error { return &fsm.Rejection{Code: fsm.InvalidTransition, Msg: "stale"} }
+	obs := &countObserver{}
+	pl := newTestPool(t, d, p, PoolOptions{Observer: obs})
+	pl.Offer([]fsm.Intent{fsm.WakeVM{OpID: nextOp(), VM: "vm-1"}})
+	p.next(t)
+	waitUntil(t, "stale outcome", func() bool { return obs.get(OutcomeStale) == 1 })
+	p.none(t, 30*time.Millisecond) // a rejection is not retried
+	if ran.Load() {
+		t.Fatal("AfterCommit ran for a rejected result")
+	}
+}
+
+func TestPoolAfterCommitRunsAfterPropose(t *testing.T) {
+	proposed := make(chan struct{})
+	after := make(chan bool, 1)
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
+		return Result{AfterCommit: func(context.Context) error {
+			select {
+			case <-proposed:
+				after <- true
+			default:
+				after <- false
+			}
+			return nil
+		}}, nil
+	}}
+	p := newProposer()
+	p.fn = func(fsm.Command) error { close(proposed); return nil }
+	pl := newTestPool(t, d, p, PoolOptions{})
+	pl.Offer([]fsm.Intent{fsm.WakeVM{OpID: nextOp(), VM: "vm-1"}})
+	select {
+	case ok := <-after:
+		if !ok {
+			t.Fatal("AfterCommit ran before the result was proposed")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("AfterCommit never ran")
+	}
+}
+
+func TestPoolProposeRetriesTransportErrors(t *testing.T) {
+	var n atomic.Int32
+	d := &fakeDriver{}
+	p := newProposer()
+	p.fn = func(fsm.Command) error {
+		if n.Add(1) < 3 {
+			return errors.New("append: disk busy")
+		}
+		return nil
+	}
+	obs := &countObserver{}
+	pl := newTestPool(t, d, p, PoolOptions{Observer: obs})
+	pl.Offer([]fsm.Intent{refill("vm-1", 1)})
+	p.next(t)
+	p.next(t)
+	p.next(t)
+	waitUntil(t, "done", func() bool { return obs.get(OutcomeDone) == 1 })
+	if d.callCount() != 1 {
+		t.Fatal("a propose failure re-ran the driver")
+	}
+}
+
+func TestPoolDestroyFailure(t *testing.T) {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
+		return Result{}, Unrecoverablef("not ours")
+	}}
+	p := newProposer()
+	obs := &countObserver{}
+	pl := newTestPool(t, d, p, PoolOptions{Observer: obs})
+	in := fsm.DestroyVM{OpID: nextOp(), VM: "vm-1"}
+	pl.Offer([]fsm.Intent{in})
+	waitUntil(t, "failed", func() bool { return obs.get(OutcomeFailed) == 1 })
+	p.none(t, 20*time.Millisecond) // no failure command exists for a destroy
+	pl.Offer([]fsm.Intent{in})
+	p.none(t, 20*time.Millisecond)
+	if d.callCount() != 1 {
+		t.Fatalf("a failed destroy re-ran on re-offer (%d calls)", d.callCount())
+	}
+}
+
+func TestPoolShutdown(t *testing.T) {
+	started := make(chan struct{})
+	var sawCancel atomic.Bool
+	d := &fakeDriver{fn: func(ctx context.Context, _ fsm.Intent) (Result, error) {
+		close(started)
+		<-ctx.Done()
+		sawCancel.Store(true)
+		return Result{}, ctx.Err()
+	}}
+	p := newProposer()
+	obs := &countObserver{}
+	pl := NewPool(d, p, PoolOptions{Observer: obs})
+	pl.Offer([]fsm.Intent{refill("vm-1", 1)})
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := pl.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pl.Shutdown(ctx); err != nil {
+		t.Fatalf("second Shutdown: %v", err)
+	}
+	if !sawCancel.Load() {
+		t.Fatal("running operation was not canceled")
+	}
+	if obs.get(OutcomeAbandoned) != 1 {
+		t.Fatal("interrupted operation not reported abandoned")
+	}
+	p.none(t, 20*time.Millisecond) // no failure is reported for an interrupted op
+	pl.Offer([]fsm.Intent{refill("vm-2", 2)})
+	if d.callCount() != 1 {
+		t.Fatal("Offer after Shutdown ran something")
+	}
+}
+
+func TestPoolShutdownTimesOut(t *testing.T) {
+	stuck := make(chan struct{})
+	d := &fakeDriver{fn: func(ctx context.Context, _ fsm.Intent) (Result, error) {
+		<-stuck // ignores its context
+		return Result{}, nil
+	}}
+	pl := NewPool(d, newProposer(), PoolOptions{})
+	pl.Offer([]fsm.Intent{refill("vm-1", 1)})
+	waitUntil(t, "running", func() bool { return d.callCount() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := pl.Shutdown(ctx); err == nil {
+		t.Fatal("Shutdown returned before its goroutines ended")
+	}
+	close(stuck)
+	if err := pl.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDefaultConcurrency(t *testing.T) {
+	if c := DefaultConcurrency(); c < 4 || c > 256 {
+		t.Fatalf("DefaultConcurrency %d outside [4, 256]", c)
+	}
+}
+
+func TestErrorClasses(t *testing.T) {
+	cases := []struct {
+		err                error
+		unrec, lost, capac bool
+	}{
+		{errors.New("x"), false, false, false},
+		{fmt.Errorf("a: %w", Unrecoverablef("b")), true, false, false},
+		{Lostf("vmm died"), true, true, false},
+		{fmt.Errorf("clone: %w", syscall.ENOSPC), false, false, true},
+		{Capacity(errors.New("exchange full")), false, false, true},
+		{errors.New(`ch vm.snapshot: 500: Failed to write: No space left on device (os error 28)`), false, false, true},
+		{AsUnrecoverable(syscall.EDQUOT), true, false, true},
+	}
+	for _, c := range cases {
+		if IsUnrecoverable(c.err) != c.unrec || IsLost(c.err) != c.lost || IsCapacity(c.err) != c.capac {
+			t.Errorf("%v: unrecoverable %v lost %v capacity %v", c.err, IsUnrecoverable(c.err), IsLost(c.err), IsCapacity(c.err))
+		}
+	}
+}
+
+func TestRootsWithin(t *testing.T) {
+	r := RootsIn("/data")
+	good := map[string]string{"i1/vm-1": "/data/run/i1/vm-1"}
+	for rel, want := range good {
+		if got, err := r.RunDir(rel); err != nil || got != want {
+			t.Errorf("RunDir(%q) = %q, %v", rel, got, err)
+		}
+	}
+	for _, bad := range []string{"", "/abs", "..", "../x", "i1/../../x", "i1//vm", "i1/./vm", ".sbx-tmp-x", "i1/vm/"} {
+		if _, err := r.RunDir(bad); !IsUnrecoverable(err) {
+			t.Errorf("RunDir(%q): %v, want unrecoverable", bad, err)
+		}
+	}
+	if err := (Roots{Runs: "rel", Store: "/s", Templates: "/t"}).Validate(); err == nil {
+		t.Error("relative root accepted")
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
