@@ -131,8 +131,10 @@ type decider struct {
 	m   Meta
 	evs []event.Event
 	err error // an event that failed to encode (a bug)
-	// vmIDs are the ids this decision has handed out so far.
-	vmN int
+	// vmN counts the VM ids derived so far; handed lists them when a
+	// decision hands out more than one.
+	vmN    int
+	handed map[string]bool
 }
 
 func (d *decider) emit(p event.Payload, aggID string) {
@@ -148,14 +150,19 @@ func (d *decider) emit(p event.Payload, aggID string) {
 }
 
 // newVMID returns the next VM id derived from the command's op id that no VM
-// in state uses.
+// in state and no earlier id of this decision uses.
 func (d *decider) newVMID() string {
 	for {
 		id := VMID(d.m.Op, d.vmN)
 		d.vmN++
-		if _, used := d.s.vms[id]; !used {
-			return id
+		if _, used := d.s.vms[id]; used || d.handed[id] {
+			continue
 		}
+		if d.handed == nil {
+			d.handed = map[string]bool{}
+		}
+		d.handed[id] = true
+		return id
 	}
 }
 

@@ -33,7 +33,8 @@ import (
 // check at every step to find the shortest failing prefix, which is printed
 // with the seed and the commands leading to it.
 //
-// SBX_FSM_SEEDS=1,2,3 and SBX_FSM_STEPS=n override the defaults.
+// SBX_FSM_SEEDS=1,2,3, SBX_FSM_STEPS=n and SBX_FSM_FAIL_PERCENT=p override
+// the defaults.
 func TestRandomized(t *testing.T) {
 	seeds := []uint64{1, 20260901}
 	if v := os.Getenv("SBX_FSM_SEEDS"); v != "" {
@@ -58,7 +59,7 @@ func TestRandomized(t *testing.T) {
 	var seenMu sync.Mutex
 	t.Cleanup(func() {
 		// The workload must exercise every transition the log can record.
-		if t.Failed() || steps < 5000 {
+		if t.Failed() || steps < 5000 || os.Getenv("SBX_FSM_FAIL_PERCENT") != "" {
 			return
 		}
 		for _, ty := range event.Types() {
@@ -167,8 +168,18 @@ type run struct {
 	lastTickT int64
 }
 
+// simOptions: SBX_FSM_FAIL_PERCENT overrides the share of failed executor
+// results, to stress the failure paths.
+func simOptions() fsmsim.Options {
+	var o fsmsim.Options
+	if v, err := strconv.Atoi(os.Getenv("SBX_FSM_FAIL_PERCENT")); err == nil {
+		o.FailPercent = v
+	}
+	return o
+}
+
 func newRun(seed uint64, cadence int) *run {
-	return &run{seed: seed, cadence: cadence, sim: fsmsim.New(seed, fsmsim.Options{}), live: fsm.New(), replica: fsm.New(), codes: map[fsm.Code]int{}, types: map[event.Type]int{}, pick: seed*2654435761 + 1}
+	return &run{seed: seed, cadence: cadence, sim: fsmsim.New(seed, simOptions()), live: fsm.New(), replica: fsm.New(), codes: map[fsm.Code]int{}, types: map[event.Type]int{}, pick: seed*2654435761 + 1}
 }
 
 func (r *run) rand(n int) int {
