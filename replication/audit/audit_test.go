@@ -18,7 +18,6 @@ import (
 	"github.com/sbxlog/sbxlog/replication/feed"
 	"github.com/sbxlog/sbxlog/replication/internal/repltest"
 	"github.com/sbxlog/sbxlog/replication/natsembed/natstest"
-	"github.com/sbxlog/sbxlog/replication/replicator"
 )
 
 // A simulated node's log (API commands, timers and executor results)
@@ -31,14 +30,7 @@ func TestAuditOneRecordPerEvent(t *testing.T) {
 	if err := replay.Record(context.Background(), l, fsm.New(), fsmsim.New(7, fsmsim.Options{}), 400, nil); err != nil {
 		t.Fatal(err)
 	}
-	r, err := replicator.New(replicator.Options{Log: l, URL: srv.ClientURL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	defer func() { stop(); <-done }()
+	repltest.Replicate(t, srv.ClientURL(), l)
 
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
 	fo := feed.Options{JS: js, Durable: "audit-n1", Nodes: []string{"n1"}, Batch: 32}

@@ -22,6 +22,7 @@
 package feed
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -76,7 +77,11 @@ type Options struct {
 	JS jetstream.JetStream
 	// Stream (default stream.DefaultName).
 	Stream string
-	// Durable is the consumer's name: letters, digits, '-' and '_'. Required.
+	// Durable is the consumer's name: letters, digits, '-' and '_'. Empty
+	// means an ephemeral consumer, for handlers whose state lives in memory
+	// (the cluster view): it starts at the beginning of the stream, resumes
+	// after the last message it delivered when it has to be recreated, and
+	// the server forgets it once the feed stops.
 	Durable string
 	// Nodes limits the feed to these nodes' subjects; empty means all.
 	Nodes []string
@@ -95,10 +100,11 @@ type Feed struct {
 	log     zerolog.Logger
 	filters []string
 
-	mu     sync.Mutex
-	pos    map[string]uint64 // next expected is pos+1
-	reset  bool              // the consumer was rebuilt for a gap once
-	status Status
+	mu      sync.Mutex
+	pos     map[string]uint64 // next expected is pos+1
+	lastSeq uint64            // stream sequence of the last message handled
+	reset   bool              // the consumer was rebuilt for a gap once
+	status  Status
 }
 
 // Status is a snapshot for status pages.
@@ -114,8 +120,10 @@ func New(opts Options, h Handler) (*Feed, error) {
 	if opts.JS == nil || h == nil {
 		return nil, errors.New("feed: JetStream context and handler are required")
 	}
-	if err := stream.CheckNodeID(opts.Durable); err != nil {
-		return nil, fmt.Errorf("feed: durable name: %w", err)
+	if opts.Durable != "" {
+		if err := stream.CheckNodeID(opts.Durable); err != nil {
+			return nil, fmt.Errorf("feed: durable name: %w", err)
+		}
 	}
 	if opts.Stream == "" {
 		opts.Stream = stream.DefaultName
@@ -142,7 +150,7 @@ func New(opts Options, h Handler) (*Feed, error) {
 	return &Feed{
 		opts:    opts,
 		h:       h,
-		log:     opts.Logger.With().Str("component", "feed").Str("durable", opts.Durable).Logger(),
+		log:     opts.Logger.With().Str("component", "feed").Str("durable", cmp.Or(opts.Durable, "(ephemeral)")).Logger(),
 		filters: filters,
 		pos:     map[string]uint64{},
 		status:  Status{Durable: opts.Durable, State: "idle"},
@@ -227,6 +235,15 @@ func (f *Feed) consumerConfig() jetstream.ConsumerConfig {
 		AckWait:       time.Minute,
 		MaxAckPending: 4 * f.opts.Batch,
 	}
+	if f.opts.Durable == "" {
+		cfg.AckPolicy, cfg.MaxAckPending = jetstream.AckNonePolicy, 0
+		cfg.InactiveThreshold = time.Minute
+		f.mu.Lock()
+		if f.lastSeq > 0 {
+			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, f.lastSeq+1
+		}
+		f.mu.Unlock()
+	}
 	if len(f.filters) == 1 {
 		cfg.FilterSubject = f.filters[0]
 	} else {
@@ -279,9 +296,16 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 			}
 			f.mu.Unlock()
 		}
+		if md, err := msgs[len(msgs)-1].Metadata(); err == nil {
+			f.mu.Lock()
+			f.lastSeq = md.Sequence.Stream
+			f.mu.Unlock()
+		}
 		// AckAll: acknowledging the last message covers the batch.
-		if err := msgs[len(msgs)-1].Ack(); err != nil {
-			return true, fmt.Errorf("ack: %w", err)
+		if f.opts.Durable != "" {
+			if err := msgs[len(msgs)-1].Ack(); err != nil {
+				return true, fmt.Errorf("ack: %w", err)
+			}
 		}
 		progressed = true
 	}
@@ -327,7 +351,7 @@ func (f *Feed) verify(ctx context.Context, msgs []jetstream.Msg, evs []event.Eve
 			continue // applied before: a redelivery or a replay from the start
 		case ev.Seq > want:
 			gap := &GapError{Node: node, Want: want, Got: ev.Seq}
-			if f.reset {
+			if f.reset || f.opts.Durable == "" {
 				return nil, gap
 			}
 			f.reset = true

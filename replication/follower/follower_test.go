@@ -16,7 +16,6 @@ import (
 	"github.com/sbxlog/sbxlog/replication/follower"
 	"github.com/sbxlog/sbxlog/replication/internal/repltest"
 	"github.com/sbxlog/sbxlog/replication/natsembed/natstest"
-	"github.com/sbxlog/sbxlog/replication/replicator"
 	"github.com/sbxlog/sbxlog/replication/stream"
 )
 
@@ -28,14 +27,7 @@ func setup(t *testing.T) (url string, js jetstream.JetStream, src *eventlog.Log)
 	_, js = natstest.Connect(t, srv.ClientURL())
 	src = repltest.OpenLog(t, "n1")
 	appendOps(t, src, 30)
-	r, err := replicator.New(replicator.Options{Log: src, URL: srv.ClientURL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	repltest.Replicate(t, srv.ClientURL(), src)
 	return srv.ClientURL(), js, src
 }
 

@@ -11,12 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/replication/feed"
 	"github.com/sbxlog/sbxlog/replication/internal/repltest"
 	"github.com/sbxlog/sbxlog/replication/natsembed/natstest"
-	"github.com/sbxlog/sbxlog/replication/replicator"
 	"github.com/sbxlog/sbxlog/replication/usage"
 )
 
@@ -84,14 +82,7 @@ func TestUsageExactlyOnceAcrossRestarts(t *testing.T) {
 	srv := natstest.Single(t)
 	_, js := natstest.Connect(t, srv.ClientURL())
 	l := repltest.OpenLog(t, "n1")
-	r, err := replicator.New(replicator.Options{Log: l, URL: srv.ClientURL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stopRep := context.WithCancel(context.Background())
-	repDone := make(chan error, 1)
-	go func() { repDone <- r.Run(rctx) }()
-	defer func() { stopRep(); <-repDone }()
+	repltest.Replicate(t, srv.ClientURL(), l)
 
 	claims := scripts(90)
 	var gen sync.WaitGroup
@@ -208,5 +199,4 @@ func TestUsageExactlyOnceAcrossRestarts(t *testing.T) {
 			t.Errorf("claim %s: compute_s %v, hand-computed %v", s.id, got, s.compute)
 		}
 	}
-	_ = eventlog.ErrClosed
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/replication/replicator"
 	"github.com/sbxlog/sbxlog/replication/stream"
 )
 
@@ -184,4 +185,23 @@ func RequireSubjectIs(t testing.TB, js jetstream.JetStream, streamName, node str
 			t.Fatalf("message %d has Nats-Msg-Id %q", i, got[i].MsgID)
 		}
 	}
+}
+
+// Replicate runs a replicator of l to url in the background until cleanup.
+func Replicate(t testing.TB, url string, l *eventlog.Log) *replicator.Replicator {
+	t.Helper()
+	r, err := replicator.New(replicator.Options{Log: l, URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("replicator of %s: %v", l.NodeID(), err)
+		}
+	})
+	return r
 }
