@@ -306,8 +306,13 @@ func (d *decider) claim(c *Claim) error {
 	if _, used := s.claims[c.ID]; used {
 		return reject(Invalid, "claim id %s is already in use", c.ID)
 	}
-	if err := ValidKey(c.Key); err != nil {
-		return err
+	// A configured pool's key was validated when it was configured; only
+	// an unknown key needs the (regexp) check, to tell 400 from unknown.
+	p := s.pools[c.Key]
+	if p == nil {
+		if err := ValidKey(c.Key); err != nil {
+			return err
+		}
 	}
 	if err := checkText("tenant", c.Tenant, MaxTenant); err != nil {
 		return err
@@ -329,7 +334,6 @@ func (d *decider) claim(c *Claim) error {
 	case serve == 0:
 		serve = DefaultServeTimeoutSeconds
 	}
-	p := s.pools[c.Key]
 	switch {
 	case p == nil:
 		return reject(UnknownPool, "no pool %s", c.Key)
