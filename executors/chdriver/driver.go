@@ -264,7 +264,7 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	for _, p := range swept {
 		d.log.Info().Str("path", p).Msg("removed a temp dir left by an interrupted recipe")
 	}
-	m, err := fsx.NewCloner(d.log).Detect(d.roots.Store)
+	m, err := detector(d.fs, d.log).Detect(d.roots.Store)
 	if err != nil {
 		return rep, err
 	}
@@ -275,6 +275,24 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 		d.log.Warn().Str("store", d.roots.Store).Msg("store filesystem cannot reflink: every clone and hibernate copies cow.raw (sparse copy)")
 	}
 	return rep, nil
+}
+
+// detector returns the Cloner behind fs (through any Recorders), so the
+// start-up detection primes the same per-filesystem cache the recipes use
+// and the copy fallback is logged once, not twice.
+func detector(fs fsx.FS, log zerolog.Logger) interface {
+	Detect(dir string) (fsx.Method, error)
+} {
+	for {
+		switch f := fs.(type) {
+		case *fsx.OS:
+			return f.Cloner
+		case *fsx.Recorder:
+			fs = f.FS
+			continue
+		}
+		return fsx.NewCloner(log)
+	}
 }
 
 // vmRunDir resolves an intent's run dir and checks it belongs to this
