@@ -1,6 +1,7 @@
 package ch
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"syscall"
 	"time"
 )
@@ -34,13 +36,19 @@ var DefaultTimeouts = Timeouts{
 // devices is the largest legitimate answer and stays far below it.
 const maxBody = 8 << 20
 
-// Client talks to one VMM's API socket. It is safe for concurrent use; each
-// call opens its own connection, so a dial error always means nothing was
-// sent (see ErrVMMGone).
+// dialError marks failures to connect, which prove no request was sent.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// Client talks to one VMM's API socket. It is safe for concurrent use. Each
+// call opens its own connection and closes it after the answer: a dial error
+// then always means nothing was sent (see ErrVMMGone), and a VMM that died
+// since the last call cannot leave a stale pooled connection behind.
 type Client struct {
 	socket   string
 	timeouts Timeouts
-	hc       *http.Client
 }
 
 // Option configures a Client.
@@ -61,33 +69,12 @@ func WithTimeouts(t Timeouts) Option {
 	}
 }
 
-// dialError marks failures to connect, which prove no request was sent.
-type dialError struct{ err error }
-
-func (e *dialError) Error() string { return e.err.Error() }
-func (e *dialError) Unwrap() error { return e.err }
-
 // New returns a client for the API socket at socketPath.
 func New(socketPath string, opts ...Option) *Client {
 	c := &Client{socket: socketPath, timeouts: DefaultTimeouts}
 	for _, o := range opts {
 		o(c)
 	}
-	var d net.Dialer
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			conn, err := d.DialContext(ctx, "unix", socketPath)
-			if err != nil {
-				return nil, &dialError{err}
-			}
-			return conn, nil
-		},
-		// One connection per call: a reused connection to a VMM that has
-		// since died would turn "VMM gone" into an ambiguous EOF.
-		DisableKeepAlives:  true,
-		DisableCompression: true,
-	}
-	c.hc = &http.Client{Transport: tr}
 	return c
 }
 
@@ -217,32 +204,49 @@ func (c *Client) Resize(ctx context.Context, r Resize) error {
 	return c.do(ctx, "vm.resize", http.MethodPut, r, nil, c.timeouts.Call)
 }
 
-// do performs one call. out is decoded from a 200 body when non-nil.
+// do performs one call: one connection, one HTTP/1.1 exchange. out is
+// decoded from a 200 body when non-nil.
 func (c *Client) do(ctx context.Context, op, method string, in, out any, timeout time.Duration) error {
-	var body io.Reader
+	var body []byte
 	if in != nil {
-		data, err := json.Marshal(in)
-		if err != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
 			return fmt.Errorf("ch %s: encode request: %w", op, err)
 		}
-		body = bytes.NewReader(data)
 	}
 	cctx, cancel := context.WithTimeoutCause(ctx, timeout, ErrTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(cctx, method, "http://localhost/api/v1/"+op, body)
+	var d net.Dialer
+	conn, err := d.DialContext(cctx, "unix", c.socket)
 	if err != nil {
-		return fmt.Errorf("ch %s: %w", op, err)
+		return c.transportError(ctx, cctx, op, &dialError{err})
 	}
+	defer conn.Close()
+	// Deadlines and cancellation both end the exchange by expiring the
+	// connection's deadline.
+	if dl, ok := cctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(cctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	var req bytes.Buffer
+	fmt.Fprintf(&req, "%s /api/v1/%s HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n", method, op)
 	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
+		fmt.Fprintf(&req, "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+		req.Write(body)
+	} else {
+		req.WriteString("Content-Length: 0\r\n\r\n")
 	}
-	req.Header.Set("Accept", "application/json")
-	resp, err := c.hc.Do(req)
+	if _, err := conn.Write(req.Bytes()); err != nil {
+		return c.transportError(ctx, cctx, op, err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
 		return c.transportError(ctx, cctx, op, err)
 	}
-	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	resp.Body.Close()
 	if err != nil {
 		return c.transportError(ctx, cctx, op, err)
 	}
@@ -258,6 +262,11 @@ func (c *Client) do(ctx context.Context, op, method string, in, out any, timeout
 }
 
 func (c *Client) transportError(parent, cctx context.Context, op string, err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// The connection's deadline is the context's (or was expired by its
+		// cancellation): let the context catch up before asking it why.
+		<-cctx.Done()
+	}
 	if perr := parent.Err(); perr != nil {
 		// The caller gave up; that is theirs to interpret.
 		return fmt.Errorf("ch %s: %w", op, perr)

@@ -152,13 +152,15 @@ func Launch(ctx context.Context, cfg Config) (*Process, error) {
 			return nil, fmt.Errorf("%w: pid %d", ErrAlreadyRunning, pid)
 		}
 	}
-	// A VMM that crashed before writing its pid file may still serve the
-	// socket; never unlink a socket that answers.
-	pctx, cancel := context.WithTimeout(ctx, time.Second)
-	_, perr := ch.New(sock).Ping(pctx)
-	cancel()
-	if perr == nil {
-		return nil, fmt.Errorf("%w: %s answers", ErrAlreadyRunning, sock)
+	// A VMM whose launcher died before writing the pid file may still serve
+	// the socket; never unlink a socket that answers.
+	if _, err := os.Lstat(sock); err == nil {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, perr := ch.New(sock).Ping(pctx)
+		cancel()
+		if perr == nil {
+			return nil, fmt.Errorf("%w: %s answers", ErrAlreadyRunning, sock)
+		}
 	}
 	for _, f := range []string{PidFile, SocketFile, SocketFile + ".lock"} {
 		if err := os.Remove(filepath.Join(cfg.RunDir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -210,6 +212,10 @@ func Launch(ctx context.Context, cfg Config) (*Process, error) {
 		release: make(chan struct{}),
 	}
 	go func() {
+		// Wait on the pidfd through the runtime's poller first: a blocking
+		// wait would hold an OS thread per VMM for the VM's whole life.
+		// A child is always reaped, also after Release.
+		p.waitPidfd(false)
 		_ = cmd.Wait()
 		close(p.exited)
 	}()
@@ -225,7 +231,10 @@ func Launch(ctx context.Context, cfg Config) (*Process, error) {
 	return p, nil
 }
 
-// waitReady polls vmm.ping until it answers, the process exits or time runs out.
+// waitReady polls vmm.ping until it answers, the process exits or time runs
+// out. Between attempts it sleeps until something is created in the run dir
+// (inotify), so the first ping follows the socket's bind closely without
+// spinning; a refused connection means bind happened and listen is next.
 func (p *Process) waitReady(ctx context.Context) error {
 	timeout := p.cfg.ReadyTimeout
 	if timeout <= 0 {
@@ -233,22 +242,64 @@ func (p *Process) waitReady(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	created, stop := watchCreate(p.cfg.RunDir)
+	defer stop()
 	probe := ch.New(p.SocketPath(), ch.WithTimeouts(ch.Timeouts{Call: time.Second}))
-	delay := 500 * time.Microsecond
 	for {
 		_, err := probe.Ping(ctx)
 		if err == nil {
 			return nil
 		}
+		wait := 5 * time.Millisecond // a fallback: events can coalesce or be missing
+		if created == nil {
+			wait = time.Millisecond
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			wait = 100 * time.Microsecond
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-p.exited:
+			t.Stop()
 			return fmt.Errorf("%w before answering vmm.ping (pid %d)", ErrExited, p.pid)
 		case <-ctx.Done():
+			t.Stop()
 			return fmt.Errorf("%w within %s: %v", ErrUnresponsive, timeout, err)
-		case <-time.After(delay):
+		case <-created:
+		case <-t.C:
 		}
-		delay = min(delay*2, 10*time.Millisecond)
+		t.Stop()
 	}
+}
+
+// watchCreate signals on the returned channel when an entry is created in
+// dir. It returns a nil channel where inotify is unavailable.
+func watchCreate(dir string) (<-chan struct{}, func()) {
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		return nil, func() {}
+	}
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE|unix.IN_MOVED_TO); err != nil {
+		unix.Close(fd)
+		return nil, func() {}
+	}
+	f := os.NewFile(uintptr(fd), "inotify") // non-blocking: the runtime poller waits on it
+	events := make(chan struct{}, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			if _, err := f.Read(buf); err != nil {
+				return
+			}
+			select {
+			case events <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	// Closing an inotify instance waits for an SRCU grace period (10+ ms);
+	// nothing needs to wait for that.
+	return events, func() { go f.Close() }
 }
 
 // kill ends a process that failed to launch and cleans up after it.
@@ -324,7 +375,7 @@ func checkOurs(pid int, binary, sock string) error {
 // watchAdopted closes exited when a process that is not our child exits.
 // After Release it returns without reporting anything.
 func (p *Process) watchAdopted() {
-	exited, usable := p.waitPidfd()
+	exited, usable := p.waitPidfd(true)
 	if !usable {
 		exited = p.pollProc()
 	}
@@ -335,30 +386,41 @@ func (p *Process) watchAdopted() {
 }
 
 // waitPidfd waits for the pidfd to become readable, which it does when the
-// process exits. usable is false when there is no pidfd to wait on.
-func (p *Process) waitPidfd() (exited, usable bool) {
+// process exits, or (with stopOnRelease) for Release. usable is false when
+// there is no pidfd to wait on.
+func (p *Process) waitPidfd(stopOnRelease bool) (exited, usable bool) {
+	// Dup under the lock: Release closes p.pidfd, and its number could be
+	// reused by the time an unlocked Dup ran.
 	p.mu.Lock()
-	fd := p.pidfd
-	p.mu.Unlock()
-	if fd < 0 {
+	if p.pidfd < 0 {
+		p.mu.Unlock()
 		return false, false
 	}
-	dup, err := unix.Dup(fd)
+	dup, err := unix.Dup(p.pidfd)
+	p.mu.Unlock()
 	if err != nil {
 		return false, false
 	}
-	// The pidfd is non-blocking, so the runtime's poller watches it.
+	// Non-blocking, the pidfd is watched by the runtime's poller.
+	if err := unix.SetNonblock(dup, true); err != nil {
+		unix.Close(dup)
+		return false, false
+	}
 	f := os.NewFile(uintptr(dup), "pidfd")
 	defer f.Close()
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return false, false
 	}
+	release := p.release
+	if !stopOnRelease {
+		release = nil
+	}
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {
 		select {
-		case <-p.release:
+		case <-release:
 			_ = f.SetReadDeadline(time.Now())
 		case <-stop:
 		}

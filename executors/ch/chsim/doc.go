@@ -20,8 +20,10 @@
 //     (and OnDemand) by mapping memory-ranges MAP_PRIVATE for the VM's
 //     lifetime, so the running guest's writes never reach the file and its
 //     pages are shared with the page cache; a truncated file faults (SIGBUS)
-//     like it kills a real guest; a memory file that does not match
-//     state.json's checksum fails the restore;
+//     like it kills a real guest. A memory file that does not match
+//     state.json's checksum fails a Copy restore (which reads it all); a
+//     mapped restore stays O(1) and its guest crashes on its first run
+//     instead, ending the VMM process as a dying guest ends CH;
 //   - devices opened the way CH opens them: disk images must exist and are
 //     OFD-locked (two VMs on one image fail), the vsock socket is bound
 //     without unlinking (a stale path fails), serial/console files created;

@@ -45,6 +45,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 func inProc(t *testing.T, dir string, opts chsim.Options) *ch.Client {
 	t.Helper()
 	opts.Socket = filepath.Join(dir, "api.sock")
+	opts.GuestTick = testTick
 	logs := &chsimbin.SyncBuffer{}
 	opts.Log = logs
 	if opts.Crash == nil {
@@ -72,8 +73,13 @@ func inProc(t *testing.T, dir string, opts chsim.Options) *ch.Client {
 	return ch.New(opts.Socket)
 }
 
+// testTick makes simulated guests tick fast, so waiting for heartbeats is
+// quick.
+const testTick = 10 * time.Millisecond
+
 // startProc runs the chsim binary on a socket in dir.
 func startProc(t *testing.T, dir string, env ...string) *chsimbin.Process {
+	env = append([]string{chsim.EnvGuestTick + "=" + testTick.String()}, env...)
 	return chsimbin.StartT(t, chsimBin, filepath.Join(dir, "api.sock"), env...)
 }
 

@@ -28,6 +28,9 @@ type guestMemory struct {
 	mode    string
 	extents []extent
 	next    int // round-robin cursor of touchNext
+	// expect is the checksum a mapped restore's memory must have; the guest
+	// checks it on its first run.
+	expect *uint32
 }
 
 func newAnonMemory(size int64) (*guestMemory, error) {

@@ -24,12 +24,16 @@ const (
 	EnvAgentDelay        = "SBX_CHSIM_AGENT_DELAY"         // time after boot before the guest answers vsock CONNECTs
 	EnvVsockPorts        = "SBX_CHSIM_VSOCK_PORTS"         // comma-separated guest ports that accept (default: all)
 	EnvIgnoreSIGTERM     = "SBX_CHSIM_IGNORE_SIGTERM"      // "1": a wedged VMM that only SIGKILL stops
+	EnvGuestTick         = "SBX_CHSIM_GUEST_TICK"          // how often a running guest writes its heartbeat
 )
 
 // Defaults.
 const (
 	DefaultDirtyBytes  = 4 << 20
 	DefaultBalloonRate = 256 << 20
+	// DefaultGuestTick keeps an idle simulated guest nearly as quiet as an
+	// idle real one: hundreds of VMs on a host must not busy its CPUs.
+	DefaultGuestTick = 100 * time.Millisecond
 	// DefaultMemorySize is CH's memory size when a config names none.
 	DefaultMemorySize = 512 << 20
 )
@@ -92,6 +96,9 @@ type Options struct {
 	// AgentDelay is how long after boot the guest's agent starts accepting
 	// vsock connections (restored guests accept at once).
 	AgentDelay time.Duration
+	// GuestTick is the period of the running guest's heartbeat write and
+	// page touch.
+	GuestTick time.Duration
 	// VsockPorts restricts the guest ports that accept; empty accepts all.
 	VsockPorts []uint32
 	// IgnoreSIGTERM makes the binary ignore SIGTERM, like a wedged VMM, so
@@ -114,6 +121,7 @@ func DefaultOptions() Options {
 		SnapshotExitAfter: -1,
 		DirtyBytes:        DefaultDirtyBytes,
 		BalloonRate:       DefaultBalloonRate,
+		GuestTick:         DefaultGuestTick,
 	}
 }
 
@@ -138,6 +146,7 @@ func (o *Options) ApplyEnv(getenv func(string) string) error {
 	set(EnvDirtyBytes, sizeInto(&o.DirtyBytes))
 	set(EnvBalloonRate, sizeInto(&o.BalloonRate))
 	set(EnvAgentDelay, durationInto(&o.AgentDelay))
+	set(EnvGuestTick, durationInto(&o.GuestTick))
 	set(EnvVsockPorts, func(v string) error {
 		ports, err := parsePorts(v)
 		o.VsockPorts = ports
@@ -165,6 +174,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("exit-random", "die at a random time within this duration (env "+EnvExitRandom+")", durationInto(&o.ExitRandom))
 	fs.Func("dirty-bytes", "data a booted guest writes into memory (env "+EnvDirtyBytes+", default 4MiB)", sizeInto(&o.DirtyBytes))
 	fs.Func("balloon-rate", "balloon inflation bytes per second, 0 instant (env "+EnvBalloonRate+", default 256MiB)", sizeInto(&o.BalloonRate))
+	fs.Func("guest-tick", "period of the running guest's heartbeat (env "+EnvGuestTick+", default 100ms)", durationInto(&o.GuestTick))
 	fs.Func("agent-delay", "delay after boot before vsock CONNECTs are answered (env "+EnvAgentDelay+")", durationInto(&o.AgentDelay))
 	fs.BoolVar(&o.IgnoreSIGTERM, "ignore-sigterm", o.IgnoreSIGTERM, "ignore SIGTERM like a wedged VMM (env "+EnvIgnoreSIGTERM+")")
 	fs.Func("vsock-ports", "guest ports that accept vsock connections, default all (env "+EnvVsockPorts+")", func(v string) error {
@@ -310,6 +320,7 @@ Flags:
   --balloon-rate <size>        balloon inflation per second of running guest
                                (default 256MiB; 0 = instant)
   --agent-delay <duration>     time after boot before the guest answers vsock CONNECTs
+  --guest-tick <duration>      period of the running guest's heartbeat write (default 100ms)
   --vsock-ports <list>         guest ports that accept vsock connections (default all)
   --ignore-sigterm             ignore SIGTERM, like a wedged VMM (only SIGKILL stops it)
   --version                    print the simulated version and exit
@@ -318,6 +329,7 @@ Each flag has an environment variable, read first (flags override), because a
 VMM is launched with nothing but --api-socket:
   SBX_CHSIM_LATENCY, SBX_CHSIM_FAIL, SBX_CHSIM_SNAPSHOT_EXIT_AFTER,
   SBX_CHSIM_EXIT_RANDOM, SBX_CHSIM_DIRTY_BYTES, SBX_CHSIM_BALLOON_RATE,
-  SBX_CHSIM_AGENT_DELAY, SBX_CHSIM_VSOCK_PORTS, SBX_CHSIM_IGNORE_SIGTERM
+  SBX_CHSIM_AGENT_DELAY, SBX_CHSIM_VSOCK_PORTS, SBX_CHSIM_IGNORE_SIGTERM,
+  SBX_CHSIM_GUEST_TICK
 Sizes take K, M, G suffixes (binary). Logs go to stderr.
 `

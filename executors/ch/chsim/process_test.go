@@ -19,6 +19,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/ch/chsim"
+	"github.com/sbxlog/sbxlog/executors/ch/chsimbin"
 )
 
 func fileSum(t *testing.T, path string) [32]byte {
@@ -126,7 +127,7 @@ func heartbeatAt(t *testing.T, memFile string) uint64 {
 func cloneSnapshot(t *testing.T, golden, dir string) string {
 	t.Helper()
 	snap := filepath.Join(dir, "snap")
-	if err := os.Mkdir(snap, 0o755); err != nil {
+	if err := os.MkdirAll(snap, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Link(filepath.Join(golden, chsim.MemoryFile), filepath.Join(snap, chsim.MemoryFile)); err != nil {
@@ -159,6 +160,19 @@ func cloneSnapshot(t *testing.T, golden, dir string) string {
 		t.Fatal(err)
 	}
 	return snap
+}
+
+// restoreClone prepares a clone of golden in dir and restores it
+// CopyOnWrite in a chsim process of its own.
+func restoreClone(t *testing.T, golden, dir string, resume bool) (p *chsimbin.Process, snap string) {
+	t.Helper()
+	snap = cloneSnapshot(t, golden, dir)
+	p = startProc(t, dir)
+	url, _ := ch.FileURL(snap)
+	if err := p.Client.Restore(context.Background(), ch.RestoreConfig{SourceURL: url, MemoryRestoreMode: ch.RestoreCopyOnWrite, Resume: resume}); err != nil {
+		t.Fatalf("restore of a clone: %v", err)
+	}
+	return p, snap
 }
 
 // goldenSnapshot boots a VM in its own chsim process, snapshots it into
@@ -211,16 +225,7 @@ func TestCopyOnWriteRestore(t *testing.T) {
 	}
 	var clones []clone
 	for i := range 2 {
-		cdir := filepath.Join(dir, fmt.Sprintf("c%d", i))
-		if err := os.Mkdir(cdir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		snap := cloneSnapshot(t, golden, cdir)
-		p := startProc(t, cdir, env...)
-		url, _ := ch.FileURL(snap)
-		if err := p.Client.Restore(ctx, ch.RestoreConfig{SourceURL: url, MemoryRestoreMode: ch.RestoreCopyOnWrite, Resume: true}); err != nil {
-			t.Fatal(err)
-		}
+		p, snap := restoreClone(t, golden, filepath.Join(dir, fmt.Sprintf("c%d", i)), true)
 		clones = append(clones, clone{p.Pid(), p.Client, snap})
 	}
 	for _, c := range clones {
@@ -272,19 +277,9 @@ func TestCopyOnWriteRestore(t *testing.T) {
 // TestTruncatedMemoryFileKillsGuest: truncating memory-ranges under a running
 // CopyOnWrite guest faults it, as on CH.
 func TestTruncatedMemoryFileKillsGuest(t *testing.T) {
-	ctx := context.Background()
 	dir := shortDir(t)
 	golden := goldenSnapshot(t, dir, 64<<20, chsim.EnvDirtyBytes+"=1M")
-	cdir := filepath.Join(dir, "c")
-	if err := os.Mkdir(cdir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	snap := cloneSnapshot(t, golden, cdir)
-	p := startProc(t, cdir)
-	url, _ := ch.FileURL(snap)
-	if err := p.Client.Restore(ctx, ch.RestoreConfig{SourceURL: url, MemoryRestoreMode: ch.RestoreCopyOnWrite, Resume: true}); err != nil {
-		t.Fatal(err)
-	}
+	p, snap := restoreClone(t, golden, filepath.Join(dir, "c"), true)
 	waitHeartbeats(t, p.Client, 1)
 	if err := os.Truncate(filepath.Join(snap, chsim.MemoryFile), 0); err != nil {
 		t.Fatal(err)
@@ -294,6 +289,34 @@ func TestTruncatedMemoryFileKillsGuest(t *testing.T) {
 	}
 	if !strings.Contains(p.Log(), "SIGBUS") {
 		t.Errorf("exit was not a SIGBUS:\n%s", p.Log())
+	}
+}
+
+// TestCorruptMemoryCrashesMappedGuest: a CopyOnWrite restore reads nothing,
+// so it succeeds; the guest then finds its memory is not what it left and
+// the VMM exits, as CH does when its guest dies.
+func TestCorruptMemoryCrashesMappedGuest(t *testing.T) {
+	ctx := context.Background()
+	dir := shortDir(t)
+	golden := goldenSnapshot(t, dir, 64<<20, chsim.EnvDirtyBytes+"=1M")
+	f, err := os.OpenFile(filepath.Join(golden, chsim.MemoryFile), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("corrupt"), 4096+100); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	// The mapped restore of the corrupt snapshot succeeds: it reads nothing.
+	p, _ := restoreClone(t, golden, filepath.Join(dir, "c"), false)
+	if err := p.Client.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitExit(10 * time.Second); err != nil {
+		t.Fatal("VMM kept running a guest with corrupt memory")
+	}
+	if !strings.Contains(p.Log(), "guest memory differs from the snapshot") {
+		t.Errorf("log does not say why:\n%s", p.Log())
 	}
 }
 

@@ -88,7 +88,11 @@ func (s *Server) teardownLocked() {
 // into its memory and reads one data page per tick, so a private mapping
 // really gets copy-on-write pages and a truncated memory file really faults.
 func (s *Server) runGuest(v *vmInstance, stop chan struct{}) {
-	t := time.NewTicker(20 * time.Millisecond)
+	tick := s.opts.GuestTick
+	if tick <= 0 {
+		tick = DefaultGuestTick
+	}
+	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
 		select {
@@ -104,6 +108,16 @@ func (s *Server) runGuest(v *vmInstance, stop chan struct{}) {
 		default:
 		}
 		s.advanceLocked()
+		if v.state == ch.StateRunning && v.mem != nil && v.mem.expect != nil {
+			// The resumed guest's first touch of its whole working set.
+			want := *v.mem.expect
+			v.mem.expect = nil
+			if sum := v.mem.checksum(); sum != want {
+				s.mu.Unlock()
+				s.guestCrash(fmt.Sprintf("guest memory differs from the snapshot (crc32c %08x, want %08x)", sum, want))
+				return
+			}
+		}
 		if v.state == ch.StateRunning && v.mem != nil {
 			v.heartbeats++
 			v.mem.heartbeat(v.heartbeats)
@@ -111,6 +125,13 @@ func (s *Server) runGuest(v *vmInstance, stop chan struct{}) {
 		}
 		s.mu.Unlock()
 	}
+}
+
+// guestCrash ends the VMM the way a guest that crashes and powers off ends
+// CH: the VMM process exits.
+func (s *Server) guestCrash(reason string) {
+	s.log.Printf("guest crashed: %s; VMM exiting", reason)
+	s.quitOnce.Do(func() { close(s.quit) })
 }
 
 func (s *Server) startGuestLocked(v *vmInstance) {
