@@ -1,0 +1,29 @@
+package replbench
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sbxlog/sbxlog/bench/report"
+)
+
+// TestRun runs the section when SBXLOG_REPLBENCH is "quick" or "full" and
+// prints its table; the figures of record come from `make bench`.
+func TestRun(t *testing.T) {
+	mode := os.Getenv("SBXLOG_REPLBENCH")
+	if mode == "" {
+		t.Skip("set SBXLOG_REPLBENCH=quick or full to run the replication benchmark")
+	}
+	sec, err := Run(context.Background(), report.Options{Quick: mode == "quick", Scratch: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	sec.Text(&b)
+	t.Log(b.String())
+	if len(sec.Rows) != 6 || len(sec.Verdicts) != 4 {
+		t.Fatalf("section has %d rows and %d verdicts", len(sec.Rows), len(sec.Verdicts))
+	}
+}
