@@ -354,13 +354,7 @@ type sdec struct {
 // istr reads a string, sharing one copy per distinct value. The lookup
 // string(b) does not allocate.
 func (d *sdec) istr() string {
-	n := d.u()
-	if n > uint64(len(d.b)) {
-		d.fail("string of %d bytes, %d left", n, len(d.b))
-		return ""
-	}
-	raw := d.b[:n]
-	d.b = d.b[n:]
+	raw := d.raw()
 	if s, ok := d.interned[string(raw)]; ok {
 		return s
 	}
@@ -418,26 +412,23 @@ func (d *sdec) count() int {
 	return int(n)
 }
 
-func (d *sdec) str() string {
+func (d *sdec) str() string { return string(d.raw()) }
+
+// raw reads a length-prefixed string's bytes (aliasing the input).
+func (d *sdec) raw() []byte {
 	n := d.u()
 	if n > uint64(len(d.b)) {
 		d.fail("string of %d bytes, %d left", n, len(d.b))
-		return ""
+		return nil
 	}
-	s := string(d.b[:n])
+	b := d.b[:n]
 	d.b = d.b[n:]
-	return s
+	return b
 }
 
 // vmID reads a VM id, sharing the record's copy when the VM exists.
 func (d *sdec) vmID(vms map[string]*VMRec) string {
-	n := d.u()
-	if n > uint64(len(d.b)) {
-		d.fail("string of %d bytes, %d left", n, len(d.b))
-		return ""
-	}
-	raw := d.b[:n]
-	d.b = d.b[n:]
+	raw := d.raw()
 	if v, ok := vms[string(raw)]; ok {
 		return v.ID
 	}
