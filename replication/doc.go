@@ -9,9 +9,12 @@
 //     from the stream, refusing a second writer;
 //   - feed: verified delivery of the stream to consumers through durable
 //     consumers;
+//   - journal: the keyed JSON-lines file behind audit and usage;
 //   - follower, audit, usage, cluster: the consumers (replica log,
 //     audit.jsonl, usage.jsonl, cluster view with node addresses).
 //
 // The tests in this directory run the parts together: a three-server R3
-// cluster losing a server under load.
+// cluster losing its stream leader under load (acceptance 1 at the
+// replicator level), a follower's replica replaying to the node's state hash,
+// and the consumers riding out a restart of the embedded server.
 package replication

@@ -8,6 +8,11 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/fsmsim"
+	"github.com/sbxlog/sbxlog/projections/replay"
+	"github.com/sbxlog/sbxlog/replication/cluster"
+	"github.com/sbxlog/sbxlog/replication/feed"
 	"github.com/sbxlog/sbxlog/replication/follower"
 	"github.com/sbxlog/sbxlog/replication/internal/repltest"
 	"github.com/sbxlog/sbxlog/replication/natsembed/natstest"
@@ -137,5 +142,94 @@ func TestR3ClusterLosesAServer(t *testing.T) {
 			t.Fatalf("%s: replica %d events %s, node %d events %s", n, len(replica), repltest.Hash(replica), len(local), repltest.Hash(local))
 		}
 		t.Logf("%s: %d events, %d acknowledged before the loss, hash %s", n, len(local), ackedAtLoss[n], repltest.Hash(local))
+	}
+}
+
+// A follower's replica of a simulated node (API commands, timers, executor
+// results) replays to the node's own state: same state hash.
+func TestFollowerReplicaReplaysToNodeState(t *testing.T) {
+	srv := natstest.Single(t)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	node := repltest.OpenLog(t, "n1")
+	st := fsm.New()
+	if err := replay.Record(context.Background(), node, st, fsmsim.New(42, fsmsim.Options{}), 600, nil); err != nil {
+		t.Fatal(err)
+	}
+	repltest.Replicate(t, srv.ClientURL(), node)
+	f, err := follower.New(follower.Options{JS: js, Replica: repltest.OpenLog(t, "n1"), Batch: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	if err := f.WaitFor(wctx, node.LastSeq()); err != nil {
+		t.Fatal(err)
+	}
+	res, err := replay.Rebuild(f.Replica(), replay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fsm.HashHex(res.State), fsm.HashHex(st); got != want || res.Seq != node.LastSeq() {
+		t.Fatalf("replica replays to %s at seq %d, node state %s at %d", got, res.Seq, want, node.LastSeq())
+	}
+}
+
+// The consumers ride out a restart of the embedded server: the follower
+// (durable consumer) and the cluster view (ephemeral consumer) both end at
+// the node's last event, the replica identical.
+func TestConsumersSurviveNATSRestart(t *testing.T) {
+	srv := natstest.Single(t)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	node := repltest.OpenLog(t, "n1")
+	st := fsm.New()
+	sim := fsmsim.New(5, fsmsim.Options{})
+	if err := replay.Record(context.Background(), node, st, sim, 200, nil); err != nil {
+		t.Fatal(err)
+	}
+	repltest.Replicate(t, srv.ClientURL(), node)
+	f, err := follower.New(follower.Options{JS: js, Replica: repltest.OpenLog(t, "n1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	view := cluster.NewView(nil, natstest.Logger())
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := f.Run(ctx); err != nil {
+			t.Errorf("follower: %v", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := view.Follow(ctx, feed.Options{JS: js}); err != nil {
+			t.Errorf("view: %v", err)
+		}
+	}()
+	caughtUp := func() bool {
+		return f.LastSeq() == node.LastSeq() && view.Position("n1") == node.LastSeq()
+	}
+	natstest.Eventually(t, 20*time.Second, "consumers before the restart", caughtUp)
+
+	srv.Shutdown()
+	if err := replay.Record(context.Background(), node, st, sim, 200, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 30*time.Second, "consumers after the restart", caughtUp)
+	if a, b := repltest.Hash(repltest.LocalEvents(t, node)), repltest.Hash(repltest.LocalEvents(t, f.Replica())); a != b {
+		t.Fatalf("replica %s, node %s", b, a)
+	}
+	ns := view.Nodes()
+	if len(ns) != 1 || ns[0].Live != st.LiveClaims() || ns[0].Broken != "" {
+		t.Fatalf("view %+v, node has %d live claims", ns, st.LiveClaims())
 	}
 }
