@@ -230,14 +230,16 @@ func (c *Client) do(ctx context.Context, op, method string, in, out any, timeout
 	stop := context.AfterFunc(cctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
+	// Connection: close makes the end of the answer unambiguous even for a
+	// bodiless 200 (vmm.shutdown). A bodiless request carries no
+	// Content-Length at all, as curl sends it.
 	var req bytes.Buffer
-	fmt.Fprintf(&req, "%s /api/v1/%s HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n", method, op)
+	fmt.Fprintf(&req, "%s /api/v1/%s HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\nConnection: close\r\n", method, op)
 	if in != nil {
-		fmt.Fprintf(&req, "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
-		req.Write(body)
-	} else {
-		req.WriteString("Content-Length: 0\r\n\r\n")
+		fmt.Fprintf(&req, "Content-Type: application/json\r\nContent-Length: %d\r\n", len(body))
 	}
+	req.WriteString("\r\n")
+	req.Write(body)
 	if _, err := conn.Write(req.Bytes()); err != nil {
 		return c.transportError(ctx, cctx, op, err)
 	}

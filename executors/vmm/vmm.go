@@ -490,6 +490,8 @@ func (p *Process) Terminate(ctx context.Context, grace time.Duration) (Stopped, 
 	}
 	callTimeout := min(grace, 2*time.Second)
 	c := ch.New(p.SocketPath(), ch.WithTimeouts(ch.Timeouts{Call: callTimeout}))
+	// last is the step that was under way when the process is found gone.
+	last := ByVMMShutdown
 	err := c.Shutdown(ctx)
 	if !ch.IsVMMGone(err) && !errors.Is(err, ch.ErrTimeout) {
 		// vm.shutdown without a running VM is a 500; either way ask the VMM
@@ -509,18 +511,19 @@ func (p *Process) Terminate(ctx context.Context, grace time.Duration) (Stopped, 
 	}{{unix.SIGTERM, BySIGTERM}, {unix.SIGKILL, BySIGKILL}} {
 		if !p.Alive() {
 			p.cleanup()
-			return step.stop - 1, nil
+			return last, nil
 		}
 		if err := checkOurs(p.pid, p.cfg.Binary, p.SocketPath()); err != nil {
 			if !p.Alive() || errors.Is(err, ErrNoProcess) {
 				p.cleanup()
-				return step.stop - 1, nil
+				return last, nil
 			}
 			return 0, err
 		}
 		if err := p.signal(step.sig); err != nil && !errors.Is(err, unix.ESRCH) {
 			return 0, fmt.Errorf("vmm: %s pid %d: %w", step.sig, p.pid, err)
 		}
+		last = step.stop
 		if step.sig == unix.SIGKILL {
 			p.cfg.Log.Warn().Int("pid", p.pid).Str("run_dir", p.cfg.RunDir).Msg("VMM ignored vmm.shutdown and SIGTERM; killed")
 		}
