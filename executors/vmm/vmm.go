@@ -218,6 +218,7 @@ func Launch(ctx context.Context, cfg Config) (*Process, error) {
 		p.waitPidfd(false)
 		_ = cmd.Wait()
 		close(p.exited)
+		p.Release() // the pidfd has nothing left to refer to
 	}()
 	if err := writePid(cfg.RunDir, p.pid); err != nil {
 		p.kill()
@@ -382,6 +383,7 @@ func (p *Process) watchAdopted() {
 	if exited {
 		p.reap()
 		close(p.exited)
+		p.Release()
 	}
 }
 
@@ -550,6 +552,9 @@ func (p *Process) waitExit(ctx context.Context, d time.Duration) bool {
 // signal sends sig through the pidfd when there is one, so it cannot reach
 // a process that reused the pid.
 func (p *Process) signal(sig unix.Signal) error {
+	if !p.Alive() {
+		return unix.ESRCH // its pid may belong to someone else by now
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.pidfd >= 0 {
