@@ -16,7 +16,7 @@ import (
 )
 
 // The randomized test (issue acceptance 3). Each seed drives SBX_FSM_STEPS
-// (default 10,000) commands from fsmsim: valid and invalid ones, executor
+// (default 12,000) commands from fsmsim: valid and invalid ones, executor
 // results (some failures, some stale) and ticks moving time. After every step
 // it checks the invariants; every `cadence` steps, replay equivalence:
 //
@@ -36,7 +36,9 @@ import (
 // SBX_FSM_SEEDS=1,2,3, SBX_FSM_STEPS=n and SBX_FSM_FAIL_PERCENT=p override
 // the defaults.
 func TestRandomized(t *testing.T) {
-	seeds := []uint64{1, 20260901}
+	// One seed by default keeps the -race run short; CI or a soak sets
+	// SBX_FSM_SEEDS for more.
+	seeds := []uint64{20260901}
 	if v := os.Getenv("SBX_FSM_SEEDS"); v != "" {
 		seeds = nil
 		for _, f := range strings.Split(v, ",") {
@@ -47,7 +49,7 @@ func TestRandomized(t *testing.T) {
 			seeds = append(seeds, n)
 		}
 	}
-	steps := 10_000
+	steps := 12_000
 	if v := os.Getenv("SBX_FSM_STEPS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
