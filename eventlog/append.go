@@ -22,25 +22,28 @@ type AppendResult struct {
 	Duplicate bool
 }
 
-// Group commit. Appends hand a request to one committer goroutine and wait.
-// The committer takes every request queued since its last round, checks op
-// ids, assigns sequences and writes them all as ONE Pebble batch entering the
-// WAL with ApplyNoSyncWait; it then hands the batch to one syncer goroutine
-// and immediately starts the next round, so while one fsync runs the next
-// batch is already forming. The syncer waits for the batches' fsyncs in the
-// order they were written and publishes each (advances LastSeq, wakes
-// subscribers, answers its appends) only once it is synced.
+// Group commit. An append queues a request. Whoever holds commitMu commits
+// a "round": it takes every queued request, checks op ids, assigns sequences
+// and writes them all as ONE Pebble batch entering the WAL (ApplyNoSyncWait).
+// An uncontended append takes commitMu itself and commits inline, then waits
+// for its batch's fsync and publishes it on its own goroutine: no hand-off,
+// so one writer pays what a raw Pebble Set+Sync pays. When commitMu is busy
+// the append wakes the committer goroutine instead, which commits rounds back
+// to back and leaves the fsync waits to the syncer goroutine; while one fsync
+// runs, the next batch is already forming, and Pebble's WAL writer covers
+// every batch written meanwhile with its next single fsync.
 //
-// Why this is crash safe: sequences are assigned in the order batches enter
-// Pebble's WAL (one goroutine does both), so WAL order equals sequence order.
-// WAL recovery replays a prefix of the WAL, so a crash loses at most a suffix
-// of batches, none of which had been acknowledged; recovered sequences stay
-// contiguous and an op (one batch entry, with its op-index entry) is either
-// whole or absent. Since batches are published in WAL order and a failed
-// fsync stops all publication for good, no reader or caller ever runs ahead
-// of an earlier batch that is not on disk. (Pebble itself treats a WAL write
-// error as fatal and may panic on the next write; either way nothing
-// unsynced is ever acknowledged.)
+// Why this is crash safe: sequences are assigned and batches enter Pebble's
+// WAL under commitMu, so WAL order equals sequence order. WAL recovery
+// replays a prefix of the WAL, so a crash loses at most a suffix of batches,
+// none of which had been acknowledged; recovered sequences stay contiguous
+// and an op (one batch entry, with its op-index entry) is either whole or
+// absent. Batches are published (LastSeq advanced, subscribers woken,
+// appends answered) strictly in WAL order, each only once it and every
+// earlier batch are known synced, and a failed fsync stops all publication
+// for good, so no reader or caller ever runs ahead of data that is not on
+// disk. (Pebble itself treats a WAL write error as fatal and may panic on
+// the next write; either way nothing unsynced is ever acknowledged.)
 
 // request is one Append (or AppendReplica) waiting for the committer.
 type request struct {
@@ -86,6 +89,9 @@ type group struct {
 	batch *pebble.Batch
 	ops   []*op
 	last  uint64
+	// Set under Log.pubMu once the batch's fsync wait returned.
+	synced  bool
+	syncErr error
 }
 
 // Append makes evs durable as one op and returns them with their sequences.
@@ -97,28 +103,83 @@ type group struct {
 // append is in flight, Append returns ctx's error and the append may still
 // become durable; retrying with the same op id is safe.
 func (l *Log) Append(ctx context.Context, evs []event.Event) (AppendResult, error) {
-	id, payloadBytes, err := l.check(evs)
-	if err != nil {
-		return AppendResult{}, err
-	}
 	if err := ctx.Err(); err != nil {
 		return AppendResult{}, err
 	}
-	if !l.gate.enter() {
-		return AppendResult{}, ErrClosed
-	}
-	defer l.gate.exit()
-	if l.readOnly {
-		return AppendResult{}, ErrReadOnly
-	}
-	req := &request{id: id, evs: l.own(evs, payloadBytes, true), done: make(chan struct{})}
-	if err := l.submit(ctx, req); err != nil {
+	p, err := l.Begin(evs)
+	if err != nil {
 		return AppendResult{}, err
 	}
-	if req.stored != nil {
-		return l.readDuplicate(id, req.stored.first, req.stored.count)
+	return p.Wait(ctx)
+}
+
+// Pending is an append that has its place in the log's order but is not yet
+// known to be durable. Wait must be called exactly once.
+type Pending struct {
+	l      *Log
+	req    *request
+	groups []*group // committed inline by Begin; their fsync wait is Wait's
+}
+
+// Begin queues evs as one op and returns without waiting for the fsync. The
+// op's sequences follow every op queued by an earlier Begin or Append call
+// that returned, so a caller that serialises Begin under its own lock gets
+// sequences in its lock order, while the fsyncs, waited for outside that
+// lock, are shared (group commit). This is how the single writer keeps the
+// order in which it applies events to its state equal to the log's order.
+func (l *Log) Begin(evs []event.Event) (*Pending, error) {
+	id, payloadBytes, err := l.check(evs)
+	if err != nil {
+		return nil, err
 	}
-	return req.res, nil
+	if !l.gate.enter() {
+		return nil, ErrClosed
+	}
+	if l.readOnly {
+		l.gate.exit()
+		return nil, ErrReadOnly
+	}
+	if l.poisoned.Load() {
+		l.gate.exit()
+		return nil, l.failure()
+	}
+	req := &request{id: id, evs: l.own(evs, payloadBytes, true), done: make(chan struct{})}
+	return &Pending{l: l, req: req, groups: l.enqueue(req)}, nil
+}
+
+// Wait returns once the op is durable (or found already durable, with
+// Duplicate set). If ctx ends first it returns ctx's error; the op may still
+// become durable and retrying with the same op id is safe.
+func (p *Pending) Wait(ctx context.Context) (AppendResult, error) {
+	defer p.l.gate.exit()
+	if err := p.wait(ctx); err != nil {
+		return AppendResult{}, err
+	}
+	if p.req.stored != nil {
+		return p.l.readDuplicate(p.req.id, p.req.stored.first, p.req.stored.count)
+	}
+	return p.req.res, nil
+}
+
+func (p *Pending) wait(ctx context.Context) error {
+	for _, g := range p.groups {
+		p.l.syncAndPublish(g)
+	}
+	select {
+	case <-p.req.done:
+		return p.req.err
+	case <-ctx.Done():
+		return fmt.Errorf("eventlog: append of op %s: %w (it may still become durable; retrying with the same op id is safe)", p.req.id, ctx.Err())
+	}
+}
+
+// submit queues req and waits for its answer; the caller holds the gate.
+func (l *Log) submit(ctx context.Context, req *request) error {
+	if l.poisoned.Load() {
+		return l.failure()
+	}
+	p := &Pending{l: l, req: req, groups: l.enqueue(req)}
+	return p.wait(ctx)
 }
 
 // own copies evs and their payloads into memory the log owns: the ring
@@ -138,23 +199,38 @@ func (l *Log) own(evs []event.Event, payloadBytes int, stamp bool) []event.Event
 	return out
 }
 
-// submit queues req for the committer and waits for its answer.
-func (l *Log) submit(ctx context.Context, req *request) error {
-	if l.poisoned.Load() {
-		return l.failure()
-	}
+// enqueue queues req and commits it inline if no round is in progress
+// (else leaves it to the committer). It returns the groups it committed
+// inline, whose fsync the caller must wait for and publish.
+func (l *Log) enqueue(req *request) []*group {
 	l.qmu.Lock()
 	l.queue = append(l.queue, req)
 	l.qmu.Unlock()
+	if !l.commitMu.TryLock() {
+		l.wakeCommitter()
+		return nil
+	}
+	l.qmu.Lock()
+	taken := l.queue
+	l.queue = nil
+	l.qmu.Unlock()
+	groups := l.commitRound(taken)
+	l.qmu.Lock()
+	more := len(l.queue) > 0
+	l.qmu.Unlock()
+	l.commitMu.Unlock()
+	if more {
+		// Queued while we held commitMu; their appends woke the
+		// committer already, but a wake-up is cheap insurance.
+		l.wakeCommitter()
+	}
+	return groups
+}
+
+func (l *Log) wakeCommitter() {
 	select {
 	case l.kick <- struct{}{}:
-	default: // a round is already pending; it will take req
-	}
-	select {
-	case <-req.done:
-		return req.err
-	case <-ctx.Done():
-		return fmt.Errorf("eventlog: append of op %s: %w (it may still become durable; retrying with the same op id is safe)", req.id, ctx.Err())
+	default: // a round is already pending; it will take the queue
 	}
 }
 
@@ -201,55 +277,67 @@ func (l *Log) commitLoop() {
 			}
 			return
 		}
+		l.commitMu.Lock()
 		l.qmu.Lock()
 		taken, l.queue = l.queue, taken[:0]
 		l.qmu.Unlock()
-		l.commitRound(taken)
+		groups := l.commitRound(taken)
+		l.commitMu.Unlock()
 		clear(taken)
+		for _, g := range groups {
+			l.syncCh <- g
+		}
 	}
 }
 
 // commitRound writes one round of requests: ordinary appends share one
-// batch; a replica request gets a batch of its own, in queue order.
-func (l *Log) commitRound(reqs []*request) {
+// batch; a replica request gets a batch of its own, in queue order. It
+// returns the applied groups, whose fsyncs the caller waits for. Called
+// under commitMu.
+func (l *Log) commitRound(reqs []*request) []*group {
+	if len(reqs) == 0 {
+		return nil
+	}
 	if l.poisoned.Load() {
 		err := l.failure()
 		for _, r := range reqs {
 			r.finish(err)
 		}
-		return
+		return nil
 	}
 	l.pruneInflight()
+	var applied []*group
 	g := l.newGroup()
 	for _, r := range reqs {
 		if r.stage != nil {
-			l.apply(g)
-			l.commitReplica(r)
+			applied = l.apply(g, applied)
+			applied = l.commitReplica(r, applied)
 			g = l.newGroup()
 			continue
 		}
 		l.stage(g, r)
 	}
-	l.apply(g)
+	return l.apply(g, applied)
 }
 
 // commitReplica commits a replica request in a batch of its own: its op-index
 // checks read Pebble, so every earlier batch must already be applied.
-// Committer only.
-func (l *Log) commitReplica(r *request) {
+// Called under commitMu.
+func (l *Log) commitReplica(r *request, applied []*group) []*group {
 	g := l.newGroup()
 	if err := r.stage(g.batch, l.next); err != nil {
 		_ = g.batch.Close()
 		r.finish(err)
-		return
+		return applied
 	}
 	g.ops = []*op{{id: r.id, first: r.evs[0].Seq, last: r.evs[len(r.evs)-1].Seq, events: r.evs, reqs: []*request{r}, replica: true}}
-	l.apply(g)
+	return l.apply(g, applied)
 }
 
 func (l *Log) newGroup() *group { return &group{batch: l.db.NewBatch()} }
 
-// stage adds an ordinary append to g, or answers it as a duplicate.
+// stage adds an ordinary append to g, or answers it as a duplicate. Called
+// under commitMu.
 func (l *Log) stage(g *group, r *request) {
 	if prev := l.inflight[r.id]; prev != nil {
 		l.pubMu.Lock()
@@ -305,22 +393,16 @@ func (l *Log) putRecord(b *pebble.Batch, e *event.Event) {
 	_ = b.Set(l.key, l.scratch, nil)
 }
 
-// apply writes g to Pebble (into the WAL, not yet synced) and hands it to
-// the syncer. Refused batches never reached the WAL, so their sequences are
-// not used.
-func (l *Log) apply(g *group) {
+// apply writes g to Pebble (into the WAL, not yet synced), queues it for
+// publication in WAL order and appends it to applied. Refused batches never
+// reached the WAL, so their sequences are not used. Called under commitMu.
+func (l *Log) apply(g *group, applied []*group) []*group {
 	if len(g.ops) == 0 {
 		_ = g.batch.Close()
-		return
+		return applied
 	}
 	g.last = g.ops[len(g.ops)-1].last
-	l.mu.Lock()
-	err := l.db.ApplyNoSyncWait(g.batch, pebble.Sync)
-	if err == nil {
-		l.next = g.last + 1
-	}
-	l.mu.Unlock()
-	if err != nil {
+	if err := l.db.ApplyNoSyncWait(g.batch, pebble.Sync); err != nil {
 		_ = g.batch.Close()
 		err = fmt.Errorf("eventlog: apply: %w", err)
 		for _, o := range g.ops {
@@ -331,58 +413,74 @@ func (l *Log) apply(g *group) {
 				r.finish(err)
 			}
 		}
-		return
+		return applied
 	}
+	l.next = g.last + 1
 	for _, o := range g.ops {
 		l.ring.push(o.events)
 		if !o.replica {
 			l.applied = append(l.applied, o)
 		}
 	}
-	l.syncCh <- g
+	l.pubMu.Lock()
+	l.syncing = append(l.syncing, g)
+	l.pubMu.Unlock()
+	return append(applied, g)
 }
 
-// syncLoop is the syncer goroutine: it waits for each batch's fsync in WAL
-// order and publishes it.
+// syncLoop is the syncer goroutine: it waits for the committer's batches.
 func (l *Log) syncLoop() {
 	for g := range l.syncCh {
-		err := g.batch.SyncWait()
-		_ = g.batch.Close()
-		l.publish(g, err)
+		l.syncAndPublish(g)
 	}
 }
 
-// publish makes g visible (LastSeq, subscribers) and answers its appends. A
-// WAL sync error poisons the log: whether later data is on disk is unknown
-// (and after a failed fsync the kernel may have dropped it), so nothing
-// after the failure is ever published or acknowledged.
-func (l *Log) publish(g *group, syncErr error) {
+// syncAndPublish waits for g's fsync, then publishes, in WAL order, every
+// queued group whose fsync is confirmed. Waits may return out of order
+// (different goroutines wait for different groups); publication never does.
+//
+// A WAL sync error poisons the log: whether later data is on disk is
+// unknown (and after a failed fsync the kernel may have dropped it), so
+// nothing after the failure is ever published or acknowledged.
+func (l *Log) syncAndPublish(g *group) {
+	syncErr := g.batch.SyncWait()
+	_ = g.batch.Close()
 	l.pubMu.Lock()
-	if syncErr != nil && l.failErr == nil {
-		l.failErr = syncErr
-		l.poisoned.Store(true)
-		l.log.Error().Err(syncErr).Uint64("seq", g.ops[0].first).Msg("eventlog: WAL sync failed; refusing further appends")
-	}
+	g.synced, g.syncErr = true, syncErr
 	var answered []*request
-	for _, o := range g.ops {
-		for i, r := range o.reqs {
-			switch {
-			case l.failErr != nil:
-				r.err = l.failureLocked()
-			case i == 0:
-				r.res = AppendResult{Events: o.events}
-			default:
-				r.res = AppendResult{Events: slices.Clone(o.events), Duplicate: true}
+	published := false
+	for len(l.syncing) > 0 && l.syncing[0].synced {
+		h := l.syncing[0]
+		l.syncing[0] = nil
+		l.syncing = l.syncing[1:]
+		if h.syncErr != nil && l.failErr == nil {
+			l.failErr = h.syncErr
+			l.poisoned.Store(true)
+			l.log.Error().Err(h.syncErr).Uint64("seq", h.ops[0].first).Msg("eventlog: WAL sync failed; refusing further appends")
+		}
+		for _, o := range h.ops {
+			for i, r := range o.reqs {
+				switch {
+				case l.failErr != nil:
+					r.err = l.failureLocked()
+				case i == 0:
+					r.res = AppendResult{Events: o.events}
+				default:
+					r.res = AppendResult{Events: slices.Clone(o.events), Duplicate: true}
+				}
+			}
+			answered = append(answered, o.reqs...)
+			o.reqs = nil
+			if l.failErr == nil {
+				o.published.Store(true)
 			}
 		}
-		answered = append(answered, o.reqs...)
-		o.reqs = nil
 		if l.failErr == nil {
-			o.published.Store(true)
+			l.durable.Store(h.last)
+			published = true
 		}
 	}
-	if l.failErr == nil {
-		l.durable.Store(g.last)
+	if published {
 		ch := make(chan struct{})
 		close(*l.notify.Swap(&ch))
 	}
@@ -403,7 +501,7 @@ func (l *Log) failureLocked() error {
 }
 
 // pruneInflight forgets published ops; from then on the op index answers
-// for them. Committer only.
+// for them. Called under commitMu.
 func (l *Log) pruneInflight() {
 	n := 0
 	for n < len(l.applied) && l.applied[n].published.Load() {
