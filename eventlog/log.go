@@ -62,21 +62,22 @@ type Log struct {
 
 	gate gate
 
-	// The committer goroutine owns next, inflight, applied, scratch and key
-	// (see append.go); mu guards next against Verify.
+	// Appends queue requests under qmu; whoever holds commitMu commits them
+	// and owns next, inflight, applied, scratch and key (see append.go).
 	qmu      sync.Mutex
 	queue    []*request
-	kick     chan struct{}
-	mu       sync.Mutex
+	kick     chan struct{} // wakes the committer goroutine
+	commitMu sync.Mutex
 	next     uint64             // next sequence to assign
 	inflight map[event.OpID]*op // applied, not yet pruned after publication
 	applied  []*op              // the same ops in sequence order, for pruning
 	scratch  []byte             // record encoding buffer
 	key      []byte             // key encoding buffer
-	syncCh   chan *group        // committer -> syncer, in WAL order
+	syncCh   chan *group        // committer -> syncer
 
-	// pubMu guards publication: op.reqs, failErr.
+	// pubMu guards publication: syncing, group sync results, op.reqs, failErr.
 	pubMu    sync.Mutex
+	syncing  []*group // applied groups in WAL order, not yet published
 	durable  atomic.Uint64
 	notify   atomic.Pointer[chan struct{}]
 	poisoned atomic.Bool

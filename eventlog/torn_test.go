@@ -126,8 +126,8 @@ func TestTornTailRecoversToLastDurable(t *testing.T) {
 	}
 	// The later ops are in Pebble (or its WAL buffer) but not synced.
 	waitFor(t, func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
+		l.commitMu.Lock()
+		defer l.commitMu.Unlock()
 		return l.next == durable+1+6
 	})
 

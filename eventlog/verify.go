@@ -44,13 +44,13 @@ func (l *Log) Verify() (VerifyReport, error) {
 		return VerifyReport{}, ErrClosed
 	}
 	defer l.gate.exit()
-	// Under l.mu every assigned sequence is in Pebble, so the view must hold
-	// exactly first..next-1; trunMu keeps first and the view in step.
+	// Under commitMu every assigned sequence is in Pebble, so the view must
+	// hold exactly first..next-1; trunMu keeps first and the view in step.
 	l.trunMu.Lock()
-	l.mu.Lock()
+	l.commitMu.Lock()
 	snap := l.db.NewSnapshot()
 	first, last := l.first.Load(), l.next-1
-	l.mu.Unlock()
+	l.commitMu.Unlock()
 	l.trunMu.Unlock()
 	defer snap.Close()
 	rep := VerifyReport{First: first, Last: last}
