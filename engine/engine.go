@@ -1,0 +1,370 @@
+// Package engine is the single writer of a node's op log: it turns commands
+// into durable, applied events and tells the rest of the daemon what changed.
+//
+// Propose runs, in this order: fsm.Decide against the current state; on a
+// rejection, return it (nothing is written). Otherwise queue the events in
+// the log (eventlog.Begin) and fold them into the state (fsm.Apply), both
+// under the engine's lock, so the order of application is the log's order;
+// then, outside the lock, wait until the events are durable (fsyncs are
+// shared between concurrent proposals) and only then answer and hand the new
+// intents to the executors. An error from the log is an *AppendError, never
+// a rejection: "the append failed" and "the command was rejected" stay apart.
+//
+// Readers (View) may see events that are applied but whose fsync is still in
+// flight; nothing is acknowledged to a client, streamed on /v1/events or
+// given to an executor before it is durable. If the fsync of an applied event
+// fails, the state is ahead of the log, so the engine stops accepting
+// proposals (ErrStopped wraps the cause) and the daemon must restart and
+// rebuild from the log.
+//
+// The engine also runs the two loops every node needs: a timer loop that
+// proposes fsm.Tick when the state's next timer is due, and a refill loop
+// that proposes fsm.Refill when a pool is short of its warm target.
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// Log is what the engine needs of the op log.
+type Log interface {
+	// Begin queues events; sequences follow call order (see eventlog.Begin).
+	Begin(evs []event.Event) (*eventlog.Pending, error)
+	LastSeq() uint64
+}
+
+var _ Log = (*eventlog.Log)(nil)
+
+// ErrStopped is returned by Propose once the engine is shut down or has
+// failed; errors.Is(err, ErrStopped) holds for both.
+var ErrStopped = errors.New("engine stopped")
+
+// AppendError says the log could not make a decided command durable. The
+// command was valid; the caller should answer 5xx, not 4xx.
+type AppendError struct{ Err error }
+
+func (e *AppendError) Error() string { return "op log append failed: " + e.Err.Error() }
+func (e *AppendError) Unwrap() error { return e.Err }
+
+// Commit describes one durable, applied command, for observers.
+type Commit struct {
+	Events []event.Event
+	// Intents are the side effects the events created (fsm.NewIntents).
+	Intents []fsm.Intent
+}
+
+// Options configure an Engine.
+type Options struct {
+	Log zerolog.Logger
+	// Now is the clock stamped into commands (default time.Now).
+	Now func() time.Time
+	// OnCommit, if set, is called after every durable commit, in log order,
+	// outside the engine's lock. It must not block for long.
+	OnCommit func(Commit)
+	// TickEvery caps the timer loop's sleep (default 1 s), so a clock jump
+	// cannot delay timers for long.
+	TickEvery time.Duration
+}
+
+// Engine is a node's single writer. Create with New, start the loops with
+// Start, stop with Shutdown.
+type Engine struct {
+	log  Log
+	opts Options
+	zl   zerolog.Logger
+
+	mu    sync.RWMutex // guards st and failed; held across Decide+Begin+Apply
+	st    *fsm.State
+	err   error // set once: shut down or failed
+	order sync.Mutex // orders OnCommit calls by sequence
+
+	commitMu  sync.Mutex
+	committed uint64 // highest seq handed to OnCommit
+	pending   map[uint64]Commit
+
+	wake    chan struct{} // pokes the timer and refill loops
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	started bool
+	once    sync.Once
+
+	entropy *ulid.MonotonicEntropy
+	entMu   sync.Mutex
+}
+
+// New wraps a state rebuilt from log (see projections/replay.Rebuild). The
+// engine owns st from now on.
+func New(log Log, st *fsm.State, opts Options) *Engine {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.TickEvery <= 0 {
+		opts.TickEvery = time.Second
+	}
+	return &Engine{
+		log: log, opts: opts, zl: opts.Log, st: st,
+		pending: map[uint64]Commit{},
+		wake:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		entropy: ulid.Monotonic(rand.Reader, 0),
+	}
+}
+
+// NewOpID mints a fresh op id (a ULID) for a command.
+func (e *Engine) NewOpID() event.OpID {
+	e.entMu.Lock()
+	defer e.entMu.Unlock()
+	return ulid.MustNew(ulid.Timestamp(e.opts.Now()), e.entropy)
+}
+
+// Meta stamps a new command: a fresh op id and the current time.
+func (e *Engine) Meta() fsm.Meta {
+	return fsm.Meta{Op: e.NewOpID(), Now: e.opts.Now().UnixNano()}
+}
+
+// Result is what a proposal did.
+type Result struct {
+	// Events are the durable events, with sequences; none when the command
+	// was already satisfied (an idempotent no-op).
+	Events []event.Event
+}
+
+// Propose decides cmd, makes its events durable and applies them. It returns
+// a *fsm.Rejection when the state refuses the command, an *AppendError when
+// the log failed, ErrStopped after Shutdown.
+func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
+	e.mu.Lock()
+	if e.err != nil {
+		err := e.err
+		e.mu.Unlock()
+		return Result{}, err
+	}
+	evs, err := fsm.Decide(e.st, cmd)
+	if err != nil || len(evs) == 0 {
+		e.mu.Unlock()
+		return Result{}, err
+	}
+	p, err := e.log.Begin(evs)
+	if err != nil {
+		e.mu.Unlock()
+		return Result{}, &AppendError{Err: err}
+	}
+	// Begin copied the events and stamped node and sequences only in its
+	// copy; number ours the same way for Apply. The log assigns contiguous
+	// sequences in Begin order, and Begin calls are serialised here.
+	first := e.st.Applied() + 1
+	for i := range evs {
+		evs[i].Seq = first + uint64(i)
+		evs[i].Node = e.st.Node()
+	}
+	for i := range evs {
+		if err := fsm.Apply(e.st, &evs[i]); err != nil {
+			// Decide produced an event Apply refuses: a bug in fsm. The
+			// state may now disagree with the log; stop rather than serve it.
+			e.failLocked(fmt.Errorf("apply of %s (seq %d) failed: %w", evs[i].Type, evs[i].Seq, err))
+			e.mu.Unlock()
+			_, _ = p.Wait(context.Background())
+			return Result{}, e.err
+		}
+	}
+	intents := fsm.NewIntents(e.st, evs)
+	e.mu.Unlock()
+
+	// The fsync is shared with concurrent proposals. A cancelled client
+	// must not leave the state ahead of an unknown log, so wait regardless
+	// of ctx; an fsync is bounded by the disk.
+	res, err := p.Wait(context.Background())
+	if err == nil && (res.Duplicate || len(res.Events) != len(evs) || res.Events[0].Seq != evs[0].Seq) {
+		err = fmt.Errorf("log stored op %s at seq %d (duplicate=%v), state applied it at %d", evs[0].OpID, firstSeq(res.Events), res.Duplicate, evs[0].Seq)
+	}
+	if err != nil {
+		e.mu.Lock()
+		e.failLocked(fmt.Errorf("append of applied events failed: %w", err))
+		e.mu.Unlock()
+		return Result{}, &AppendError{Err: err}
+	}
+	e.committedInOrder(Commit{Events: res.Events, Intents: intents})
+	e.poke()
+	return Result{Events: res.Events}, ctx.Err()
+}
+
+func firstSeq(evs []event.Event) uint64 {
+	if len(evs) == 0 {
+		return 0
+	}
+	return evs[0].Seq
+}
+
+// committedInOrder hands commits to OnCommit in sequence order: waits finish
+// in any order, observers (the executors' queue, metrics) want log order.
+func (e *Engine) committedInOrder(c Commit) {
+	if e.opts.OnCommit == nil {
+		return
+	}
+	e.commitMu.Lock()
+	if e.committed == 0 {
+		e.committed = c.Events[0].Seq - 1
+	}
+	e.pending[c.Events[0].Seq] = c
+	var ready []Commit
+	for {
+		n, ok := e.pending[e.committed+1]
+		if !ok {
+			break
+		}
+		delete(e.pending, e.committed+1)
+		e.committed = n.Events[len(n.Events)-1].Seq
+		ready = append(ready, n)
+	}
+	e.commitMu.Unlock()
+	if len(ready) == 0 {
+		return
+	}
+	e.order.Lock()
+	for _, r := range ready {
+		e.opts.OnCommit(r)
+	}
+	e.order.Unlock()
+}
+
+func (e *Engine) failLocked(err error) {
+	if e.err == nil {
+		e.err = fmt.Errorf("%w: %v", ErrStopped, err)
+		e.zl.Error().Err(err).Msg("engine: stopping; restart to rebuild state from the log")
+	}
+}
+
+// Err returns why the engine stopped, or nil while it runs.
+func (e *Engine) Err() error {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.err
+}
+
+// View runs fn with the current state under a read lock. fn must not keep st
+// or block.
+func (e *Engine) View(fn func(st *fsm.State)) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	fn(e.st)
+}
+
+// Snapshot encodes the state and returns it with the sequence it reflects.
+func (e *Engine) Snapshot() (seq uint64, data []byte) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.st.Applied(), fsm.Encode(e.st)
+}
+
+// Intents returns every pending side effect (for executors at start-up).
+func (e *Engine) Intents() []fsm.Intent {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return fsm.Intents(e.st)
+}
+
+func (e *Engine) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Start runs the timer and refill loops until Shutdown.
+func (e *Engine) Start() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.started || e.err != nil {
+		return
+	}
+	e.started = true
+	e.wg.Add(1)
+	go func() { defer e.wg.Done(); e.loop() }()
+	e.poke()
+}
+
+// Shutdown stops the loops and refuses further proposals. It is idempotent
+// and waits for the loops to exit.
+func (e *Engine) Shutdown() {
+	e.once.Do(func() {
+		close(e.stop)
+		e.mu.Lock()
+		if e.err == nil {
+			e.err = ErrStopped
+		}
+		e.mu.Unlock()
+	})
+	e.wg.Wait()
+}
+
+// loop proposes Ticks when a timer is due and Refills when a pool is short.
+func (e *Engine) loop() {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+		case <-e.wake:
+		}
+		e.tickIfDue()
+		e.refillIfShort()
+		d := e.opts.TickEvery
+		e.mu.RLock()
+		if at, ok := e.st.NextTimer(); ok {
+			if until := time.Duration(at - e.opts.Now().UnixNano()); until < d {
+				d = max(until, time.Millisecond)
+			}
+		}
+		e.mu.RUnlock()
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(d)
+	}
+}
+
+func (e *Engine) tickIfDue() {
+	now := e.opts.Now().UnixNano()
+	e.mu.RLock()
+	at, ok := e.st.NextTimer()
+	e.mu.RUnlock()
+	if !ok || at > now {
+		return
+	}
+	m := e.Meta()
+	m.Now = now
+	if _, err := e.Propose(context.Background(), fsm.Tick{Meta: m}); err != nil && !errors.Is(err, ErrStopped) {
+		e.zl.Warn().Err(err).Msg("engine: tick failed")
+	}
+}
+
+func (e *Engine) refillIfShort() {
+	e.mu.RLock()
+	short := len(fsm.RefillsNeeded(e.st)) > 0
+	e.mu.RUnlock()
+	if !short {
+		return
+	}
+	if _, err := e.Propose(context.Background(), fsm.Refill{Meta: e.Meta()}); err != nil && !errors.Is(err, ErrStopped) {
+		if _, rejected := fsm.AsRejection(err); !rejected {
+			e.zl.Warn().Err(err).Msg("engine: refill failed")
+		}
+	}
+}

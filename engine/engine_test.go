@@ -1,0 +1,199 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/projections/replay"
+)
+
+var key = fsm.PoolKey{Template: "default", Net: "none", Size: "small"}
+
+func newEngine(t *testing.T, dir string, opts Options) (*Engine, *eventlog.Log) {
+	t.Helper()
+	l, err := eventlog.Open(dir, eventlog.Options{NodeID: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	res, err := replay.Rebuild(l, replay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := New(l, res.State, opts)
+	t.Cleanup(e.Shutdown)
+	return e, l
+}
+
+func mustPropose(t *testing.T, e *Engine, cmd fsm.Command) Result {
+	t.Helper()
+	r, err := e.Propose(context.Background(), cmd)
+	if err != nil {
+		t.Fatalf("Propose(%T): %v", cmd, err)
+	}
+	return r
+}
+
+func setup(t *testing.T, e *Engine, warm int) {
+	mustPropose(t, e, fsm.ConfigureNode{Meta: e.Meta(), Node: "n1", Instance: "i1"})
+	mustPropose(t, e, fsm.ConfigurePools{Meta: e.Meta(), Pools: []fsm.PoolSpec{{PoolKey: key, Warm: warm}}})
+}
+
+// fillWarm answers every intent as an executor would, until the pool is warm.
+func fillWarm(t *testing.T, e *Engine) {
+	t.Helper()
+	for i := 0; i < 10; i++ {
+		mustPropose(t, e, fsm.Refill{Meta: e.Meta()})
+		for _, in := range e.Intents() {
+			m := e.Meta()
+			m.Cause = in.IntentOp()
+			switch in := in.(type) {
+			case fsm.BuildGolden:
+				mustPropose(t, e, fsm.GoldenBuilt{Meta: m, Key: in.Key, SnapshotDir: "goldens/x"})
+			case fsm.CloneVM:
+				mustPropose(t, e, fsm.VMCloned{Meta: m, VM: in.VM})
+			}
+		}
+	}
+}
+
+func TestConcurrentProposalsMatchReplay(t *testing.T) {
+	dir := t.TempDir()
+	var commits []Commit
+	var cmu sync.Mutex
+	e, l := newEngine(t, dir, Options{OnCommit: func(c Commit) { cmu.Lock(); commits = append(commits, c); cmu.Unlock() }})
+	setup(t, e, 40)
+	fillWarm(t, e)
+	var info fsm.Info
+	e.View(func(st *fsm.State) { info = st.Info() })
+	if info.Pools[0].Warm != 40 {
+		t.Fatalf("warm = %d, want 40", info.Pools[0].Warm)
+	}
+
+	// 40 concurrent warm claims, plus renews racing them.
+	var wg sync.WaitGroup
+	errs := make(chan error, 80)
+	for i := 0; i < 40; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("sb_%016x", i+1)
+			if _, err := e.Propose(context.Background(), fsm.Claim{Meta: e.Meta(), ID: id, Key: key}); err != nil {
+				errs <- err
+				return
+			}
+			if _, err := e.Propose(context.Background(), fsm.Renew{Meta: e.Meta(), Claim: id, TTLSeconds: 600}); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var live int
+	var liveHash string
+	e.View(func(st *fsm.State) { live = st.LiveClaims(); liveHash = fsm.HashHex(st) })
+	if live != 40 {
+		t.Fatalf("live claims = %d, want 40", live)
+	}
+	// Commits reached the observer in log order with no gap.
+	cmu.Lock()
+	var next uint64 = commits[0].Events[0].Seq
+	for _, c := range commits {
+		for _, ev := range c.Events {
+			if ev.Seq != next {
+				t.Fatalf("observer saw seq %d, want %d", ev.Seq, next)
+			}
+			next++
+		}
+	}
+	cmu.Unlock()
+	if next-1 != l.LastSeq() {
+		t.Fatalf("observer ended at %d, log at %d", next-1, l.LastSeq())
+	}
+	// The state built by concurrent proposals is the state the log replays to.
+	res, err := replay.Rebuild(l, replay.Options{NoSnapshot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fsm.HashHex(res.State); got != liveHash {
+		t.Fatalf("replay hash %s != live hash %s", got, liveHash)
+	}
+}
+
+func TestRejectionIsNotAnAppendError(t *testing.T) {
+	e, l := newEngine(t, t.TempDir(), Options{})
+	setup(t, e, 0)
+	before := l.LastSeq()
+	_, err := e.Propose(context.Background(), fsm.Release{Meta: e.Meta(), Claim: "sb_0000000000000001"})
+	rej, ok := fsm.AsRejection(err)
+	if !ok || rej.Code != fsm.NotFound {
+		t.Fatalf("err = %v, want a NotFound rejection", err)
+	}
+	var ae *AppendError
+	if errors.As(err, &ae) {
+		t.Fatal("a rejection was reported as an append failure")
+	}
+	if l.LastSeq() != before {
+		t.Fatal("a rejected command wrote to the log")
+	}
+}
+
+func TestAppendFailureStopsEngine(t *testing.T) {
+	e, l := newEngine(t, t.TempDir(), Options{})
+	setup(t, e, 0)
+	_ = l.Close()
+	_, err := e.Propose(context.Background(), fsm.ConfigurePools{Meta: e.Meta(), Pools: []fsm.PoolSpec{{PoolKey: key, Warm: 1}}})
+	var ae *AppendError
+	if !errors.As(err, &ae) {
+		t.Fatalf("err = %v, want *AppendError", err)
+	}
+	if _, ok := fsm.AsRejection(err); ok {
+		t.Fatal("append failure reported as a rejection")
+	}
+}
+
+// The timer loop proposes a Tick when a lease expires: the claim is reaped.
+func TestTimerLoopReaps(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1_800_000_000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	e, _ := newEngine(t, t.TempDir(), Options{Now: clock, TickEvery: 5 * time.Millisecond})
+	setup(t, e, 1)
+	fillWarm(t, e)
+	mustPropose(t, e, fsm.Claim{Meta: e.Meta(), ID: "sb_00000000000000aa", Key: key, TTLSeconds: 10})
+	e.Start()
+	mu.Lock()
+	now = now.Add(11 * time.Second)
+	mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var st fsm.ClaimStatus
+		e.View(func(s *fsm.State) { c, _ := s.Claim("sb_00000000000000aa"); st = c.Status })
+		if st == fsm.ClaimExpired {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claim status %v after the lease ended, want expired", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestShutdownIsIdempotentAndRefuses(t *testing.T) {
+	e, _ := newEngine(t, t.TempDir(), Options{})
+	e.Start()
+	e.Shutdown()
+	e.Shutdown()
+	if _, err := e.Propose(context.Background(), fsm.Tick{Meta: e.Meta()}); !errors.Is(err, ErrStopped) {
+		t.Fatalf("err = %v, want ErrStopped", err)
+	}
+}
