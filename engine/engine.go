@@ -87,7 +87,7 @@ type Engine struct {
 
 	mu    sync.RWMutex // guards st and failed; held across Decide+Begin+Apply
 	st    *fsm.State
-	err   error // set once: shut down or failed
+	err   error      // set once: shut down or failed
 	order sync.Mutex // orders OnCommit calls by sequence
 
 	commitMu  sync.Mutex
