@@ -2,8 +2,10 @@ package chdriver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
@@ -61,7 +63,7 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	// gone reports whether the VMM died, which makes the VM lost: its
 	// memory existed nowhere else.
 	gone := func(err error) error {
-		if !proc.Alive() || ch.IsVMMGone(err) {
+		if vmmDied(proc, err) {
 			return &executors.Unrecoverable{Err: err, Lost: true}
 		}
 		return err
@@ -115,7 +117,7 @@ func (d *Driver) resumeAfter(r *run, api API, proc *vmm.Process, tmp string, cau
 		rerr = api.Resume(ctx)
 		return rerr
 	})
-	if rerr != nil && (ch.IsVMMGone(rerr) || !proc.Alive()) {
+	if rerr != nil && vmmDied(proc, rerr) {
 		return &executors.Unrecoverable{Err: fmt.Errorf("%w (and the VMM is gone: %v)", cause, rerr), Lost: true}
 	}
 	return cause
@@ -128,7 +130,7 @@ func (d *Driver) resumeAfter(r *run, api API, proc *vmm.Process, tmp string, cau
 func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final string, m Meta) (string, error) {
 	var tmp string
 	fail := func(err error) (string, error) {
-		if !proc.Alive() || ch.IsVMMGone(err) {
+		if vmmDied(proc, err) {
 			err = &executors.Unrecoverable{Err: err, Lost: true}
 		}
 		return "", d.resumeAfter(r, api, proc, tmp, err)
@@ -183,4 +185,25 @@ func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final 
 		return "", err
 	}
 	return mode, nil
+}
+
+// vmmDied reports whether err came from a VMM that has exited. A connection
+// cut mid-call is ambiguous until the process is seen to exit, which follows
+// within moments when the VMM died; a live VMM is given a second.
+func vmmDied(p *vmm.Process, err error) bool {
+	if !p.Alive() || ch.IsVMMGone(err) {
+		return true
+	}
+	var te *ch.TransportError
+	if !errors.As(err, &te) {
+		return false
+	}
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-p.Exited():
+		return true
+	case <-t.C:
+		return false
+	}
 }
