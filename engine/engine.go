@@ -73,6 +73,9 @@ type Options struct {
 	// OnCommit, if set, is called after every durable commit, in log order,
 	// outside the engine's lock. It must not block for long.
 	OnCommit func(Commit)
+	// OnAppend, if set, receives each proposal's append latency (queued
+	// to durable).
+	OnAppend func(time.Duration)
 	// TickEvery caps the timer loop's sleep (default 1 s), so a clock jump
 	// cannot delay timers for long.
 	TickEvery time.Duration
@@ -156,6 +159,7 @@ func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
 		e.mu.Unlock()
 		return Result{}, err
 	}
+	began := time.Now()
 	p, err := e.log.Begin(evs)
 	if err != nil {
 		e.mu.Unlock()
@@ -186,6 +190,9 @@ func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
 	// must not leave the state ahead of an unknown log, so wait regardless
 	// of ctx; an fsync is bounded by the disk.
 	res, err := p.Wait(context.Background())
+	if e.opts.OnAppend != nil {
+		e.opts.OnAppend(time.Since(began))
+	}
 	if err == nil && (res.Duplicate || len(res.Events) != len(evs) || res.Events[0].Seq != evs[0].Seq) {
 		err = fmt.Errorf("log stored op %s at seq %d (duplicate=%v), state applied it at %d", evs[0].OpID, firstSeq(res.Events), res.Duplicate, evs[0].Seq)
 	}

@@ -1,0 +1,306 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/projections/auth"
+)
+
+// ClaimResponse is POST /v1/claim's answer.
+type ClaimResponse struct {
+	ID        string `json:"id"`
+	Token     string `json:"token"`
+	Deadline  string `json:"deadline"`
+	OwnerAddr string `json:"owner_addr"`
+	Template  string `json:"template"`
+	Net       string `json:"net"`
+	Size      string `json:"size"`
+	Tier      string `json:"tier"`
+	VM        string `json:"vm"`
+}
+
+// Sandbox is a claim as GET /v1/sandboxes shows it.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	State     string            `json:"state"`
+	Template  string            `json:"template"`
+	Net       string            `json:"net"`
+	Size      string            `json:"size"`
+	Tier      string            `json:"tier"`
+	VM        string            `json:"vm,omitempty"`
+	Tenant    string            `json:"tenant,omitempty"`
+	ClaimRef  string            `json:"claim_ref,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	Created   string            `json:"created"`
+	Deadline  string            `json:"deadline"`
+	OwnerAddr string            `json:"owner_addr"`
+	Reason    string            `json:"reason,omitempty"`
+}
+
+func rfc3339(ns int64) string {
+	if ns == 0 {
+		return ""
+	}
+	return time.Unix(0, ns).UTC().Format(time.RFC3339Nano)
+}
+
+func (s *Server) sandboxOf(c *fsm.ClaimRec) Sandbox {
+	return Sandbox{
+		ID: c.ID, State: c.Status.String(), Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size,
+		Tier: c.Tier.String(), VM: c.VM, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
+		Created: rfc3339(c.Created), Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, Reason: c.Reason,
+	}
+}
+
+func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	start := s.now()
+	var req ClaimRequest
+	if err := decodeBody(r, &req, false); err != nil {
+		return err
+	}
+	if _, err := req.normalize(); err != nil {
+		return err
+	}
+	key := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
+	claimID := newClaimID()
+	m := s.eng.Meta()
+	cmd := fsm.Claim{
+		Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
+		Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1,
+	}
+	// With no warm VM here, a node that has some for this key is a better
+	// answer than a clone: the old daemon's redirect.
+	if s.redir != nil {
+		var warm int
+		s.eng.View(func(st *fsm.State) {
+			if p, ok := st.Pool(key); ok {
+				warm = len(p.WarmVMs())
+			}
+		})
+		if warm == 0 {
+			if addrs := s.redir.WarmElsewhere(key); len(addrs) > 0 {
+				s.metrics.claim("redirect", "", time.Since(start))
+				writeJSON(w, http.StatusTemporaryRedirect, map[string][]string{"redirect": addrs})
+				return nil
+			}
+		}
+	}
+	// Register the waiter before proposing: the serving event may commit
+	// before Propose returns.
+	served := s.wait(claimID)
+	defer s.unwait(claimID)
+	if _, err := s.eng.Propose(r.Context(), cmd); err != nil {
+		s.metrics.claim(outcomeOf(err), "", time.Since(start))
+		return err
+	}
+	c, _ := s.claim(claimID)
+	if c.Status == fsm.ClaimPending {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClaimWait)
+		defer cancel()
+		select {
+		case <-served:
+		case <-ctx.Done():
+		}
+		c, _ = s.claim(claimID)
+	}
+	switch c.Status {
+	case fsm.ClaimRunning:
+	case fsm.ClaimPending:
+		// Still pending: the client gave up or the wait bound passed. The
+		// state will fail it at its serve deadline; say so.
+		s.metrics.claim("timeout", c.Tier.String(), time.Since(start))
+		return errorf(http.StatusServiceUnavailable, "sandbox %s not ready yet (tier %s); it fails at its serve deadline unless served", claimID, c.Tier)
+	default:
+		s.metrics.claim("failed", c.Tier.String(), time.Since(start))
+		return errorf(http.StatusServiceUnavailable, "sandbox %s could not be served (tier %s): %s", claimID, c.Tier, c.Reason)
+	}
+	s.metrics.claim("ok", c.Tier.String(), time.Since(start))
+	writeJSON(w, http.StatusOK, ClaimResponse{
+		ID: claimID, Token: s.auth.SandboxToken(claimID, uint64(max(c.TokenGen, 1))),
+		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr,
+		Template: key.Template, Net: key.Net, Size: key.Size, Tier: c.Tier.String(), VM: c.VM,
+	})
+	return nil
+}
+
+func outcomeOf(err error) string {
+	if rej, ok := fsm.AsRejection(err); ok {
+		return rej.Code.String()
+	}
+	return "error"
+}
+
+func (s *Server) claim(id string) (fsm.ClaimRec, bool) {
+	var c fsm.ClaimRec
+	var ok bool
+	s.eng.View(func(st *fsm.State) { c, ok = st.Claim(id) })
+	return c, ok
+}
+
+// visible finds a claim the caller may see; anything else is 404, so a
+// tenant cannot probe for other tenants' ids.
+func (s *Server) visible(r *http.Request, id auth.Identity) (fsm.ClaimRec, error) {
+	sid := r.PathValue("id")
+	c, ok := s.claim(sid)
+	if ok && (id.Kind == auth.Root || (id.Kind == auth.Tenant && c.Tenant == id.Tenant) || (id.Kind == auth.Sandbox && id.SandboxID == sid)) {
+		return c, nil
+	}
+	if !ok && id.Kind == auth.Root && s.redir != nil {
+		if addr, found := s.redir.OwnerOf(sid); found {
+			return c, &ownedElsewhere{addr: addr}
+		}
+	}
+	return c, errorf(http.StatusNotFound, "unknown sandbox %q", sid)
+}
+
+type ownedElsewhere struct{ addr string }
+
+func (o *ownedElsewhere) Error() string { return "owned by " + o.addr }
+
+func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	c, err := s.visible(r, id)
+	if oe, ok := err.(*ownedElsewhere); ok {
+		writeJSON(w, http.StatusOK, map[string]string{"id": r.PathValue("id"), "owner_addr": oe.addr})
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.sandboxOf(&c))
+	return nil
+}
+
+func (s *Server) handleOwner(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	_, err := s.visible(r, id)
+	if oe, ok := err.(*ownedElsewhere); ok {
+		writeJSON(w, http.StatusOK, map[string]string{"owner_addr": oe.addr})
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"owner_addr": s.cfg.OwnerAddr})
+	return nil
+}
+
+// lifecycle runs a command about one visible sandbox and answers 204.
+func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, id auth.Identity, mk func(fsm.Meta, string) fsm.Command) error {
+	if err := decodeBody(r, &struct{}{}, true); err != nil {
+		return err
+	}
+	c, err := s.visible(r, id)
+	if err != nil {
+		return err
+	}
+	if _, err := s.eng.Propose(r.Context(), mk(s.eng.Meta(), c.ID)); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	return s.lifecycle(w, r, id, func(m fsm.Meta, c string) fsm.Command { return fsm.Release{Meta: m, Claim: c} })
+}
+
+func (s *Server) handleHibernate(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	return s.lifecycle(w, r, id, func(m fsm.Meta, c string) fsm.Command { return fsm.Hibernate{Meta: m, Claim: c} })
+}
+
+func (s *Server) handleWake(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	return s.lifecycle(w, r, id, func(m fsm.Meta, c string) fsm.Command { return fsm.Wake{Meta: m, Claim: c} })
+}
+
+func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	var req RenewRequest
+	if err := decodeBody(r, &req, false); err != nil {
+		return err
+	}
+	if req.TTLSeconds < 0 || req.TTLSeconds > int64(MaxTTL/time.Second) {
+		return errorf(http.StatusBadRequest, "ttl_seconds %d out of [0, %d]", req.TTLSeconds, int64(MaxTTL/time.Second))
+	}
+	c, err := s.visible(r, id)
+	if err != nil {
+		return err
+	}
+	if _, err := s.eng.Propose(r.Context(), fsm.Renew{Meta: s.eng.Meta(), Claim: c.ID, TTLSeconds: req.TTLSeconds}); err != nil {
+		return err
+	}
+	c, _ = s.claim(c.ID)
+	writeJSON(w, http.StatusOK, map[string]string{"deadline": rfc3339(c.Deadline)})
+	return nil
+}
+
+// handleList answers GET /v1/sandboxes[?claim_ref=&metadata=k=v&state=]:
+// live claims (and, with state=, ended ones still retained) the caller may
+// see, sorted by id.
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	q := r.URL.Query()
+	ref := q.Get("claim_ref")
+	var mk, mv string
+	if m := q.Get("metadata"); m != "" {
+		var ok bool
+		if mk, mv, ok = strings.Cut(m, "="); !ok || mk == "" {
+			return errorf(http.StatusBadRequest, "metadata filter %q: want key=value", m)
+		}
+	}
+	want := q.Get("state")
+	out := []Sandbox{}
+	s.eng.View(func(st *fsm.State) {
+		for _, cid := range st.ClaimIDs() {
+			c, _ := st.Claim(cid)
+			switch {
+			case id.Kind == auth.Tenant && c.Tenant != id.Tenant:
+			case want == "" && !c.Status.Live():
+			case want != "" && c.Status.String() != want:
+			case ref != "" && c.ClaimRef != ref:
+			case mk != "" && c.Metadata[mk] != mv:
+			default:
+				out = append(out, s.sandboxOf(&c))
+			}
+		}
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+	return nil
+}
+
+// wait registers interest in a pending claim's outcome.
+func (s *Server) wait(id string) <-chan struct{} {
+	s.waitMu.Lock()
+	defer s.waitMu.Unlock()
+	ch := make(chan struct{})
+	s.waiters[id] = ch
+	return ch
+}
+
+func (s *Server) unwait(id string) {
+	s.waitMu.Lock()
+	delete(s.waiters, id)
+	s.waitMu.Unlock()
+}
+
+// OnCommit feeds the server every durable commit in log order: it wakes
+// claim requests waiting for their VM and updates the VM view.
+func (s *Server) OnCommit(evs []event.Event) {
+	s.waitMu.Lock()
+	if len(s.waiters) > 0 {
+		for i := range evs {
+			switch evs[i].Type {
+			case event.TypeClaimServed, event.TypeClaimFailed, event.TypeClaimReleased, event.TypeClaimExpired:
+				if ch, ok := s.waiters[evs[i].AggID]; ok {
+					close(ch)
+					delete(s.waiters, evs[i].AggID)
+				}
+			}
+		}
+	}
+	s.waitMu.Unlock()
+	s.vms.apply(s.eng, evs)
+}

@@ -1,0 +1,76 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+// MaxBody caps every request body; a larger one is refused before it is parsed.
+const MaxBody = 1 << 20
+
+// errInvalidBody is the old daemon's answer to any body it cannot parse.
+const errInvalidBody = "invalid request body"
+
+// httpError is an error with the status it maps to.
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func errorf(status int, format string, args ...any) error {
+	return &httpError{status: status, msg: fmt.Sprintf(format, args...)}
+}
+
+// writeJSON writes v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+// writeError writes {"error": msg} with the error's status (500 for errors
+// that carry none: those are bugs or I/O failures, logged by the caller).
+func writeError(w http.ResponseWriter, err error) {
+	var he *httpError
+	if errors.As(err, &he) {
+		writeJSON(w, he.status, map[string]string{"error": he.msg})
+		return
+	}
+	writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+}
+
+// decodeBody strictly decodes a JSON body of at most MaxBody bytes into v:
+// unknown fields, trailing data and oversize bodies are all 400 with the old
+// daemon's message, with the reason appended for people.
+func decodeBody(r *http.Request, v any, allowEmpty bool) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil {
+		return errorf(http.StatusBadRequest, "%s: %v", errInvalidBody, err)
+	}
+	if len(body) > MaxBody {
+		return errorf(http.StatusBadRequest, "%s: body over %d bytes", errInvalidBody, MaxBody)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		if allowEmpty {
+			return nil
+		}
+		return errorf(http.StatusBadRequest, "%s: empty body", errInvalidBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return errorf(http.StatusBadRequest, "%s: %v", errInvalidBody, err)
+	}
+	if dec.More() {
+		return errorf(http.StatusBadRequest, "%s: trailing data after the JSON value", errInvalidBody)
+	}
+	return nil
+}

@@ -1,0 +1,167 @@
+package api
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/projections/auth"
+)
+
+// Metrics is the daemon's Prometheus registry. A nil *Metrics ignores
+// everything, so tests can run a Server without one.
+type Metrics struct {
+	reg        *prometheus.Registry
+	claims     *prometheus.CounterVec
+	claimLat   *prometheus.HistogramVec
+	appendLat  prometheus.Histogram
+	opDur      *prometheus.HistogramVec
+	stepDur    *prometheus.HistogramVec
+	retries    *prometheus.CounterVec
+	queue      *prometheus.GaugeVec
+	sse        prometheus.Gauge
+	replicated prometheus.Gauge
+}
+
+var _ executors.Observer = (*Metrics)(nil)
+
+// latencyBuckets span 50 µs (a warm claim) to 60 s (a cold boot).
+var latencyBuckets = prometheus.ExponentialBucketsRange(50e-6, 60, 24)
+
+// NewMetrics builds the registry. eng feeds the per-pool gauges, read at
+// scrape time so they cost nothing between scrapes.
+func NewMetrics(eng Engine) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbx_claims_total", Help: "Claims by outcome (ok, failed, timeout, redirect, or a rejection code) and serving tier.",
+		}, []string{"outcome", "tier"}),
+		claimLat: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sbx_claim_seconds", Help: "POST /v1/claim latency by serving tier, durable append included.", Buckets: latencyBuckets,
+		}, []string{"tier"}),
+		appendLat: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sbx_log_append_seconds", Help: "Op log append latency (queue to durable).", Buckets: latencyBuckets,
+		}),
+		opDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sbx_executor_op_seconds", Help: "Executor operation duration by kind and outcome, retries included.", Buckets: latencyBuckets,
+		}, []string{"kind", "outcome"}),
+		stepDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sbx_executor_step_seconds", Help: "Executor recipe step duration.", Buckets: latencyBuckets,
+		}, []string{"kind", "step"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbx_executor_retries_total", Help: "Executor attempts that failed and will be retried.",
+		}, []string{"kind"}),
+		queue: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sbx_executor_queue", Help: "Executor operations waiting and running.",
+		}, []string{"state"}),
+		sse: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sbx_events_clients", Help: "Open /v1/events streams."}),
+		replicated: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sbx_replicated_seq", Help: "Highest log sequence acknowledged by JetStream.",
+		}),
+	}
+	m.reg.MustRegister(m.claims, m.claimLat, m.appendLat, m.opDur, m.stepDur, m.retries, m.queue, m.sse, m.replicated,
+		&poolCollector{eng: eng}, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *Metrics) claim(outcome, tier string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.claims.WithLabelValues(outcome, tier).Inc()
+	if outcome == "ok" {
+		m.claimLat.WithLabelValues(tier).Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) sseClients(d float64) {
+	if m != nil {
+		m.sse.Add(d)
+	}
+}
+
+// ObserveAppend records one op log append's latency.
+func (m *Metrics) ObserveAppend(d time.Duration) {
+	if m != nil {
+		m.appendLat.Observe(d.Seconds())
+	}
+}
+
+// SetReplicated records the replicator's acknowledged sequence.
+func (m *Metrics) SetReplicated(seq uint64) {
+	if m != nil {
+		m.replicated.Set(float64(seq))
+	}
+}
+
+// OpDone implements executors.Observer.
+func (m *Metrics) OpDone(kind executors.Kind, outcome executors.Outcome, d time.Duration) {
+	if m != nil {
+		m.opDur.WithLabelValues(string(kind), string(outcome)).Observe(d.Seconds())
+	}
+}
+
+// Retry implements executors.Observer.
+func (m *Metrics) Retry(kind executors.Kind, _ error) {
+	if m != nil {
+		m.retries.WithLabelValues(string(kind)).Inc()
+	}
+}
+
+// Step implements executors.Observer.
+func (m *Metrics) Step(kind executors.Kind, step string, d time.Duration) {
+	if m != nil {
+		m.stepDur.WithLabelValues(string(kind), step).Observe(d.Seconds())
+	}
+}
+
+// Queue implements executors.Observer.
+func (m *Metrics) Queue(waiting, running int) {
+	if m != nil {
+		m.queue.WithLabelValues("waiting").Set(float64(waiting))
+		m.queue.WithLabelValues("running").Set(float64(running))
+	}
+}
+
+// poolCollector reads warm and target per pool at scrape time.
+type poolCollector struct{ eng Engine }
+
+var (
+	warmDesc   = prometheus.NewDesc("sbx_pool_warm", "Warm VMs ready to claim.", []string{"pool"}, nil)
+	targetDesc = prometheus.NewDesc("sbx_pool_target", "Warm target of the pool.", []string{"pool"}, nil)
+	refillDesc = prometheus.NewDesc("sbx_pool_refilling", "Refill clones in flight.", []string{"pool"}, nil)
+	liveDesc   = prometheus.NewDesc("sbx_claims_live", "Live claims by state.", []string{"state"}, nil)
+)
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- warmDesc
+	ch <- targetDesc
+	ch <- refillDesc
+	ch <- liveDesc
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	var in fsm.Info
+	c.eng.View(func(st *fsm.State) { in = st.Info() })
+	for _, p := range in.Pools {
+		k := p.Key.String()
+		ch <- prometheus.MustNewConstMetric(warmDesc, prometheus.GaugeValue, float64(p.Warm), k)
+		ch <- prometheus.MustNewConstMetric(targetDesc, prometheus.GaugeValue, float64(p.Target), k)
+		ch <- prometheus.MustNewConstMetric(refillDesc, prometheus.GaugeValue, float64(p.Refilling), k)
+	}
+	for _, st := range []fsm.ClaimStatus{fsm.ClaimPending, fsm.ClaimRunning, fsm.ClaimHibernating, fsm.ClaimHibernated, fsm.ClaimWaking} {
+		ch <- prometheus.MustNewConstMetric(liveDesc, prometheus.GaugeValue, float64(in.Count(st)), st.String())
+	}
+}
+
+func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request, _ auth.Identity) error {
+	if s.metrics == nil {
+		return errorf(http.StatusNotFound, "metrics disabled")
+	}
+	promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+	return nil
+}

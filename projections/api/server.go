@@ -1,0 +1,285 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/engine"
+	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/projections/auth"
+)
+
+// Engine is what the API needs of the single writer.
+type Engine interface {
+	Propose(ctx context.Context, cmd fsm.Command) (engine.Result, error)
+	View(fn func(st *fsm.State))
+	Meta() fsm.Meta
+}
+
+var _ Engine = (*engine.Engine)(nil)
+
+// Log is what /v1/events needs of the op log.
+type Log interface {
+	Subscribe(from uint64) (*eventlog.Subscription, error)
+	FirstSeq() uint64
+	LastSeq() uint64
+}
+
+var _ Log = (*eventlog.Log)(nil)
+
+// Redirector, when set, answers a claim this node cannot serve from warm
+// capacity with other nodes' addresses (the cluster view), and names the
+// owner of a sandbox this node does not know.
+type Redirector interface {
+	// WarmElsewhere returns addresses of nodes with warm capacity for key.
+	WarmElsewhere(key fsm.PoolKey) []string
+	// OwnerOf returns the owner address of a sandbox owned by another node.
+	OwnerOf(id string) (addr string, ok bool)
+}
+
+// Config is the server's static configuration.
+type Config struct {
+	// OwnerAddr is this node's address, returned as owner_addr.
+	OwnerAddr  string
+	Node       string
+	Hypervisor string
+	// Heartbeat is the SSE heartbeat interval (default 15 s).
+	Heartbeat time.Duration
+	// MaxLag is how far an SSE client may fall behind the log before it is
+	// disconnected with a reason (default 100000 events).
+	MaxLag uint64
+	// ClaimWait bounds how long a clone/cold claim's request waits for its
+	// VM (default 2 min; the state fails the claim earlier).
+	ClaimWait time.Duration
+}
+
+// Server serves the API. Create with New; feed it commits with OnCommit.
+type Server struct {
+	cfg     Config
+	eng     Engine
+	log     Log
+	auth    *auth.Authenticator
+	zl      zerolog.Logger
+	metrics *Metrics
+	redir   Redirector
+	mux     *http.ServeMux
+	routes  []Route
+	now     func() time.Time
+
+	waitMu  sync.Mutex
+	waiters map[string]chan struct{} // claim id -> closed when served or failed
+
+	vms *vmView
+
+	readyMu sync.Mutex
+	ready   chan struct{} // closed once the first reconcile finished
+}
+
+// Options carry the optional parts of a Server.
+type Options struct {
+	Log        zerolog.Logger
+	Metrics    *Metrics
+	Redirector Redirector
+	Now        func() time.Time
+}
+
+// New builds a Server.
+func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *Server {
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 15 * time.Second
+	}
+	if cfg.MaxLag == 0 {
+		cfg.MaxLag = 100_000
+	}
+	if cfg.ClaimWait <= 0 {
+		cfg.ClaimWait = 2 * time.Minute
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Server{
+		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
+		redir: opts.Redirector, now: opts.Now,
+		waiters: map[string]chan struct{}{},
+		ready:   make(chan struct{}),
+	}
+	s.vms = newVMView()
+	s.mux = http.NewServeMux()
+	s.register()
+	return s
+}
+
+// Route is one registered route, for docs/api.md's drift test.
+type Route struct {
+	Method, Path string
+	// Auth says who may call it: "none", "root", "root|tenant",
+	// "root|tenant|sandbox", "sandbox".
+	Auth string
+}
+
+// Routes returns the registered routes, sorted.
+func (s *Server) Routes() []Route {
+	out := append([]Route(nil), s.routes...)
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Path != out[j].Path {
+			return out[i].Path < out[j].Path
+		}
+		return out[i].Method < out[j].Method
+	})
+	return out
+}
+
+// handlerFunc handles an authenticated request; a returned error is written
+// as {"error": ...} with its status.
+type handlerFunc func(w http.ResponseWriter, r *http.Request, id auth.Identity) error
+
+type methodTable map[string]struct {
+	h     handlerFunc
+	allow []auth.Kind
+}
+
+func (s *Server) register() {
+	paths := map[string]methodTable{}
+	add := func(method, path, authDesc string, h handlerFunc, allow ...auth.Kind) {
+		if paths[path] == nil {
+			paths[path] = methodTable{}
+		}
+		paths[path][method] = struct {
+			h     handlerFunc
+			allow []auth.Kind
+		}{h, allow}
+		s.routes = append(s.routes, Route{Method: method, Path: path, Auth: authDesc})
+	}
+	root, tenant, sandbox := auth.Root, auth.Tenant, auth.Sandbox
+	add("POST", "/v1/claim", "root|tenant", s.handleClaim, root, tenant)
+	add("GET", "/v1/sandboxes", "root|tenant", s.handleList, root, tenant)
+	add("GET", "/v1/sandboxes/{id}", "root|tenant|sandbox", s.handleGet, root, tenant, sandbox)
+	add("POST", "/v1/sandboxes/{id}/release", "root|tenant|sandbox", s.handleRelease, root, tenant, sandbox)
+	add("POST", "/v1/sandboxes/{id}/hibernate", "root|tenant|sandbox", s.handleHibernate, root, tenant, sandbox)
+	add("POST", "/v1/sandboxes/{id}/wake", "root|tenant|sandbox", s.handleWake, root, tenant, sandbox)
+	add("POST", "/v1/sandboxes/{id}/renew", "root|tenant|sandbox", s.handleRenew, root, tenant, sandbox)
+	add("GET", "/v1/sandboxes/{id}/owner", "root|tenant|sandbox", s.handleOwner, root, tenant, sandbox)
+	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
+	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
+	add("GET", "/v1/info", "root|tenant", s.handleInfo, root, tenant)
+	add("GET", "/v1/events", "root|tenant", s.handleEvents, root, tenant)
+	add("GET", "/healthz", "none", s.handleHealthz)
+	add("GET", "/metrics", "none", s.handleMetrics)
+
+	for path, table := range paths {
+		s.mux.HandleFunc(path, s.dispatch(path, table))
+	}
+	// Anything else: a JSON 404, not the mux's text one.
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errorf(http.StatusNotFound, "no route for %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// dispatch checks the method, then authentication and authorisation, then
+// runs the handler. A wrong method is 405 with an Allow header and a JSON
+// body.
+func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
+	methods := make([]string, 0, len(table))
+	for m := range table {
+		methods = append(methods, m)
+	}
+	sort.Strings(methods)
+	allow := strings.Join(methods, ", ")
+	return func(w http.ResponseWriter, r *http.Request) {
+		entry, ok := table[r.Method]
+		if !ok {
+			w.Header().Set("Allow", allow)
+			writeError(w, errorf(http.StatusMethodNotAllowed, "method %s not allowed on %s (allowed: %s)", r.Method, path, allow))
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, MaxBody+1)
+		var id auth.Identity
+		if len(entry.allow) > 0 {
+			id = s.auth.Identify(auth.Bearer(r), r.PathValue("id"), s.tokenGen)
+			if id.Kind == auth.Anonymous {
+				writeError(w, errorf(http.StatusUnauthorized, "missing or invalid token"))
+				return
+			}
+			permitted := false
+			for _, k := range entry.allow {
+				permitted = permitted || k == id.Kind
+			}
+			if !permitted {
+				writeError(w, errorf(http.StatusForbidden, "a %s token may not call %s %s", id.Kind, r.Method, path))
+				return
+			}
+		}
+		if err := entry.h(w, r, id); err != nil {
+			s.writeErr(w, r, err)
+		}
+	}
+}
+
+// writeErr maps engine and state errors to statuses and logs server faults.
+func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	var he *httpError
+	var ae *engine.AppendError
+	switch rej, isRej := fsm.AsRejection(err); {
+	case errors.As(err, &he):
+		writeError(w, err)
+	case isRej:
+		writeError(w, errorf(rej.Code.HTTPStatus(), "%s", rej.Msg))
+	case errors.As(err, &ae), errors.Is(err, engine.ErrStopped):
+		s.zl.Error().Err(err).Str("path", r.URL.Path).Msg("api: op log unavailable")
+		writeError(w, errorf(http.StatusServiceUnavailable, "op log unavailable: %v", err))
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		writeError(w, errorf(http.StatusServiceUnavailable, "request cancelled or timed out: %v", err))
+	default:
+		s.zl.Error().Err(err).Str("path", r.URL.Path).Msg("api: internal error")
+		writeError(w, err)
+	}
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// tokenGen looks up a sandbox's token generation for sandbox tokens. Ended
+// claims keep their generation while the state retains them.
+func (s *Server) tokenGen(id string) (uint64, bool) {
+	var gen uint64
+	var ok bool
+	s.eng.View(func(st *fsm.State) {
+		c, found := st.Claim(id)
+		if found {
+			gen, ok = uint64(max(c.TokenGen, 1)), true
+		}
+	})
+	return gen, ok
+}
+
+// SetReady marks the first reconcile as finished: the VM view may now send
+// its sync. Idempotent.
+func (s *Server) SetReady() {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	select {
+	case <-s.ready:
+	default:
+		s.vms.load(s.eng)
+		close(s.ready)
+	}
+}
+
+// newClaimID mints "sb_" + 16 hex digits from the system's randomness.
+func newClaimID() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("crypto/rand failed: " + err.Error())
+	}
+	return "sb_" + hex.EncodeToString(b[:])
+}
