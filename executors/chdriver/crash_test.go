@@ -166,6 +166,11 @@ func sharedSnapshots(t *testing.T) (dir, golden, hibern string) {
 	return shared.dir, shared.golden, shared.hibern
 }
 
+func sharedGolden(t *testing.T) string {
+	_, g, _ := sharedSnapshots(t)
+	return g
+}
+
 // seed copies a shared snapshot into h's store under the same name.
 func (h *harness) seed(rel string) string {
 	h.t.Helper()

@@ -2,10 +2,13 @@ package chdriver
 
 import (
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -125,4 +128,30 @@ func assertSparseCopy(t *testing.T, copyPath, src string) {
 	if sha(t, copyPath) != sha(t, src) {
 		t.Fatalf("%s differs from %s", copyPath, src)
 	}
+}
+
+// TestCapacityENOSPC: a full store filesystem fails a clone with an error
+// the pool classifies as capacity (it parks refills), and the failed clone
+// leaves nothing behind.
+func TestCapacityENOSPC(t *testing.T) {
+	mnt := xfstest.MountNoReflink(t, 8<<20, xfstest.Tmpfs)
+	h := newHarness(t, filepath.Join(mnt, "d"))
+	golden := h.seed(sharedGolden(t))
+	fill, err := os.Create(filepath.Join(mnt, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := fill.Write(buf); err != nil {
+			break
+		}
+	}
+	fill.Close()
+	const vm = "vm-00000000000000c3"
+	_, err = h.d.Clone(context.Background(), cloneIntent(vm, golden, testKey))
+	if !executors.IsCapacity(err) || !errors.Is(err, executors.ErrCapacity) {
+		t.Fatalf("clone on a full filesystem: %v, want a capacity error", err)
+	}
+	h.checkGone(h.runDir(vm))
 }
