@@ -214,12 +214,17 @@ func firstSeq(evs []event.Event) uint64 {
 	return evs[0].Seq
 }
 
+// SetOnCommit replaces the commit observer (the daemon wires its executors
+// and API after the engine has replayed and configured the node).
+func (e *Engine) SetOnCommit(fn func(Commit)) {
+	e.order.Lock()
+	e.opts.OnCommit = fn
+	e.order.Unlock()
+}
+
 // committedInOrder hands commits to OnCommit in sequence order: waits finish
 // in any order, observers (the executors' queue, metrics) want log order.
 func (e *Engine) committedInOrder(c Commit) {
-	if e.opts.OnCommit == nil {
-		return
-	}
 	e.commitMu.Lock()
 	if e.committed == 0 {
 		e.committed = c.Events[0].Seq - 1
@@ -241,7 +246,9 @@ func (e *Engine) committedInOrder(c Commit) {
 	}
 	e.order.Lock()
 	for _, r := range ready {
-		e.opts.OnCommit(r)
+		if e.opts.OnCommit != nil {
+			e.opts.OnCommit(r)
+		}
 	}
 	e.order.Unlock()
 }

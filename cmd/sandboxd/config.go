@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+
+	"github.com/sbxlog/sbxlog/projections/auth"
+)
+
+// Config is sandboxd's configuration file (-config), JSON. Flags override it.
+type Config struct {
+	// Listen is the HTTP API's address.
+	Listen string `json:"listen"`
+	// OwnerAddr is the address other nodes and clients use to reach this node
+	// (owner_addr in replies; redirect targets). Default: Listen.
+	OwnerAddr string `json:"owner_addr,omitempty"`
+	// DataDir holds the op log, snapshots, the node secret, run dirs and the
+	// snapshot store.
+	DataDir string `json:"data_dir"`
+	// NodeID names this node's log (its JetStream subject). Default: hostname.
+	NodeID string `json:"node_id,omitempty"`
+	// APIToken is the root token. Empty disables root access.
+	APIToken string              `json:"api_token,omitempty"`
+	Tenants  []auth.TenantConfig `json:"tenants,omitempty"`
+	// MaxClaims caps live claims on this node (0 = no cap).
+	MaxClaims int `json:"max_claims,omitempty"`
+	// Pools applied on the first start (an empty log); afterwards PUT /v1/pools
+	// owns pool configuration and the log remembers it.
+	Pools []PoolConfig `json:"pools,omitempty"`
+	// RefillConcurrency bounds concurrent executor operations.
+	// Default NumCPU*2/3 clamped to [4, 256].
+	RefillConcurrency int `json:"refill_concurrency,omitempty"`
+	// RestoreMode is CH's memory_restore_mode for clones and wakes: CopyOnWrite
+	// (default), OnDemand or Copy.
+	RestoreMode string `json:"restore_mode,omitempty"`
+	// Hypervisor: auto (cloud-hypervisor from PATH, else chsim), cloud-hypervisor,
+	// chsim or qemu.
+	Hypervisor string `json:"hypervisor,omitempty"`
+	// CHBinary overrides the VMM binary path.
+	CHBinary string `json:"ch_binary,omitempty"`
+	// Bridge is the bridge taps of egress pools attach to.
+	Bridge string `json:"bridge,omitempty"`
+	// NATS configures replication.
+	NATS NATSConfig `json:"nats"`
+	// LogLevel: debug, info, warn, error.
+	LogLevel string `json:"log_level,omitempty"`
+}
+
+// PoolConfig is one pool as written in config and in PUT /v1/pools.
+type PoolConfig struct {
+	Template             string `json:"template"`
+	Net                  string `json:"net"`
+	Size                 string `json:"size"`
+	Warm                 int    `json:"warm"`
+	WarmMax              int    `json:"warm_max,omitempty"`
+	IdleHibernateSeconds int64  `json:"idle_hibernate_seconds,omitempty"`
+}
+
+// NATSConfig selects embedded NATS (default) or an existing cluster.
+type NATSConfig struct {
+	// URL of an existing NATS cluster; empty embeds a single-node server.
+	URL string `json:"url,omitempty"`
+	// Port of the embedded server on loopback (0 picks a free port).
+	Port int `json:"port,omitempty"`
+	// Disabled turns replication off entirely.
+	Disabled bool `json:"disabled,omitempty"`
+	// Sync makes API calls wait for the JetStream ack.
+	Sync bool `json:"sync,omitempty"`
+}
+
+// defaultConfig is what `make run` starts with: one small pool, warm 2.
+func defaultConfig() Config {
+	return Config{
+		Listen:      "127.0.0.1:7777",
+		DataDir:     "./data",
+		Hypervisor:  "auto",
+		RestoreMode: "CopyOnWrite",
+		Pools:       []PoolConfig{{Template: "default", Net: "none", Size: "small", Warm: 2}},
+		LogLevel:    "info",
+	}
+}
+
+// loadConfig reads path over the defaults; an empty path means defaults only.
+// Unknown keys are an error: a typo must not silently fall back to a default.
+func loadConfig(path string) (Config, error) {
+	cfg := defaultConfig()
+	if path == "" {
+		return cfg, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("read config: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cfg); err != nil {
+		return cfg, fmt.Errorf("parse config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// finish fills derived defaults and validates.
+func (c *Config) finish() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("listen %q: %v", c.Listen, err))
+	}
+	if c.OwnerAddr == "" {
+		c.OwnerAddr = c.Listen
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("data_dir is empty"))
+	}
+	if c.NodeID == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			h = "node-1"
+		}
+		c.NodeID = h
+	}
+	if c.RefillConcurrency == 0 {
+		c.RefillConcurrency = min(max(runtime.NumCPU()*2/3, 4), 256)
+	}
+	if c.RefillConcurrency < 1 || c.RefillConcurrency > 256 {
+		errs = append(errs, fmt.Errorf("refill_concurrency %d out of [1, 256]", c.RefillConcurrency))
+	}
+	switch c.RestoreMode {
+	case "CopyOnWrite", "OnDemand", "Copy":
+	default:
+		errs = append(errs, fmt.Errorf("restore_mode %q: want CopyOnWrite, OnDemand or Copy", c.RestoreMode))
+	}
+	switch c.Hypervisor {
+	case "auto", "cloud-hypervisor", "chsim", "qemu":
+	default:
+		errs = append(errs, fmt.Errorf("hypervisor %q: want auto, cloud-hypervisor, chsim or qemu", c.Hypervisor))
+	}
+	if c.MaxClaims < 0 {
+		errs = append(errs, fmt.Errorf("max_claims %d is negative", c.MaxClaims))
+	}
+	return errors.Join(errs...)
+}

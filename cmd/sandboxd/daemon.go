@@ -1,0 +1,364 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/engine"
+	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/chdriver"
+	"github.com/sbxlog/sbxlog/executors/vmm"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/auth"
+	"github.com/sbxlog/sbxlog/projections/replay"
+)
+
+// snapshotEvery bounds the tail a restart replays: a snapshot is taken once
+// this many events were applied since the last one.
+const snapshotEvery = 50_000
+
+// daemon is a running sandboxd.
+type daemon struct {
+	cfg    Config
+	zl     zerolog.Logger
+	log    *eventlog.Log
+	eng    *engine.Engine
+	pool   *executors.Pool
+	driver interface{ Close() }
+	srv    *api.Server
+	http   *http.Server
+	ln     net.Listener
+
+	mu       sync.Mutex
+	snapSeq  uint64
+	stopOnce sync.Once
+	stopped  chan struct{}
+	bg       sync.WaitGroup
+}
+
+// proposer adapts the engine to executors.Proposer.
+type proposer struct{ eng *engine.Engine }
+
+func (p proposer) Propose(ctx context.Context, cmd fsm.Command) error {
+	_, err := p.eng.Propose(ctx, cmd)
+	return err
+}
+
+func newLogger(level string) zerolog.Logger {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil || level == "" {
+		lvl = zerolog.InfoLevel
+	}
+	return zerolog.New(os.Stderr).Level(lvl).With().Timestamp().Str("component", "sandboxd").Logger()
+}
+
+func newInstanceID() string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return "i-" + hex.EncodeToString(b[:])
+}
+
+// start brings the daemon up in the documented order and returns once it
+// serves HTTP.
+func start(ctx context.Context, cfg Config) (*daemon, error) {
+	zl := newLogger(cfg.LogLevel)
+	d := &daemon{cfg: cfg, zl: zl, stopped: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			d.closeAll()
+		}
+	}()
+
+	dataDir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	secret, err := auth.LoadOrCreateSecret(filepath.Join(dataDir, "node.secret"))
+	if err != nil {
+		return nil, err
+	}
+	authn, err := auth.New(cfg.APIToken, cfg.Tenants, secret)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.APIToken == "" {
+		zl.Warn().Msg("no api_token configured: root-only routes answer 401")
+	}
+
+	// 1. The log, then the state: latest snapshot plus the tail.
+	d.log, err = eventlog.Open(filepath.Join(dataDir, "log"), eventlog.Options{NodeID: cfg.NodeID, Logger: zl})
+	if err != nil {
+		return nil, err
+	}
+	firstStart := d.log.LastSeq() == 0
+	res, err := replay.Rebuild(d.log, replay.Options{})
+	if err != nil {
+		return nil, err
+	}
+	d.snapSeq = res.SnapshotSeq
+	ev := zl.Info().Uint64("seq", res.Seq).Uint64("snapshot_seq", res.SnapshotSeq).Int("tail_events", res.Events).
+		Dur("elapsed", res.Elapsed).Int("live_claims", res.State.LiveClaims())
+	if res.SnapshotErr != nil {
+		ev = ev.AnErr("snapshot_skipped", res.SnapshotErr)
+	}
+	ev.Msg("state rebuilt from the op log")
+
+	var metrics *api.Metrics
+	d.eng = engine.New(d.log, res.State, engine.Options{
+		Log:      zl,
+		OnAppend: func(dur time.Duration) { metrics.ObserveAppend(dur) },
+	})
+	metrics = api.NewMetrics(d.eng)
+
+	// 2. Node identity, first-start pools, limits.
+	var node, instance string
+	d.eng.View(func(st *fsm.State) { node, instance = st.Node(), st.Instance() })
+	if node == "" {
+		instance = newInstanceID()
+		if _, err := d.eng.Propose(ctx, fsm.ConfigureNode{Meta: d.eng.Meta(), Node: cfg.NodeID, Instance: instance}); err != nil {
+			return nil, fmt.Errorf("record node identity: %w", err)
+		}
+		zl.Info().Str("node", cfg.NodeID).Str("instance", instance).Msg("new node: identity recorded in the log")
+	}
+	if firstStart && len(cfg.Pools) > 0 {
+		specs := make([]fsm.PoolSpec, len(cfg.Pools))
+		for i, p := range cfg.Pools {
+			specs[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds}
+		}
+		if _, err := d.eng.Propose(ctx, fsm.ConfigurePools{Meta: d.eng.Meta(), Pools: specs}); err != nil {
+			return nil, fmt.Errorf("apply configured pools: %w", err)
+		}
+		zl.Info().Int("pools", len(specs)).Msg("first start: pools from the config applied; PUT /v1/pools owns them from now on")
+	} else if len(cfg.Pools) > 0 {
+		zl.Info().Msg("pools come from the log (PUT /v1/pools); the config's pools apply only on a first start")
+	}
+	if err := d.applyLimits(ctx); err != nil {
+		return nil, err
+	}
+
+	// 3. Executors: resolve the hypervisor, prepare the roots.
+	hv, bin, err := resolveHypervisor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	zl.Info().Str("hypervisor", hv).Str("binary", bin).Msg("hypervisor selected")
+	roots := executors.RootsIn(dataDir)
+	drv, err := chdriver.New(chdriver.Config{
+		Roots: roots, Instance: instance, VMM: bin, Hypervisor: chdriver.Hypervisor(hv),
+		CgroupSlice: vmm.DefaultCgroupSlice(), RestoreMode: ch.MemoryRestoreMode(cfg.RestoreMode),
+		Bridge: cfg.Bridge, Log: zl,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.driver = drv
+	prep, err := drv.Prepare(ctx)
+	if err != nil {
+		return nil, err
+	}
+	zl.Info().Str("copy_mode", prep.CopyMode.String()).Int("temp_dirs_swept", len(prep.Swept)).Msg("executors prepared")
+
+	// 4. API and executor pool; commits feed both from now on.
+	d.srv = api.New(api.Config{OwnerAddr: cfg.OwnerAddr, Node: cfg.NodeID, Hypervisor: hv}, d.eng, d.log, authn, api.Options{Log: zl, Metrics: metrics})
+	d.pool = executors.NewPool(drv, proposer{d.eng}, executors.PoolOptions{Concurrency: cfg.RefillConcurrency, Log: zl, Observer: metrics})
+	d.eng.SetOnCommit(func(c engine.Commit) {
+		d.srv.OnCommit(c.Events)
+		if len(c.Intents) > 0 {
+			d.pool.Offer(c.Intents)
+		}
+	})
+
+	// 5. Reconcile (adoption of running VMs lives in the executors' recipes:
+	// each re-run intent adopts its VMM by pid file and cmdline), then
+	// start the executors with every pending intent and the engine's loops.
+	d.pool.Offer(d.eng.Intents())
+	d.eng.Start()
+	d.srv.SetReady()
+
+	// 6. Serve.
+	d.ln, err = net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, err
+	}
+	d.http = &http.Server{Handler: d.srv, ReadHeaderTimeout: 10 * time.Second}
+	d.bg.Add(2)
+	go func() {
+		defer d.bg.Done()
+		if err := d.http.Serve(d.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			zl.Error().Err(err).Msg("http server")
+		}
+	}()
+	go func() { defer d.bg.Done(); d.snapshotLoop() }()
+	zl.Info().Str("listen", d.ln.Addr().String()).Str("node", cfg.NodeID).Str("instance", instance).Msg("sandboxd serving")
+	ok = true
+	return d, nil
+}
+
+// applyLimits records max_claims and the tenants' caps when they differ
+// from the state's: the config owns limits.
+func (d *daemon) applyLimits(ctx context.Context) error {
+	caps := map[string]int{}
+	for _, t := range d.cfg.Tenants {
+		if t.MaxClaims > 0 {
+			caps[t.Name] = t.MaxClaims
+		}
+	}
+	var cur fsm.Limits
+	d.eng.View(func(st *fsm.State) { cur = st.Limits() })
+	same := cur.MaxClaims == d.cfg.MaxClaims && len(cur.TenantCaps) == len(caps)
+	for k, v := range caps {
+		same = same && cur.TenantCaps[k] == v
+	}
+	if same {
+		return nil
+	}
+	if _, err := d.eng.Propose(ctx, fsm.ConfigureLimits{Meta: d.eng.Meta(), MaxClaims: d.cfg.MaxClaims, TenantCaps: caps}); err != nil {
+		return fmt.Errorf("apply limits: %w", err)
+	}
+	return nil
+}
+
+// resolveHypervisor picks the VMM binary: auto prefers cloud-hypervisor from
+// PATH and falls back to chsim (next to this binary, then PATH).
+func resolveHypervisor(cfg Config) (hv, bin string, err error) {
+	find := func(name string) string {
+		if exe, err := os.Executable(); err == nil {
+			p := filepath.Join(filepath.Dir(exe), name)
+			if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+				return p
+			}
+		}
+		if p, err := exec.LookPath(name); err == nil {
+			if abs, err := filepath.Abs(p); err == nil {
+				return abs
+			}
+		}
+		return ""
+	}
+	switch cfg.Hypervisor {
+	case "auto", "cloud-hypervisor":
+		bin = cfg.CHBinary
+		if bin == "" {
+			if p, err := exec.LookPath("cloud-hypervisor"); err == nil {
+				bin, _ = filepath.Abs(p)
+			}
+		}
+		if bin != "" {
+			return "cloud-hypervisor", bin, nil
+		}
+		if cfg.Hypervisor == "cloud-hypervisor" {
+			return "", "", errors.New("hypervisor cloud-hypervisor: binary not found in PATH (set ch_binary)")
+		}
+		fallthrough
+	case "chsim":
+		if bin = find("chsim"); bin == "" {
+			return "", "", errors.New("no cloud-hypervisor binary and no chsim next to sandboxd or in PATH (run make build)")
+		}
+		return "chsim", bin, nil
+	case "qemu":
+		return "", "", errors.New("hypervisor qemu: not wired into sandboxd yet")
+	}
+	return "", "", fmt.Errorf("unknown hypervisor %q", cfg.Hypervisor)
+}
+
+// snapshotLoop saves a state snapshot once snapshotEvery events were applied
+// since the last one, so a restart replays a bounded tail.
+func (d *daemon) snapshotLoop() {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stopped:
+			return
+		case <-t.C:
+		}
+		var applied uint64
+		d.eng.View(func(st *fsm.State) { applied = st.Applied() })
+		d.mu.Lock()
+		due := applied >= d.snapSeq+snapshotEvery
+		d.mu.Unlock()
+		if due {
+			d.snapshot()
+		}
+	}
+}
+
+// snapshot saves the engine's state. The snapshot is written after the
+// events it covers (Pebble's WAL is a prefix), so it never claims more than
+// the log holds.
+func (d *daemon) snapshot() {
+	seq, data := d.eng.Snapshot()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if seq <= d.snapSeq {
+		return
+	}
+	start := time.Now()
+	if err := d.log.SaveSnapshot(seq, data); err != nil {
+		d.zl.Error().Err(err).Uint64("seq", seq).Msg("state snapshot failed")
+		return
+	}
+	d.snapSeq = seq
+	d.zl.Info().Uint64("seq", seq).Int("bytes", len(data)).Dur("elapsed", time.Since(start)).Msg("state snapshot saved")
+}
+
+// stop is SIGTERM: stop serving, stop the executors (VMs keep running),
+// snapshot, close the log.
+func (d *daemon) stop() error {
+	var err error
+	d.stopOnce.Do(func() {
+		close(d.stopped)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if d.http != nil {
+			_ = d.http.Shutdown(ctx)
+		}
+		if d.pool != nil {
+			if e := d.pool.Shutdown(ctx); e != nil {
+				d.zl.Warn().Err(e).Msg("executors did not stop in time; their intents re-run on the next start")
+			}
+		}
+		if d.eng != nil {
+			d.eng.Shutdown()
+			if d.eng.Err() != nil && !errors.Is(d.eng.Err(), engine.ErrStopped) {
+				err = d.eng.Err()
+			} else {
+				d.snapshot()
+			}
+		}
+		d.bg.Wait()
+		d.closeAll()
+		d.zl.Info().Msg("sandboxd stopped; VMs left running")
+	})
+	return err
+}
+
+func (d *daemon) closeAll() {
+	if d.driver != nil {
+		d.driver.Close()
+	}
+	if d.log != nil {
+		_ = d.log.Close()
+	}
+}

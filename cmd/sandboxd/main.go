@@ -1,0 +1,89 @@
+// Command sandboxd is the per-host daemon: it keeps pools of warm Cloud
+// Hypervisor VMs, serves claims over HTTP, and records every change in its op
+// log. See README.md and docs/operations.md.
+//
+// Start-up order: open the log, load the latest snapshot and replay the tail,
+// record the node and instance ids, apply the configured pools on a first
+// start, prepare the executors (sweep temp dirs, detect reflink), reconcile,
+// start the executors and the engine's loops, then serve HTTP. SIGTERM stops
+// serving, stops the executors (VMs keep running), takes a state snapshot and
+// exits.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("sandboxd", flag.ContinueOnError)
+	configPath := fs.String("config", "", "JSON config file (default: built-in defaults, see docs/operations.md)")
+	listen := fs.String("listen", "", "HTTP listen address (overrides config)")
+	dataDir := fs.String("data", "", "data directory (overrides config)")
+	nodeID := fs.String("node-id", "", "node id (overrides config)")
+	hypervisor := fs.String("hypervisor", "", "auto | cloud-hypervisor | chsim | qemu (overrides config)")
+	natsURL := fs.String("nats-url", "", "use an existing NATS cluster instead of the embedded server")
+	noNATS := fs.Bool("no-nats", false, "disable replication")
+	apiToken := fs.String("api-token", "", "root API token (overrides config; also SBX_API_TOKEN)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *showVersion {
+		fmt.Println("sandboxd", version)
+		return 0
+	}
+	cfg, err := loadConfig(*configPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandboxd:", err)
+		return 2
+	}
+	set := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	set(&cfg.Listen, *listen)
+	set(&cfg.DataDir, *dataDir)
+	set(&cfg.NodeID, *nodeID)
+	set(&cfg.Hypervisor, *hypervisor)
+	set(&cfg.NATS.URL, *natsURL)
+	set(&cfg.APIToken, os.Getenv("SBX_API_TOKEN"))
+	set(&cfg.APIToken, *apiToken)
+	if *noNATS {
+		cfg.NATS.Disabled = true
+	}
+	if err := cfg.finish(); err != nil {
+		fmt.Fprintln(os.Stderr, "sandboxd: invalid config:", err)
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	d, err := start(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandboxd:", err)
+		return 1
+	}
+	<-ctx.Done()
+	if err := d.stop(); err != nil {
+		d.zl.Error().Err(err).Msg("shutdown")
+		return 1
+	}
+	return 0
+}
