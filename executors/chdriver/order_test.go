@@ -17,7 +17,7 @@ func effects(entries []string) []string {
 	var out []string
 	for _, e := range entries {
 		keep := strings.HasPrefix(e, "fs ") || strings.HasPrefix(e, "ch ") ||
-			e == "step "+StepLaunch || e == "step "+StepTerminate
+			e == "step "+StepLaunch || e == "step "+StepTerminate || e == "step "+StepWriteConfig
 		if !keep {
 			continue
 		}
@@ -164,8 +164,8 @@ func TestRecipeOrders(t *testing.T) {
 			"fs mkdirall " + restore,
 			"fs link " + filepath.Join(restore, MemoryFile) + " " + filepath.Join(src, MemoryFile),
 			"fs clone " + filepath.Join(run, DiskFile) + " " + filepath.Join(src, DiskFile),
-			"fs write " + filepath.Join(restore, StateFile),
-			"fs write " + filepath.Join(restore, ConfigFile),
+			"fs clone " + filepath.Join(restore, StateFile) + " " + filepath.Join(src, StateFile),
+			"step " + StepWriteConfig,
 			"step " + StepLaunch,
 			"ch " + CallRestore,
 			"ch " + CallResume,

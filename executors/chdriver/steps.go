@@ -24,27 +24,27 @@ const (
 
 // Step names, as they appear in ExecReport.Steps and StepCall.Step.
 const (
-	StepCheck          = "check"       // is the op's result already there (snapshot, running VM)?
-	StepAdopt          = "adopt"       // vm.info of a VMM already serving the run dir
-	StepInfo           = "info"        // vm.info before a hibernate
-	StepBalloon        = "balloon"     // wait for the balloon to settle
-	StepPause          = "pause"       // vm.pause
-	StepMkTemp         = "mktemp"      // temp dir in the store
-	StepSnapshot       = "snapshot"    // vm.snapshot
-	StepCloneDisk      = "clone_disk"  // FICLONE (or sparse copy) of cow.raw
-	StepSyncFiles      = "sync_files"  // SyncTree of the temp dir, before the rename
-	StepWriteMeta      = "write_meta"  // meta.json: temp, fsync, rename, fsync dir
-	StepRename         = "rename"      // temp dir into the store (fsyncs parents)
-	StepSyncTree       = "sync_tree"   // SyncTree of the final dir
-	StepShutdown       = "shutdown"    // vm.shutdown
-	StepTerminate      = "terminate"   // vmm.shutdown, SIGTERM, SIGKILL
-	StepTapDelete      = "tap_delete"  // delete the VM's tap
-	StepRemoveRun      = "remove_run"  // remove the run dir
-	StepRemoveSnapshot = "remove_snap" // remove the VM's snapshot (destroy)
-	StepResetRun       = "reset_run"   // tear down leftovers and recreate the run dir
-	StepLinkMemory     = "link_memory" // hard-link memory-ranges into the run dir
-	StepWriteState     = "write_state" // copy state.json
-	StepWriteConfig    = "write_config"
+	StepCheck          = "check"        // is the op's result already there (snapshot, running VM)?
+	StepAdopt          = "adopt"        // vm.info of a VMM already serving the run dir
+	StepInfo           = "info"         // vm.info before a hibernate
+	StepBalloon        = "balloon"      // wait for the balloon to settle
+	StepPause          = "pause"        // vm.pause
+	StepMkTemp         = "mktemp"       // temp dir in the store
+	StepSnapshot       = "snapshot"     // vm.snapshot
+	StepCloneDisk      = "clone_disk"   // FICLONE (or sparse copy) of cow.raw
+	StepSyncFiles      = "sync_files"   // SyncTree of the temp dir, before the rename
+	StepWriteMeta      = "write_meta"   // meta.json: temp, fsync, rename, fsync dir
+	StepRename         = "rename"       // temp dir into the store (fsyncs parents)
+	StepSyncTree       = "sync_tree"    // SyncTree of the final dir
+	StepShutdown       = "shutdown"     // vm.shutdown
+	StepTerminate      = "terminate"    // vmm.shutdown, SIGTERM, SIGKILL
+	StepTapDelete      = "tap_delete"   // delete the VM's tap
+	StepRemoveRun      = "remove_run"   // remove the run dir
+	StepRemoveSnapshot = "remove_snap"  // remove the VM's snapshot (destroy)
+	StepResetRun       = "reset_run"    // tear down leftovers and recreate the run dir
+	StepLinkMemory     = "link_memory"  // hard-link memory-ranges into the run dir
+	StepWriteState     = "write_state"  // state.json into the run dir (a reflink copy)
+	StepWriteConfig    = "write_config" // config.json with paths rewritten
 	StepTapCreate      = "tap_create"
 	StepLaunch         = "launch"    // start the VMM, wait for vmm.ping
 	StepRestore        = "restore"   // vm.restore
@@ -80,7 +80,7 @@ func StepCategory(step string) Category {
 		return CatVMM
 	case StepCloneDisk, StepCloneTemplate:
 		return CatClone
-	case StepSyncFiles, StepWriteMeta, StepRename, StepSyncTree, StepWriteState, StepWriteConfig:
+	case StepSyncFiles, StepWriteMeta, StepRename, StepSyncTree:
 		return CatFsync
 	case StepProbe, StepWarmup:
 		return CatGuest

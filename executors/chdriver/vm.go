@@ -242,12 +242,12 @@ func (d *Driver) restoreInto(r *run, vm string, k fsm.PoolKey, runDir, src strin
 	}); err != nil {
 		return fail(err)
 	}
+	// The run dir's files are not fsynced: a host crash takes the VM with
+	// it and a re-run starts the run dir over, while a daemon crash leaves
+	// the page cache intact. Only the store is made durable.
 	if err := r.step(StepWriteState, func() error {
-		data, err := os.ReadFile(filepath.Join(src, StateFile))
-		if err != nil {
-			return err
-		}
-		return d.fs.WriteFileAtomic(filepath.Join(restore, StateFile), data, 0o600)
+		_, err := d.fs.Clone(filepath.Join(restore, StateFile), filepath.Join(src, StateFile), fsx.Overwrite())
+		return err
 	}); err != nil {
 		return fail(err)
 	}
@@ -267,7 +267,7 @@ func (d *Driver) restoreInto(r *run, vm string, k fsm.PoolKey, runDir, src strin
 		if err != nil {
 			return err
 		}
-		return d.fs.WriteFileAtomic(filepath.Join(restore, ConfigFile), out, 0o600)
+		return os.WriteFile(filepath.Join(restore, ConfigFile), out, 0o600)
 	}); err != nil {
 		return fail(err)
 	}
