@@ -89,9 +89,10 @@ type group struct {
 	batch *pebble.Batch
 	ops   []*op
 	last  uint64
-	// Set under Log.pubMu once the batch's fsync wait returned.
-	synced  bool
-	syncErr error
+	// Set under Log.pubMu: synced once the batch (or a later one) is known
+	// synced, done once published (or failed) and out of Log.syncing.
+	synced, done bool
+	syncErr      error
 }
 
 // Append makes evs durable as one op and returns them with their sequences.
@@ -446,13 +447,27 @@ func (l *Log) syncAndPublish(g *group) {
 	syncErr := g.batch.SyncWait()
 	_ = g.batch.Close()
 	l.pubMu.Lock()
-	g.synced, g.syncErr = true, syncErr
+	if syncErr != nil {
+		g.synced, g.syncErr = true, syncErr
+	} else if !g.done {
+		// Pebble's WAL writer completes syncs in write order (and its errors
+		// are sticky), so g being synced means every batch written before it
+		// is too: publish them without waiting for their own goroutines,
+		// which may not have been scheduled yet.
+		for _, h := range l.syncing {
+			h.synced = true
+			if h == g {
+				break
+			}
+		}
+	}
 	var answered []*request
 	published := false
 	for len(l.syncing) > 0 && l.syncing[0].synced {
 		h := l.syncing[0]
 		l.syncing[0] = nil
 		l.syncing = l.syncing[1:]
+		h.done = true
 		if h.syncErr != nil && l.failErr == nil {
 			l.failErr = h.syncErr
 			l.poisoned.Store(true)
