@@ -53,9 +53,10 @@ type config struct {
 
 func configFor(quick bool) config {
 	if quick {
-		return config{rounds: 1, clones: 12, cycles: 4}
+		return config{rounds: 2, clones: 8, cycles: 4}
 	}
-	return config{rounds: 3, clones: 60, cycles: 30}
+	// Short alternating rounds: a noisy host slows both paths alike.
+	return config{rounds: 8, clones: 30, cycles: 30}
 }
 
 // Run measures the section.
@@ -97,6 +98,14 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		return nil, err
 	}
 
+	// Warm both paths up (page cache of the binaries, the golden's pages,
+	// the filesystem's allocator), untimed.
+	if _, _, err := b.poolClones(ctx, golden, executors.DefaultConcurrency()); err != nil {
+		return nil, err
+	}
+	if _, _, err := b.cliClones(ctx, cli, golden, executors.DefaultConcurrency()); err != nil {
+		return nil, err
+	}
 	var poolLat, cliLat report.Durations
 	var poolWall, cliWall time.Duration
 	n := 0
@@ -124,7 +133,8 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		Method: fmt.Sprintf("chsim VMMs (the CH API simulator; small = 1 vCPU, 512 MiB, %d MiB of guest data) on a 4 GiB "+
 			"loop-mounted XFS with reflink (store copy mode: %s). Clones: %d rounds, each %d clones through executors.Pool "+
 			"(the chdriver recipe in-process, %d at a time) then %d clones by forking bench/execbench/cli once per clone "+
-			"(the same recipe in a new process: the old daemon's CLI-per-op path), %d at a time; clones/s is clones over "+
+			"(the same recipe in a new process: the old daemon's CLI-per-op path), %d at a time, after an untimed warm-up "+
+			"batch of each; clones/s is clones over "+
 			"the wall time of the batch, VMs destroyed (untimed) after each batch; per-clone time is dispatch to result for "+
 			"the pool and process start to exit for the CLI. Hibernate/wake: %d cycles of one VM through the pool, timed "+
 			"from Offer to the result reaching the proposer (an in-memory proposer: the op log append is measured by "+
@@ -178,6 +188,12 @@ func (o *observer) OpDone(k executors.Kind, out executors.Outcome, d time.Durati
 		o.clones = append(o.clones, d)
 		o.mu.Unlock()
 	}
+}
+
+func (o *observer) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.clones)
 }
 
 func (o *observer) takeClones() report.Durations {
@@ -291,6 +307,10 @@ func (b *bench) poolClones(ctx context.Context, golden string, n int) (report.Du
 		return nil, 0, err
 	}
 	wall := time.Since(start)
+	// OpDone follows the proposal by moments; wait for every sample.
+	for deadline := time.Now().Add(5 * time.Second); b.obs.count() < n && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	lat := b.obs.takeClones()
 	return lat, wall, b.destroyAll(ctx)
 }
