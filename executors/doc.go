@@ -17,7 +17,11 @@
 //     refills after ErrCapacity, and proposes exactly one result command per
 //     intent through a Proposer (Meta.Op = event.DeriveOpID(intent, "result"),
 //     Meta.Cause = the intent's op id, so a re-run after a daemon crash
-//     proposes the same op and the log dedupes it).
+//     proposes the same op and the log dedupes it). A *fsm.Rejection of a
+//     result means it is stale; it is logged and dropped, and nothing the
+//     operation made is removed here: a rejection can also mean an earlier
+//     run's identical result was applied, and orphan VMs are the start-up
+//     reconcile's to remove, never a guess's.
 //
 // Error classes (see errors.go): any error is retryable unless it is (or
 // wraps) an *Unrecoverable, which aborts the operation and is reported as a

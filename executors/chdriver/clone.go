@@ -40,15 +40,16 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 	return r.result(""), nil
 }
 
-// loadTemplate loads the pool's template, synthesizing one under chsim.
-func (d *Driver) loadTemplate(r *run, k fsm.PoolKey) (*templates.Template, templates.Resources, error) {
+// templateConfig loads the pool's template (synthesizing one under chsim)
+// and derives the config of a VM of the pool's size running in runDir.
+func (d *Driver) templateConfig(r *run, k fsm.PoolKey, runDir string) (*templates.Template, *ch.VmConfig, error) {
 	res, err := d.sizes.Lookup(k.Size)
 	if err != nil {
-		return nil, res, executors.AsUnrecoverable(err)
+		return nil, nil, executors.AsUnrecoverable(err)
 	}
 	dir, err := d.roots.TemplateDir(k.Template)
 	if err != nil {
-		return nil, res, err
+		return nil, nil, err
 	}
 	var t *templates.Template
 	err = r.step(StepTemplate, func() error {
@@ -66,7 +67,14 @@ func (d *Driver) loadTemplate(r *run, k fsm.PoolKey) (*templates.Template, templ
 		}
 		return err
 	})
-	return t, res, err
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg, err := t.VMConfig(res, d.vmPaths(runDir))
+	if err != nil {
+		return nil, nil, executors.AsUnrecoverable(err)
+	}
+	return t, cfg, nil
 }
 
 func (d *Driver) vmPaths(runDir string) templates.Paths {
@@ -89,23 +97,14 @@ func (d *Driver) coldBoot(ctx context.Context, in fsm.CloneVM, runDir string) (e
 	if done, err := d.finishExisting(r, in.VM, runDir, egress, false); err != nil || done {
 		return r.result(""), err
 	}
-	t, res, err := d.loadTemplate(r, in.Key)
+	t, cfg, err := d.templateConfig(r, in.Key, runDir)
 	if err != nil {
 		return executors.Result{}, err
-	}
-	cfg, err := t.VMConfig(res, d.vmPaths(runDir))
-	if err != nil {
-		return executors.Result{}, executors.AsUnrecoverable(err)
 	}
 	if egress {
 		_ = cfg.Set([]any{map[string]any{"id": NICID, "tap": TapName(in.VM), "mac": MAC(in.VM)}}, "net")
 	}
-	if err := r.step(StepResetRun, func() error {
-		if err := d.fs.RemoveAll(runDir); err != nil {
-			return err
-		}
-		return d.fs.MkdirAll(runDir, 0o700)
-	}); err != nil {
+	if err := d.resetRun(r, in.VM, runDir, runDir); err != nil {
 		return executors.Result{}, err
 	}
 	fail := func(err error) (executors.Result, error) {

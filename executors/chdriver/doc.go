@@ -21,6 +21,9 @@
 //
 // meta.json is written last, atomically, before the directory is renamed
 // into place: a snapshot dir with a meta.json naming the op is complete.
+// Only the store is made durable. Run dirs are not fsynced: a host crash
+// kills their VMs anyway, and every recipe starts a run dir over unless it
+// finds its own VM running there.
 // Snapshot names carry the op id, so a re-run of an operation finds its own
 // result and never collides with another operation's.
 //

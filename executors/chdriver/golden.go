@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 
 	"github.com/sbxlog/sbxlog/executors"
-	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -20,52 +19,15 @@ func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors
 	r := d.begin(ctx, RecipeGolden, in.OpID, runDir)
 	rel := goldenRel(in.Key, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
-
-	var done *Meta
-	if err := r.step(StepCheck, func() error {
-		if m, err := ReadMeta(final); err == nil && m.Op == in.OpID.String() {
-			done = m
-		}
-		return nil
-	}); err != nil {
-		return executors.Result{}, err
-	}
-	if done != nil {
-		r.log.Info().Str("golden", final).Msg("golden already in the store; removing the build VM")
-		if err := r.step(StepSyncTree, func() error { return d.fs.SyncTree(final) }); err != nil {
-			return executors.Result{}, err
-		}
-		if err := d.stopVM(r, id, runDir, false); err != nil {
-			return executors.Result{}, err
-		}
-		res := r.result(rel)
-		res.Report.CopyMode = done.CopyMode
-		return res, nil
+	if res, done, err := d.finishStored(r, rel, id, runDir, false); done || err != nil {
+		return res, err
 	}
 
-	t, size, err := d.loadTemplate(r, in.Key)
+	t, cfg, err := d.templateConfig(r, in.Key, runDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
-	cfg, err := t.VMConfig(size, d.vmPaths(runDir))
-	if err != nil {
-		return executors.Result{}, executors.AsUnrecoverable(err)
-	}
-	if err := r.step(StepResetRun, func() error {
-		// A build interrupted before its rename starts over.
-		p, err := d.attach(r.ctx, runDir, id)
-		if p != nil {
-			if err := d.terminate(r.ctx, runDir, p); err != nil {
-				return err
-			}
-		} else if err != nil {
-			return err
-		}
-		if err := d.fs.RemoveAll(runDir); err != nil {
-			return err
-		}
-		return d.fs.MkdirAll(runDir, 0o700)
-	}); err != nil {
+	if err := d.resetRun(r, id, runDir, runDir); err != nil {
 		return executors.Result{}, err
 	}
 	fail := func(err error) (executors.Result, error) {
@@ -88,12 +50,8 @@ func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors
 		}
 	}
 	api := d.api(runDir)
-	var info *ch.VmInfo
-	if err := r.step(StepInfo, func() error {
-		var err error
-		info, err = api.Info(r.ctx)
-		return err
-	}); err != nil {
+	info, err := r.info(api)
+	if err != nil {
 		return fail(err)
 	}
 	if err := r.step(StepBalloon, func() error { return d.settleBalloon(r.ctx, api, info, r.log) }); err != nil {

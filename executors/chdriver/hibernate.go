@@ -28,28 +28,8 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	rel := hibernateRel(in.VM, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
 
-	var done *Meta
-	if err := r.step(StepCheck, func() error {
-		if m, err := ReadMeta(final); err == nil && m.Op == in.OpID.String() {
-			done = m
-		}
-		return nil
-	}); err != nil {
-		return executors.Result{}, err
-	}
-	if done != nil {
-		// A crash after the rename: the snapshot is complete. Make it
-		// durable (again) and finish stopping the VM.
-		r.log.Info().Str("snapshot", final).Msg("snapshot already in the store; finishing the hibernate")
-		if err := r.step(StepSyncTree, func() error { return d.fs.SyncTree(final) }); err != nil {
-			return executors.Result{}, err
-		}
-		if err := d.stopVM(r, in.VM, runDir, egress); err != nil {
-			return executors.Result{}, err
-		}
-		res := r.result(rel)
-		res.Report.CopyMode = done.CopyMode
-		return res, nil
+	if res, done, err := d.finishStored(r, rel, in.VM, runDir, egress); done || err != nil {
+		return res, err
 	}
 
 	proc, err := d.attach(ctx, runDir, in.VM)
@@ -69,12 +49,8 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 		return err
 	}
 
-	var info *ch.VmInfo
-	if err := r.step(StepInfo, func() error {
-		var err error
-		info, err = api.Info(r.ctx)
-		return err
-	}); err != nil {
+	info, err := r.info(api)
+	if err != nil {
 		return executors.Result{}, gone(err)
 	}
 	if info.State != ch.StateRunning && info.State != ch.StatePaused {
@@ -206,4 +182,30 @@ func vmmDied(p *vmm.Process, err error) bool {
 	case <-t.C:
 		return false
 	}
+}
+
+// finishStored handles a re-run that finds the op's snapshot complete in the
+// store (a crash after the rename): it is made durable again and the VM is
+// stopped. done is false when no complete snapshot of this op is there.
+func (d *Driver) finishStored(r *run, rel, vm, runDir string, egress bool) (res executors.Result, done bool, err error) {
+	final := filepath.Join(d.roots.Store, rel)
+	var m *Meta
+	if err := r.step(StepCheck, func() error {
+		if got, err := ReadMeta(final); err == nil && got.Op == r.op.String() {
+			m = got
+		}
+		return nil
+	}); err != nil || m == nil {
+		return res, false, err
+	}
+	r.log.Info().Str("snapshot", final).Msg("snapshot already in the store; finishing the recipe")
+	if err := r.step(StepSyncTree, func() error { return d.fs.SyncTree(final) }); err != nil {
+		return res, true, err
+	}
+	if err := d.stopVM(r, vm, runDir, egress); err != nil {
+		return res, true, err
+	}
+	res = r.result(rel)
+	res.Report.CopyMode = m.CopyMode
+	return res, true, nil
 }

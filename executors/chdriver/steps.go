@@ -9,6 +9,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 )
 
@@ -174,4 +175,13 @@ func (r *run) result(snapshotDir string) executors.Result {
 		rep.CopyMode = r.copied.String()
 	}
 	return executors.Result{Report: rep, SnapshotDir: snapshotDir}
+}
+
+// info is the vm.info step that precedes the balloon wait and the pause.
+func (r *run) info(api API) (info *ch.VmInfo, err error) {
+	err = r.step(StepInfo, func() error {
+		info, err = api.Info(r.ctx)
+		return err
+	})
+	return info, err
 }

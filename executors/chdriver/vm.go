@@ -119,17 +119,7 @@ func (d *Driver) finishExisting(r *run, vm, runDir string, egress, nic bool) (do
 		d.teardown(r, vm, runDir, egress)
 		return false, err
 	}
-	if info.State == ch.StatePaused {
-		if nic {
-			if err := r.step(StepNIC, func() error { return d.swapNIC(r.ctx, api, vm) }); err != nil {
-				return fail(err)
-			}
-		}
-		if err := r.step(StepResume, func() error { return api.Resume(r.ctx) }); err != nil {
-			return fail(err)
-		}
-	}
-	if err := r.step(StepProbe, func() error { return d.waitReady(r.ctx, api, runDir, d.readyTO) }); err != nil {
+	if err := d.resumeAndProbe(r, api, vm, runDir, nic, info.State == ch.StatePaused); err != nil {
 		return fail(err)
 	}
 	return true, nil
@@ -218,12 +208,7 @@ func (d *Driver) restoreInto(r *run, vm string, k fsm.PoolKey, runDir, src strin
 		return err
 	}
 	restore := filepath.Join(runDir, RestoreDir)
-	if err := r.step(StepResetRun, func() error {
-		if err := d.fs.RemoveAll(runDir); err != nil {
-			return err
-		}
-		return d.fs.MkdirAll(restore, 0o700)
-	}); err != nil {
+	if err := d.resetRun(r, vm, runDir, restore); err != nil {
 		return err
 	}
 	fail := func(err error) error {
@@ -292,18 +277,46 @@ func (d *Driver) restoreInto(r *run, vm string, k fsm.PoolKey, runDir, src strin
 	}); err != nil {
 		return fail(err)
 	}
-	if nic && egress {
-		if err := r.step(StepNIC, func() error { return d.swapNIC(r.ctx, api, vm) }); err != nil {
-			return fail(err)
-		}
-	}
-	if err := r.step(StepResume, func() error { return api.Resume(r.ctx) }); err != nil {
-		return fail(err)
-	}
-	if err := r.step(StepProbe, func() error { return d.waitReady(r.ctx, api, runDir, d.readyTO) }); err != nil {
+	if err := d.resumeAndProbe(r, api, vm, runDir, nic && egress, true); err != nil {
 		return fail(err)
 	}
 	return nil
+}
+
+// resumeAndProbe finishes a restored VM: its own NIC when nic, vm.resume
+// when resume (it is paused), then the readiness probe.
+func (d *Driver) resumeAndProbe(r *run, api API, vm, runDir string, nic, resume bool) error {
+	if nic {
+		if err := r.step(StepNIC, func() error { return d.swapNIC(r.ctx, api, vm) }); err != nil {
+			return err
+		}
+	}
+	if resume {
+		if err := r.step(StepResume, func() error { return api.Resume(r.ctx) }); err != nil {
+			return err
+		}
+	}
+	return r.step(StepProbe, func() error { return d.waitReady(r.ctx, api, runDir, d.readyTO) })
+}
+
+// resetRun starts a run dir over: a VMM left there by an interrupted
+// attempt is stopped, the dir removed and dir (runDir or a subdir)
+// recreated.
+func (d *Driver) resetRun(r *run, id, runDir, dir string) error {
+	return r.step(StepResetRun, func() error {
+		p, err := d.attach(r.ctx, runDir, id)
+		if p != nil {
+			if err := d.terminate(r.ctx, runDir, p); err != nil {
+				return err
+			}
+		} else if err != nil {
+			return err
+		}
+		if err := d.fs.RemoveAll(runDir); err != nil {
+			return err
+		}
+		return d.fs.MkdirAll(dir, 0o700)
+	})
 }
 
 // stopVM ends a VM whose state is safe elsewhere (hibernate after the
