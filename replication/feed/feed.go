@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -253,9 +254,9 @@ func (f *Feed) consumerConfig() jetstream.ConsumerConfig {
 }
 
 func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
-	cons, err := f.opts.JS.CreateOrUpdateConsumer(ctx, f.opts.Stream, f.consumerConfig())
+	cons, err := f.consumer(ctx)
 	if err != nil {
-		return false, fmt.Errorf("consumer %s: %w", f.opts.Durable, err)
+		return false, fmt.Errorf("consumer %s: %w", cmp.Or(f.opts.Durable, "(ephemeral)"), err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(2 * f.opts.Batch))
 	if err != nil {
@@ -309,6 +310,48 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 		}
 		progressed = true
 	}
+}
+
+// consumer returns the feed's consumer, creating it when missing.
+//
+// An existing durable is reused as it is, unless it holds messages it
+// delivered to an earlier run that were never acknowledged (a crash, or a
+// stop with messages prefetched): the server would only send those again
+// after AckWait. It is then rebuilt to start right after its acknowledged
+// floor, and the handler's Position skips whatever was applied but not
+// acknowledged. A durable whose filter no longer matches the options is
+// rebuilt the same way.
+func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
+	cfg := f.consumerConfig()
+	if f.opts.Durable == "" {
+		return f.opts.JS.CreateConsumer(ctx, f.opts.Stream, cfg)
+	}
+	cons, err := f.opts.JS.Consumer(ctx, f.opts.Stream, f.opts.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return f.opts.JS.CreateConsumer(ctx, f.opts.Stream, cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	info := cons.CachedInfo()
+	if info.NumAckPending == 0 && slices.Equal(filtersOf(info.Config), f.filters) {
+		return cons, nil
+	}
+	if info.AckFloor.Stream > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, info.AckFloor.Stream+1
+	}
+	f.log.Info().Int("unacknowledged", info.NumAckPending).Uint64("from_stream_seq", cfg.OptStartSeq).Msg("restarting the durable consumer after its acknowledged floor")
+	if err := f.opts.JS.DeleteConsumer(ctx, f.opts.Stream, f.opts.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, err
+	}
+	return f.opts.JS.CreateConsumer(ctx, f.opts.Stream, cfg)
+}
+
+func filtersOf(c jetstream.ConsumerConfig) []string {
+	if c.FilterSubject != "" {
+		return []string{c.FilterSubject}
+	}
+	return c.FilterSubjects
 }
 
 // verify decodes and checks msgs, dropping events already applied. On a

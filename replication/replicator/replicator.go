@@ -379,7 +379,7 @@ func (r *Replicator) session(ctx context.Context, nc *nats.Conn, js jetstream.Je
 				batch = append(batch, ev)
 			}
 		}
-		if err := r.publishWindow(ctx, js, nc, batch, &sseq); err != nil {
+		if err := r.publishFenced(ctx, js, nc, batch, &sseq); err != nil {
 			return progressed, err
 		}
 		progressed = true
@@ -437,6 +437,37 @@ func (r *Replicator) resume(ctx context.Context, st jetstream.Stream) (last, sse
 			remote.Type, remote.OpID, local[0].Type, local[0].OpID)
 	}
 	return remote.Seq, m.Sequence, nil
+}
+
+// publishFenced publishes a window, retrying it at once while a clustered
+// stream reports our previous message still in flight on the subject (the
+// leader can acknowledge a message before it clears it from its in-flight
+// set, and refuses an expected-sequence check on the subject until then).
+// Such a refusal stores nothing, so sending the same window again is safe;
+// every other failure resynchronises from the stream.
+func (r *Replicator) publishFenced(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, evs []event.Event, sseq *uint64) error {
+	wait := 200 * time.Microsecond
+	for attempt := 0; ; attempt++ {
+		err := r.publishWindow(ctx, js, nc, evs, sseq)
+		var apiErr *jetstream.APIError
+		if err == nil || attempt == 8 || !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant {
+			return err
+		}
+		// The first message may have gone through before a follower was
+		// refused: continue after what is acknowledged.
+		if done := r.acked.Load(); done >= evs[0].Seq {
+			evs = evs[done-evs[0].Seq+1:]
+			if len(evs) == 0 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
 }
 
 // errUnexpectedAck makes the session resynchronise from the stream.

@@ -165,7 +165,7 @@ func TestUsageExactlyOnceAcrossRestarts(t *testing.T) {
 			}
 			restarts++
 		}
-		if round > 500 {
+		if round > 200 {
 			t.Fatalf("not caught up after %d rounds: position %d, log %d", round, c.Position("n1"), l.LastSeq())
 		}
 	}
