@@ -54,6 +54,11 @@ type request struct {
 	// sequence to assign, and is committed in a batch of its own.
 	stage func(b *pebble.Batch, next uint64) error
 
+	// seen is how many ops had been applied before the op-index probe that
+	// set found (nil: not in the index then).
+	seen  uint64
+	found *opIndexEntry
+
 	// Set before done is closed.
 	res    AppendResult
 	err    error
@@ -81,7 +86,8 @@ type op struct {
 	// flight. Guarded by Log.pubMu.
 	reqs      []*request
 	published atomic.Bool
-	replica   bool // from AppendReplica: no dedupe entry in inflight
+	replica   bool   // from AppendReplica: no dedupe entry in inflight
+	index     uint64 // 1-based count of ordinary ops applied, this one included
 }
 
 // group is one Pebble batch of ops, in sequence order.
@@ -145,6 +151,18 @@ func (l *Log) Begin(evs []event.Event) (*Pending, error) {
 		return nil, l.failure()
 	}
 	req := &request{id: id, evs: l.own(evs, payloadBytes, true), done: make(chan struct{})}
+	// Probe the op index here, outside commitMu, so concurrent appends do
+	// their lookups in parallel; stage checks that no op applied since could
+	// have been missed.
+	req.seen = l.appliedOps.Load()
+	first, count, found, err := lookupOp(l.db, id)
+	if err != nil {
+		l.gate.exit()
+		return nil, err
+	}
+	if found {
+		req.found = &opIndexEntry{first, count}
+	}
 	return &Pending{l: l, req: req, groups: l.enqueue(req)}, nil
 }
 
@@ -346,6 +364,10 @@ func (l *Log) stage(g *group, r *request) {
 		case l.failErr != nil: // prev will never be published
 			r.err = l.failureLocked()
 			close(r.done)
+		case prev.published.Load() && prev.first < l.first.Load():
+			// Truncated away since: answer as the index would.
+			r.stored = &opIndexEntry{prev.first, uint32(len(prev.events))}
+			close(r.done)
 		case prev.published.Load():
 			r.res = AppendResult{Events: slices.Clone(prev.events), Duplicate: true}
 			close(r.done)
@@ -355,13 +377,22 @@ func (l *Log) stage(g *group, r *request) {
 		l.pubMu.Unlock()
 		return
 	}
-	first, count, found, err := lookupOp(l.db, r.id)
-	switch {
-	case err != nil:
-		r.finish(err)
-		return
-	case found:
-		r.stored = &opIndexEntry{first, count}
+	if !l.lookupCovers(r.seen) {
+		// Ops applied after the probe may have been pruned from inflight
+		// already: probe again (rare; see keepApplied).
+		first, count, found, err := lookupOp(l.db, r.id)
+		if err != nil {
+			r.finish(err)
+			return
+		}
+		r.found = nil
+		if found {
+			r.found = &opIndexEntry{first, count}
+		}
+	}
+	if r.found != nil {
+		// In the index but not in inflight: published, so durable.
+		r.stored = r.found
 		close(r.done)
 		return
 	}
@@ -420,7 +451,11 @@ func (l *Log) apply(g *group, applied []*group) []*group {
 	for _, o := range g.ops {
 		l.ring.push(o.events)
 		if !o.replica {
+			o.index = l.appliedOps.Load() + 1
 			l.applied = append(l.applied, o)
+			// After the batch is visible: a probe that reads this count
+			// sees the op in Pebble.
+			l.appliedOps.Store(o.index)
 		}
 	}
 	l.pubMu.Lock()
@@ -519,12 +554,28 @@ func (l *Log) failureLocked() error {
 // for them. Called under commitMu.
 func (l *Log) pruneInflight() {
 	n := 0
-	for n < len(l.applied) && l.applied[n].published.Load() {
+	for len(l.applied)-n > l.keepApplied && l.applied[n].published.Load() {
 		delete(l.inflight, l.applied[n].id)
 		l.applied[n] = nil
 		n++
 	}
 	l.applied = l.applied[n:]
+}
+
+// keepApplied is how many of the most recently applied ops stay in inflight
+// after publication (Log.keepApplied; tests lower it). An op-index probe made before commitMu (Begin) can only
+// have missed ops applied after it; as long as those are all still in
+// inflight, stage finds them there. A probe older than this window is
+// repeated under commitMu.
+const keepApplied = 4096
+
+// lookupCovers reports whether every op applied after the first seen ones
+// is still in inflight. Called under commitMu.
+func (l *Log) lookupCovers(seen uint64) bool {
+	if len(l.applied) == 0 {
+		return l.appliedOps.Load() <= seen
+	}
+	return l.applied[0].index <= seen+1
 }
 
 // lookupOp reads the op index entry of id.

@@ -71,9 +71,13 @@ type Log struct {
 	next     uint64             // next sequence to assign
 	inflight map[event.OpID]*op // applied, not yet pruned after publication
 	applied  []*op              // the same ops in sequence order, for pruning
-	scratch  []byte             // record encoding buffer
-	key      []byte             // key encoding buffer
-	syncCh   chan *group        // committer -> syncer
+	// appliedOps counts ordinary ops applied; read without commitMu by
+	// Begin's op-index probe.
+	appliedOps  atomic.Uint64
+	keepApplied int         // see keepApplied in append.go
+	scratch     []byte      // record encoding buffer
+	key         []byte      // key encoding buffer
+	syncCh      chan *group // committer -> syncer
 
 	// pubMu guards publication: syncing, group sync results, op.reqs, failErr.
 	pubMu    sync.Mutex
@@ -157,16 +161,17 @@ func Open(dir string, opts Options) (*Log, error) {
 		return nil, fmt.Errorf("eventlog: open %s: %w", dir, err)
 	}
 	l := &Log{
-		dir:      dir,
-		readOnly: opts.ReadOnly,
-		log:      opts.Logger,
-		db:       db,
-		inflight: map[event.OpID]*op{},
-		ring:     newRing(ringSize),
-		closeCh:  make(chan struct{}),
-		stop:     make(chan struct{}),
-		kick:     make(chan struct{}, 1),
-		syncCh:   make(chan *group, 64),
+		dir:         dir,
+		readOnly:    opts.ReadOnly,
+		log:         opts.Logger,
+		db:          db,
+		inflight:    map[event.OpID]*op{},
+		keepApplied: keepApplied,
+		ring:        newRing(ringSize),
+		closeCh:     make(chan struct{}),
+		stop:        make(chan struct{}),
+		kick:        make(chan struct{}, 1),
+		syncCh:      make(chan *group, 64),
 	}
 	ch := make(chan struct{})
 	l.notify.Store(&ch)

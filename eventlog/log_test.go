@@ -553,3 +553,30 @@ func TestAppendContextAndStats(t *testing.T) {
 		t.Fatalf("Stats = %+v, %v", st, err)
 	}
 }
+
+// An op-index probe made before an op with the same id was applied, staged
+// after that op left inflight, must be repeated under commitMu rather than
+// trusted: otherwise the op would be written twice.
+func TestStaleProbeIsRepeated(t *testing.T) {
+	l := openTest(t, t.TempDir(), Options{})
+	l.commitMu.Lock()
+	l.keepApplied = 0
+	l.commitMu.Unlock()
+	orig := mustAppend(t, l, mkEvents(testOp(1), 2, "orig"))
+	mustAppend(t, l, mkEvents(testOp(2), 1, "prunes op 1"))
+
+	// A request for op 1 whose probe ran before op 1 existed.
+	req := &request{id: testOp(1), evs: l.own(mkEvents(testOp(1), 2, "retry"), 64, true), done: make(chan struct{}), seen: 0}
+	if !l.gate.enter() {
+		t.Fatal("closed")
+	}
+	p := &Pending{l: l, req: req, groups: l.enqueue(req)}
+	res, err := p.Wait(context.Background())
+	if err != nil || !res.Duplicate || len(res.Events) != 2 || res.Events[0].Seq != orig.Events[0].Seq {
+		t.Fatalf("stale probe: %+v %v, want the original op as a duplicate", res, err)
+	}
+	if l.LastSeq() != 3 {
+		t.Fatalf("LastSeq %d, want 3: the op was written twice", l.LastSeq())
+	}
+	mustVerify(t, l)
+}
