@@ -236,8 +236,8 @@ type PrepareReport struct {
 }
 
 // Prepare makes the roots, checks that runs and store share a filesystem,
-// removes temp dirs left by a crash (it must run before any recipe, at
-// start-up) and detects, once, whether the store can reflink; the copy
+// removes temp dirs left by a crash in the store and the templates root (it
+// must run before any recipe, at start-up) and detects, once, whether the store can reflink; the copy
 // fallback is logged.
 func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	var rep PrepareReport
@@ -256,12 +256,14 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	if rs.Dev != ss.Dev {
 		return rep, fmt.Errorf("chdriver: runs root %s and store %s are on different filesystems; memory-ranges is hard-linked and cow.raw reflinked between them", d.roots.Runs, d.roots.Store)
 	}
-	swept, err := fsx.SweepTemp(d.roots.Store)
-	if err != nil {
-		return rep, err
+	for _, root := range []string{d.roots.Store, d.roots.Templates} {
+		swept, err := fsx.SweepTemp(root)
+		rep.Swept = append(rep.Swept, swept...)
+		if err != nil {
+			return rep, err
+		}
 	}
-	rep.Swept = swept
-	for _, p := range swept {
+	for _, p := range rep.Swept {
 		d.log.Info().Str("path", p).Msg("removed a temp dir left by an interrupted recipe")
 	}
 	m, err := detector(d.fs, d.log).Detect(d.roots.Store)
