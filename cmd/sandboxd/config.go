@@ -43,6 +43,8 @@ type Config struct {
 	Hypervisor string `json:"hypervisor,omitempty"`
 	// CHBinary overrides the VMM binary path.
 	CHBinary string `json:"ch_binary,omitempty"`
+	// QEMU configures hypervisor qemu (see qemu.go).
+	QEMU QEMUConfig `json:"qemu"`
 	// Bridge is the bridge taps of egress pools attach to.
 	Bridge string `json:"bridge,omitempty"`
 	// NATS configures replication.
@@ -138,6 +140,9 @@ func (c *Config) finish() error {
 	case "auto", "cloud-hypervisor", "chsim", "qemu":
 	default:
 		errs = append(errs, fmt.Errorf("hypervisor %q: want auto, cloud-hypervisor, chsim or qemu", c.Hypervisor))
+	}
+	if err := c.QEMU.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MaxClaims < 0 {
 		errs = append(errs, fmt.Errorf("max_claims %d is negative", c.MaxClaims))

@@ -21,6 +21,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/chdriver"
+	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
@@ -164,20 +165,37 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 	}
 	zl.Info().Str("hypervisor", hv).Str("binary", bin).Msg("hypervisor selected")
 	roots := executors.RootsIn(dataDir)
-	drv, err := chdriver.New(chdriver.Config{
-		Roots: roots, Instance: instance, VMM: bin, Hypervisor: chdriver.Hypervisor(hv),
-		CgroupSlice: vmm.DefaultCgroupSlice(), RestoreMode: ch.MemoryRestoreMode(cfg.RestoreMode),
-		Bridge: cfg.Bridge, Log: zl,
-	})
-	if err != nil {
-		return nil, err
+	var drv executors.Driver
+	var copyMode fsx.Method
+	var swept []string
+	if hv == "qemu" {
+		q, err := newQEMUDriver(cfg, bin, roots, instance, zl)
+		if err != nil {
+			return nil, err
+		}
+		d.driver, drv = q, q
+		prep, err := q.Prepare(ctx)
+		if err != nil {
+			return nil, err
+		}
+		copyMode, swept = prep.CopyMode, prep.Swept
+	} else {
+		c, err := chdriver.New(chdriver.Config{
+			Roots: roots, Instance: instance, VMM: bin, Hypervisor: chdriver.Hypervisor(hv),
+			CgroupSlice: vmm.DefaultCgroupSlice(), RestoreMode: ch.MemoryRestoreMode(cfg.RestoreMode),
+			Bridge: cfg.Bridge, Log: zl,
+		})
+		if err != nil {
+			return nil, err
+		}
+		d.driver, drv = c, c
+		prep, err := c.Prepare(ctx)
+		if err != nil {
+			return nil, err
+		}
+		copyMode, swept = prep.CopyMode, prep.Swept
 	}
-	d.driver = drv
-	prep, err := drv.Prepare(ctx)
-	if err != nil {
-		return nil, err
-	}
-	zl.Info().Str("copy_mode", prep.CopyMode.String()).Int("temp_dirs_swept", len(prep.Swept)).Msg("executors prepared")
+	zl.Info().Str("copy_mode", copyMode.String()).Int("temp_dirs_swept", len(swept)).Msg("executors prepared")
 
 	// 4. API and executor pool; commits feed both from now on.
 	d.srv = api.New(api.Config{OwnerAddr: cfg.OwnerAddr, Node: cfg.NodeID, Hypervisor: hv}, d.eng, d.log, authn, api.Options{Log: zl, Metrics: metrics})
@@ -277,7 +295,10 @@ func resolveHypervisor(cfg Config) (hv, bin string, err error) {
 		}
 		return "chsim", bin, nil
 	case "qemu":
-		return "", "", errors.New("hypervisor qemu: not wired into sandboxd yet")
+		if bin, err = resolveQEMU(cfg); err != nil {
+			return "", "", err
+		}
+		return "qemu", bin, nil
 	}
 	return "", "", fmt.Errorf("unknown hypervisor %q", cfg.Hypervisor)
 }

@@ -1,0 +1,427 @@
+package qemudriver
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/qemu"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// Size is what a pool size gives a VM.
+type Size struct {
+	MemoryMiB int
+	CPUs      int
+}
+
+// Sizes maps a pool size name to a Size.
+type Sizes map[string]Size
+
+// DefaultSizes are the QEMU driver's sizes: a quarter to half of CH's
+// (templates.DefaultSizes), since the guest is a test guest and, under TCG, an
+// emulated one.
+var DefaultSizes = Sizes{
+	"small":   {MemoryMiB: 256, CPUs: 1},
+	"medium":  {MemoryMiB: 512, CPUs: 1},
+	"large":   {MemoryMiB: 1024, CPUs: 2},
+	"xlarge":  {MemoryMiB: 2048, CPUs: 2},
+	"2xlarge": {MemoryMiB: 4096, CPUs: 4},
+}
+
+// Lookup returns the Size of name; an unknown name is an error listing the
+// known ones.
+func (s Sizes) Lookup(name string) (Size, error) {
+	z, ok := s[name]
+	if !ok || z.MemoryMiB <= 0 || z.CPUs <= 0 {
+		names := make([]string, 0, len(s))
+		for k := range s {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		return Size{}, fmt.Errorf("qemudriver: unknown size %q (have %v)", name, names)
+	}
+	return z, nil
+}
+
+// DefaultTCGMaxMemoryMiB caps a VM's memory under TCG (Config.TCGMaxMemoryMiB).
+const DefaultTCGMaxMemoryMiB = 1024
+
+// NetEgress is the pool net this driver refuses: the guest has no NIC.
+const NetEgress = "egress"
+
+// Config configures a Driver. Zero values take the defaults named per field.
+type Config struct {
+	Roots executors.Roots
+	// Instance is this daemon's instance id: every run dir the driver acts on
+	// must start with it.
+	Instance string
+	// QEMU is the emulator binary (default "qemu-system-x86_64" from PATH).
+	QEMU string
+	// Accel is tcg, kvm or auto (default auto: KVM only if a short probe boot
+	// answers; see qemu.Config).
+	Accel qemu.Accel
+	// Kernel and Initrd are the guest every template boots (`make guest`
+	// builds it; CachedGuest finds the newest build). Checked when a golden
+	// build or cold boot needs them, not by New, so a daemon without a guest
+	// still starts and reports why its pools stay empty.
+	Kernel, Initrd string
+	// Sizes maps pool sizes to memory and vCPUs (default DefaultSizes).
+	Sizes Sizes
+	// TCGMaxMemoryMiB caps memory under TCG (default DefaultTCGMaxMemoryMiB;
+	// negative: no cap).
+	TCGMaxMemoryMiB int
+	// FS performs every filesystem side effect (default fsx.NewOS(Log)); tests
+	// wrap it in an fsx.Recorder.
+	FS fsx.FS
+	// Now is the clock for step timings and snapshot metadata (default
+	// time.Now).
+	Now func() time.Time
+	// BootTimeout, ReadyTimeout and StopGrace are package qemu's (defaults
+	// 2 min, 30 s, 5 s).
+	BootTimeout, ReadyTimeout, StopGrace time.Duration
+	// ResumeTimeout bounds making a VM run again after a failed hibernate
+	// (default 30 s).
+	ResumeTimeout time.Duration
+	Log           zerolog.Logger
+}
+
+// Driver is the QEMU executors.Driver.
+type Driver struct {
+	roots          executors.Roots
+	instance       string
+	kernel, initrd string
+	sizes          Sizes
+	tcgMax         int
+	fs             fsx.FS
+	now            func() time.Time
+	resumeTO       time.Duration
+	log            zerolog.Logger
+	q              *qemu.Driver
+
+	copyMode atomic.Int64 // fsx.Method detected by Prepare
+	capped   sync.Map     // size name -> struct{}: the TCG cap was logged
+}
+
+var _ executors.Driver = (*Driver)(nil)
+
+// Store subdirectories.
+const (
+	goldenDir    = "golden"
+	hibernateDir = "hibernate"
+)
+
+// New checks cfg and returns a Driver. Call Prepare once before the first
+// recipe.
+func New(cfg Config) (*Driver, error) {
+	if err := cfg.Roots.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Instance == "" || strings.ContainsAny(cfg.Instance, "/\x00") || cfg.Instance == "." || cfg.Instance == ".." {
+		return nil, fmt.Errorf("qemudriver: instance id %q cannot name a directory", cfg.Instance)
+	}
+	for what, p := range map[string]string{"kernel": cfg.Kernel, "initrd": cfg.Initrd} {
+		if p != "" && !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("qemudriver: guest %s %q is not an absolute path", what, p)
+		}
+	}
+	if cfg.Sizes == nil {
+		cfg.Sizes = DefaultSizes
+	}
+	for name, z := range cfg.Sizes {
+		if z.MemoryMiB < 16 || z.CPUs < 1 {
+			return nil, fmt.Errorf("qemudriver: size %q: %d MiB, %d CPUs (want >= 16 MiB, >= 1 CPU)", name, z.MemoryMiB, z.CPUs)
+		}
+	}
+	if cfg.TCGMaxMemoryMiB == 0 {
+		cfg.TCGMaxMemoryMiB = DefaultTCGMaxMemoryMiB
+	}
+	if cfg.FS == nil {
+		cfg.FS = fsx.NewOS(cfg.Log)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.ResumeTimeout <= 0 {
+		cfg.ResumeTimeout = 30 * time.Second
+	}
+	log := cfg.Log.With().Str("component", "qemudriver").Logger()
+	q, err := qemu.New(qemu.Config{
+		QEMU: cfg.QEMU, Accel: cfg.Accel, FS: cfg.FS, Log: log, Now: cfg.Now,
+		BootTimeout: cfg.BootTimeout, ReadyTimeout: cfg.ReadyTimeout, StopGrace: cfg.StopGrace,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{
+		roots: cfg.Roots, instance: cfg.Instance, kernel: cfg.Kernel, initrd: cfg.Initrd,
+		sizes: cfg.Sizes, tcgMax: cfg.TCGMaxMemoryMiB, fs: cfg.FS, now: cfg.Now,
+		resumeTO: cfg.ResumeTimeout, log: log, q: q,
+	}, nil
+}
+
+// QEMU returns the package qemu driver underneath (benchmarks, tests).
+func (d *Driver) QEMU() *qemu.Driver { return d.q }
+
+// PrepareReport says what Prepare found.
+type PrepareReport struct {
+	// CopyMode is how RAM files clone in the store: fsx.Reflink or fsx.Copy.
+	CopyMode fsx.Method
+	// Swept lists the temp dirs of interrupted recipes that were removed.
+	Swept []string
+}
+
+// maxSocketPath is the longest unix socket path Linux takes (sun_path less NUL).
+const maxSocketPath = 107
+
+// Prepare makes the roots, checks that runs and store share a filesystem and
+// that a VM's sockets fit a unix socket path, removes temp dirs left by a
+// crash (it must run before any recipe, at start-up) and detects whether the
+// store can reflink. A missing guest is only logged: BuildGolden reports it.
+func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
+	var rep PrepareReport
+	stores := []string{d.roots.Store, filepath.Join(d.roots.Store, goldenDir), filepath.Join(d.roots.Store, hibernateDir)}
+	for _, dir := range append([]string{d.roots.Runs, filepath.Join(d.roots.Runs, d.instance)}, stores...) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return rep, fmt.Errorf("qemudriver: %w", err)
+		}
+	}
+	var rs, ss syscall.Stat_t
+	if err := syscall.Stat(d.roots.Runs, &rs); err != nil {
+		return rep, fmt.Errorf("qemudriver: %w", err)
+	}
+	if err := syscall.Stat(d.roots.Store, &ss); err != nil {
+		return rep, fmt.Errorf("qemudriver: %w", err)
+	}
+	if rs.Dev != ss.Dev {
+		return rep, fmt.Errorf("qemudriver: runs root %s and store %s are on different filesystems; RAM files are reflinked between them", d.roots.Runs, d.roots.Store)
+	}
+	// VM ids are "vm-" and 16 hex digits (fsm.VMID); agent.sock is the longest name.
+	if sock := filepath.Join(d.roots.Runs, d.instance, "vm-0123456789abcdef", qemu.FileAgent); len(sock) > maxSocketPath {
+		return rep, fmt.Errorf("qemudriver: a VM's socket path (%s) is %d bytes, over the %d a unix socket allows; use a shorter data dir", sock, len(sock), maxSocketPath)
+	}
+	// Recipes assemble snapshots next to their final place (golden/,
+	// hibernate/); the top level is swept as well, where executors.Roots
+	// documents temp dirs.
+	for _, dir := range stores {
+		swept, err := fsx.SweepTemp(dir)
+		rep.Swept = append(rep.Swept, swept...)
+		if err != nil {
+			return rep, err
+		}
+	}
+	for _, p := range rep.Swept {
+		d.log.Info().Str("path", p).Msg("removed a temp dir left by an interrupted recipe")
+	}
+	m, err := detector(d.fs, d.log).Detect(d.roots.Store)
+	if err != nil {
+		return rep, err
+	}
+	rep.CopyMode = m
+	d.copyMode.Store(int64(m))
+	if m == fsx.Reflink {
+		d.log.Info().Str("store", d.roots.Store).Msg("store filesystem reflinks: clones and hibernates share RAM file extents")
+	} else {
+		d.log.Warn().Str("store", d.roots.Store).Msg("store filesystem cannot reflink: every clone, hibernate and wake copies the RAM file (sparse copy)")
+	}
+	if err := d.checkGuest(); err != nil {
+		d.log.Warn().Err(err).Msg("no guest: golden builds and cold boots will fail")
+	} else {
+		d.log.Info().Str("kernel", d.kernel).Str("initrd", d.initrd).Msg("qemu guest")
+	}
+	return rep, ctx.Err()
+}
+
+// detector returns the Cloner behind fs (through any Recorders), so the
+// start-up detection primes the cache the recipes use and the copy fallback
+// is logged once.
+func detector(fs fsx.FS, log zerolog.Logger) interface {
+	Detect(dir string) (fsx.Method, error)
+} {
+	for {
+		switch f := fs.(type) {
+		case *fsx.OS:
+			return f.Cloner
+		case *fsx.Recorder:
+			fs = f.FS
+			continue
+		}
+		return fsx.NewCloner(log)
+	}
+}
+
+// Close does nothing to the VMs: they outlive the daemon, and the next start
+// adopts them by pid file and cmdline. It holds no other resources.
+func (d *Driver) Close() {}
+
+// checkGuest reports a missing guest as an *executors.Unrecoverable naming
+// what to run.
+func (d *Driver) checkGuest() error {
+	for _, f := range []struct{ what, path string }{{"kernel", d.kernel}, {"initrd", d.initrd}} {
+		if f.path == "" {
+			return executors.Unrecoverablef("qemu guest %s not configured and no built guest found: run `make guest` (or set qemu.kernel and qemu.initrd)", f.what)
+		}
+		if st, err := os.Stat(f.path); err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
+			return executors.Unrecoverablef("qemu guest %s %s is missing or empty (%v): run `make guest` (or set qemu.kernel and qemu.initrd)", f.what, f.path, err)
+		}
+	}
+	return nil
+}
+
+// vmRunDir resolves an intent's run dir and checks it belongs to this
+// instance.
+func (d *Driver) vmRunDir(rel string) (string, error) {
+	first, _, _ := strings.Cut(rel, "/")
+	if first != d.instance {
+		return "", executors.Unrecoverablef("run dir %q is not under this instance (%s)", rel, d.instance)
+	}
+	return d.roots.RunDir(rel)
+}
+
+// snapshotIn resolves a snapshot dir of an intent, which must be a direct
+// child of the store's sub (golden or hibernate): a bad intent can never make
+// a wake or destroy remove a golden.
+func (d *Driver) snapshotIn(sub, rel string) (string, error) {
+	if !strings.HasPrefix(rel, sub+"/") {
+		return "", executors.Unrecoverablef("snapshot dir %q is not a %s snapshot", rel, sub)
+	}
+	dir, err := d.roots.SnapshotDir(rel)
+	if err != nil {
+		return "", err
+	}
+	if filepath.Dir(dir) != filepath.Join(d.roots.Store, sub) {
+		return "", executors.Unrecoverablef("snapshot dir %q is not a %s snapshot", rel, sub)
+	}
+	return dir, nil
+}
+
+// goldenRel names a golden in the store: the key, made safe for a file name,
+// and the build's op id.
+func goldenRel(k fsm.PoolKey, op event.OpID) string {
+	return filepath.Join(goldenDir, slug(k.Template)+"_"+slug(k.Net)+"_"+slug(k.Size)+"-"+op.String())
+}
+
+// hibernateRel names a hibernate snapshot: the VM and the op id.
+func hibernateRel(vm string, op event.OpID) string {
+	return filepath.Join(hibernateDir, slug(vm)+"-"+op.String())
+}
+
+// slug keeps [A-Za-z0-9.-] and turns anything else into '_'.
+func slug(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '-':
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+// goldenRunDir is where a golden build's VM runs: short (unix socket paths)
+// and derived from the op, so a re-run finds the build VM of its first try.
+func (d *Driver) goldenRunDir(op event.OpID) string {
+	sum := sha256.Sum256(op[:])
+	return filepath.Join(d.roots.Runs, d.instance, "golden-"+hex.EncodeToString(sum[:6]))
+}
+
+// bootSpec is the spec of a cold boot (golden build or cold clone) of pool k.
+func (d *Driver) bootSpec(ctx context.Context, runDir, storeDir string, k fsm.PoolKey) (qemu.Spec, error) {
+	if k.Net == NetEgress {
+		return qemu.Spec{}, executors.Unrecoverablef("pool %s: net egress is not supported by the QEMU driver (the guest has no NIC)", k)
+	}
+	z, err := d.sizes.Lookup(k.Size)
+	if err != nil {
+		return qemu.Spec{}, executors.AsUnrecoverable(err)
+	}
+	if err := d.checkGuest(); err != nil {
+		return qemu.Spec{}, err
+	}
+	spec := qemu.Spec{RunDir: runDir, StoreDir: storeDir, MemoryMiB: z.MemoryMiB, CPUs: z.CPUs, Kernel: d.kernel, Initrd: d.initrd}
+	if accel, _ := d.q.Accel(ctx, spec); accel == qemu.AccelTCG && d.tcgMax > 0 && spec.MemoryMiB > d.tcgMax {
+		if _, logged := d.capped.LoadOrStore(k.Size, struct{}{}); !logged {
+			d.log.Info().Str("size", k.Size).Int("memory_mib", spec.MemoryMiB).Int("cap_mib", d.tcgMax).Msg("TCG: memory capped")
+		}
+		spec.MemoryMiB = d.tcgMax
+	}
+	return spec, nil
+}
+
+// report turns a recipe's result into the result event's report.
+func (d *Driver) report(r qemu.Result, extra ...event.Step) event.ExecReport {
+	var rep event.ExecReport
+	for _, s := range r.Steps {
+		rep.Steps = append(rep.Steps, event.Step{Name: s.Name, NS: int64(s.Dur)})
+	}
+	rep.Steps = append(rep.Steps, extra...)
+	switch {
+	case r.Method != 0:
+		rep.CopyMode = r.Method.String()
+	case r.Already:
+		// The attempt that did the work cloned on this same store.
+		if m := fsx.Method(d.copyMode.Load()); m != 0 {
+			rep.CopyMode = m.String()
+		}
+	}
+	return rep
+}
+
+// classify maps package qemu's errors to the executors' classes.
+func classify(err error) error {
+	switch {
+	case err == nil, executors.IsUnrecoverable(err):
+		return err
+	case executors.IsCapacity(err):
+		return executors.Capacity(err)
+	case errors.Is(err, qemu.ErrInvalidSpec), errors.Is(err, qemu.ErrSnapshotExists):
+		return executors.AsUnrecoverable(err)
+	}
+	return err
+}
+
+// checkSnapshot reports whether dir holds a complete snapshot: meta.json
+// readable, the RAM file as large as the memory it records, the state file
+// as large as the migration stream it records.
+func checkSnapshot(dir string) (qemu.Meta, error) {
+	m, err := qemu.ReadMeta(dir)
+	if err != nil {
+		return m, err
+	}
+	for _, f := range []struct {
+		name string
+		size int64
+	}{{qemu.FileRAM, int64(m.MemoryMiB) << 20}, {qemu.FileState, m.StateBytes}} {
+		st, err := os.Stat(filepath.Join(dir, f.name))
+		if err != nil {
+			return m, fmt.Errorf("%w: %s: %v", qemu.ErrNoSnapshot, dir, err)
+		}
+		if st.Size() != f.size {
+			return m, fmt.Errorf("%w: %s/%s is %d bytes, meta.json says %d", qemu.ErrNoSnapshot, dir, f.name, st.Size(), f.size)
+		}
+	}
+	return m, nil
+}
+
+// cleanup runs rollback work on a context that survives the recipe's
+// cancellation (a timeout or shutdown mid-recipe still rolls back).
+func (d *Driver) cleanup(ctx context.Context, what string, fn func(ctx context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.resumeTO)
+	defer cancel()
+	if err := fn(ctx); err != nil {
+		d.log.Warn().Err(err).Str("action", what).Msg("rollback action failed; a re-run or the start-up sweep finishes it")
+	}
+}

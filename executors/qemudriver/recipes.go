@@ -1,0 +1,206 @@
+package qemudriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/qemu"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// StepRemoveSnapshot is the driver's own step in a destroy's report: removing
+// the VM's hibernate snapshot.
+const StepRemoveSnapshot = "remove_snap"
+
+// BuildGolden implements executors.Driver: qemu.Golden of the configured guest
+// at the pool size's memory into golden/<key>-<op>.
+func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors.Result, error) {
+	rel := goldenRel(in.Key, in.OpID)
+	final := filepath.Join(d.roots.Store, rel)
+	runDir := d.goldenRunDir(in.OpID)
+	if _, err := checkSnapshot(final); err == nil {
+		// A re-run after a crash past the rename: keep the golden, stop the
+		// build VM if it outlived the crash.
+		r, err := d.q.Destroy(ctx, qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(final)})
+		if err != nil {
+			return executors.Result{}, fmt.Errorf("golden %s: stopping the build VM: %w", in.Key, classify(err))
+		}
+		r.Already = true
+		return executors.Result{Report: d.report(r), SnapshotDir: rel}, nil
+	}
+	spec, err := d.bootSpec(ctx, runDir, filepath.Dir(final), in.Key)
+	if err != nil {
+		return executors.Result{}, fmt.Errorf("golden %s: %w", in.Key, err)
+	}
+	r, err := d.q.Golden(ctx, spec, filepath.Base(final))
+	if err != nil {
+		d.teardown(ctx, spec)
+		return executors.Result{}, fmt.Errorf("golden %s: %w", in.Key, classify(err))
+	}
+	if _, err := checkSnapshot(final); err != nil {
+		return executors.Result{}, fmt.Errorf("golden %s: built but unusable: %w", in.Key, err)
+	}
+	return executors.Result{Report: d.report(r), SnapshotDir: rel}, nil
+}
+
+// teardown stops whatever QEMU runs in spec's run dir and removes the run dir,
+// after a failed recipe.
+func (d *Driver) teardown(ctx context.Context, spec qemu.Spec) {
+	d.cleanup(ctx, "tear down "+spec.RunDir, func(ctx context.Context) error {
+		_, err := d.q.Destroy(ctx, spec)
+		return err
+	})
+}
+
+// Clone implements executors.Driver: qemu.Clone from the golden in.GoldenDir,
+// or qemu.Boot of the configured guest when in.Cold.
+func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, error) {
+	runDir, err := d.vmRunDir(in.RunDir)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	if in.Key.Net == NetEgress {
+		return executors.Result{}, executors.Unrecoverablef("clone %s: pool %s: net egress is not supported by the QEMU driver", in.VM, in.Key)
+	}
+	var spec qemu.Spec
+	var r qemu.Result
+	if in.Cold {
+		// Boot clones nothing from the store; StoreDir only has to be valid.
+		if spec, err = d.bootSpec(ctx, runDir, d.roots.Store, in.Key); err != nil {
+			return executors.Result{}, fmt.Errorf("cold boot %s: %w", in.VM, err)
+		}
+		r, err = d.q.Boot(ctx, spec)
+	} else {
+		if in.GoldenDir == "" {
+			return executors.Result{}, executors.Unrecoverablef("clone %s: no golden to clone from", in.VM)
+		}
+		golden, gerr := d.snapshotIn(goldenDir, in.GoldenDir)
+		if gerr != nil {
+			return executors.Result{}, gerr
+		}
+		spec = qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(golden)}
+		if _, err = checkSnapshot(golden); err == nil {
+			r, err = d.q.Clone(ctx, spec, filepath.Base(golden))
+		}
+	}
+	if err != nil {
+		d.teardown(ctx, spec)
+		if errors.Is(err, qemu.ErrNoSnapshot) {
+			err = executors.AsUnrecoverable(err)
+		}
+		return executors.Result{}, fmt.Errorf("clone %s: %w", in.VM, classify(err))
+	}
+	return executors.Result{Report: d.report(r)}, nil
+}
+
+// Hibernate implements executors.Driver: qemu.Hibernate into
+// hibernate/<vm>-<op>.
+func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.Result, error) {
+	runDir, err := d.vmRunDir(in.RunDir)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	rel := hibernateRel(in.VM, in.OpID)
+	final := filepath.Join(d.roots.Store, rel)
+	spec := qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(final)}
+	r, err := d.q.Hibernate(ctx, spec, filepath.Base(final))
+	if err != nil {
+		return executors.Result{}, d.hibernateFailed(ctx, in.VM, spec, final, fmt.Errorf("hibernate %s: %w", in.VM, err))
+	}
+	return executors.Result{Report: d.report(r), SnapshotDir: rel}, nil
+}
+
+// hibernateFailed classifies a failed hibernate and restores the contract:
+// before the rename the VM runs again (or is lost), after it the snapshot
+// stands and a re-run finishes stopping the VM.
+func (d *Driver) hibernateFailed(ctx context.Context, vm string, spec qemu.Spec, final string, err error) error {
+	if errors.Is(err, qemu.ErrInvalidSpec) {
+		return classify(err)
+	}
+	if _, serr := checkSnapshot(final); serr == nil {
+		return classify(err)
+	}
+	if _, aerr := d.q.Adopt(spec); errors.Is(aerr, qemu.ErrNotRunning) {
+		// Its memory existed only in that QEMU's RAM file, which no snapshot holds.
+		return &executors.Unrecoverable{Err: fmt.Errorf("%w; VM %s has no QEMU and no snapshot was taken", err, vm), Lost: true}
+	}
+	// qemu.Hibernate resumes a VM it stopped, but one stopped by a daemon that
+	// crashed mid-hibernate (paused, or in postmigrate) it leaves as found.
+	d.cleanup(ctx, "resume "+vm+" after a failed hibernate", func(ctx context.Context) error {
+		_, rerr := d.q.Resume(ctx, spec)
+		return rerr
+	})
+	return classify(err)
+}
+
+// Wake implements executors.Driver: qemu.Wake from in.SnapshotDir. The run
+// dir gets its own clone of the RAM file, so the snapshot backs nothing once
+// the wake is durable: Result.AfterCommit removes it.
+func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, error) {
+	runDir, err := d.vmRunDir(in.RunDir)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	src, err := d.snapshotIn(hibernateDir, in.SnapshotDir)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	spec := qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(src)}
+	if _, err := checkSnapshot(src); err != nil {
+		d.teardown(ctx, spec)
+		return executors.Result{}, &executors.Unrecoverable{Err: fmt.Errorf("wake %s: %w", in.VM, err), Lost: true}
+	}
+	r, err := d.q.Wake(ctx, spec, filepath.Base(src))
+	if err != nil {
+		d.teardown(ctx, spec)
+		if errors.Is(err, qemu.ErrNoSnapshot) {
+			return executors.Result{}, &executors.Unrecoverable{Err: fmt.Errorf("wake %s: %w", in.VM, err), Lost: true}
+		}
+		return executors.Result{}, fmt.Errorf("wake %s: %w", in.VM, classify(err))
+	}
+	res := executors.Result{Report: d.report(r)}
+	res.AfterCommit = func(context.Context) error {
+		if err := d.fs.RemoveAll(src); err != nil {
+			return err
+		}
+		d.log.Debug().Str("snapshot", src).Str("vm", in.VM).Msg("dropped the snapshot of a woken VM")
+		return nil
+	}
+	return res, nil
+}
+
+// Destroy implements executors.Driver: qemu.Destroy, then the VM's hibernate
+// snapshot when in.SnapshotDir is set. Everything tolerates what is already
+// gone, so a re-run finishes the job.
+func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
+	if in.Instance != "" && in.Instance != d.instance {
+		return executors.Result{}, executors.Unrecoverablef("destroy %s: VM belongs to instance %q, not %q; not touching it", in.VM, in.Instance, d.instance)
+	}
+	runDir, err := d.vmRunDir(in.RunDir)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	var snap string
+	if in.SnapshotDir != "" {
+		if snap, err = d.snapshotIn(hibernateDir, in.SnapshotDir); err != nil {
+			return executors.Result{}, err
+		}
+	}
+	r, err := d.q.Destroy(ctx, qemu.Spec{RunDir: runDir, StoreDir: d.roots.Store})
+	if err != nil {
+		return executors.Result{}, fmt.Errorf("destroy %s: %w", in.VM, classify(err))
+	}
+	var extra []event.Step
+	if snap != "" {
+		t0 := d.now()
+		if err := d.fs.RemoveAll(snap); err != nil {
+			return executors.Result{}, fmt.Errorf("destroy %s: remove snapshot: %w", in.VM, classify(err))
+		}
+		extra = append(extra, event.Step{Name: StepRemoveSnapshot, NS: int64(d.now().Sub(t0))})
+	}
+	return executors.Result{Report: d.report(r, extra...)}, nil
+}
