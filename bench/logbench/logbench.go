@@ -69,7 +69,7 @@ type bench struct {
 	cfg   config
 	dir   string
 	start time.Time
-	load  string // 1-minute load average when the section started
+	load  string        // 1-minute load average when the section started
 	small *eventlog.Log // 1k events
 	big   *eventlog.Log // cfg.fillTo events
 	floor *pebble.DB
