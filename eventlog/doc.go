@@ -18,10 +18,15 @@
 //     A subscription delivers every event from its start in order with no gap;
 //     it is served from an in-memory ring of recent events and falls back to
 //     Pebble when it lags, so it never blocks appends and never drops events.
-//   - A writable log runs two goroutines, a committer that batches concurrent
-//     appends into one Pebble write and a syncer that waits for the WAL fsync
-//     and publishes (see append.go). Close waits for calls in progress, stops
-//     both after every applied batch is synced, then closes Pebble.
+//   - Begin/Wait split an Append: Begin fixes the op's place in the log
+//     (call order), Wait waits for durability, so a caller can order its
+//     appends under its own lock and still share fsyncs.
+//   - An uncontended append commits and waits for its fsync on its own
+//     goroutine. Under contention a writable log's two goroutines take over:
+//     a committer that batches queued appends into one Pebble write and a
+//     syncer that waits for the WAL fsync and publishes (see append.go).
+//     Close waits for calls in progress, stops both after every applied batch
+//     is synced, then closes Pebble.
 //
 // On-disk layout (format version FormatVersion, stored under "m/format"; a
 // newer version is refused with *FormatError):
@@ -34,7 +39,8 @@
 //	"m/first"                        -> first retained seq after TruncatePrefix (8 bytes BE)
 //
 // Errors: ErrClosed, ErrReadOnly, ErrCompacted, ErrNoSnapshot, ErrNoEvents,
-// ErrMixedOpIDs, ErrAppendTooLarge, ErrFailed are sentinels (use errors.Is);
+// ErrMixedOpIDs, ErrAppendTooLarge, ErrFailed (and ErrNotContiguous for
+// AppendReplica) are sentinels (use errors.Is);
 // *FormatError, *NodeError and *CorruptError carry details (use errors.As).
 // Invalid events are refused with an error wrapping *event.InvalidError.
 package eventlog
