@@ -39,7 +39,7 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 	}
 	if proc != nil {
 		api := d.api(runDir)
-		if err := r.step(StepShutdown, func() error { return ignoreStopped(api.Shutdown(r.ctx)) }); err != nil {
+		if err := r.step(StepShutdown, func() error { return r.shutdown(api) }); err != nil {
 			return executors.Result{}, err
 		}
 		if err := r.step(StepTerminate, func() error { return d.terminate(r.ctx, runDir, proc) }); err != nil {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/oklog/ulid/v2"
 
@@ -236,4 +237,33 @@ func TestMissingTemplateRealCH(t *testing.T) {
 	if _, err := os.Stat(want); !os.IsNotExist(err) {
 		t.Fatal("a template was synthesized for cloud-hypervisor")
 	}
+}
+
+// TestDestroyWedgedVMM: a VMM that answers neither vm.shutdown nor
+// vmm.shutdown and ignores SIGTERM is killed, each step bounded by the
+// grace period, and the destroy completes.
+func TestDestroyWedgedVMM(t *testing.T) {
+	t.Parallel()
+	const grace = 200 * time.Millisecond
+	h := newHarness(t, "", func(c *Config) {
+		c.StopGrace = grace
+		c.VMMEnv = append(c.VMMEnv, "SBX_CHSIM_FAIL=vm.shutdown:1+:hang,vmm.shutdown:1+:hang", "SBX_CHSIM_IGNORE_SIGTERM=1")
+	})
+	const vm = "vm-00000000000000a9"
+	h.clone(vm, h.seed(sharedGolden(t)))
+	start := time.Now()
+	_, err := h.d.Destroy(context.Background(), fsm.DestroyVM{OpID: newOp(), VM: vm, Key: testKey, Instance: testInstance, RunDir: testInstance + "/" + vm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 20*grace {
+		t.Fatalf("destroy of a wedged VMM took %v", took)
+	}
+	if n := len(h.liveVMMs()); n != 0 {
+		t.Fatalf("%d VMMs alive after destroy", n)
+	}
+	if !strings.Contains(h.logs.String(), "VMM needed SIGKILL") {
+		t.Fatal("the SIGKILL was not logged")
+	}
+	h.checkGone(h.runDir(vm))
 }

@@ -46,6 +46,18 @@ func (d *Driver) checkEgress(k fsm.PoolKey) (bool, error) {
 	return true, nil
 }
 
+// shutdown asks the VM to shut down before its VMM is terminated. A failure
+// is logged, not returned: termination escalates to signals anyway, and by
+// now the VM's state is safe (in the store, or not wanted).
+func (r *run) shutdown(api API) error {
+	ctx, cancel := context.WithTimeout(r.ctx, r.d.grace)
+	defer cancel()
+	if err := ignoreStopped(api.Shutdown(ctx)); err != nil {
+		r.log.Warn().Err(err).Msg("vm.shutdown failed; terminating the VMM anyway")
+	}
+	return nil
+}
+
 // ignoreStopped turns the answers of a VM or VMM that is already stopped
 // into success, for the idempotent stop steps.
 func ignoreStopped(err error) error {
@@ -329,7 +341,7 @@ func (d *Driver) stopVM(r *run, vm, runDir string, egress bool) error {
 	}
 	if p != nil {
 		api := d.api(runDir)
-		if err := r.step(StepShutdown, func() error { return ignoreStopped(api.Shutdown(r.ctx)) }); err != nil {
+		if err := r.step(StepShutdown, func() error { return r.shutdown(api) }); err != nil {
 			return err
 		}
 		if err := r.step(StepTerminate, func() error { return d.terminate(r.ctx, runDir, p) }); err != nil {
