@@ -16,6 +16,7 @@
 package natsembed
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -33,6 +34,11 @@ import (
 // DefaultHost is where the embedded server listens unless told otherwise:
 // replication traffic of a single node never needs to leave the host.
 const DefaultHost = "127.0.0.1"
+
+// MaxPayload is the embedded server's max_payload: room for the largest
+// event (event.MaxPayload, 1 MiB, plus its envelope), which the server's
+// 1 MiB default would refuse. An external cluster needs the same setting.
+const MaxPayload = 2 << 20
 
 // ErrNotReady means the server did not accept connections in time.
 var ErrNotReady = errors.New("natsembed: server not ready for connections")
@@ -53,6 +59,8 @@ type Options struct {
 	SyncAlways bool
 	// MaxStore caps JetStream's file store in bytes (0: server default).
 	MaxStore int64
+	// MaxPayload is the largest message (default MaxPayload).
+	MaxPayload int32
 	// Cluster joins the server to a route cluster; nil runs it standalone.
 	Cluster *ClusterOptions
 	// ReadyTimeout bounds Start's wait for the listener (default 10 s).
@@ -168,6 +176,7 @@ func (s *Server) serverOptions() (*server.Options, error) {
 		StoreDir:          o.StoreDir,
 		SyncAlways:        o.SyncAlways,
 		JetStreamMaxStore: o.MaxStore,
+		MaxPayload:        cmp.Or(o.MaxPayload, MaxPayload),
 		NoSigs:            true,
 		// A missing HTTP monitor port must not default to anything.
 		HTTPPort: 0,

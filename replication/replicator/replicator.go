@@ -53,6 +53,21 @@ func (e *SecondWriterError) Error() string {
 
 func (e *SecondWriterError) Unwrap() error { return ErrSecondWriter }
 
+// TooLargeError: an event's record exceeds the server's max_payload, so it
+// can never be published (and no later event may be published before it).
+// Raise max_payload on the NATS servers (natsembed.MaxPayload embedded).
+type TooLargeError struct {
+	Node       string
+	Seq        uint64
+	Size       int
+	MaxPayload int64
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("replication of node %s stopped: event %d is %d bytes, above the NATS server's max_payload of %d; raise max_payload (at least %d)",
+		e.Node, e.Seq, e.Size, e.MaxPayload, e.Size+4096)
+}
+
 // GapError: the stream ends at Replicated but the local log starts at
 // LocalFirst > Replicated+1, so events in between can never be published.
 type GapError struct {
@@ -335,7 +350,8 @@ func (r *Replicator) Run(ctx context.Context) error {
 
 func isFatal(err error) bool {
 	var ie *stream.IncompatibleError
-	return errors.Is(err, ErrSecondWriter) || errors.Is(err, ErrGap) || errors.As(err, &ie)
+	var tl *TooLargeError
+	return errors.Is(err, ErrSecondWriter) || errors.Is(err, ErrGap) || errors.As(err, &ie) || errors.As(err, &tl)
 }
 
 // session checks the stream, reads the resume point and publishes until an
@@ -377,6 +393,19 @@ func (r *Replicator) session(ctx context.Context, nc *nats.Conn, js jetstream.Je
 					return progressed, err
 				}
 				batch = append(batch, ev)
+			}
+		}
+		if max := nc.MaxPayload(); max > 0 {
+			for i := range batch {
+				// A record is at most its variable fields plus 96 bytes;
+				// headers travel in the payload budget too, hence the margin.
+				ev := &batch[i]
+				if len(ev.Payload)+len(ev.AggID)+len(ev.Node)+96+512 <= int(max) {
+					continue
+				}
+				if size := len(event.Encode(ev)) + 512; int64(size) > max {
+					return progressed, &TooLargeError{Node: r.node, Seq: ev.Seq, Size: size, MaxPayload: max}
+				}
 			}
 		}
 		if err := r.publishFenced(ctx, js, nc, batch, &sseq); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/replication/internal/repltest"
+	"github.com/sbxlog/sbxlog/replication/natsembed"
 	"github.com/sbxlog/sbxlog/replication/natsembed/natstest"
 	"github.com/sbxlog/sbxlog/replication/replicator"
 	"github.com/sbxlog/sbxlog/replication/stream"
@@ -384,5 +385,45 @@ func TestSharedSingleReplicaStream(t *testing.T) {
 	wg.Wait()
 	for _, n := range nodes {
 		repltest.RequireSubjectIs(t, js, stream.DefaultName, n, repltest.LocalEvents(t, logs[n]))
+	}
+}
+
+// The largest event the log accepts fits the embedded server's max_payload;
+// against a server with NATS's 1 MiB default it is refused loudly instead
+// of retried forever.
+func TestLargestEvent(t *testing.T) {
+	big := func(l *eventlog.Log) {
+		ev := repltest.Filler(0)
+		ev.Payload = bytes.Repeat([]byte("x"), event.MaxPayload)
+		if _, err := l.Append(context.Background(), []event.Event{ev}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := natstest.Single(t)
+	l := repltest.OpenLog(t, "n1")
+	repltest.AppendFillers(t, l, 3)
+	big(l)
+	repltest.AppendFillers(t, l, 3)
+	rr := start(t, replicator.Options{Log: l, URL: srv.ClientURL()})
+	waitReplicated(t, rr.r, l, 10*time.Second)
+
+	// A server with NATS's default 1 MiB max_payload.
+	def, err := natsembed.Start(natsembed.Options{StoreDir: t.TempDir(), MaxPayload: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(def.Shutdown)
+	l2 := repltest.OpenLog(t, "n2")
+	big(l2)
+	rr2 := start(t, replicator.Options{Log: l2, URL: def.ClientURL()})
+	select {
+	case err := <-rr2.done:
+		close(rr2.done)
+		var tl *replicator.TooLargeError
+		if !errors.As(err, &tl) || tl.Seq != 1 || tl.MaxPayload != 1<<20 {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("oversized event not refused")
 	}
 }
