@@ -536,3 +536,23 @@ func TestCrashGolden(t *testing.T) {
 		})
 	}
 }
+
+// TestHibernateVMMDiesMidSnapshot: chsim SIGKILLs itself after writing part
+// of the snapshot (as a VMM crashing in vm.snapshot would): the VM is lost,
+// reported so, and no partial snapshot stays in the store.
+func TestHibernateVMMDiesMidSnapshot(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "", func(c *Config) { c.VMMEnv = append(c.VMMEnv, "SBX_CHSIM_SNAPSHOT_EXIT_AFTER=64K") })
+	const vm = "vm-00000000000000d5"
+	h.clone(vm, h.seed(sharedGolden(t)))
+	op := newOp()
+	_, err := h.d.Hibernate(context.Background(), fsm.HibernateVM{OpID: op, VM: vm, Key: testKey, RunDir: testInstance + "/" + vm})
+	if !executors.IsLost(err) {
+		t.Fatalf("got %v, want a Lost error", err)
+	}
+	h.checkNoTemps()
+	h.checkGone(h.store(hibernateRel(vm, op)))
+	if n := len(h.liveVMMs()); n != 0 {
+		t.Fatalf("%d VMMs alive", n)
+	}
+}
