@@ -101,7 +101,6 @@ type op struct {
 	attempts int
 	readyAt  time.Duration
 	first    time.Time // first start, for OpDone
-	idx      int
 }
 
 // isRefill reports a refill clone: the class capacity parking holds back.
@@ -550,8 +549,8 @@ func (h opHeap) Less(i, j int) bool {
 	}
 	return h[i].seq < h[j].seq
 }
-func (h opHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].idx = i; h[j].idx = j }
-func (h *opHeap) Push(x any)   { o := x.(*op); o.idx = len(*h); *h = append(*h, o) }
+func (h opHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *opHeap) Push(x any)   { *h = append(*h, x.(*op)) }
 func (h *opHeap) Pop() any {
 	old := *h
 	o := old[len(old)-1]
