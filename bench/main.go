@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/bench/chbench"
+	"github.com/sbxlog/sbxlog/bench/execbench"
 	"github.com/sbxlog/sbxlog/bench/fsmbench"
 	"github.com/sbxlog/sbxlog/bench/logbench"
 	"github.com/sbxlog/sbxlog/bench/qemubench"
@@ -37,6 +38,7 @@ var sections = []section{
 	{"logbench", logbench.Run},
 	{"fsmbench", fsmbench.Run},
 	{"chbench", chbench.Run},
+	{"execbench", execbench.Run},
 	{"qemubench", qemubench.Run},
 }
 
