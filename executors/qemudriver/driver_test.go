@@ -1,0 +1,528 @@
+package qemudriver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
+	"github.com/sbxlog/sbxlog/executors/qemu"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+const testInstance = "i-test"
+
+var (
+	testKey   = fsm.PoolKey{Template: "default", Net: "none", Size: "small"}
+	opCounter atomic.Uint64
+)
+
+func newOp() event.OpID {
+	return event.OpIDFromUint(uint64(time.Now().UnixMilli()), opCounter.Add(1))
+}
+
+// fakeGuest writes a kernel and initrd that exist (enough for every check
+// short of booting them).
+func fakeGuest(t *testing.T) (kernel, initrd string) {
+	t.Helper()
+	dir := t.TempDir()
+	kernel, initrd = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.img")
+	for _, p := range []string{kernel, initrd} {
+		if err := os.WriteFile(p, []byte("not a kernel"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return kernel, initrd
+}
+
+func newDriver(t *testing.T, root string, mutate func(*Config)) *Driver {
+	t.Helper()
+	cfg := Config{Roots: executors.RootsIn(root), Instance: testInstance, Accel: qemu.AccelTCG, Log: zerolog.Nop()}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	root := t.TempDir()
+	good := Config{Roots: executors.RootsIn(root), Instance: testInstance}
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   string
+	}{
+		{"relative roots", func(c *Config) { c.Roots.Store = "store" }, "store root"},
+		{"no instance", func(c *Config) { c.Instance = "" }, "instance"},
+		{"instance with slash", func(c *Config) { c.Instance = "a/b" }, "instance"},
+		{"relative kernel", func(c *Config) { c.Kernel = "vmlinuz" }, "kernel"},
+		{"tiny size", func(c *Config) { c.Sizes = Sizes{"small": {MemoryMiB: 8, CPUs: 1}} }, "size \"small\""},
+		{"no cpus", func(c *Config) { c.Sizes = Sizes{"small": {MemoryMiB: 256}} }, "size \"small\""},
+		{"bad accel", func(c *Config) { c.Accel = "hvf" }, "accelerator"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := good
+			tc.mutate(&cfg)
+			_, err := New(cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New = %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := New(good); err != nil {
+		t.Fatalf("New(good) = %v", err)
+	}
+}
+
+func TestSizesAndTCGCap(t *testing.T) {
+	kernel, initrd := fakeGuest(t)
+	root := t.TempDir()
+	tests := []struct {
+		name    string
+		accel   qemu.Accel
+		cap     int
+		size    string
+		wantMiB int
+		wantCPU int
+	}{
+		{"small", qemu.AccelTCG, 0, "small", 256, 1},
+		{"large under the cap", qemu.AccelTCG, 0, "large", 1024, 2},
+		{"2xlarge capped under TCG", qemu.AccelTCG, 0, "2xlarge", DefaultTCGMaxMemoryMiB, 4},
+		{"custom cap", qemu.AccelTCG, 512, "large", 512, 2},
+		{"no cap", qemu.AccelTCG, -1, "2xlarge", 4096, 4},
+		// KVM is configured, so nothing probes or boots it here.
+		{"KVM is not capped", qemu.AccelKVM, 0, "2xlarge", 4096, 4},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDriver(t, root, func(c *Config) {
+				c.Accel, c.TCGMaxMemoryMiB, c.Kernel, c.Initrd = tc.accel, tc.cap, kernel, initrd
+			})
+			k := testKey
+			k.Size = tc.size
+			spec, err := d.bootSpec(context.Background(), "/r/vm", "/s", k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if spec.MemoryMiB != tc.wantMiB || spec.CPUs != tc.wantCPU || spec.Kernel != kernel || spec.Initrd != initrd {
+				t.Fatalf("spec %+v, want %d MiB %d CPUs", spec, tc.wantMiB, tc.wantCPU)
+			}
+		})
+	}
+	d := newDriver(t, root, func(c *Config) { c.Kernel, c.Initrd = kernel, initrd })
+	k := testKey
+	k.Size = "huge"
+	if _, err := d.bootSpec(context.Background(), "/r/vm", "/s", k); !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), "small") {
+		t.Fatalf("unknown size: %v (want Unrecoverable listing the known sizes)", err)
+	}
+}
+
+// A golden build or cold boot without a guest fails for good, says what to
+// run, and leaves nothing behind.
+func TestMissingGuest(t *testing.T) {
+	root := t.TempDir()
+	for _, tc := range []struct {
+		name           string
+		kernel, initrd string
+	}{
+		{"not configured", "", ""},
+		{"file gone", filepath.Join(root, "gone", "vmlinuz"), filepath.Join(root, "gone", "initrd.img")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDriver(t, root, func(c *Config) { c.Kernel, c.Initrd = tc.kernel, tc.initrd })
+			if _, err := d.Prepare(context.Background()); err != nil {
+				t.Fatalf("Prepare without a guest = %v (it must only warn)", err)
+			}
+			_, err := d.BuildGolden(context.Background(), fsm.BuildGolden{OpID: newOp(), Key: testKey})
+			if !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), "make guest") {
+				t.Fatalf("BuildGolden = %v, want Unrecoverable naming `make guest`", err)
+			}
+			vm := "vm-0000000000000001"
+			_, err = d.Clone(context.Background(), fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, Instance: testInstance,
+				RunDir: testInstance + "/" + vm, Cold: true})
+			if !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), "make guest") {
+				t.Fatalf("cold Clone = %v, want Unrecoverable naming `make guest`", err)
+			}
+			ents, err := os.ReadDir(filepath.Join(root, "run", testInstance))
+			if err != nil || len(ents) != 0 {
+				t.Fatalf("run dirs left: %v, %v", ents, err)
+			}
+		})
+	}
+}
+
+// Intents naming paths outside the roots, another instance's VMs, the wrong
+// kind of snapshot or unsupported pools fail for good without side effects.
+func TestBadIntents(t *testing.T) {
+	kernel, initrd := fakeGuest(t)
+	root := t.TempDir()
+	d := newDriver(t, root, func(c *Config) { c.Kernel, c.Initrd = kernel, initrd })
+	if _, err := d.Prepare(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	vm := "vm-00000000000000aa"
+	run := testInstance + "/" + vm
+	// Files that a wrong destroy would remove.
+	foreign := filepath.Join(root, "run", "i-other", vm)
+	golden := filepath.Join(root, "store", "golden", "g1")
+	for _, dir := range []string{foreign, golden} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "keep"), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	egress := testKey
+	egress.Net = NetEgress
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"clone into another instance", func() error {
+			_, err := d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: "i-other/" + vm, GoldenDir: "golden/g1"})
+			return err
+		}, "not under this instance"},
+		{"clone climbing out", func() error {
+			_, err := d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: testInstance + "/../../x", GoldenDir: "golden/g1"})
+			return err
+		}, "run dir"},
+		{"clone without golden", func() error {
+			_, err := d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run})
+			return err
+		}, "no golden"},
+		{"clone from a hibernate snapshot", func() error {
+			_, err := d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run, GoldenDir: "hibernate/x"})
+			return err
+		}, "not a golden snapshot"},
+		{"clone of an egress pool", func() error {
+			_, err := d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: egress, RunDir: run, GoldenDir: "golden/g1"})
+			return err
+		}, "egress"},
+		{"golden of an egress pool", func() error {
+			_, err := d.BuildGolden(ctx, fsm.BuildGolden{OpID: newOp(), Key: egress})
+			return err
+		}, "egress"},
+		{"wake from a golden", func() error {
+			_, err := d.Wake(ctx, fsm.WakeVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run, SnapshotDir: "golden/g1"})
+			return err
+		}, "not a hibernate snapshot"},
+		{"wake from a nested dir", func() error {
+			_, err := d.Wake(ctx, fsm.WakeVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run, SnapshotDir: "hibernate/a/b"})
+			return err
+		}, "not a hibernate snapshot"},
+		{"destroy of another instance's VM", func() error {
+			_, err := d.Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm, Key: testKey, Instance: "i-other", RunDir: "i-other/" + vm})
+			return err
+		}, "belongs to instance"},
+		{"destroy removing a golden", func() error {
+			_, err := d.Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm, Key: testKey, Instance: testInstance, RunDir: run, SnapshotDir: "golden/g1"})
+			return err
+		}, "not a hibernate snapshot"},
+		{"hibernate in another instance", func() error {
+			_, err := d.Hibernate(ctx, fsm.HibernateVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: "i-other/" + vm})
+			return err
+		}, "not under this instance"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			if !executors.IsUnrecoverable(err) || executors.IsLost(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want Unrecoverable (not lost) mentioning %q", err, tc.want)
+			}
+		})
+	}
+	for _, dir := range []string{foreign, golden} {
+		if _, err := os.Stat(filepath.Join(dir, "keep")); err != nil {
+			t.Fatalf("a refused intent touched %s: %v", dir, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, "run", testInstance, vm)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a refused intent created the run dir: %v", err)
+	}
+}
+
+// writeSnapshot makes a snapshot dir that checkSnapshot accepts (ramMiB of
+// sparse RAM), then applies damage.
+func writeSnapshot(t *testing.T, dir string, ramMiB int, damage func(dir string)) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	state := []byte("device state")
+	m := qemu.Meta{Format: qemu.MetaFormat, Source: "hibernate", Machine: "pc", Accel: qemu.AccelTCG, MemoryMiB: ramMiB,
+		CPUs: 1, Kernel: "/k", Initrd: "/i", StateBytes: int64(len(state))}
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{qemu.FileMeta: b, qemu.FileState: state} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, qemu.FileRAM), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(dir, qemu.FileRAM), int64(ramMiB)<<20); err != nil {
+		t.Fatal(err)
+	}
+	if damage != nil {
+		damage(dir)
+	}
+}
+
+func TestCheckSnapshot(t *testing.T) {
+	tests := []struct {
+		name   string
+		damage func(dir string)
+		ok     bool
+	}{
+		{"complete", nil, true},
+		{"no meta", func(dir string) { os.Remove(filepath.Join(dir, qemu.FileMeta)) }, false},
+		{"garbage meta", func(dir string) { os.WriteFile(filepath.Join(dir, qemu.FileMeta), []byte("{"), 0o600) }, false},
+		{"RAM truncated", func(dir string) { os.Truncate(filepath.Join(dir, qemu.FileRAM), 1<<20) }, false},
+		{"no RAM", func(dir string) { os.Remove(filepath.Join(dir, qemu.FileRAM)) }, false},
+		{"state short", func(dir string) { os.Truncate(filepath.Join(dir, qemu.FileState), 3) }, false},
+		{"dir missing", func(dir string) { os.RemoveAll(dir) }, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "snap")
+			writeSnapshot(t, dir, 16, tc.damage)
+			_, err := checkSnapshot(dir)
+			if (err == nil) != tc.ok {
+				t.Fatalf("checkSnapshot = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+// Without a QEMU there is nothing to hibernate: the VM is lost. A missing or
+// damaged snapshot makes a wake lost, and leaves no run dir. A destroy of
+// nothing succeeds and removes the snapshot it names. A clone from a missing
+// golden fails for good but the VM is not "lost".
+func TestNothingRunning(t *testing.T) {
+	root := t.TempDir()
+	d := newDriver(t, root, nil)
+	ctx := context.Background()
+	if _, err := d.Prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	vm := "vm-00000000000000bb"
+	run := testInstance + "/" + vm
+	runDir := filepath.Join(root, "run", run)
+
+	_, err := d.Hibernate(ctx, fsm.HibernateVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run})
+	if !executors.IsLost(err) {
+		t.Fatalf("Hibernate without QEMU = %v, want Lost", err)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		damage func(string)
+	}{
+		{"missing", func(dir string) { os.RemoveAll(dir) }},
+		{"RAM truncated", func(dir string) { os.Truncate(filepath.Join(dir, qemu.FileRAM), 0) }},
+	} {
+		snap := "hibernate/" + vm + "-" + strings.ReplaceAll(tc.name, " ", "-")
+		writeSnapshot(t, filepath.Join(root, "store", snap), 16, tc.damage)
+		if err := os.MkdirAll(runDir, 0o700); err != nil { // leftovers of an earlier attempt
+			t.Fatal(err)
+		}
+		_, err := d.Wake(ctx, fsm.WakeVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run, SnapshotDir: snap})
+		if !executors.IsLost(err) {
+			t.Fatalf("Wake from %s snapshot = %v, want Lost", tc.name, err)
+		}
+		if _, err := os.Stat(runDir); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("Wake from %s snapshot left the run dir: %v", tc.name, err)
+		}
+	}
+
+	snap := "hibernate/" + vm + "-x"
+	writeSnapshot(t, filepath.Join(root, "store", snap), 16, nil)
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	res, err := d.Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm, Key: testKey, Instance: testInstance, RunDir: run, SnapshotDir: snap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{runDir, filepath.Join(root, "store", snap)} {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("Destroy left %s: %v", p, err)
+		}
+	}
+	if n := len(res.Report.Steps); n == 0 || res.Report.Steps[n-1].Name != StepRemoveSnapshot {
+		t.Fatalf("Destroy report %+v, want steps ending in %s", res.Report, StepRemoveSnapshot)
+	}
+	if _, err := d.Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm, Key: testKey, Instance: testInstance, RunDir: run, SnapshotDir: snap}); err != nil {
+		t.Fatalf("second Destroy = %v", err)
+	}
+
+	_, err = d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run, GoldenDir: "golden/missing"})
+	if !executors.IsUnrecoverable(err) || executors.IsLost(err) || !errors.Is(err, qemu.ErrNoSnapshot) {
+		t.Fatalf("Clone from a missing golden = %v, want Unrecoverable ErrNoSnapshot", err)
+	}
+	if _, err := os.Stat(runDir); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("failed Clone left the run dir: %v", err)
+	}
+}
+
+func TestPrepare(t *testing.T) {
+	t.Run("layout and sweep", func(t *testing.T) {
+		root := t.TempDir()
+		var temps []string
+		for _, sub := range []string{"", "golden", "hibernate"} {
+			dir := filepath.Join(root, "store", sub)
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			tmp, err := fsx.MkTempDir(dir, "crashed")
+			if err != nil {
+				t.Fatal(err)
+			}
+			temps = append(temps, tmp)
+		}
+		keep := filepath.Join(root, "store", "hibernate", "vm-1-op")
+		if err := os.Mkdir(keep, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		d := newDriver(t, root, nil)
+		rep, err := d.Prepare(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Swept) != len(temps) {
+			t.Fatalf("swept %v, want %v", rep.Swept, temps)
+		}
+		for _, p := range temps {
+			if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("temp dir %s survived: %v", p, err)
+			}
+		}
+		for _, p := range []string{keep, filepath.Join(root, "run", testInstance)} {
+			if st, err := os.Stat(p); err != nil || !st.IsDir() {
+				t.Fatalf("%s: %v", p, err)
+			}
+		}
+		if rep.CopyMode != fsx.Reflink && rep.CopyMode != fsx.Copy {
+			t.Fatalf("copy mode %v", rep.CopyMode)
+		}
+	})
+	t.Run("socket path too long", func(t *testing.T) {
+		root := filepath.Join(t.TempDir(), strings.Repeat("d", 80))
+		d := newDriver(t, root, nil)
+		if _, err := d.Prepare(context.Background()); err == nil || !strings.Contains(err.Error(), "socket") {
+			t.Fatalf("Prepare = %v, want a socket path error", err)
+		}
+	})
+	t.Run("XFS reflinks", func(t *testing.T) {
+		root := xfstest.Mount(t, 0)
+		d := newDriver(t, root, nil)
+		rep, err := d.Prepare(context.Background())
+		if err != nil || rep.CopyMode != fsx.Reflink {
+			t.Fatalf("Prepare on XFS = %+v, %v", rep, err)
+		}
+		// A re-run that found its work done reports the detected mode.
+		if got := d.report(qemu.Result{Already: true}).CopyMode; got != "reflink" {
+			t.Fatalf("report of a re-run: copy mode %q", got)
+		}
+	})
+	t.Run("runs and store on different filesystems", func(t *testing.T) {
+		store := xfstest.MountNoReflink(t, 64<<20, xfstest.Tmpfs)
+		roots := executors.RootsIn(t.TempDir())
+		roots.Store = store
+		d, err := New(Config{Roots: roots, Instance: testInstance, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Prepare(context.Background()); err == nil || !strings.Contains(err.Error(), "different filesystems") {
+			t.Fatalf("Prepare = %v", err)
+		}
+	})
+}
+
+func TestClassify(t *testing.T) {
+	tests := []struct {
+		name          string
+		err           error
+		unrecoverable bool
+		capacity      bool
+	}{
+		{"plain", errors.New("qmp: timeout"), false, false},
+		{"invalid spec", fmt.Errorf("x: %w", qemu.ErrInvalidSpec), true, false},
+		{"snapshot name taken", qemu.ErrSnapshotExists, true, false},
+		{"ENOSPC", &fs.PathError{Op: "write", Path: "/s/ram", Err: syscall.ENOSPC}, false, true},
+		{"already unrecoverable", executors.Unrecoverablef("x"), true, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := classify(tc.err)
+			if executors.IsUnrecoverable(got) != tc.unrecoverable || errors.Is(got, executors.ErrCapacity) != tc.capacity {
+				t.Fatalf("classify(%v) = %v", tc.err, got)
+			}
+			if !errors.Is(got, tc.err) {
+				t.Fatalf("classify lost the cause: %v", got)
+			}
+		})
+	}
+}
+
+func TestCachedGuest(t *testing.T) {
+	cache := t.TempDir()
+	mk := func(name string, files []string, age time.Duration) string {
+		dir := filepath.Join(cache, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			p := filepath.Join(dir, f)
+			if err := os.WriteFile(p, []byte(f), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			mt := time.Now().Add(-age)
+			if err := os.Chtimes(p, mt, mt); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	all := []string{"vmlinuz", "initrd.img", "manifest"}
+	if _, ok := CachedGuest(cache); ok {
+		t.Fatal("empty cache gave a guest")
+	}
+	mk("old", all, 2*time.Hour)
+	want := mk("new", all, time.Hour)
+	mk("incomplete", []string{"vmlinuz", "manifest"}, 0)
+	mk(".build-x", all, 0)
+	g, ok := CachedGuest(cache)
+	if !ok || g.Dir != want || g.Kernel != filepath.Join(want, "vmlinuz") || g.Initrd != filepath.Join(want, "initrd.img") {
+		t.Fatalf("CachedGuest = %+v, %v; want %s", g, ok, want)
+	}
+	t.Setenv("SBX_CACHE", "/sbx-cache")
+	if got := GuestCacheDir(); got != "/sbx-cache/guest" {
+		t.Fatalf("GuestCacheDir with SBX_CACHE = %s", got)
+	}
+}
