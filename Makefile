@@ -3,6 +3,8 @@ GO        ?= go
 BIN       := bin
 PKGS      := ./...
 TESTFLAGS ?= -race -timeout 14m
+# FUZZTIME is how long `make test` fuzzes each API handler target.
+FUZZTIME  ?= 10s
 
 .PHONY: all build test bench lint clean guest
 
@@ -15,6 +17,8 @@ build:
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test $(TESTFLAGS) $(PKGS)
+	$(GO) test -run '^$$' -fuzz '^FuzzClaim$$' -fuzztime $(FUZZTIME) ./projections/api
+	$(GO) test -run '^$$' -fuzz '^FuzzPutPools$$' -fuzztime $(FUZZTIME) ./projections/api
 
 # bench runs every benchmark section in bench/, prints a table per section and
 # rewrites those sections of docs/benchmarks.md. BENCH=name[,name] runs a subset.

@@ -67,6 +67,17 @@ func newNode(t testing.TB, warm int, mod func(*apitest.Options)) *apitest.Node {
 	return n
 }
 
+// settle waits until the node's executors and refills are done, so the log
+// only grows by what the test does next.
+func settle(t testing.TB, n *apitest.Node) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // call sends a request and returns its status and body; a text/event-stream
 // response is not read (it never ends), only its status is returned.
 func call(t testing.TB, n *apitest.Node, method, path, token string, body []byte) (int, []byte) {

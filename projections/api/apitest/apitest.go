@@ -274,6 +274,28 @@ func (n *Node) WaitWarm(ctx context.Context, key fsm.PoolKey, want int) error {
 	}
 }
 
+// Settle waits until the node has nothing left to do: no intent pending, no
+// pool short of its warm target, and everything applied also durable (the
+// state runs ahead of the log by the fsync in flight). Needs the executors.
+func (n *Node) Settle(ctx context.Context) error {
+	for {
+		var busy bool
+		var applied uint64
+		n.Engine.View(func(st *fsm.State) {
+			busy = len(fsm.Intents(st)) > 0 || len(fsm.RefillsNeeded(st)) > 0
+			applied = st.Applied()
+		})
+		if !busy && n.Log.LastSeq() >= applied {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("apitest: node did not settle: %w", ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
 // LiveClaims returns the number of live claims in the state.
 func (n *Node) LiveClaims() int {
 	var live int
