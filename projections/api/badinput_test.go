@@ -1,8 +1,8 @@
 package api_test
 
 import (
-	"context"
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -61,7 +61,9 @@ func poolsRows() []badInput {
 	row := func(name, body string, status int, invalid bool, contains string) badInput {
 		return badInput{name: "put pools: " + name, method: "PUT", path: "/v1/pools", body: body, status: status, invalidBody: invalid, contains: contains}
 	}
-	pool := func(fields string) string { return `{"pools":[{"template":"default","net":"none","size":"small",` + fields + `}]}` }
+	pool := func(fields string) string {
+		return `{"pools":[{"template":"default","net":"none","size":"small",` + fields + `}]}`
+	}
 	return []badInput{
 		row("malformed JSON", `{"pools":[`, 400, true, ""),
 		row("unknown top-level key", `{"pools":[],"drain":true}`, 400, true, "drain"),
