@@ -30,8 +30,7 @@ import (
 
 // config sizes one run.
 type config struct {
-	latencySamples int           // 1-writer appends per side per round
-	rounds         int           // log/floor alternations, to spread disk drift over both
+	latencySamples int           // 1-writer appends per side
 	tputFor        time.Duration // per concurrency level and side
 	writers        []int
 	fillTo         uint64 // big log size for the "flat" and replay figures
@@ -42,10 +41,10 @@ type config struct {
 
 func configFor(quick bool) config {
 	if quick {
-		return config{latencySamples: 100, rounds: 2, tputFor: 300 * time.Millisecond, writers: []int{16, 64, 256},
+		return config{latencySamples: 200, tputFor: 300 * time.Millisecond, writers: []int{16, 64, 256},
 			fillTo: 20_000, payloadEvents: 5000, oldSizes: []int{1000, 10_000, 100_000}, oldCommits: []int{10, 4, 2}}
 	}
-	return config{latencySamples: 1000, rounds: 4, tputFor: 3 * time.Second, writers: []int{16, 64, 256},
+	return config{latencySamples: 4000, tputFor: 4 * time.Second, writers: []int{16, 64, 256},
 		fillTo: 1_000_000, payloadEvents: 200_000, oldSizes: []int{1000, 10_000, 100_000}, oldCommits: []int{200, 50, 10}}
 }
 
@@ -105,19 +104,13 @@ func (b *bench) run(ctx context.Context) (*report.Section, error) {
 		return nil, err
 	}
 	smallSize, bigSize := b.small.LastSeq(), b.big.LastSeq()
-	var smallLat, floorLat, bigLat report.Durations
-	for range cfg.rounds {
-		for _, side := range []struct {
-			op  func(context.Context) error
-			out *report.Durations
-		}{{b.appender(b.small), &smallLat}, {b.floorOne, &floorLat}, {b.appender(b.big), &bigLat}} {
-			d, err := b.latency(ctx, cfg.latencySamples, side.op)
-			if err != nil {
-				return nil, err
-			}
-			*side.out = append(*side.out, d...)
-		}
+	// One sample of each side in turn, so that load from elsewhere on the
+	// machine hits all three alike.
+	lats, err := b.interleaved(ctx, cfg.latencySamples, b.appender(b.small), b.floorOne, b.appender(b.big))
+	if err != nil {
+		return nil, err
 	}
+	smallLat, floorLat, bigLat := lats[0], lats[1], lats[2]
 	logP50, floorP50, bigP50 := smallLat.Quantile(0.5), floorLat.Quantile(0.5), bigLat.Quantile(0.5)
 	sec.AddRow("append latency p50, 1 writer", report.Fmt(logP50), report.Fmt(floorP50)+" (raw Pebble Set+Sync)", ratio(logP50, floorP50))
 	sec.AddRow("append latency p99, 1 writer", report.Fmt(smallLat.Quantile(0.99)), report.Fmt(floorLat.Quantile(0.99)), ratio(smallLat.Quantile(0.99), floorLat.Quantile(0.99)))
@@ -126,19 +119,21 @@ func (b *bench) run(ctx context.Context) (*report.Section, error) {
 
 	rates := map[int]float64{}
 	for _, w := range cfg.writers {
-		lr, llat, err := b.throughput(ctx, w, b.appender(b.big))
-		if err != nil {
-			return nil, err
+		// Two halves per side, alternating, so drift hits both alike.
+		var lt, ft tput
+		for range 2 {
+			if err := lt.run(ctx, b, w, b.appender(b.big)); err != nil {
+				return nil, err
+			}
+			if err := ft.run(ctx, b, w, b.floorOne); err != nil {
+				return nil, err
+			}
 		}
-		fr, flat, err := b.throughput(ctx, w, b.floorOne)
-		if err != nil {
-			return nil, err
-		}
-		rates[w] = lr
+		rates[w] = lt.rate()
 		sec.AddRow(fmt.Sprintf("events/s, %d writers (p50 per append)", w),
-			fmt.Sprintf("%.0f (%s)", lr, report.Fmt(llat.Quantile(0.5))),
-			fmt.Sprintf("%.0f (%s)", fr, report.Fmt(flat.Quantile(0.5))),
-			fmt.Sprintf("%.2fx", lr/fr))
+			fmt.Sprintf("%.0f (%s)", lt.rate(), report.Fmt(lt.lat.Quantile(0.5))),
+			fmt.Sprintf("%.0f (%s)", ft.rate(), report.Fmt(ft.lat.Quantile(0.5))),
+			fmt.Sprintf("%.2fx", lt.rate()/ft.rate()))
 	}
 
 	for i, n := range cfg.oldSizes {
@@ -169,15 +164,15 @@ func (b *bench) run(ctx context.Context) (*report.Section, error) {
 the log's own store options (eventlog.StoreOptions) doing db.Set(key, same record bytes, pebble.Sync)
 from the same number of goroutines, so its concurrent syncs group-commit too. Two logs: one of %s
 events and one grown to %s with one-event ops from 256 writers (%s, then %s waiting for its
-background flushes and compactions to stop for 1 s). 1-writer latency: %d rounds of %d appends on each of small log, floor and
-big log in turn, so disk drift hits all three alike. Throughput: W closed-loop writers for %s on
-the big log, then on the floor. Old design: a map of N claim records, one record changed per commit,
+background flushes and compactions to stop for 1 s). 1-writer latency: %d appends on each of small log, floor and
+big log, one of each in turn, so load and disk drift hit all three alike. Throughput: W closed-loop writers for %s in
+two halves alternating between the big log and the floor. Old design: a map of N claim records, one record changed per commit,
 the whole map cloned, JSON-marshalled, written to a temp file, fsynced and renamed (%v commits at
 N = %v). Replay: the big log is closed, reopened and left to finish its background work, then
 Iterate reads every record (checksum, envelope decode), page cache warm; the payload row also
 JSON-decodes each payload.%s`,
 		len(b.rec), count(smallSize), count(cfg.fillTo), fillTook.Round(time.Millisecond), settled.Round(time.Millisecond),
-		cfg.rounds, cfg.latencySamples, cfg.tputFor, cfg.oldCommits, cfg.oldSizes, quickNote(cfg))
+		cfg.latencySamples, cfg.tputFor, cfg.oldCommits, cfg.oldSizes, quickNote(cfg))
 	sec.Notes = append(sec.Notes,
 		"the big log writes into a recycled WAL file (Pebble reuses WAL files after memtable flushes); overwriting allocated blocks spares fdatasync a metadata update, so its appends can be faster than the fresh 1k log's: the flatness target is that they are not slower",
 		"an uncontended append commits and waits for its fsync on its own goroutine; under contention appends queue for the committer and syncer goroutines, more hand-offs than a raw Pebble Set, so the log loses more than the floor when other processes load the CPUs",
@@ -268,22 +263,33 @@ func (b *bench) floorOne(context.Context) error {
 	return b.floor.Set(k[:], b.rec, pebble.Sync)
 }
 
-func (b *bench) latency(ctx context.Context, n int, op func(context.Context) error) (report.Durations, error) {
-	out := make(report.Durations, 0, n)
+// interleaved times n calls of each op, one call of each in turn.
+func (b *bench) interleaved(ctx context.Context, n int, ops ...func(context.Context) error) ([]report.Durations, error) {
+	out := make([]report.Durations, len(ops))
 	for range n {
-		t := time.Now()
-		if err := op(ctx); err != nil {
-			return nil, err
+		for i, op := range ops {
+			t := time.Now()
+			if err := op(ctx); err != nil {
+				return nil, err
+			}
+			out[i] = append(out[i], time.Since(t))
 		}
-		out = append(out, time.Since(t))
 	}
 	return out, ctx.Err()
 }
 
-// throughput runs w closed-loop writers for cfg.tputFor and returns ops/s
-// and per-op latencies.
-func (b *bench) throughput(ctx context.Context, w int, op func(context.Context) error) (float64, report.Durations, error) {
-	deadline := time.Now().Add(b.cfg.tputFor)
+// tput accumulates closed-loop runs of one side.
+type tput struct {
+	ops     int
+	elapsed time.Duration
+	lat     report.Durations
+}
+
+func (t *tput) rate() float64 { return float64(t.ops) / t.elapsed.Seconds() }
+
+// run runs w closed-loop writers of op for half of cfg.tputFor.
+func (t *tput) run(ctx context.Context, b *bench, w int, op func(context.Context) error) error {
+	deadline := time.Now().Add(b.cfg.tputFor / 2)
 	lats := make([]report.Durations, w)
 	errs := make([]error, w)
 	var wg sync.WaitGroup
@@ -291,25 +297,25 @@ func (b *bench) throughput(ctx context.Context, w int, op func(context.Context) 
 	for i := range w {
 		wg.Go(func() {
 			for time.Now().Before(deadline) && ctx.Err() == nil {
-				t := time.Now()
+				t0 := time.Now()
 				if err := op(ctx); err != nil {
 					errs[i] = err
 					return
 				}
-				lats[i] = append(lats[i], time.Since(t))
+				lats[i] = append(lats[i], time.Since(t0))
 			}
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	var all report.Durations
+	t.elapsed += time.Since(start)
 	for i := range w {
 		if errs[i] != nil {
-			return 0, nil, errs[i]
+			return errs[i]
 		}
-		all = append(all, lats[i]...)
+		t.ops += len(lats[i])
+		t.lat = append(t.lat, lats[i]...)
 	}
-	return float64(len(all)) / elapsed.Seconds(), all, ctx.Err()
+	return ctx.Err()
 }
 
 // appendMany grows l to size events with one-event ops from w writers.
