@@ -1,0 +1,507 @@
+package qemudriver
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
+	"github.com/sbxlog/sbxlog/guest/agent"
+	"github.com/sbxlog/sbxlog/guest/guesttest"
+)
+
+// The end-to-end tests of issue 9: the sandboxd binary with hypervisor qemu
+// (TCG) on a loop-mounted XFS data dir, driven through its HTTP API, with the
+// guest's data checked through its agent. One daemon data dir (one golden
+// build) serves both acceptance scenarios:
+//
+//  1. pool warm 1, claim, 8 MiB of random data in the guest's tmpfs, three
+//     hibernate/wake generations (QEMU gone and the snapshot in the store while
+//     hibernated; same sha256, same boot, counter continued after each wake),
+//     release, and the VM's QEMU and run dir gone;
+//  2. sandboxd SIGKILLed in the middle of a hibernate (right after the request,
+//     and once the snapshot's temp dir appears in the store), restarted on the
+//     same data dir: the claim ends hibernated with an intact snapshot or
+//     running, and the data survives a wake.
+func TestSandboxdQEMU(t *testing.T) {
+	g := guesttest.Require(t)
+	mnt := xfstest.Mount(t, 4<<30)
+	killQEMUsOnCleanup(t, mnt)
+	bin := buildSandboxd(t)
+	data := filepath.Join(mnt, "data")
+	cfg := map[string]any{
+		"listen":     "127.0.0.1:0",
+		"data_dir":   data,
+		"node_id":    "e2e",
+		"api_token":  "root",
+		"hypervisor": "qemu",
+		"qemu":       map[string]any{"accel": "tcg", "kernel": g.Kernel, "initrd": g.Initrd},
+		"pools":      []map[string]any{{"template": "default", "net": "none", "size": "small", "warm": 1}},
+		"nats":       map[string]any{"disabled": true},
+	}
+	cfgPath := filepath.Join(t.TempDir(), "sandboxd.json")
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	e := &e2e{t: t, base: ctx, bin: bin, cfg: cfgPath, data: data, log: filepath.Join(t.TempDir(), "sandboxd.log")}
+	t.Cleanup(e.dumpLogOnFailure)
+	e.start()
+	t.Cleanup(func() { e.t = t; e.stop() })
+	var info struct {
+		Hypervisor string `json:"hypervisor"`
+	}
+	e.call("GET", "/v1/info", nil, http.StatusOK, &info)
+	if info.Hypervisor != "qemu" {
+		t.Fatalf("/v1/info hypervisor %q, want qemu", info.Hypervisor)
+	}
+
+	t.Run("hibernate and wake", func(t *testing.T) {
+		e.t = t
+		c := e.claim()
+		runDir := e.runDir(c.VM)
+		sum := guestDo(t, e.ctx(), runDir, func(a *agent.Client) (string, error) { return a.Write(e.ctx(), 8<<20) })
+		before := e.uptime(runDir)
+		for gen := 1; gen <= 3; gen++ {
+			e.hibernated(c, runDir)
+			e.wake(c, runDir)
+			before = e.sameGuest(runDir, sum, before, fmt.Sprintf("generation %d", gen))
+		}
+		e.release(c, runDir)
+	})
+	if t.Failed() {
+		return
+	}
+
+	t.Run("daemon killed mid-hibernate", func(t *testing.T) {
+		e.t = t
+		c := e.claim()
+		runDir := e.runDir(c.VM)
+		sum := guestDo(t, e.ctx(), runDir, func(a *agent.Client) (string, error) { return a.Write(e.ctx(), 8<<20) })
+		before := e.uptime(runDir)
+		hib := filepath.Join(data, "store", "hibernate")
+		for _, when := range []string{"right after the request", "when the temp dir appears"} {
+			e.call("POST", "/v1/sandboxes/"+c.ID+"/hibernate", nil, http.StatusNoContent, nil)
+			if when == "when the temp dir appears" {
+				deadline := time.Now().Add(30 * time.Second)
+				for len(tempDirs(t, hib)) == 0 && len(e.snapshots(c.VM)) == 0 {
+					if time.Now().After(deadline) {
+						t.Fatal("no temp dir and no snapshot appeared in the store within 30 s of the hibernate request")
+					}
+					time.Sleep(100 * time.Microsecond)
+				}
+			}
+			e.kill()
+			t.Logf("killed %s: temp dirs %v, snapshots %v, QEMU %v", when, tempDirs(t, hib), e.snapshots(c.VM), qemuPIDs(runDir))
+			e.start()
+			switch st := e.waitState(c.ID, "hibernated", "running"); st {
+			case "hibernated":
+				t.Logf("%s: the claim came back hibernated", when)
+				e.checkHibernated(c, runDir)
+				e.wake(c, runDir)
+			case "running":
+				// The hibernate failed and was rolled back; the VM must still
+				// be whole, and hibernate and wake as usual.
+				t.Logf("%s: the claim came back running", when)
+				before = e.sameGuest(runDir, sum, before, when+", rolled back")
+				e.hibernated(c, runDir)
+				e.wake(c, runDir)
+			}
+			before = e.sameGuest(runDir, sum, before, when)
+		}
+		e.release(c, runDir)
+	})
+	e.t = t
+	e.stop()
+}
+
+// e2e drives one sandboxd data dir through daemon restarts.
+type e2e struct {
+	t        *testing.T
+	base     context.Context // the whole test's deadline
+	bin, cfg string
+	data     string
+	log      string
+
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	addr    string
+	logSeen int64 // log offset where the current daemon's output starts
+}
+
+func (e *e2e) ctx() context.Context { return e.base }
+
+// start runs sandboxd and waits until it serves.
+func (e *e2e) start() {
+	t := e.t
+	t.Helper()
+	f, err := os.OpenFile(e.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := f.Stat()
+	e.logSeen = st.Size()
+	cmd := exec.Command(e.bin, "-config", e.cfg)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), "SBX_API_TOKEN=root")
+	err = cmd.Start()
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cmd, e.exited = cmd, make(chan struct{})
+	go func(exited chan struct{}) { _ = cmd.Wait(); close(exited) }(e.exited)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if addr := e.serving(); addr != "" {
+			e.addr = addr
+			return
+		}
+		select {
+		case <-e.exited:
+			t.Fatalf("sandboxd exited during start-up: %v", cmd.ProcessState)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sandboxd did not serve within a minute")
+		}
+	}
+}
+
+// serving returns the listen address from the current daemon's "sandboxd
+// serving" log line, or "".
+func (e *e2e) serving() string {
+	f, err := os.Open(e.log)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if _, err := f.Seek(e.logSeen, io.SeekStart); err != nil {
+		return ""
+	}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var line struct {
+			Message string `json:"message"`
+			Listen  string `json:"listen"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "sandboxd serving" && line.Listen != "" {
+			return line.Listen
+		}
+	}
+	return ""
+}
+
+// kill SIGKILLs the daemon (its QEMUs, in their own process groups, live on).
+func (e *e2e) kill() {
+	if err := e.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		e.t.Fatal(err)
+	}
+	<-e.exited
+}
+
+// stop ends the daemon with SIGTERM (idempotent) and checks it exited
+// cleanly and, under -race, without a data race report.
+func (e *e2e) stop() {
+	if e.cmd == nil {
+		return
+	}
+	select {
+	case <-e.exited:
+		return
+	default:
+	}
+	_ = e.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-e.exited:
+	case <-time.After(30 * time.Second):
+		_ = e.cmd.Process.Kill()
+		<-e.exited
+		e.t.Error("sandboxd ignored SIGTERM for 30 s")
+	}
+	if code := e.cmd.ProcessState.ExitCode(); code != 0 {
+		e.t.Errorf("sandboxd exited with %d after SIGTERM", code)
+	}
+	if b, err := os.ReadFile(e.log); err == nil && bytes.Contains(b, []byte("WARNING: DATA RACE")) {
+		e.t.Error("sandboxd reported a data race (see its log)")
+	}
+}
+
+func (e *e2e) dumpLogOnFailure() {
+	if !e.t.Failed() {
+		return
+	}
+	b, err := os.ReadFile(e.log)
+	if err != nil {
+		return
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 80 {
+		lines = lines[len(lines)-80:]
+	}
+	e.t.Logf("sandboxd log (tail):\n%s", strings.Join(lines, "\n"))
+}
+
+// call makes an API request as root, checks the status and decodes the body
+// into out (if not nil).
+func (e *e2e) call(method, path string, body any, want int, out any) {
+	e.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	ctx, cancel := context.WithTimeout(e.base, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+e.addr+path, rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer root")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		e.t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, b, want)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			e.t.Fatalf("%s %s: %v in %s", method, path, err, b)
+		}
+	}
+}
+
+type claimed struct {
+	ID   string `json:"id"`
+	VM   string `json:"vm"`
+	Tier string `json:"tier"`
+}
+
+// claim waits for a warm VM and claims it.
+func (e *e2e) claim() claimed {
+	e.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var info struct {
+			Pools []struct {
+				Warm int `json:"warm"`
+			} `json:"pools"`
+		}
+		e.call("GET", "/v1/info", nil, http.StatusOK, &info)
+		if len(info.Pools) == 1 && info.Pools[0].Warm >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("no warm VM within 2 minutes: %+v", info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var c claimed
+	e.call("POST", "/v1/claim", map[string]any{"template": "default", "ttl_seconds": 3600}, http.StatusOK, &c)
+	if c.Tier != "warm" || c.VM == "" {
+		e.t.Fatalf("claim %+v, want a warm VM", c)
+	}
+	return c
+}
+
+// runDir finds the VM's run dir: <data>/run/<instance>/<vm>.
+func (e *e2e) runDir(vm string) string {
+	e.t.Helper()
+	m, err := filepath.Glob(filepath.Join(e.data, "run", "*", vm))
+	if err != nil || len(m) != 1 {
+		e.t.Fatalf("run dir of %s: %v, %v", vm, m, err)
+	}
+	return m[0]
+}
+
+// snapshots lists the VM's hibernate snapshots in the store.
+func (e *e2e) snapshots(vm string) []string {
+	m, _ := filepath.Glob(filepath.Join(e.data, "store", "hibernate", vm+"-*"))
+	return m
+}
+
+// waitState polls the sandbox until its state is one of want and returns it.
+func (e *e2e) waitState(id string, want ...string) string {
+	e.t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	var sb struct {
+		State  string `json:"state"`
+		Reason string `json:"reason"`
+	}
+	for {
+		e.call("GET", "/v1/sandboxes/"+id, nil, http.StatusOK, &sb)
+		for _, w := range want {
+			if sb.State == w {
+				return w
+			}
+		}
+		switch sb.State {
+		case "failed", "released", "expired":
+			e.t.Fatalf("sandbox %s is %s (%s), want %v", id, sb.State, sb.Reason, want)
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("sandbox %s still %s after 90 s, want %v", id, sb.State, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// hibernated hibernates the claim and checks the result.
+func (e *e2e) hibernated(c claimed, runDir string) {
+	e.t.Helper()
+	e.call("POST", "/v1/sandboxes/"+c.ID+"/hibernate", nil, http.StatusNoContent, nil)
+	e.waitState(c.ID, "hibernated")
+	e.checkHibernated(c, runDir)
+}
+
+// checkHibernated: no QEMU and no run dir; one complete snapshot of the VM in
+// the store and no temp dir.
+func (e *e2e) checkHibernated(c claimed, runDir string) {
+	e.t.Helper()
+	if pids := qemuPIDs(runDir); len(pids) != 0 {
+		e.t.Fatalf("hibernated, but QEMU %v still runs for %s", pids, runDir)
+	}
+	noEntry(e.t, runDir)
+	snaps := e.snapshots(c.VM)
+	if len(snaps) != 1 {
+		e.t.Fatalf("hibernated, with snapshots %v in the store", snaps)
+	}
+	if m, err := checkSnapshot(snaps[0]); err != nil || m.MemoryMiB != 256 {
+		e.t.Fatalf("snapshot %s: %+v, %v", snaps[0], m, err)
+	}
+	if tmp := tempDirs(e.t, filepath.Dir(snaps[0])); len(tmp) != 0 {
+		e.t.Fatalf("temp dirs left in the store: %v", tmp)
+	}
+}
+
+// wake wakes the claim and waits for the snapshot to be dropped.
+func (e *e2e) wake(c claimed, runDir string) {
+	e.t.Helper()
+	e.call("POST", "/v1/sandboxes/"+c.ID+"/wake", nil, http.StatusNoContent, nil)
+	e.waitState(c.ID, "running")
+	if len(qemuPIDs(runDir)) != 1 {
+		e.t.Fatalf("woken, with QEMU processes %v for %s", qemuPIDs(runDir), runDir)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(e.snapshots(c.VM)) != 0 {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("snapshots %v not dropped 30 s after the wake", e.snapshots(c.VM))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (e *e2e) uptime(runDir string) agent.Uptime {
+	e.t.Helper()
+	return guestDo(e.t, e.ctx(), runDir, func(a *agent.Client) (agent.Uptime, error) { return a.Uptime(e.ctx()) })
+}
+
+// sameGuest checks the guest kept its data and its boot, and that its counter
+// went on from where it stopped; it returns the new uptime.
+func (e *e2e) sameGuest(runDir, sum string, before agent.Uptime, what string) agent.Uptime {
+	e.t.Helper()
+	if got := guestDo(e.t, e.ctx(), runDir, func(a *agent.Client) (string, error) { return a.Sha(e.ctx()) }); got != sum {
+		e.t.Fatalf("%s: sha256 %s, want %s", what, got, sum)
+	}
+	after := e.uptime(runDir)
+	if after.BootID != before.BootID {
+		e.t.Fatalf("%s: the guest rebooted (boot id %s, was %s)", what, after.BootID, before.BootID)
+	}
+	// The counter only runs with the guest: it went on, and by no more than
+	// the guest's own uptime allows (it did not run while hibernated).
+	dc, du := after.Counter-before.Counter, after.Since-before.Since
+	if after.Counter < before.Counter || du < 0 || time.Duration(dc)*agent.Tick > du+2*agent.Tick {
+		e.t.Fatalf("%s: counter %d -> %d over guest uptime %v -> %v", what, before.Counter, after.Counter, before.Since, after.Since)
+	}
+	e.t.Logf("%s: sha256 kept, counter %d -> %d", what, before.Counter, after.Counter)
+	return after
+}
+
+// release releases the claim and waits for the destroy: no QEMU, no run dir.
+func (e *e2e) release(c claimed, runDir string) {
+	e.t.Helper()
+	e.call("POST", "/v1/sandboxes/"+c.ID+"/release", nil, http.StatusNoContent, nil)
+	e.waitState(c.ID, "released")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := os.Lstat(runDir)
+		if len(qemuPIDs(runDir)) == 0 && errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("30 s after the release: QEMU %v, run dir: %v", qemuPIDs(runDir), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if snaps := e.snapshots(c.VM); len(snaps) != 0 {
+		e.t.Fatalf("released VM's snapshots left: %v", snaps)
+	}
+}
+
+// buildSandboxd builds cmd/sandboxd (with -race when this test runs with it).
+func buildSandboxd(t *testing.T) string {
+	t.Helper()
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goBin); err != nil {
+		if goBin, err = exec.LookPath("go"); err != nil {
+			t.Fatal("no go toolchain to build sandboxd")
+		}
+	}
+	out := filepath.Join(t.TempDir(), "sandboxd")
+	args := []string{"build", "-o", out}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command(goBin, append(args, "./cmd/sandboxd")...)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build sandboxd: %v\n%s", err, b)
+	}
+	return out
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}

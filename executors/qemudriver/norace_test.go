@@ -1,0 +1,5 @@
+//go:build !race
+
+package qemudriver
+
+const raceEnabled = false

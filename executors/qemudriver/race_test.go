@@ -1,0 +1,7 @@
+//go:build race
+
+package qemudriver
+
+// raceEnabled: the test binary runs with -race, so the sandboxd the end-to-end
+// test builds gets it too.
+const raceEnabled = true
