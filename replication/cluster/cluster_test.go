@@ -3,13 +3,10 @@ package cluster_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"hash/crc32"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/replication/cluster"
@@ -22,103 +19,6 @@ var (
 	k1 = event.PoolKey{Template: "tpl", Net: "none", Size: "small"}
 	k2 = event.PoolKey{Template: "tpl", Net: "none", Size: "medium"}
 )
-
-// simNode is a node's log and state driven through fsm.Decide with a
-// perfect executor, as sandboxd would.
-type simNode struct {
-	t   *testing.T
-	id  string
-	log *eventlog.Log
-	st  *fsm.State
-	now int64
-	n   uint64
-}
-
-func newSimNode(t *testing.T, id string, pools ...fsm.PoolSpec) *simNode {
-	s := &simNode{t: t, id: id, log: repltest.OpenLog(t, id), st: fsm.New(), now: 1_788_220_800_000_000_000}
-	s.do(fsm.ConfigureNode{Meta: s.meta(), Node: id, Instance: "i-" + id})
-	s.do(fsm.ConfigurePools{Meta: s.meta(), Pools: pools})
-	s.settle()
-	return s
-}
-
-func (s *simNode) meta() fsm.Meta {
-	s.n++
-	s.now += 1_000_000
-	return fsm.Meta{Op: event.OpIDFromUint(uint64(s.now/1_000_000), s.n), Now: s.now}
-}
-
-func (s *simNode) result(cause event.OpID) fsm.Meta {
-	m := s.meta()
-	m.Op, m.Cause = event.DeriveOpID(cause, "result"), cause
-	return m
-}
-
-func (s *simNode) do(cmd fsm.Command) {
-	s.t.Helper()
-	evs, err := fsm.Decide(s.st, cmd)
-	if err != nil {
-		s.t.Fatalf("%s: %T: %v", s.id, cmd, err)
-	}
-	if len(evs) == 0 {
-		return
-	}
-	res, err := s.log.Append(context.Background(), evs)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	for i := range res.Events {
-		if err := fsm.Apply(s.st, &res.Events[i]); err != nil {
-			s.t.Fatal(err)
-		}
-	}
-}
-
-// settle refills pools and completes every intent successfully.
-func (s *simNode) settle() {
-	s.t.Helper()
-	for range 100 {
-		progressed := false
-		for _, k := range fsm.RefillsNeeded(s.st) {
-			s.do(fsm.Refill{Meta: s.meta(), Key: k})
-			progressed = true
-		}
-		for _, in := range fsm.Intents(s.st) {
-			switch in := in.(type) {
-			case fsm.BuildGolden:
-				s.do(fsm.GoldenBuilt{Meta: s.result(in.OpID), Key: in.Key, SnapshotDir: "golden"})
-			case fsm.CloneVM:
-				s.do(fsm.VMCloned{Meta: s.result(in.OpID), VM: in.VM})
-			case fsm.DestroyVM:
-				s.do(fsm.VMDestroyed{Meta: s.result(in.OpID), VM: in.VM})
-			case fsm.HibernateVM:
-				s.do(fsm.HibernateDone{Meta: s.result(in.OpID), VM: in.VM, SnapshotDir: "snap"})
-			case fsm.WakeVM:
-				s.do(fsm.WakeDone{Meta: s.result(in.OpID), VM: in.VM})
-			}
-			progressed = true
-		}
-		if !progressed {
-			return
-		}
-	}
-	s.t.Fatalf("%s: intents do not settle", s.id)
-}
-
-func (s *simNode) claim(key event.PoolKey) string {
-	id := fmt.Sprintf("sb_%016x", uint64(crc32.ChecksumIEEE([]byte(s.id)))<<32|s.n)
-	s.do(fsm.Claim{Meta: s.meta(), ID: id, Key: key})
-	return id
-}
-
-func (s *simNode) warm(key event.PoolKey) int {
-	for _, p := range s.st.Info().Pools {
-		if p.Key == key {
-			return p.Warm
-		}
-	}
-	return 0
-}
 
 // fakeClock is the directory's injected clock.
 type fakeClock struct {
@@ -139,12 +39,12 @@ func (c *fakeClock) Add(d time.Duration) {
 func TestViewCapacityOwnersAndRedirects(t *testing.T) {
 	srv := natstest.Single(t)
 	_, js := natstest.Connect(t, srv.ClientURL())
-	a := newSimNode(t, "node-a", fsm.PoolSpec{PoolKey: k1, Warm: 0}, fsm.PoolSpec{PoolKey: k2, Warm: 2})
-	b := newSimNode(t, "node-b", fsm.PoolSpec{PoolKey: k1, Warm: 3})
-	onA := a.claim(k2)
-	onB := b.claim(k1) // takes one warm VM; not refilled yet
-	for _, n := range []*simNode{a, b} {
-		repltest.Replicate(t, srv.ClientURL(), n.log)
+	a := repltest.NewNode(t, "node-a", fsm.PoolSpec{PoolKey: k1, Warm: 0}, fsm.PoolSpec{PoolKey: k2, Warm: 2})
+	b := repltest.NewNode(t, "node-b", fsm.PoolSpec{PoolKey: k1, Warm: 3})
+	onA := a.Claim(k2)
+	onB := b.Claim(k1) // takes one warm VM; not refilled yet
+	for _, n := range []*repltest.Node{a, b} {
+		repltest.Replicate(t, srv.ClientURL(), n.Log)
 	}
 
 	// The clock starts at the real time: replayed entries are judged by the
@@ -181,15 +81,15 @@ func TestViewCapacityOwnersAndRedirects(t *testing.T) {
 		}
 	}()
 	natstest.Eventually(t, 10*time.Second, "view to catch up", func() bool {
-		return view.Position("node-a") == a.log.LastSeq() && view.Position("node-b") == b.log.LastSeq()
+		return view.Position("node-a") == a.Log.LastSeq() && view.Position("node-b") == b.Log.LastSeq()
 	})
 	natstest.Eventually(t, 10*time.Second, "both addresses", func() bool { return len(dir.Live()) == 2 })
 
-	if got := view.Warm(k1); len(got) != 1 || got[0] != (cluster.Capacity{Node: "node-b", Warm: b.warm(k1)}) || b.warm(k1) != 2 {
-		t.Fatalf("warm k1: %+v (node b has %d)", got, b.warm(k1))
+	if got := view.Warm(k1); len(got) != 1 || got[0] != (cluster.Capacity{Node: "node-b", Warm: b.Warm(k1)}) || b.Warm(k1) != 2 {
+		t.Fatalf("warm k1: %+v (node b has %d)", got, b.Warm(k1))
 	}
-	if got := view.Warm(k2); len(got) != 1 || got[0] != (cluster.Capacity{Node: "node-a", Warm: a.warm(k2)}) {
-		t.Fatalf("warm k2: %+v (node a has %d)", got, a.warm(k2))
+	if got := view.Warm(k2); len(got) != 1 || got[0] != (cluster.Capacity{Node: "node-a", Warm: a.Warm(k2)}) {
+		t.Fatalf("warm k2: %+v (node a has %d)", got, a.Warm(k2))
 	}
 	for claim, owner := range map[string]string{onA: "node-a", onB: "node-b"} {
 		node, addr, ok, err := view.OwnerAddr(claim)
@@ -208,7 +108,7 @@ func TestViewCapacityOwnersAndRedirects(t *testing.T) {
 	}
 
 	// Node b refills; the view follows.
-	b.settle()
+	b.Settle()
 	natstest.Eventually(t, 10*time.Second, "refill seen", func() bool {
 		got := view.Warm(k1)
 		return len(got) == 1 && got[0].Warm == 3
@@ -241,24 +141,24 @@ func TestViewCapacityOwnersAndRedirects(t *testing.T) {
 func TestViewIsolatesBrokenNode(t *testing.T) {
 	srv := natstest.Single(t)
 	_, js := natstest.Connect(t, srv.ClientURL())
-	good := newSimNode(t, "good", fsm.PoolSpec{PoolKey: k1, Warm: 1})
-	bad := newSimNode(t, "bad", fsm.PoolSpec{PoolKey: k1, Warm: 2})
-	ev, err := event.New(event.ClaimServed{Claim: "sb_nope", VM: "vm"}, "sb_nope", repltest.NextOp(), event.ZeroOpID, bad.now+1)
+	good := repltest.NewNode(t, "good", fsm.PoolSpec{PoolKey: k1, Warm: 1})
+	bad := repltest.NewNode(t, "bad", fsm.PoolSpec{PoolKey: k1, Warm: 2})
+	ev, err := event.New(event.ClaimServed{Claim: "sb_nope", VM: "vm"}, "sb_nope", repltest.NextOp(), event.ZeroOpID, 1_800_000_000_000_000_000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bad.log.Append(context.Background(), []event.Event{ev}); err != nil {
+	if _, err := bad.Log.Append(context.Background(), []event.Event{ev}); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []*simNode{good, bad} {
-		repltest.Replicate(t, srv.ClientURL(), n.log)
+	for _, n := range []*repltest.Node{good, bad} {
+		repltest.Replicate(t, srv.ClientURL(), n.Log)
 	}
 	view := cluster.NewView(nil, natstest.Logger())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = view.Follow(ctx, feed.Options{JS: js}) }()
 	natstest.Eventually(t, 10*time.Second, "view to catch up", func() bool {
-		return view.Position("good") == good.log.LastSeq() && view.Position("bad") == bad.log.LastSeq()
+		return view.Position("good") == good.Log.LastSeq() && view.Position("bad") == bad.Log.LastSeq()
 	})
 	if got := view.Warm(k1); len(got) != 1 || got[0].Node != "good" {
 		t.Fatalf("warm %+v", got)

@@ -143,37 +143,60 @@ type seenNode struct {
 	at   time.Time
 }
 
-// WatchDirectory creates the bucket if needed and watches it until ctx ends.
+// WatchDirectory returns a directory and keeps it current until ctx ends:
+// it creates the bucket if needed and watches it, retrying with backoff
+// while NATS is unreachable, so a node can start before NATS does (the
+// directory is empty until the first watch succeeds).
 func WatchDirectory(ctx context.Context, o DirectoryOptions) (*Directory, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	kv, err := o.bucket(ctx)
+	d := &Directory{o: o, seen: map[string]seenNode{}}
+	go d.watch(ctx)
+	return d, nil
+}
+
+func (d *Directory) watch(ctx context.Context) {
+	log := d.o.Logger.With().Str("component", "directory").Logger()
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := d.watchOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn().Err(err).Msg("node address watch interrupted; retrying")
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+func (d *Directory) watchOnce(ctx context.Context) error {
+	kv, err := d.o.bucket(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: watch %s: %w", o.Bucket, err)
+		return fmt.Errorf("cluster: watch %s: %w", d.o.Bucket, err)
 	}
-	d := &Directory{o: o, seen: map[string]seenNode{}}
-	go func() {
-		defer func() { _ = w.Stop() }()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e != nil {
-					d.update(e)
-				}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("cluster: watcher closed")
+			}
+			if e != nil {
+				d.update(e)
 			}
 		}
-	}()
-	return d, nil
+	}
 }
 
 func (d *Directory) update(e jetstream.KeyValueEntry) {

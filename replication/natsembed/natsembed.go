@@ -135,12 +135,25 @@ func (s *Server) start() error {
 	if err != nil {
 		return fmt.Errorf("natsembed: %w", err)
 	}
-	srv.SetLoggerV2(logAdapter{s.opts.Logger}, false, false, false)
+	// The server reports a failed listen only through its logger (Fatalf),
+	// so watch for that instead of waiting out the whole timeout.
+	fatal := make(chan string, 1)
+	srv.SetLoggerV2(logAdapter{l: s.opts.Logger, fatal: fatal}, false, false, false)
 	srv.Start()
-	if !srv.ReadyForConnections(s.opts.ReadyTimeout) {
+	deadline := time.Now().Add(s.opts.ReadyTimeout)
+	for !srv.ReadyForConnections(20 * time.Millisecond) {
+		var why string
+		select {
+		case why = <-fatal:
+		default:
+			if time.Now().Before(deadline) {
+				continue
+			}
+			why = fmt.Sprintf("not listening after %s", s.opts.ReadyTimeout)
+		}
 		srv.Shutdown()
 		srv.WaitForShutdown()
-		return fmt.Errorf("%w: %s:%d after %s", ErrNotReady, s.opts.Host, s.opts.Port, s.opts.ReadyTimeout)
+		return fmt.Errorf("%w: %s:%d: %s", ErrNotReady, s.opts.Host, s.opts.Port, why)
 	}
 	// Keep the bound ports so a restart comes back on the same addresses.
 	if a, ok := srv.Addr().(*net.TCPAddr); ok {
@@ -287,12 +300,22 @@ func (s *Server) SetRoutes(routes []string) {
 func DefaultStoreDir(dataDir string) string { return filepath.Join(dataDir, "nats") }
 
 // logAdapter routes the server's log lines to zerolog. Fatalf is logged, not
-// acted on: an embedded server must never exit its host process.
-type logAdapter struct{ l zerolog.Logger }
+// acted on (an embedded server must never exit its host process), and
+// passed to Start, which is waiting for the server to come up.
+type logAdapter struct {
+	l     zerolog.Logger
+	fatal chan<- string
+}
 
 func (a logAdapter) Noticef(f string, v ...any) { a.l.Info().Str("component", "nats").Msgf(f, v...) }
 func (a logAdapter) Warnf(f string, v ...any)   { a.l.Warn().Str("component", "nats").Msgf(f, v...) }
-func (a logAdapter) Fatalf(f string, v ...any)  { a.l.Error().Str("component", "nats").Msgf(f, v...) }
-func (a logAdapter) Errorf(f string, v ...any)  { a.l.Error().Str("component", "nats").Msgf(f, v...) }
-func (a logAdapter) Debugf(f string, v ...any)  { a.l.Debug().Str("component", "nats").Msgf(f, v...) }
-func (a logAdapter) Tracef(f string, v ...any)  { a.l.Trace().Str("component", "nats").Msgf(f, v...) }
+func (a logAdapter) Fatalf(f string, v ...any) {
+	a.l.Error().Str("component", "nats").Msgf(f, v...)
+	select {
+	case a.fatal <- fmt.Sprintf(f, v...):
+	default:
+	}
+}
+func (a logAdapter) Errorf(f string, v ...any) { a.l.Error().Str("component", "nats").Msgf(f, v...) }
+func (a logAdapter) Debugf(f string, v ...any) { a.l.Debug().Str("component", "nats").Msgf(f, v...) }
+func (a logAdapter) Tracef(f string, v ...any) { a.l.Trace().Str("component", "nats").Msgf(f, v...) }
