@@ -11,7 +11,8 @@
 //     consumers;
 //   - journal: the keyed JSON-lines file behind audit and usage;
 //   - follower, audit, usage, cluster: the consumers (replica log,
-//     audit.jsonl, usage.jsonl, cluster view with node addresses).
+//     audit.jsonl, usage.jsonl, cluster view with node addresses);
+//   - service: all of it wired for one sandboxd node (Start/Close).
 //
 // The tests in this directory run the parts together: a three-server R3
 // cluster losing its stream leader under load (acceptance 1 at the

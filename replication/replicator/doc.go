@@ -37,7 +37,9 @@
 //     synchronous mode of the API path.
 //
 // Errors: ErrSecondWriter (via *SecondWriterError), ErrGap (via *GapError:
-// the local log no longer holds events the stream lacks), ErrStopped, and
-// *stream.IncompatibleError from the stream check are fatal; Run returns them.
+// the local log no longer holds events the stream lacks), *TooLargeError (an
+// event above the server's max_payload) and *stream.IncompatibleError from
+// the stream check are fatal: Run logs and returns them, and WaitReplicated
+// returns them from then on. ErrStopped: Run returned after its context.
 // Everything else (connection loss, timeouts, leader elections) is retried.
 package replicator
