@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/auth"
 	"github.com/sbxlog/sbxlog/projections/sse"
 )
@@ -81,6 +82,11 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, id auth.Id
 	if err != nil {
 		return err
 	}
+	// The state is applied before its events are durable, so a cursor
+	// taken from the state (GET /v1/info's log_seq + 1) may be ahead of the
+	// durable end by the fsync in flight: such events are already numbered
+	// and the subscription waits for them.
+	s.eng.View(func(st *fsm.State) { last = max(last, st.Applied()) })
 	if first := s.log.FirstSeq(); from < max(first, 1) || from > last+1 {
 		msg := fmt.Sprintf("cursor %d cannot be served: the log holds %d..%d", from, first, last)
 		if from < first {
