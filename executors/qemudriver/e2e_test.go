@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +20,8 @@ import (
 	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
 	"github.com/sbxlog/sbxlog/guest/agent"
 	"github.com/sbxlog/sbxlog/guest/guesttest"
+	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
 
 // The end-to-end tests of issue 9: the sandboxd binary with hypervisor qemu
@@ -66,10 +67,10 @@ func TestSandboxdQEMU(t *testing.T) {
 	t.Cleanup(e.dumpLogOnFailure)
 	e.start()
 	t.Cleanup(func() { e.t = t; e.stop() })
-	var info struct {
-		Hypervisor string `json:"hypervisor"`
+	info, err := e.api.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	e.call("GET", "/v1/info", nil, http.StatusOK, &info)
 	if info.Hypervisor != "qemu" {
 		t.Fatalf("/v1/info hypervisor %q, want qemu", info.Hypervisor)
 	}
@@ -99,7 +100,7 @@ func TestSandboxdQEMU(t *testing.T) {
 		before := e.uptime(runDir)
 		hib := filepath.Join(data, "store", "hibernate")
 		for _, when := range []string{"right after the request", "when the temp dir appears"} {
-			e.call("POST", "/v1/sandboxes/"+c.ID+"/hibernate", nil, http.StatusNoContent, nil)
+			e.check(e.api.Hibernate(e.ctx(), c.ID))
 			if when == "when the temp dir appears" {
 				deadline := time.Now().Add(30 * time.Second)
 				for len(tempDirs(t, hib)) == 0 && len(e.snapshots(c.VM)) == 0 {
@@ -143,7 +144,7 @@ type e2e struct {
 
 	cmd     *exec.Cmd
 	exited  chan struct{}
-	addr    string
+	api     *apiclient.Client
 	logSeen int64 // log offset where the current daemon's output starts
 }
 
@@ -172,7 +173,9 @@ func (e *e2e) start() {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if addr := e.serving(); addr != "" {
-			e.addr = addr
+			if e.api, err = apiclient.New(addr, "root", nil); err != nil {
+				t.Fatal(err)
+			}
 			return
 		}
 		select {
@@ -261,58 +264,21 @@ func (e *e2e) dumpLogOnFailure() {
 	e.t.Logf("sandboxd log (tail):\n%s", strings.Join(lines, "\n"))
 }
 
-// call makes an API request as root, checks the status and decodes the body
-// into out (if not nil).
-func (e *e2e) call(method, path string, body any, want int, out any) {
+// check fails the test on an API error.
+func (e *e2e) check(err error) {
 	e.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	ctx, cancel := context.WithTimeout(e.base, 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+e.addr+path, rd)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer root")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		e.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != want {
-		e.t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, b, want)
-	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			e.t.Fatalf("%s %s: %v in %s", method, path, err, b)
-		}
-	}
-}
-
-type claimed struct {
-	ID   string `json:"id"`
-	VM   string `json:"vm"`
-	Tier string `json:"tier"`
 }
 
 // claim waits for a warm VM and claims it.
-func (e *e2e) claim() claimed {
+func (e *e2e) claim() *api.ClaimResponse {
 	e.t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		var info struct {
-			Pools []struct {
-				Warm int `json:"warm"`
-			} `json:"pools"`
-		}
-		e.call("GET", "/v1/info", nil, http.StatusOK, &info)
+		info, err := e.api.Info(e.ctx())
+		e.check(err)
 		if len(info.Pools) == 1 && info.Pools[0].Warm >= 1 {
 			break
 		}
@@ -321,8 +287,8 @@ func (e *e2e) claim() claimed {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	var c claimed
-	e.call("POST", "/v1/claim", map[string]any{"template": "default", "ttl_seconds": 3600}, http.StatusOK, &c)
+	c, err := e.api.Claim(e.ctx(), api.ClaimRequest{Template: "default", TTLSeconds: 3600})
+	e.check(err)
 	if c.Tier != "warm" || c.VM == "" {
 		e.t.Fatalf("claim %+v, want a warm VM", c)
 	}
@@ -349,12 +315,9 @@ func (e *e2e) snapshots(vm string) []string {
 func (e *e2e) waitState(id string, want ...string) string {
 	e.t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
-	var sb struct {
-		State  string `json:"state"`
-		Reason string `json:"reason"`
-	}
 	for {
-		e.call("GET", "/v1/sandboxes/"+id, nil, http.StatusOK, &sb)
+		sb, err := e.api.Sandbox(e.ctx(), id)
+		e.check(err)
 		for _, w := range want {
 			if sb.State == w {
 				return w
@@ -372,16 +335,16 @@ func (e *e2e) waitState(id string, want ...string) string {
 }
 
 // hibernated hibernates the claim and checks the result.
-func (e *e2e) hibernated(c claimed, runDir string) {
+func (e *e2e) hibernated(c *api.ClaimResponse, runDir string) {
 	e.t.Helper()
-	e.call("POST", "/v1/sandboxes/"+c.ID+"/hibernate", nil, http.StatusNoContent, nil)
+	e.check(e.api.Hibernate(e.ctx(), c.ID))
 	e.waitState(c.ID, "hibernated")
 	e.checkHibernated(c, runDir)
 }
 
 // checkHibernated: no QEMU and no run dir; one complete snapshot of the VM in
 // the store and no temp dir.
-func (e *e2e) checkHibernated(c claimed, runDir string) {
+func (e *e2e) checkHibernated(c *api.ClaimResponse, runDir string) {
 	e.t.Helper()
 	if pids := qemuPIDs(runDir); len(pids) != 0 {
 		e.t.Fatalf("hibernated, but QEMU %v still runs for %s", pids, runDir)
@@ -400,9 +363,9 @@ func (e *e2e) checkHibernated(c claimed, runDir string) {
 }
 
 // wake wakes the claim and waits for the snapshot to be dropped.
-func (e *e2e) wake(c claimed, runDir string) {
+func (e *e2e) wake(c *api.ClaimResponse, runDir string) {
 	e.t.Helper()
-	e.call("POST", "/v1/sandboxes/"+c.ID+"/wake", nil, http.StatusNoContent, nil)
+	e.check(e.api.Wake(e.ctx(), c.ID))
 	e.waitState(c.ID, "running")
 	if len(qemuPIDs(runDir)) != 1 {
 		e.t.Fatalf("woken, with QEMU processes %v for %s", qemuPIDs(runDir), runDir)
@@ -443,9 +406,9 @@ func (e *e2e) sameGuest(runDir, sum string, before agent.Uptime, what string) ag
 }
 
 // release releases the claim and waits for the destroy: no QEMU, no run dir.
-func (e *e2e) release(c claimed, runDir string) {
+func (e *e2e) release(c *api.ClaimResponse, runDir string) {
 	e.t.Helper()
-	e.call("POST", "/v1/sandboxes/"+c.ID+"/release", nil, http.StatusNoContent, nil)
+	e.check(e.api.Release(e.ctx(), c.ID))
 	e.waitState(c.ID, "released")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
