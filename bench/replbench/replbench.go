@@ -92,6 +92,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 			return nil, fmt.Errorf("%s: %w", top.name, err)
 		}
 	}
+	sec.Notes = append(sec.Notes, "achieved is the appenders' rate: the log, the replicator, the consumer and one or three NATS servers share the machine's cores, so a rate below the offered one is the appenders running out of CPU, and the lag is measured at that rate.")
 	sec.Notes = append(sec.Notes, "sandboxd's claim latency with synchronous vs asynchronous replication is measured by the daemon's own section; the sync row here is its replication share.")
 	return sec, nil
 }
