@@ -199,9 +199,44 @@ func (a *applier) apply(p event.Payload) error {
 		s.dropVM(v)
 
 	case event.VMExited:
-		if _, err := a.vm(p.VM, VMWarm, VMClaimed, VMCloning, VMHibernating, VMHibernated, VMWaking, VMDestroying); err != nil {
+		if _, err := a.vm(p.VM, VMWarm, VMClaimed, VMCloning, VMHibernating, VMHibernated, VMWaking, VMDestroying, VMRestarting); err != nil {
 			return err
 		}
+
+	case event.VMRestartRequested:
+		v, err := a.vm(p.VM, VMClaimed)
+		if err != nil {
+			return err
+		}
+		if c := a.claimIf(v, ClaimRunning); c == nil || c.ID != p.Claim {
+			return inconsistent("restart of VM %s for claim %s, which it does not serve running", p.VM, p.Claim)
+		}
+		// A new slice each time: records handed out by VM() share it.
+		keep := v.Restarts[max(0, len(v.Restarts)-(MaxRestartHistory-1)):]
+		v.Restarts = append(append(make([]int64, 0, len(keep)+1), keep...), now)
+		v.Op, v.ReqSeq = a.intentOp(), a.seq
+		s.setVMStatus(v, VMRestarting)
+
+	case event.VMRestarted:
+		v, err := a.vm(p.VM, VMRestarting)
+		if err != nil {
+			return err
+		}
+		v.Op = event.ZeroOpID
+		s.setVMStatus(v, VMClaimed)
+		if c := a.claimIf(v, ClaimRunning); c != nil {
+			// The restart is activity: the idle timer starts over.
+			c.LastActivity = max(c.LastActivity, now)
+			s.syncClaimTimers(c)
+		}
+
+	case event.VMRestartFailed:
+		v, err := a.vm(p.VM, VMRestarting)
+		if err != nil {
+			return err
+		}
+		v.Op = event.ZeroOpID
+		s.setVMStatus(v, VMClaimed)
 
 	case event.ClaimCreated:
 		return a.claimCreated(p)

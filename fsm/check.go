@@ -3,6 +3,7 @@ package fsm
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Check verifies the state's invariants and that every index Apply maintains
@@ -10,7 +11,7 @@ import (
 // for tests, `sbxctl replay --check` and debugging, not for every request.
 //
 // Invariants: a VM serves at most one live claim, and each live claim's VM
-// is in the matching status (pending/cloning, running/claimed,
+// is in the matching status (pending/cloning, running/claimed or restarting,
 // hibernating, hibernated, waking); warm VMs are exactly the warm stacks'
 // members and belong to no claim and no draining pool; every VM's pool
 // exists; a draining pool with no VMs and no live claims is gone.
@@ -21,6 +22,7 @@ func (s *State) Check() error {
 	var claimCount [numClaimStatus]int
 	var vmCount [numVMStatus]int
 	live := 0
+	restartingRunning := 0 // running claims whose VM is restarting
 	tenantLive := map[string]int{}
 	poolVMs, poolRefill, poolLive := map[PoolKey]int{}, map[PoolKey]int{}, map[PoolKey]int{}
 	// Expected timers are checked in place against the heap's index, and
@@ -58,6 +60,9 @@ func (s *State) Check() error {
 		if hasIntent(v.Status) == (v.Op == [16]byte{}) {
 			fail("VM %s (%s): op %s", id, v.Status, v.Op)
 		}
+		if len(v.Restarts) > MaxRestartHistory || !slices.IsSorted(v.Restarts) {
+			fail("VM %s: restart history %v", id, v.Restarts)
+		}
 	}
 	if len(s.pendingVMs) != s.vmCountWithIntent() {
 		fail("pending VM index has %d entries, %d VMs have intents", len(s.pendingVMs), s.vmCountWithIntent())
@@ -82,7 +87,13 @@ func (s *State) Check() error {
 		// v.Claim names one claim, so requiring v.Claim == id for every
 		// live claim also proves no VM serves two.
 		want := claimVMStatus[c.Status]
-		if v := s.vms[c.VM]; v == nil || v.Status != want || v.Claim != id {
+		v := s.vms[c.VM]
+		if v != nil && c.Status == ClaimRunning && v.Status == VMRestarting {
+			// A running claim's VM may be restarting after its VMM died.
+			want = VMRestarting
+			restartingRunning++
+		}
+		if v == nil || v.Status != want || v.Claim != id {
 			fail("claim %s (%s): VM %s is not %s for it", id, c.Status, c.VM, want)
 		}
 	}
@@ -90,9 +101,9 @@ func (s *State) Check() error {
 	// (hibernated) with v.Claim naming it, which maps those claims one to
 	// one into such VMs; equal counts make it onto, so no claimed or
 	// hibernated VM is without its claim.
-	if claimCount[ClaimRunning] != vmCount[VMClaimed] || claimCount[ClaimHibernated] != vmCount[VMHibernated] {
-		fail("%d running claims for %d claimed VMs, %d hibernated claims for %d hibernated VMs",
-			claimCount[ClaimRunning], vmCount[VMClaimed], claimCount[ClaimHibernated], vmCount[VMHibernated])
+	if claimCount[ClaimRunning] != vmCount[VMClaimed]+restartingRunning || claimCount[ClaimHibernated] != vmCount[VMHibernated] {
+		fail("%d running claims for %d claimed VMs (and %d restarting), %d hibernated claims for %d hibernated VMs",
+			claimCount[ClaimRunning], vmCount[VMClaimed], restartingRunning, claimCount[ClaimHibernated], vmCount[VMHibernated])
 	}
 	if claimCount != s.claimCount || live != s.live {
 		fail("claim counters %v/%d, records say %v/%d", s.claimCount, s.live, claimCount, live)
@@ -182,5 +193,5 @@ var claimVMStatus = [numClaimStatus]VMStatus{ClaimPending: VMCloning, ClaimRunni
 	ClaimHibernated: VMHibernated, ClaimWaking: VMWaking}
 
 func (s *State) vmCountWithIntent() int {
-	return s.vmCount[VMCloning] + s.vmCount[VMHibernating] + s.vmCount[VMWaking] + s.vmCount[VMDestroying]
+	return s.vmCount[VMCloning] + s.vmCount[VMHibernating] + s.vmCount[VMWaking] + s.vmCount[VMDestroying] + s.vmCount[VMRestarting]
 }

@@ -178,11 +178,43 @@ type VMDestroyed struct {
 	Report *event.ExecReport
 }
 
-// VMExited reports a VMM process that died on its own (Cause is zero).
+// VMExited reports a VMM process that died on its own (Cause is zero). A
+// warm VM is destroyed (its pool refills). A claimed VM of a running claim
+// is restarted cold from its own disk (VMRestartRequested) while Restart
+// allows: fewer than Restart.Max restarts within the last
+// Restart.WindowNS; otherwise its claim fails (reason vm_exited) and it is
+// destroyed. The zero policy never restarts.
 type VMExited struct {
 	Meta
+	VM      string
+	Detail  string
+	Restart RestartPolicy
+}
+
+// RestartPolicy bounds the cold restarts of a claimed VM whose VMM dies: at
+// most Max (0..MaxRestartHistory) within any WindowNS. The proposer stamps
+// it from its configuration, like the time; DefaultRestartPolicy is the
+// daemon's default.
+type RestartPolicy struct {
+	Max      int
+	WindowNS int64
+}
+
+// DefaultRestartPolicy is 3 restarts per 10 minutes.
+var DefaultRestartPolicy = RestartPolicy{Max: 3, WindowNS: 600 * second}
+
+// VMRestarted reports a restarted VM running and ready.
+type VMRestarted struct {
+	Meta
 	VM     string
-	Detail string
+	Report *event.ExecReport
+}
+
+// VMRestartFailed reports a cold restart that failed (no VMM left running).
+type VMRestartFailed struct {
+	Meta
+	VM    string
+	Error string
 }
 
 // CapacityFull reports ENOSPC or a full exchange: refills of Key (of every

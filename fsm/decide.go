@@ -110,6 +110,14 @@ func Decide(s *State, cmd Command) ([]event.Event, error) {
 		err = d.vmExited(&c)
 	case *VMExited:
 		err = d.vmExited(c)
+	case VMRestarted:
+		err = d.vmRestarted(&c)
+	case *VMRestarted:
+		err = d.vmRestarted(c)
+	case VMRestartFailed:
+		err = d.vmRestartFailed(&c)
+	case *VMRestartFailed:
+		err = d.vmRestartFailed(c)
 	case CapacityFull:
 		err = d.capacityFull(&c)
 	case *CapacityFull:
@@ -747,14 +755,78 @@ func (d *decider) vmExited(c *VMExited) error {
 		d.emit(event.VMExited{VM: v.ID, Detail: errText(c.Detail)}, v.ID)
 		d.destroy(v.ID, "exited")
 	case VMClaimed:
-		d.emit(event.VMExited{VM: v.ID, Detail: errText(c.Detail)}, v.ID)
-		if cl := d.claimWaiting(v, ClaimRunning); cl != nil {
-			d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: "vm_exited", Error: errText(c.Detail)}, cl.ID)
+		if c.Restart.Max < 0 || c.Restart.Max > MaxRestartHistory || c.Restart.WindowNS < 0 {
+			return reject(Invalid, "restart policy %+v: max in [0, %d], window not negative", c.Restart, MaxRestartHistory)
 		}
+		d.emit(event.VMExited{VM: v.ID, Detail: errText(c.Detail)}, v.ID)
+		cl := d.claimWaiting(v, ClaimRunning)
+		if cl == nil {
+			d.destroy(v.ID, "exited")
+			return nil
+		}
+		if n := recentRestarts(v, d.m.Now, c.Restart.WindowNS); n < c.Restart.Max {
+			d.emit(event.VMRestartRequested{VM: v.ID, Claim: cl.ID, Reason: "exited", Attempt: n + 1}, v.ID)
+			return nil
+		}
+		msg := c.Detail
+		if c.Restart.Max > 0 {
+			msg = fmt.Sprintf("%s (restarted %d times within %s)", c.Detail, c.Restart.Max, durationText(c.Restart.WindowNS))
+		}
+		d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: "vm_exited", Error: errText(msg)}, cl.ID)
 		d.destroy(v.ID, "exited")
 	default:
 		return reject(InvalidTransition, "VM %s is %s: its executor reports the outcome", v.ID, v.Status)
 	}
+	return nil
+}
+
+// recentRestarts counts v's restarts requested within window before now.
+func recentRestarts(v *VMRec, now, window int64) int {
+	n := 0
+	for _, t := range v.Restarts {
+		if t > now-window {
+			n++
+		}
+	}
+	return n
+}
+
+// durationText renders ns as whole seconds, minutes or hours ("10m").
+func durationText(ns int64) string {
+	s := ns / second
+	switch {
+	case s >= 3600 && s%3600 == 0:
+		return fmt.Sprintf("%dh", s/3600)
+	case s >= 60 && s%60 == 0:
+		return fmt.Sprintf("%dm", s/60)
+	}
+	return fmt.Sprintf("%ds", s)
+}
+
+func (d *decider) vmRestarted(c *VMRestarted) error {
+	v, err := d.inFlight(c.VM, VMRestarting)
+	if err != nil {
+		return err
+	}
+	d.emit(event.VMRestarted{VM: v.ID, Report: c.Report}, v.ID)
+	if d.claimWaiting(v, ClaimRunning) == nil {
+		d.destroy(v.ID, "claim_ended")
+	}
+	return nil
+}
+
+func (d *decider) vmRestartFailed(c *VMRestartFailed) error {
+	v, err := d.inFlight(c.VM, VMRestarting)
+	if err != nil {
+		return err
+	}
+	d.emit(event.VMRestartFailed{VM: v.ID, Error: errText(c.Error)}, v.ID)
+	if cl := d.claimWaiting(v, ClaimRunning); cl != nil {
+		d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: "restart_failed", Error: errText(c.Error)}, cl.ID)
+		d.destroy(v.ID, "failed")
+		return nil
+	}
+	d.destroy(v.ID, "claim_ended")
 	return nil
 }
 

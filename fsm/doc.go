@@ -19,7 +19,7 @@
 //     undecodable or inconsistent events (*ApplyError), and then leaves s
 //     unchanged.
 //   - Intents(s) lists the side effects the state asks for (BuildGolden,
-//     CloneVM, HibernateVM, WakeVM, DestroyVM), each with the op id its
+//     CloneVM, HibernateVM, WakeVM, DestroyVM, RestartVM), each with the op id its
 //     executor keys its idempotent steps by (derived from the request
 //     event's op id, see IntentOp), computed from state alone, so a restarted
 //     daemon recomputes the same intents with the same op ids. Intents costs
@@ -43,7 +43,10 @@
 // derived from the command's op id (VMID), so they are deterministic too. A
 // VM keeps its id and run dir across hibernate and wake (statuses claimed ->
 // hibernating -> hibernated -> waking -> claimed); its snapshot dir is
-// recorded by Hibernated and removed by its eventual destroy. The package has
+// recorded by Hibernated and removed by its eventual destroy. A claimed VM
+// whose VMM dies (VMExited) is restarted cold from its own disk (claimed ->
+// restarting -> claimed, its claim running throughout) as long as the
+// command's RestartPolicy allows; then its claim fails. The package has
 // no clock, no randomness, no I/O and no map-order dependence (enforced by
 // purity_test.go: every range over a map carries an //fsm:unordered marker
 // saying why order cannot reach an output).
@@ -59,7 +62,8 @@
 // Cost model: Decide and Apply are O(1) in the number of live claims, except
 // that PUT pools re-arms the idle timers of the claims in pools whose idle
 // setting changed (O(claims), rarely). Encode/Decode give a versioned
-// (first byte StateFormatV1), deterministic binary form of State for the op
+// (first byte StateFormatCurrent; Decode reads every earlier format),
+// deterministic binary form of State for the op
 // log's snapshots; Decode rebuilds every index and runs Check, and the warm
 // VMs' LIFO order is part of the encoding.
 package fsm

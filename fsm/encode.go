@@ -9,11 +9,14 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog/event"
 )
 
-// StateFormatV1 is the first byte of an encoded State.
+// State formats: the first byte of an encoded State. Decode reads every
+// format a snapshot in a log may have been written in.
 const (
 	StateFormatV1 = 1
+	// StateFormatV2 adds each VM's restart history.
+	StateFormatV2 = 2
 	// StateFormatCurrent is the newest format this build writes and reads.
-	StateFormatCurrent = StateFormatV1
+	StateFormatCurrent = StateFormatV2
 )
 
 // ErrStateFormat means an encoded State is of a format this build cannot
@@ -31,7 +34,8 @@ var (
 //	node park until (varint), reason
 //	n pools × (key, warm, warm_max, idle (varint), draining, park until (varint), park reason, n warm ids oldest first)
 //	n goldens × (key, status, op, req seq, snapshot dir, error, retry at (varint))
-//	n VMs × (id, key, node, instance, run dir, status, claim, cold, op, req seq, snapshot dir, created (varint))
+//	n VMs × (id, key, node, instance, run dir, status, claim, cold, op, req seq, snapshot dir, created (varint),
+//	         [V2] n restarts × time (varint))
 //	n claims × (id, key, vm, tenant, claim ref, n metadata × (k, v), tier, status, ttl, deadline, serve by,
 //	            token gen, created, last activity, ended (varints), reason)
 //
@@ -42,7 +46,7 @@ var (
 // Encode returns s's deterministic encoding.
 func Encode(s *State) []byte {
 	e := encoder{b: make([]byte, 0, 256+len(s.vms)*96+len(s.claims)*160)}
-	e.b = append(e.b, StateFormatV1)
+	e.b = append(e.b, StateFormatCurrent)
 	e.u(s.applied)
 	e.str(s.node)
 	e.str(s.instance)
@@ -103,6 +107,10 @@ func Encode(s *State) []byte {
 		e.u(v.ReqSeq)
 		e.str(v.SnapshotDir)
 		e.i(v.Created)
+		e.u(uint64(len(v.Restarts)))
+		for _, t := range v.Restarts {
+			e.i(t)
+		}
 	}
 
 	ids = sortedKeys(s.claims)
@@ -169,8 +177,9 @@ func Decode(b []byte) (*State, error) {
 	if len(b) == 0 {
 		return nil, fmt.Errorf("%w: empty", ErrStateCorrupt)
 	}
-	if b[0] != StateFormatV1 {
-		return nil, fmt.Errorf("%w: format %d, this build reads %d", ErrStateFormat, b[0], StateFormatCurrent)
+	format := b[0]
+	if format != StateFormatV1 && format != StateFormatV2 {
+		return nil, fmt.Errorf("%w: format %d, this build reads %d to %d", ErrStateFormat, b[0], StateFormatV1, StateFormatCurrent)
 	}
 	d := &sdec{b: b[1:]}
 	s := New()
@@ -229,7 +238,16 @@ func Decode(b []byte) (*State, error) {
 		v.ReqSeq = d.u()
 		v.SnapshotDir = d.str()
 		v.Created = d.i()
-		d.check(v.Status >= VMCloning && v.Status < VMGone && s.vms[v.ID] == nil, "VM %s", v.ID)
+		if format >= StateFormatV2 {
+			if n := d.count(); n > 0 {
+				d.check(n <= MaxRestartHistory, "VM %s: %d restarts", v.ID, n)
+				v.Restarts = make([]int64, min(n, MaxRestartHistory))
+				for i := range v.Restarts {
+					v.Restarts[i] = d.i()
+				}
+			}
+		}
+		d.check(v.Status.inState() && s.vms[v.ID] == nil, "VM %s", v.ID)
 		s.vms[v.ID] = v
 	}
 	nClaims := d.count()

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -11,8 +13,22 @@ import (
 )
 
 // richState has a record of every kind: pools (one draining, one parked),
-// goldens in each status, VMs in each live status, claims in each status.
+// goldens in each status, VMs in each live status (one restarting, with a
+// restart history), claims in each status.
 func richState(t *testing.T) *harness {
+	h := richStateV1(t)
+	vm := h.claim(claimID(1)).VM
+	pol := RestartPolicy{Max: 3, WindowNS: 600 * second}
+	h.do(VMExited{Meta: h.meta(), VM: vm, Detail: "signal: killed", Restart: pol}, event.TypeVMExited, event.TypeVMRestartRequested)
+	h.do(VMRestarted{Meta: h.res(h.intentFor(vm, kA)), VM: vm}, event.TypeVMRestarted)
+	h.advance(second)
+	h.do(VMExited{Meta: h.meta(), VM: vm, Restart: pol}, event.TypeVMExited, event.TypeVMRestartRequested)
+	return h
+}
+
+// richStateV1 is richState as it was when StateFormatV1 was current:
+// testdata/state_v1.bin is its encoding by that build.
+func richStateV1(t *testing.T) *harness {
 	h := newHarness(t)
 	h.setup(4)
 	h.do(ConfigureLimits{Meta: h.meta(), MaxClaims: 100, DefaultTenantCap: 10, TenantCaps: map[string]int{"acme": 20}}, event.TypeLimitsConfigured)
@@ -35,7 +51,7 @@ func richState(t *testing.T) *harness {
 func TestEncodeRoundTrip(t *testing.T) {
 	for _, s := range []*State{New(), richState(t).s} {
 		enc := Encode(s)
-		if enc[0] != StateFormatV1 {
+		if enc[0] != StateFormatCurrent {
 			t.Fatalf("first byte %d", enc[0])
 		}
 		back, err := Decode(enc)
@@ -83,6 +99,56 @@ func TestEncodeKeepsLIFOOrder(t *testing.T) {
 	e2, _ := Decide(back, cmd)
 	if !bytes.Equal(e1[0].Payload, e2[0].Payload) {
 		t.Fatal("decoded state claims a different VM")
+	}
+}
+
+// A snapshot written in format V1 (before restart histories) still decodes,
+// to the same state the same events give today, and re-encodes as V2.
+func TestDecodeV1(t *testing.T) {
+	v1, err := os.ReadFile(filepath.Join("testdata", "state_v1.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v1[0] != StateFormatV1 {
+		t.Fatalf("pinned file has format %d", v1[0])
+	}
+	s, err := Decode(v1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := richStateV1(t).s
+	if Hash(s) != Hash(want) {
+		t.Fatal("V1 snapshot decodes to another state than its events give")
+	}
+	if enc := Encode(s); enc[0] != StateFormatV2 || !bytes.Equal(enc, Encode(want)) {
+		t.Fatal("V1 state does not re-encode as the current format")
+	}
+	// Every truncation of the V1 form is refused.
+	for i := 1; i < len(v1); i++ {
+		if _, err := Decode(v1[:i]); err == nil {
+			t.Fatalf("V1 truncated at %d decoded", i)
+		}
+	}
+}
+
+func TestRestartHistoryIsEncoded(t *testing.T) {
+	h := richState(t)
+	vm := h.claim(claimID(1)).VM
+	v, _ := h.s.VM(vm)
+	if v.Status != VMRestarting || len(v.Restarts) != 2 {
+		t.Fatalf("VM %+v", v)
+	}
+	back, err := Decode(Encode(h.s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bv, _ := back.VM(vm); !slices.Equal(bv.Restarts, v.Restarts) {
+		t.Fatalf("restarts %v after decode, want %v", bv.Restarts, v.Restarts)
+	}
+	saved := Encode(h.s)
+	h.s.vms[vm].Restarts = []int64{1}
+	if bytes.Equal(Encode(h.s), saved) {
+		t.Fatal("restart history not part of the encoding")
 	}
 }
 

@@ -153,6 +153,10 @@ func (h *harness) intentFor(vm string, key PoolKey) Intent {
 			if in.VM == vm {
 				return in
 			}
+		case RestartVM:
+			if in.VM == vm {
+				return in
+			}
 		}
 	}
 	h.t.Fatalf("no intent for VM %q / golden %s in %+v", vm, key, Intents(h.s))

@@ -85,11 +85,25 @@ type DestroyVM struct {
 	ReqSeq      uint64
 }
 
+// RestartVM: boot the claimed VM again, cold, from the disk in its run dir
+// (its VMM died; its memory is lost). The VM keeps its id, run dir and
+// claim.
+type RestartVM struct {
+	OpID     event.OpID
+	Claim    string
+	VM       string
+	Key      PoolKey
+	Instance string
+	RunDir   string
+	ReqSeq   uint64
+}
+
 func (i BuildGolden) IntentOp() event.OpID { return i.OpID }
 func (i CloneVM) IntentOp() event.OpID     { return i.OpID }
 func (i HibernateVM) IntentOp() event.OpID { return i.OpID }
 func (i WakeVM) IntentOp() event.OpID      { return i.OpID }
 func (i DestroyVM) IntentOp() event.OpID   { return i.OpID }
+func (i RestartVM) IntentOp() event.OpID   { return i.OpID }
 
 func (i BuildGolden) order() (int, uint64, string) { return classGolden, i.ReqSeq, i.Key.String() }
 func (i CloneVM) order() (int, uint64, string) {
@@ -102,8 +116,11 @@ func (i HibernateVM) order() (int, uint64, string) { return classHibernate, i.Re
 func (i WakeVM) order() (int, uint64, string)      { return classWake, i.ReqSeq, i.VM }
 func (i DestroyVM) order() (int, uint64, string)   { return classDestroy, i.ReqSeq, i.VM }
 
+// A restart brings a user's running sandbox back: it ranks with wakes.
+func (i RestartVM) order() (int, uint64, string) { return classWake, i.ReqSeq, i.VM }
+
 // Intents returns every pending side effect, in the order executors should
-// start them: on-demand clones for waiting claims, wakes, hibernates,
+// start them: on-demand clones for waiting claims, wakes and restarts, hibernates,
 // destroys, golden builds, refill clones; within a class, oldest request
 // first. It costs O(p log p) for p pending side effects (an index kept by
 // Apply), whatever the number of VMs and claims.
@@ -153,7 +170,7 @@ func NewIntents(s *State, evs []event.Event) []Intent {
 			if g := s.goldens[k]; err == nil && g != nil && g.Status == GoldenBuilding && g.Op == op {
 				out = append(out, s.goldenIntent(g))
 			}
-		case event.TypeVMCloneRequested, event.TypeVMDestroyRequested:
+		case event.TypeVMCloneRequested, event.TypeVMDestroyRequested, event.TypeVMRestartRequested:
 			if v := s.vms[ev.AggID]; v != nil && v.Op == op && hasIntent(v.Status) {
 				out = append(out, s.vmIntent(v))
 			}
@@ -192,6 +209,8 @@ func (s *State) vmIntent(v *VMRec) Intent {
 		return WakeVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
 	case VMDestroying:
 		return DestroyVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
+	case VMRestarting:
+		return RestartVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ReqSeq: v.ReqSeq}
 	}
 	return nil
 }

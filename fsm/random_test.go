@@ -349,6 +349,8 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 			vm, want = in.VM, fsm.VMWaking
 		case fsm.DestroyVM:
 			vm, want = in.VM, fsm.VMDestroying
+		case fsm.RestartVM:
+			vm, want = in.VM, fsm.VMRestarting
 		case fsm.BuildGolden:
 			if g, ok := s.Golden(in.Key); !ok || g.Status != fsm.GoldenBuilding || g.Op != in.OpID {
 				return fmt.Errorf("intent %+v: golden is %+v", in, g)

@@ -52,7 +52,10 @@ const (
 	MaxServeTimeout  = 3600
 	// MaxRefillBatch bounds the clones one Refill requests; a pool still
 	// short stays in RefillsNeeded for the next Refill.
-	MaxRefillBatch    = 512
+	MaxRefillBatch = 512
+	// MaxRestartHistory bounds a VM's remembered restarts, and so a restart
+	// policy's Max.
+	MaxRestartHistory = 16
 	maxIDLen          = 64
 	maxSnapshotDirLen = 1024
 )
@@ -87,10 +90,18 @@ const (
 	VMDestroying
 	VMGone
 	VMFailed
+	// VMRestarting: a claimed VM whose VMM died is being booted again from
+	// its own disk; its claim stays running. Appended after the others so
+	// that no status changes its number.
+	VMRestarting
 	numVMStatus
 )
 
-var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed"}
+var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed", "restarting"}
+
+// inState reports whether VMs of status v are kept in State (gone and
+// failed ones are not).
+func (v VMStatus) inState() bool { return v >= VMCloning && v < VMGone || v == VMRestarting }
 
 func (v VMStatus) String() string { return enumName(vmNames[:], int(v)) }
 
@@ -204,6 +215,9 @@ type VMRec struct {
 	ReqSeq      uint64
 	SnapshotDir string
 	Created     int64
+	// Restarts are the times of the VM's most recent restart requests,
+	// oldest first, at most MaxRestartHistory (read-only).
+	Restarts []int64
 }
 
 // ClaimRec is a claim's record.

@@ -178,6 +178,30 @@ type VMExited struct {
 	Detail string `json:"detail,omitempty"`
 }
 
+// VMRestartRequested asks for a claimed VM whose VMM died to be booted again,
+// cold, from its own disk (its memory is lost; its claim keeps running).
+// Attempt counts the restarts within the policy's window, this one
+// included. Reason: exited.
+type VMRestartRequested struct {
+	VM      string `json:"vm"`
+	Claim   string `json:"claim"`
+	Reason  string `json:"reason"`
+	Attempt int    `json:"attempt"`
+}
+
+// VMRestarted: the restarted VM runs and answers its readiness probe.
+type VMRestarted struct {
+	VM     string      `json:"vm"`
+	Report *ExecReport `json:"report,omitempty"`
+}
+
+// VMRestartFailed: the cold restart failed; the claim fails and the VM is
+// destroyed.
+type VMRestartFailed struct {
+	VM    string `json:"vm"`
+	Error string `json:"error"`
+}
+
 // ClaimCreated records a claim. Tier "warm" took VM from the warm pool and the
 // claim runs at once; "clone" and "cold" leave the claim pending until VM, an
 // on-demand clone (or cold boot) requested in the same batch, is ready or
@@ -204,7 +228,7 @@ type ClaimServed struct {
 
 // ClaimFailed ends a claim that cannot run. Reason: deadline (not served in
 // time), clone_failed, cold_boot_failed, vm_exited, hibernate_failed,
-// wake_failed.
+// wake_failed, restart_failed.
 type ClaimFailed struct {
 	Claim  string `json:"claim"`
 	VM     string `json:"vm"`
@@ -337,6 +361,9 @@ func (Woken) EventType() Type                { return TypeWoken }
 func (WakeFailed) EventType() Type           { return TypeWakeFailed }
 func (PoolParked) EventType() Type           { return TypePoolParked }
 func (PoolUnparked) EventType() Type         { return TypePoolUnparked }
+func (VMRestartRequested) EventType() Type   { return TypeVMRestartRequested }
+func (VMRestarted) EventType() Type          { return TypeVMRestarted }
+func (VMRestartFailed) EventType() Type      { return TypeVMRestartFailed }
 
 // Version 1 of every type. A new schema version adds a registerJSON line (or
 // a custom decoder that upgrades the old shape) and keeps this one.
@@ -368,4 +395,7 @@ func init() {
 	registerJSON[WakeFailed](1)
 	registerJSON[PoolParked](1)
 	registerJSON[PoolUnparked](1)
+	registerJSON[VMRestartRequested](1)
+	registerJSON[VMRestarted](1)
+	registerJSON[VMRestartFailed](1)
 }

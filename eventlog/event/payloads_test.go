@@ -43,6 +43,9 @@ func samplePayloads() []Payload {
 		WakeFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Error: "vm.restore: 500", Lost: true},
 		PoolParked{Key: &key, UntilNS: 1_790_000_030_000_000_000, Reason: "capacity"},
 		PoolUnparked{Key: &key},
+		VMRestartRequested{VM: "vm-0011223344556677", Claim: "sb_00112233445566ff", Reason: "exited", Attempt: 2},
+		VMRestarted{VM: "vm-0011223344556677", Report: rep},
+		VMRestartFailed{VM: "vm-0011223344556677", Error: "restart boot: vm.boot: 500"},
 	}
 }
 

@@ -53,6 +53,11 @@ const (
 	TypeNodeConfigured Type = 25
 	TypeClaimTouched   Type = 26
 	TypeClaimExpired   Type = 27
+
+	// Cold restart of a claimed VM whose VMM died (restart policy).
+	TypeVMRestartRequested Type = 28
+	TypeVMRestarted        Type = 29
+	TypeVMRestartFailed    Type = 30
 )
 
 // AggKind is the kind of aggregate an event belongs to.
@@ -104,6 +109,9 @@ var typeInfos = map[Type]typeInfo{
 	TypeNodeConfigured:       {"node_configured", 1, AggNode},
 	TypeClaimTouched:         {"claim_touched", 1, AggClaim},
 	TypeClaimExpired:         {"claim_expired", 1, AggClaim},
+	TypeVMRestartRequested:   {"vm_restart_requested", 1, AggVM},
+	TypeVMRestarted:          {"vm_restarted", 1, AggVM},
+	TypeVMRestartFailed:      {"vm_restart_failed", 1, AggVM},
 }
 
 // Known reports whether this build can read events of type t.

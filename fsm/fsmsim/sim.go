@@ -2,8 +2,9 @@
 // machine: a stream of valid and invalid commands (configuration, claims,
 // hibernate, wake, release, renew, ticks) interleaved with the results an
 // executor would report for the state's intents, some of them failures, some
-// stale. The same seed against the same code gives the same stream, so a
-// failing prefix can be replayed exactly.
+// stale, and VMMs dying on their own under varied restart policies. The same
+// seed against the same code gives the same stream, so a failing prefix can
+// be replayed exactly.
 //
 // It is pure like fsm (its own PRNG, no clock) and is used by fsm's
 // randomized test, sbxctl replay's test and the fsm benchmark.
@@ -141,7 +142,16 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 		return s.limits()
 	case r < 980:
 		if ids := st.VMIDs(); len(ids) > 0 {
-			return fsm.VMExited{Meta: s.meta(), VM: ids[s.rng.intn(len(ids))], Detail: "exit status 1"}
+			// Mostly the daemon's default policy, sometimes none or a
+			// tight one, so restarts run out too.
+			pol := fsm.DefaultRestartPolicy
+			switch s.rng.intn(4) {
+			case 0:
+				pol = fsm.RestartPolicy{}
+			case 1:
+				pol = fsm.RestartPolicy{Max: 1 + s.rng.intn(2), WindowNS: int64(1+s.rng.intn(60)) * 1_000_000_000}
+			}
+			return fsm.VMExited{Meta: s.meta(), VM: ids[s.rng.intn(len(ids))], Detail: "exit status 1", Restart: pol}
 		}
 		return fsm.Tick{Meta: s.meta()}
 	default:
@@ -288,6 +298,11 @@ func (s *Sim) result(st *fsm.State) fsm.Command {
 		return fsm.WakeDone{Meta: m, VM: in.VM, Report: rep}
 	case fsm.DestroyVM:
 		return fsm.VMDestroyed{Meta: m, VM: in.VM}
+	case fsm.RestartVM:
+		if fail {
+			return fsm.VMRestartFailed{Meta: m, VM: in.VM, Error: "vm.boot: 500"}
+		}
+		return fsm.VMRestarted{Meta: m, VM: in.VM, Report: rep}
 	}
 	return nil
 }
@@ -332,6 +347,8 @@ func (s *Sim) invalid(st *fsm.State) fsm.Command {
 				return fsm.VMDestroyed{Meta: m, VM: in.VM}
 			case fsm.BuildGolden:
 				return fsm.GoldenBuilt{Meta: m, Key: in.Key, SnapshotDir: "goldens/stale"}
+			case fsm.RestartVM:
+				return fsm.VMRestarted{Meta: m, VM: in.VM}
 			}
 		}
 		return fsm.VMDestroyed{Meta: s.meta(), VM: "vm-0000000000000000"}
