@@ -1,7 +1,6 @@
 package apiclient_test
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -12,42 +11,7 @@ import (
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
-	"github.com/sbxlog/sbxlog/projections/apiclient/apitest"
 )
-
-var defaultKey = fsm.PoolKey{Template: "default", Net: "none", Size: "small"}
-
-func startNode(t *testing.T, warm int) (*apitest.Node, *apiclient.Client) {
-	t.Helper()
-	n := apitest.Start(t, apitest.Options{
-		Tenants: map[string]string{"acme": "acme-token", "other": "other-token"},
-		Pools:   []fsm.PoolSpec{{PoolKey: defaultKey, Warm: warm}},
-	})
-	if warm > 0 {
-		n.WaitFilled(t, defaultKey)
-	}
-	c, err := apiclient.New(n.URL, n.Root, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n, c
-}
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func claimStatus(n *apitest.Node, id string) string {
-	var s string
-	n.Engine.View(func(st *fsm.State) {
-		if c, ok := st.Claim(id); ok {
-			s = c.Status.String()
-		}
-	})
-	return s
-}
 
 // TestLifecycle drives every sandbox route through the client and checks
 // each answer against the node's state.
@@ -113,14 +77,14 @@ func TestLifecycle(t *testing.T) {
 	if err := sbc.Hibernate(ctx, cl.ID); err != nil {
 		t.Fatalf("hibernate: %v", err)
 	}
-	n.WaitFor(t, 10*time.Second, "hibernated", func(st *fsm.State) bool { c, _ := st.Claim(cl.ID); return c.Status == fsm.ClaimHibernated })
+	waitClaim(t, n, cl.ID, fsm.ClaimHibernated)
 	if in, err := c.Info(ctx); err != nil || in.Hibernated != 1 || in.Claimed != 0 {
 		t.Fatalf("info while hibernated: %+v, %v", in, err)
 	}
 	if err := acme.Wake(ctx, cl.ID); err != nil {
 		t.Fatalf("wake: %v", err)
 	}
-	n.WaitFor(t, 10*time.Second, "woken", func(st *fsm.State) bool { c, _ := st.Claim(cl.ID); return c.Status == fsm.ClaimRunning })
+	waitClaim(t, n, cl.ID, fsm.ClaimRunning)
 	if err := c.Release(ctx, cl.ID); err != nil {
 		t.Fatalf("release: %v", err)
 	}
@@ -158,7 +122,7 @@ func TestPoolsAndInfo(t *testing.T) {
 	if !sawPy {
 		t.Fatalf("PUT answer lacks py with target 3: %+v", in.Pools)
 	}
-	n.WaitFilled(t, fsm.PoolKey{Template: "py", Net: "none", Size: "small"})
+	settle(t, n)
 	in, err = c.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +132,7 @@ func TestPoolsAndInfo(t *testing.T) {
 			t.Fatalf("py after fill: %+v", p)
 		}
 	}
-	if in.Node != "apitest" || in.LogSeq == 0 {
+	if in.Node != "n1" || in.LogSeq == 0 {
 		t.Fatalf("info %+v", in)
 	}
 	pools, err = c.Pools(ctx)

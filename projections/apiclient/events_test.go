@@ -161,9 +161,9 @@ func TestFollowResumesAcrossDisconnects(t *testing.T) {
 	n, c := startNode(t, 2)
 	ctx, cancel := context.WithCancel(ctxT(t))
 	defer cancel()
-	// Claims go on connections of their own: cutting the follower's must
-	// not cut a claim's reused keep-alive connection.
-	claimer, err := apiclient.New(n.URL, n.Root, &http.Client{Transport: &http.Transport{DisableKeepAlives: true}})
+	// The follower's connections are the ones cut.
+	var cuts cutter
+	follower, err := apiclient.New(n.URL, rootToken, cuts.client())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestFollowResumesAcrossDisconnects(t *testing.T) {
 	var reconnects int
 	done := make(chan error, 1)
 	go func() {
-		done <- c.Follow(ctx, apiclient.FollowOptions{
+		done <- follower.Follow(ctx, apiclient.FollowOptions{
 			EventsOptions: apiclient.EventsOptions{From: 1},
 			MinBackoff:    time.Millisecond,
 			OnReconnect:   func(error, string) { mu.Lock(); reconnects++; mu.Unlock() },
@@ -204,11 +204,11 @@ func TestFollowResumesAcrossDisconnects(t *testing.T) {
 	}
 	for i := range 4 {
 		waitSeen(1)
-		n.HTTP.CloseClientConnections()
-		if _, err := claimer.Claim(ctx, api.ClaimRequest{Template: "default", ClaimRef: strconv.Itoa(i)}); err != nil {
+		cuts.cut()
+		if _, err := c.Claim(ctx, api.ClaimRequest{Template: "default", ClaimRef: strconv.Itoa(i)}); err != nil {
 			t.Fatalf("claim %d: %v", i, err)
 		}
-		n.WaitFilled(t, defaultKey)
+		settle(t, n)
 	}
 	last := n.Log.LastSeq()
 	waitSeen(int(last))
@@ -276,7 +276,8 @@ func TestFollowWithoutCursorStartsAtTheEnd(t *testing.T) {
 	}
 }
 
-// TestVMViewSync: the VM view starts with a sync of the warm VMs.
+// TestVMViewSync: the VM view starts with a sync, then changes; folding
+// them gives the pool's two warm VMs.
 func TestVMViewSync(t *testing.T) {
 	_, c := startNode(t, 2)
 	s, err := c.Events(ctxT(t), apiclient.EventsOptions{View: "vms"})
@@ -291,7 +292,24 @@ func TestVMViewSync(t *testing.T) {
 	var body struct {
 		VMs []api.VM `json:"vms"`
 	}
-	if err := json.Unmarshal(ev.Data, &body); err != nil || len(body.VMs) != 2 || body.VMs[0].State != "warm" {
+	if err := json.Unmarshal(ev.Data, &body); err != nil || len(body.VMs) != 2 {
 		t.Fatalf("sync %s: %v", ev.Data, err)
+	}
+	vms := map[string]api.VM{}
+	for _, vm := range body.VMs {
+		vms[vm.Name] = vm
+	}
+	// The view follows commits, so it may trail the state by the last
+	// ones: changes bring it level.
+	for vms[body.VMs[0].Name].State != "warm" || vms[body.VMs[1].Name].State != "warm" {
+		ev, err := s.Next()
+		if err != nil || ev.Event != "change" {
+			t.Fatalf("VM view event %+v, %v", ev, err)
+		}
+		var ch api.VMChange
+		if err := json.Unmarshal(ev.Data, &ch); err != nil || ch.Type != "MODIFIED" || ch.VM.Generation <= vms[ch.VM.Name].Generation {
+			t.Fatalf("change %s: %v", ev.Data, err)
+		}
+		vms[ch.VM.Name] = ch.VM
 	}
 }

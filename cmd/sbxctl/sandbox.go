@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/apiclient"
+)
+
+func init() {
+	register("claim", command{summary: "claim a sandbox (--template; waits until it runs)", run: remoteCommand(remoteSpec{name: "claim", flags: claimFlags})})
+	register("release", command{summary: "release a sandbox", run: remoteCommand(remoteSpec{name: "release", args: []string{"ID"}, flags: lifecycleFlags("release")})})
+	register("hibernate", command{summary: "hibernate a sandbox (--wait: until hibernated)", run: remoteCommand(remoteSpec{name: "hibernate", args: []string{"ID"}, flags: lifecycleFlags("hibernate")})})
+	register("wake", command{summary: "wake a hibernated sandbox (--wait: until running)", run: remoteCommand(remoteSpec{name: "wake", args: []string{"ID"}, flags: lifecycleFlags("wake")})})
+	register("renew", command{summary: "extend a sandbox's deadline to now + --ttl", run: remoteCommand(remoteSpec{name: "renew", args: []string{"ID"}, flags: renewFlags})})
+	register("ls", command{summary: "list sandboxes (--ref, --meta k=v, --state)", run: remoteCommand(remoteSpec{name: "ls", flags: lsFlags})})
+}
+
+func claimFlags(fs *flag.FlagSet) remoteBody {
+	template := fs.String("template", "", "pool template (required)")
+	netMode := fs.String("net", "none", "network: none | egress")
+	size := fs.String("size", "small", "small | medium | large | xlarge | 2xlarge")
+	var ttl secondsFlag
+	fs.Var(&ttl, "ttl", "time to live: a duration (10m) or seconds (default 5m, at most 24h)")
+	ref := fs.String("ref", "", "claim_ref, for finding the sandbox again (ls --ref)")
+	var meta kvFlag
+	fs.Var(&meta, "meta", "metadata key=value (repeatable)")
+	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
+		if *template == "" {
+			return usagef("--template is required")
+		}
+		res, err := c.Claim(ctx, api.ClaimRequest{
+			Template: *template, Net: *netMode, Size: *size, TTLSeconds: ttl.n, ClaimRef: *ref, Metadata: meta.m,
+		})
+		if err != nil {
+			return err
+		}
+		if cl.json {
+			return printJSON(cl.stdout, res)
+		}
+		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "ID\t%s\n", res.ID)
+		fmt.Fprintf(tw, "TOKEN\t%s\n", res.Token)
+		fmt.Fprintf(tw, "POOL\t%s/%s/%s\n", res.Template, res.Net, res.Size)
+		fmt.Fprintf(tw, "TIER\t%s\n", res.Tier)
+		fmt.Fprintf(tw, "VM\t%s\n", res.VM)
+		fmt.Fprintf(tw, "DEADLINE\t%s\n", shortTime(res.Deadline))
+		fmt.Fprintf(tw, "OWNER\t%s\n", res.OwnerAddr)
+		return tw.Flush()
+	}
+}
+
+// lifecycleFlags builds release, hibernate and wake. With --wait,
+// hibernate and wake return once the sandbox reached its new state.
+func lifecycleFlags(action string) func(fs *flag.FlagSet) remoteBody {
+	return func(fs *flag.FlagSet) remoteBody {
+		var wait *bool
+		if action != "release" {
+			wait = fs.Bool("wait", false, "wait until the sandbox is "+map[string]string{"hibernate": "hibernated", "wake": "running"}[action])
+		}
+		return func(ctx context.Context, c *apiclient.Client, cl *call) error {
+			id := cl.args[0]
+			var err error
+			switch action {
+			case "release":
+				err = c.Release(ctx, id)
+			case "hibernate":
+				err = c.Hibernate(ctx, id)
+			case "wake":
+				err = c.Wake(ctx, id)
+			}
+			if err != nil {
+				return err
+			}
+			state := map[string]string{"release": "released", "hibernate": "hibernating", "wake": "waking"}[action]
+			if wait != nil && *wait {
+				sb, err := waitState(ctx, c, id, map[string]string{"hibernate": "hibernated", "wake": "running"}[action])
+				if err != nil {
+					return err
+				}
+				state = sb.State
+			}
+			if cl.json {
+				return printJSON(cl.stdout, map[string]string{"id": id, "action": action, "state": state})
+			}
+			_, err = fmt.Fprintf(cl.stdout, "%s: %s\n", id, state)
+			return err
+		}
+	}
+}
+
+// waitState polls the sandbox until it is in want; an ended claim, or one
+// that fell back (a failed hibernate leaves it running), is an error.
+func waitState(ctx context.Context, c *apiclient.Client, id, want string) (*api.Sandbox, error) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		sb, err := c.Sandbox(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		switch sb.State {
+		case want:
+			return sb, nil
+		case "hibernating", "waking", "pending":
+		default:
+			return sb, fmt.Errorf("sandbox %s is %s, not %s%s", id, sb.State, want, reasonSuffix(sb.Reason))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for %s to be %s (still %s): %w", id, want, sb.State, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func reasonSuffix(r string) string {
+	if r == "" {
+		return ""
+	}
+	return " (" + r + ")"
+}
+
+func renewFlags(fs *flag.FlagSet) remoteBody {
+	var ttl secondsFlag
+	fs.Var(&ttl, "ttl", "new time to live from now: a duration (10m) or seconds (required)")
+	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
+		if !ttl.set {
+			return usagef("--ttl is required")
+		}
+		id := cl.args[0]
+		dl, err := c.Renew(ctx, id, ttl.n)
+		if err != nil {
+			return err
+		}
+		ds := dl.UTC().Format(time.RFC3339Nano)
+		if cl.json {
+			return printJSON(cl.stdout, map[string]string{"id": id, "deadline": ds})
+		}
+		_, err = fmt.Fprintf(cl.stdout, "%s: deadline %s\n", id, shortTime(ds))
+		return err
+	}
+}
+
+func lsFlags(fs *flag.FlagSet) remoteBody {
+	ref := fs.String("ref", "", "only sandboxes with this claim_ref")
+	var meta kvFlag
+	fs.Var(&meta, "meta", "only sandboxes with metadata key=value (repeatable: all must match)")
+	state := fs.String("state", "", "only sandboxes in this state (e.g. running, hibernated, released); default: the live ones")
+	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
+		o := apiclient.ListOptions{ClaimRef: *ref, State: *state}
+		// The API filters on one key; the others are applied here.
+		if len(meta.keys) > 0 {
+			o.MetaKey, o.MetaValue = meta.keys[0], meta.m[meta.keys[0]]
+		}
+		all, err := c.Sandboxes(ctx, o)
+		if err != nil {
+			return err
+		}
+		out := all[:0]
+		for _, sb := range all {
+			match := true
+			for _, k := range meta.keys {
+				v, ok := sb.Metadata[k]
+				match = match && ok && v == meta.m[k]
+			}
+			if match {
+				out = append(out, sb)
+			}
+		}
+		if cl.json {
+			return printJSON(cl.stdout, map[string]any{"sandboxes": out})
+		}
+		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tSTATE\tPOOL\tTIER\tTENANT\tREF\tMETADATA\tDEADLINE")
+		for _, sb := range out {
+			fmt.Fprintf(tw, "%s\t%s\t%s/%s/%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.State, sb.Template, sb.Net, sb.Size, sb.Tier,
+				orDash(sb.Tenant), orDash(sb.ClaimRef), orDash(metaString(sb.Metadata)), shortTime(sb.Deadline))
+		}
+		return tw.Flush()
+	}
+}
+
+func metaString(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var f kvFlag
+	for _, k := range keys {
+		_ = f.Set(k + "=" + m[k])
+	}
+	return f.String()
+}
