@@ -52,7 +52,6 @@ const (
 	seedXFSHibernate = 300 * time.Millisecond
 	seedXFSWakeLo    = 400 * time.Millisecond
 	seedXFSWakeHi    = 700 * time.Millisecond
-	seedExt4Hibern   = 15 * time.Second
 )
 
 // fsRun is the measurements on one filesystem.
@@ -190,39 +189,57 @@ func guestDo(ctx context.Context, spec qemu.Spec, f func(*agent.Client) (string,
 
 // parts splits a recipe's steps into the columns of the table.
 type parts struct {
-	total, qmp, clone, fsync, rest report.Durations
+	total, qmp, clone, fsync, proc, rest report.Durations
 }
 
-func split(rs []qemu.Result, qmpSteps, syncSteps []string) parts {
+// stepSplit names the steps of each column; clone is always qemu.StepClone and
+// rest is whatever the other columns leave.
+type stepSplit struct {
+	qmp, fsync, proc []string
+}
+
+func sum(r qemu.Result, steps []string) time.Duration {
+	var d time.Duration
+	for _, n := range steps {
+		d += r.Dur(n)
+	}
+	return d
+}
+
+func split(rs []qemu.Result, s stepSplit) parts {
 	var p parts
 	for _, r := range rs {
-		var q, s time.Duration
-		for _, n := range qmpSteps {
-			q += r.Dur(n)
-		}
-		for _, n := range syncSteps {
-			s += r.Dur(n)
-		}
+		q, f, pr := sum(r, s.qmp), sum(r, s.fsync), sum(r, s.proc)
 		c := r.Dur(qemu.StepClone)
 		t := r.Total()
 		p.total = append(p.total, t)
 		p.qmp = append(p.qmp, q)
 		p.clone = append(p.clone, c)
-		p.fsync = append(p.fsync, s)
-		p.rest = append(p.rest, t-q-c-s)
+		p.fsync = append(p.fsync, f)
+		p.proc = append(p.proc, pr)
+		p.rest = append(p.rest, t-q-c-f-pr)
 	}
 	return p
 }
 
 var (
 	// Hibernate: QMP is stop + migrate (device state to the state file); fsync is
-	// meta.json's atomic write plus SyncTree (on XFS the first fsync also forces
-	// the log holding the reflink); rest is rename, quit and removing the run dir.
-	hibQMP  = []string{qemu.StepStop, qemu.StepMigrate}
-	hibSync = []string{qemu.StepMeta, qemu.StepSync}
-	// Wake: QMP is launching QEMU up to its QMP greeting, migrate-incoming and
-	// cont; rest is preparing the run dir and the guest agent's first answer.
-	wakeQMP = []string{qemu.StepLaunch, qemu.StepIncoming, qemu.StepCont}
+	// meta.json's atomic write, SyncTree (on XFS the first fsync also forces the
+	// log holding the reflink) and the rename, whose cost is fsyncing both
+	// parents; the QEMU process column is quit until the process is gone; rest
+	// is removing the run dir.
+	hibSplit = stepSplit{
+		qmp:   []string{qemu.StepStop, qemu.StepMigrate},
+		fsync: []string{qemu.StepMeta, qemu.StepSync, qemu.StepRename},
+		proc:  []string{qemu.StepQuit},
+	}
+	// Wake: QMP is migrate-incoming and cont; the QEMU process column is
+	// starting QEMU up to its QMP greeting; rest is preparing the run dir and
+	// the guest agent's first answer.
+	wakeSplit = stepSplit{
+		qmp:  []string{qemu.StepIncoming, qemu.StepCont},
+		proc: []string{qemu.StepLaunch},
+	}
 )
 
 func section(cfg config, runs []*fsRun) *report.Section {
@@ -233,12 +250,15 @@ busybox initramfs), RAM in a share=on memory-backend-file in the run dir. Per fi
 loop-mounted image: XFS with reflink=1, ext4 without): one clone of a golden, %d MiB written once
 into the guest's tmpfs, then %d cycles of: guest rewrites %d MiB, hibernate, wake, sha256 check.
 Hibernate = stop + migrate (x-ignore-shared, state to a file) [QMP], FICLONE or sparse copy of the
-RAM file into the store [clone], meta.json + SyncTree [fsync], rename + quit + cleanup [rest].
-Wake = clone back [clone], QEMU start + migrate-incoming + cont [QMP], run dir + agent answer
-[rest]. Cells are p50 / p99 over the cycles. CH rows: the seeds' production figures for an 8 GiB
-guest, for reference only (not measured here).`,
+RAM file into the store [clone], meta.json + SyncTree + rename with its parent fsyncs [fsync],
+quit until the process is gone [QEMU process], run dir removal [rest]. Wake = clone back [clone],
+QEMU start until QMP answers [QEMU process], migrate-incoming + cont [QMP], run dir + the guest
+agent's first answer [rest]. Cells are p50 / p99 over the cycles. CH rows: the seeds' production
+traces of an 8 GiB guest, for reference only (not measured here): the reflink snapshot writes only
+changed pages next to a FICLONE of the restore source; the dense one writes all 8 GiB, whose fsync is
+the cost a copy path pays.`,
 			cfg.memoryMiB, cfg.resident>>20, cfg.cycles, cfg.dirty>>20),
-		Header: []string{"filesystem (path)", "recipe", "total", "QMP", "clone", "fsync", "rest", "RAM file allocated", "state"},
+		Header: []string{"filesystem (path)", "recipe", "total", "QMP", "clone", "fsync", "QEMU process", "rest", "RAM file allocated", "state"},
 	}
 	cell := func(d report.Durations) string {
 		return report.Fmt(d.Quantile(0.5)) + " / " + report.Fmt(d.Quantile(0.99))
@@ -246,23 +266,30 @@ guest, for reference only (not measured here).`,
 	byLabel := map[string]*fsRun{}
 	for _, r := range runs {
 		byLabel[r.label] = r
-		h := split(r.hibernate, hibQMP, hibSync)
-		w := split(r.wake, wakeQMP, nil)
+		h := split(r.hibernate, hibSplit)
+		w := split(r.wake, wakeSplit)
 		label := fmt.Sprintf("%s, cloned by %s", r.label, r.method)
 		alloc := fmt.Sprintf("%d MiB", r.ramAlloc>>20)
 		state := fmt.Sprintf("%d KiB", r.stateSize>>10)
-		sec.AddRow(label, "hibernate", cell(h.total), cell(h.qmp), cell(h.clone), cell(h.fsync), cell(h.rest), alloc, state)
-		sec.AddRow(label, "wake", cell(w.total), cell(w.qmp), cell(w.clone), "-", cell(w.rest), alloc, state)
+		sec.AddRow(label, "hibernate", cell(h.total), cell(h.qmp), cell(h.clone), cell(h.fsync), cell(h.proc), cell(h.rest), alloc, state)
+		sec.AddRow(label, "wake", cell(w.total), cell(w.qmp), cell(w.clone), "-", cell(w.proc), cell(w.rest), alloc, state)
 	}
-	sec.AddRow("CH seeds, 8 GiB, XFS reflink", "hibernate", report.Fmt(seedXFSHibernate), "", "", "", "", "", "")
-	sec.AddRow("CH seeds, 8 GiB, XFS reflink", "wake", report.Fmt(seedXFSWakeLo)+" – "+report.Fmt(seedXFSWakeHi), "", "", "", "", "", "")
-	sec.AddRow("CH seeds, 8 GiB, ext4", "hibernate", "~"+report.Fmt(seedExt4Hibern), "", "", "", "", "", "")
+	// The seeds' traces (000_a0db892d2475094f.txt), split into the same
+	// columns where they give the parts: QMP is CH's API (vm.info, vm.pause,
+	// vm.snapshot), clone the FICLONE, fsync the memory file's (and, dense,
+	// every) fsync, QEMU process the vm.shutdown.
+	sec.AddRow("CH seeds, 8 GiB, XFS, reflink snapshot (f1dcd9900, gen 2)", "hibernate", "0.30 – 0.35 s (DESIGN: ~"+report.Fmt(seedXFSHibernate)+")",
+		"0.22 – 0.27 s", "106 – 107 ms (memory-ranges)", "19 – 21 µs (memory-ranges)", "", "", "", "")
+	sec.AddRow("CH seeds, 8 GiB, XFS, reflink snapshot (f1dcd9900, gen 2)", "wake",
+		"0.41 – 0.77 s (DESIGN: "+report.Fmt(seedXFSWakeLo)+" – "+report.Fmt(seedXFSWakeHi)+")", "", "", "", "", "", "", "")
+	sec.AddRow("CH seeds, 8 GiB, XFS, dense snapshot (traced run 2)", "hibernate", "22.73 s",
+		"2.03 s", "~1 ms (cow.raw)", "20.56 s (15.23 s memory-ranges writeback)", "0.13 s", "", "8 GiB", "")
 
 	xfs, ext4 := byLabel["XFS (reflink)"], byLabel["ext4 (copy)"]
 	if xfs != nil && ext4 != nil {
-		xh := split(xfs.hibernate, hibQMP, hibSync).total.Quantile(0.5)
-		xw := split(xfs.wake, wakeQMP, nil).total.Quantile(0.5)
-		eh := split(ext4.hibernate, hibQMP, hibSync).total.Quantile(0.5)
+		xh := split(xfs.hibernate, hibSplit).total.Quantile(0.5)
+		xw := split(xfs.wake, wakeSplit).total.Quantile(0.5)
+		eh := split(ext4.hibernate, hibSplit).total.Quantile(0.5)
 		sec.Verdict(xfs.method == fsx.Reflink && ext4.method == fsx.Copy,
 			"clone path detected per filesystem: XFS %s, ext4 %s (target reflink on XFS, copy on ext4)", xfs.method, ext4.method)
 		sec.Verdict(xh <= seedXFSHibernate, "XFS hibernate p50 %s (target <= the seeds' CH %s; the guest is 32x smaller)",

@@ -29,12 +29,14 @@ func wake(prepare, clone, launch, incoming, cont, ready int) qemu.Result {
 }
 
 func TestSplitAccountsForEveryStep(t *testing.T) {
-	p := split([]qemu.Result{hib(1, 5, 20, 10, 2, 1, 3)}, hibQMP, hibSync)
-	if p.total[0] != ms(42) || p.qmp[0] != ms(6) || p.clone[0] != ms(20) || p.fsync[0] != ms(12) || p.rest[0] != ms(4) {
+	h := hib(1, 5, 20, 10, 2, 1, 3)
+	h.Steps = append(h.Steps, qemu.Step{Name: qemu.StepCleanup, Dur: ms(4)})
+	p := split([]qemu.Result{h}, hibSplit)
+	if p.total[0] != ms(46) || p.qmp[0] != ms(6) || p.clone[0] != ms(20) || p.fsync[0] != ms(13) || p.proc[0] != ms(3) || p.rest[0] != ms(4) {
 		t.Fatalf("hibernate split %+v", p)
 	}
-	w := split([]qemu.Result{wake(1, 2, 50, 5, 1, 80)}, wakeQMP, nil)
-	if w.total[0] != ms(139) || w.qmp[0] != ms(56) || w.clone[0] != ms(2) || w.fsync[0] != 0 || w.rest[0] != ms(81) {
+	w := split([]qemu.Result{wake(1, 2, 50, 5, 1, 80)}, wakeSplit)
+	if w.total[0] != ms(139) || w.qmp[0] != ms(6) || w.clone[0] != ms(2) || w.fsync[0] != 0 || w.proc[0] != ms(50) || w.rest[0] != ms(81) {
 		t.Fatalf("wake split %+v", w)
 	}
 }
