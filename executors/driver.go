@@ -52,6 +52,15 @@ type Driver interface {
 	Destroy(ctx context.Context, in fsm.DestroyVM) (Result, error)
 }
 
+// Restarter is implemented by drivers that can boot a claimed VM again,
+// cold, from the disk in its run dir after its VMM died (fsm.RestartVM).
+// Restart is idempotent under the op id like every Driver method; on error
+// no VMM of the VM is left running and its disk is kept. The Pool fails the
+// restart intents of a driver without it (the claim then fails).
+type Restarter interface {
+	Restart(ctx context.Context, in fsm.RestartVM) (Result, error)
+}
+
 // Result is what a successful Driver call reports.
 type Result struct {
 	// Report goes into the result event: per-step timings and the copy mode.
@@ -76,6 +85,7 @@ const (
 	KindHibernate Kind = "hibernate"
 	KindWake      Kind = "wake"
 	KindDestroy   Kind = "destroy"
+	KindRestart   Kind = "restart"
 )
 
 // KindOf returns the kind of an intent ("" for an unknown type).
@@ -91,6 +101,8 @@ func KindOf(in fsm.Intent) Kind {
 		return KindWake
 	case fsm.DestroyVM:
 		return KindDestroy
+	case fsm.RestartVM:
+		return KindRestart
 	}
 	return ""
 }

@@ -33,6 +33,7 @@ var DefaultTimeouts = map[Kind]time.Duration{
 	KindHibernate: 10 * time.Minute,
 	KindWake:      2 * time.Minute,
 	KindDestroy:   time.Minute,
+	KindRestart:   2 * time.Minute,
 }
 
 // RetryPolicy says how often and how fast retryable failures are retried.
@@ -348,6 +349,11 @@ func (p *Pool) call(ctx context.Context, in fsm.Intent) (res Result, err error) 
 		return p.d.Wake(ctx, t)
 	case fsm.DestroyVM:
 		return p.d.Destroy(ctx, t)
+	case fsm.RestartVM:
+		if r, ok := p.d.(Restarter); ok {
+			return r.Restart(ctx, t)
+		}
+		return res, Unrecoverablef("restart %s: this hypervisor driver cannot restart VMs", t.VM)
 	}
 	return res, Unrecoverablef("unknown intent %T", in)
 }
@@ -500,6 +506,8 @@ func success(in fsm.Intent, m fsm.Meta, res Result) fsm.Command {
 		return fsm.WakeDone{Meta: m, VM: t.VM, Report: &rep}
 	case fsm.DestroyVM:
 		return fsm.VMDestroyed{Meta: m, VM: t.VM, Report: &rep}
+	case fsm.RestartVM:
+		return fsm.VMRestarted{Meta: m, VM: t.VM, Report: &rep}
 	}
 	return nil
 }
@@ -517,6 +525,8 @@ func failure(in fsm.Intent, m fsm.Meta, err error) fsm.Command {
 		return fsm.HibernateFailed{Meta: m, VM: t.VM, Error: msg, Lost: lost}
 	case fsm.WakeVM:
 		return fsm.WakeFailed{Meta: m, VM: t.VM, Error: msg, Lost: lost}
+	case fsm.RestartVM:
+		return fsm.VMRestartFailed{Meta: m, VM: t.VM, Error: msg}
 	}
 	return nil
 }
@@ -531,6 +541,8 @@ func intentID(in fsm.Intent) string {
 	case fsm.HibernateVM:
 		return t.VM
 	case fsm.DestroyVM:
+		return t.VM
+	case fsm.RestartVM:
 		return t.VM
 	case fsm.BuildGolden:
 		return t.Key.String()
