@@ -20,6 +20,16 @@ test:
 	$(GO) test -run '^$$' -fuzz '^FuzzClaim$$' -fuzztime $(FUZZTIME) ./projections/api
 	$(GO) test -run '^$$' -fuzz '^FuzzPutPools$$' -fuzztime $(FUZZTIME) ./projections/api
 
+# run starts sandboxd with its built-in defaults: data in ./data, one pool
+# "default" (net none, size small, warm 2), API on 127.0.0.1:7777, hypervisor
+# auto (cloud-hypervisor from PATH, else chsim from bin/), no NATS needed. On
+# its first start it generates a root token into ./data/api.token, which
+# sbxctl run from this directory reads: in another shell,
+# bin/sbxctl claim --template default.
+.PHONY: run
+run: build
+	./$(BIN)/sandboxd
+
 # bench runs every benchmark section in bench/, prints a table per section and
 # rewrites those sections of docs/benchmarks.md. BENCH=name[,name] runs a subset.
 bench:

@@ -24,9 +24,15 @@ type Config struct {
 	DataDir string `json:"data_dir"`
 	// NodeID names this node's log (its JetStream subject). Default: hostname.
 	NodeID string `json:"node_id,omitempty"`
-	// APIToken is the root token. Empty disables root access.
-	APIToken string              `json:"api_token,omitempty"`
-	Tenants  []auth.TenantConfig `json:"tenants,omitempty"`
+	// APIToken is the root token. Empty disables root access, unless
+	// APITokenFile is set.
+	APIToken string `json:"api_token,omitempty"`
+	// APITokenFile, used when APIToken is empty, holds the root token (its
+	// first line); sandboxd creates it with a random token if it does not
+	// exist. Started without -config and without a token, sandboxd uses
+	// <data_dir>/api.token, which is how `make run` gets a root token.
+	APITokenFile string              `json:"api_token_file,omitempty"`
+	Tenants      []auth.TenantConfig `json:"tenants,omitempty"`
 	// MaxClaims caps live claims on this node (0 = no cap).
 	MaxClaims int `json:"max_claims,omitempty"`
 	// Pools applied on the first start (an empty log); afterwards PUT /v1/pools

@@ -99,11 +99,27 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	authn, err := auth.New(cfg.APIToken, cfg.Tenants, secret)
+	rootToken := cfg.APIToken
+	if rootToken == "" && cfg.APITokenFile != "" {
+		path, err := filepath.Abs(cfg.APITokenFile)
+		if err != nil {
+			return nil, err
+		}
+		var created bool
+		if rootToken, created, err = loadOrCreateToken(path); err != nil {
+			return nil, err
+		}
+		verb := "read from"
+		if created {
+			verb = "generated into"
+		}
+		zl.Info().Str("api_token_file", path).Msgf("root API token %s %s; sbxctl reads data/api.token from its working directory (run it where you ran make run), else export SBX_API_TOKEN=$(cat %s)", verb, path, path)
+	}
+	authn, err := auth.New(rootToken, cfg.Tenants, secret)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.APIToken == "" {
+	if rootToken == "" {
 		zl.Warn().Msg("no api_token configured: root-only routes answer 401")
 	}
 

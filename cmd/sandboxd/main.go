@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 )
 
@@ -67,6 +68,11 @@ func run(args []string) int {
 	set(&cfg.APIToken, *apiToken)
 	if *noNATS {
 		cfg.NATS.Disabled = true
+	}
+	if *configPath == "" && cfg.APIToken == "" && cfg.APITokenFile == "" {
+		// Built-in defaults and no token: keep a generated root token in
+		// the data dir, so a first `make run` is usable at once.
+		cfg.APITokenFile = filepath.Join(cfg.DataDir, defaultTokenFile)
 	}
 	if err := cfg.finish(); err != nil {
 		fmt.Fprintln(os.Stderr, "sandboxd: invalid config:", err)
