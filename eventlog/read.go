@@ -101,6 +101,9 @@ func (l *Log) iterate(from, until uint64, fn func(*event.Event) error) error {
 		return fmt.Errorf("eventlog: iterate: %w", err)
 	}
 	expect := from
+	// One Event for the whole scan (fn must not keep it): a fresh one per
+	// record would be a heap allocation per event, as fn takes its address.
+	ev := new(event.Event)
 	for ok := it.First(); ok; ok = it.Next() {
 		seq := binary.BigEndian.Uint64(it.Key()[1:])
 		if seq != expect {
@@ -112,7 +115,7 @@ func (l *Log) iterate(from, until uint64, fn func(*event.Event) error) error {
 			_ = it.Close()
 			return fmt.Errorf("eventlog: read seq %d: %w", seq, err)
 		}
-		ev, err := event.Decode(v)
+		*ev, err = event.Decode(v)
 		if err != nil {
 			_ = it.Close()
 			return &CorruptError{Seq: seq, Err: err}
@@ -121,7 +124,7 @@ func (l *Log) iterate(from, until uint64, fn func(*event.Event) error) error {
 			_ = it.Close()
 			return &CorruptError{Seq: seq, Err: fmt.Errorf("record carries seq %d", ev.Seq)}
 		}
-		if err := fn(&ev); err != nil {
+		if err := fn(ev); err != nil {
 			_ = it.Close()
 			return err
 		}
