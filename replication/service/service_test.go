@@ -131,9 +131,10 @@ func TestSharedNATSRedirectAndSecondWriter(t *testing.T) {
 	if r := sb.Redirect(k1); len(r.Redirect) != 0 {
 		t.Fatalf("b redirects a claim it can serve itself: %v", r)
 	}
-	if r := sb.Redirect(k2); len(r.Redirect) != 1 || r.Redirect[0] != "a.example:7777" {
-		t.Fatalf("b's redirect for k2: %v", r)
-	}
+	natstest.Eventually(t, 15*time.Second, "b's view of a", func() bool {
+		r := sb.Redirect(k2)
+		return len(r.Redirect) == 1 && r.Redirect[0] == "a.example:7777"
+	})
 	if node, addr, ok, err := sa.View.OwnerAddr(onB); !ok || err != nil || node != "node-b" || addr != "b.example:7777" {
 		t.Fatalf("owner of %s from a: %s %s %v %v", onB, node, addr, ok, err)
 	}
