@@ -22,6 +22,7 @@ import (
 	"github.com/sbxlog/sbxlog/bench/fsmbench"
 	"github.com/sbxlog/sbxlog/bench/logbench"
 	"github.com/sbxlog/sbxlog/bench/qemubench"
+	"github.com/sbxlog/sbxlog/bench/replbench"
 	"github.com/sbxlog/sbxlog/bench/report"
 )
 
@@ -40,6 +41,7 @@ var sections = []section{
 	{"chbench", chbench.Run},
 	{"execbench", execbench.Run},
 	{"qemubench", qemubench.Run},
+	{"replbench", replbench.Run},
 }
 
 func main() {
