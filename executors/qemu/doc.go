@@ -8,7 +8,8 @@
 // console (ttyS0) in console.log and the agent (ttyS1) on agent.sock. The pid is
 // recorded in qemu.pid and the launch parameters in vm.json; after a daemon restart
 // a pid is trusted only if /proc/<pid>/cmdline names the QEMU binary and this run
-// dir's QMP socket (Adopt).
+// dir's QMP socket (Adopt); a QEMU started just before a crash, with vm.json but no
+// pid file yet, is found by the same check over /proc.
 //
 // Snapshots live in the store as directories holding ram (a reflink of the RAM
 // file), state (the migration stream, saved with x-ignore-shared so it holds only

@@ -370,3 +370,63 @@ func TestDestroyEscalatesToSIGKILL(t *testing.T) {
 		t.Fatalf("run dir left: %v", err)
 	}
 }
+
+// A daemon killed between starting QEMU and writing its pid file leaves a QEMU
+// only its cmdline names. With vm.json in the run dir (a launch began) Adopt
+// finds it over /proc and writes the pid file, so Destroy stops it; without
+// vm.json nothing is scanned for.
+func TestAdoptWithoutPidFile(t *testing.T) {
+	d, err := New(Config{Accel: AccelTCG, StopGrace: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	spec := Spec{RunDir: filepath.Join(dir, "run"), StoreDir: filepath.Join(dir, "store")}
+	if err := os.MkdirAll(spec.RunDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := &exec.Cmd{
+		Path: self,
+		Args: []string{"qemu-system-x86_64", "-chardev", "socket,id=qmp,path=" + QMPSocket(spec.RunDir) + ",server=on,wait=off"},
+		Env:  append(os.Environ(), fakeQEMUEnv+"=stubborn"),
+	}
+	if err := fake.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan struct{})
+	go func() { _ = fake.Wait(); close(waited) }()
+	t.Cleanup(func() { _ = fake.Process.Kill(); <-waited })
+	// The exec must have happened before /proc shows the fake's cmdline.
+	deadline := time.Now().Add(5 * time.Second)
+	for !d.isOurs(fake.Process.Pid, spec.RunDir) {
+		if time.Now().After(deadline) {
+			t.Fatal("fake QEMU's cmdline never appeared")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := d.Adopt(spec); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("Adopt without vm.json = %v, want ErrNotRunning", err)
+	}
+	if err := os.WriteFile(filepath.Join(spec.RunDir, FileVM), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pid, err := d.Adopt(spec)
+	if err != nil || pid != fake.Process.Pid {
+		t.Fatalf("Adopt = %d, %v; want %d", pid, err, fake.Process.Pid)
+	}
+	if b, err := os.ReadFile(filepath.Join(spec.RunDir, FilePID)); err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(pid) {
+		t.Fatalf("pid file after Adopt: %q, %v", b, err)
+	}
+	if _, err := d.Destroy(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("fake QEMU still running after Destroy")
+	}
+}

@@ -117,6 +117,9 @@ func logTail(runDir string) string {
 // Adopt returns the pid of the QEMU process of the VM in spec.RunDir, or
 // ErrNotRunning. A pid is trusted only if /proc/<pid>/cmdline names the QEMU binary
 // and this run dir's QMP socket, so a recycled pid is never mistaken for the VM.
+// A QEMU whose launch a crash cut short before its pid file was written (vm.json
+// is there, qemu.pid is not) is found by that same cmdline check over /proc and
+// gets its pid file.
 func (d *Driver) Adopt(spec Spec) (int, error) {
 	if err := spec.validateDirs(); err != nil {
 		return 0, err
@@ -127,6 +130,18 @@ func (d *Driver) Adopt(spec Spec) (int, error) {
 func (d *Driver) adopt(runDir string) (int, error) {
 	b, err := os.ReadFile(filepath.Join(runDir, FilePID))
 	if errors.Is(err, os.ErrNotExist) {
+		// launch writes vm.json before it starts QEMU and the pid file after: a
+		// daemon killed in between leaves a QEMU that only its cmdline names.
+		// Without vm.json no launch began, so the scan is skipped.
+		if _, serr := os.Stat(filepath.Join(runDir, FileVM)); serr == nil {
+			if pid := d.findByCmdline(runDir); pid > 0 {
+				if err := fsx.WriteFileAtomic(filepath.Join(runDir, FilePID), []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
+					return 0, fmt.Errorf("qemu: adopt: pid file: %w", err)
+				}
+				d.log.Warn().Int("pid", pid).Str("run_dir", runDir).Msg("qemu: adopted a QEMU that had no pid file (daemon died while launching it)")
+				return pid, nil
+			}
+		}
 		return 0, fmt.Errorf("%w: no pid file in %s", ErrNotRunning, runDir)
 	}
 	if err != nil {
@@ -140,6 +155,21 @@ func (d *Driver) adopt(runDir string) (int, error) {
 		return 0, fmt.Errorf("%w: pid %d is not the QEMU of %s", ErrNotRunning, pid, runDir)
 	}
 	return pid, nil
+}
+
+// findByCmdline returns the live QEMU of runDir found by scanning /proc, or 0.
+func (d *Driver) findByCmdline(runDir string) int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err == nil && pid > 0 && d.isOurs(pid, runDir) {
+			return pid
+		}
+	}
+	return 0
 }
 
 // isOurs reports whether pid is alive and is the QEMU of runDir. A zombie has an

@@ -128,6 +128,23 @@ func TestSandboxdQEMU(t *testing.T) {
 			}
 			before = e.sameGuest(runDir, sum, before, when)
 		}
+		// Killed as the wake's QEMU appears: the restart re-runs the wake,
+		// which adopts that QEMU if it runs or else stops it and starts over.
+		e.hibernated(c, runDir)
+		e.check(e.api.Wake(e.ctx(), c.ID))
+		deadline := time.Now().Add(30 * time.Second)
+		for len(qemuPIDs(runDir)) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("no QEMU appeared within 30 s of the wake request")
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		e.kill()
+		t.Logf("killed as the wake's QEMU appeared: QEMU %v, files %v", qemuPIDs(runDir), dirNames(runDir))
+		e.start()
+		e.waitState(c.ID, "running")
+		e.woken(c, runDir)
+		e.sameGuest(runDir, sum, before, "killed mid-wake")
 		e.release(c, runDir)
 	})
 	e.t = t
@@ -305,6 +322,16 @@ func (e *e2e) runDir(vm string) string {
 	return m[0]
 }
 
+// dirNames lists the names in dir (for logs).
+func dirNames(dir string) []string {
+	ents, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
 // snapshots lists the VM's hibernate snapshots in the store.
 func (e *e2e) snapshots(vm string) []string {
 	m, _ := filepath.Glob(filepath.Join(e.data, "store", "hibernate", vm+"-*"))
@@ -362,11 +389,18 @@ func (e *e2e) checkHibernated(c *api.ClaimResponse, runDir string) {
 	}
 }
 
-// wake wakes the claim and waits for the snapshot to be dropped.
+// wake wakes the claim and checks the woken VM.
 func (e *e2e) wake(c *api.ClaimResponse, runDir string) {
 	e.t.Helper()
 	e.check(e.api.Wake(e.ctx(), c.ID))
 	e.waitState(c.ID, "running")
+	e.woken(c, runDir)
+}
+
+// woken checks a woken VM: one QEMU, and its snapshot dropped (soon: after the
+// wake is durable).
+func (e *e2e) woken(c *api.ClaimResponse, runDir string) {
+	e.t.Helper()
 	if len(qemuPIDs(runDir)) != 1 {
 		e.t.Fatalf("woken, with QEMU processes %v for %s", qemuPIDs(runDir), runDir)
 	}
