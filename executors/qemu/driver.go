@@ -159,10 +159,15 @@ func (d *Driver) resolveAuto(ctx context.Context, spec Spec) (Accel, string) {
 	return AccelKVM, fmt.Sprintf("auto: KVM probe boot answered in %s", d.now().Sub(start).Round(time.Millisecond))
 }
 
+// ProbeDirPrefix starts the name of the scratch run dir of a KVM probe boot, made
+// next to the run dir of the boot that needed the probe. A crash can leave one
+// behind (with its QEMU); Destroy of it cleans up.
+const ProbeDirPrefix = ".kvm-probe-"
+
 // probeBoot cold-boots spec's guest under KVM in a scratch run dir next to
 // spec.RunDir and waits for the agent; the VM is destroyed either way.
 func (d *Driver) probeBoot(ctx context.Context, spec Spec) error {
-	dir, err := os.MkdirTemp(filepath.Dir(spec.RunDir), ".kvm-probe-")
+	dir, err := os.MkdirTemp(filepath.Dir(spec.RunDir), ProbeDirPrefix)
 	if err != nil {
 		return err
 	}

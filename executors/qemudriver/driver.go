@@ -182,7 +182,8 @@ func (d *Driver) QEMU() *qemu.Driver { return d.q }
 type PrepareReport struct {
 	// CopyMode is how RAM files clone in the store: fsx.Reflink or fsx.Copy.
 	CopyMode fsx.Method
-	// Swept lists the temp dirs of interrupted recipes that were removed.
+	// Swept lists the temp dirs of interrupted recipes (and run dirs of
+	// interrupted KVM probes) that were removed.
 	Swept []string
 }
 
@@ -190,9 +191,9 @@ type PrepareReport struct {
 const maxSocketPath = 107
 
 // Prepare makes the roots, checks that runs and store share a filesystem and
-// that a VM's sockets fit a unix socket path, removes temp dirs left by a
-// crash (it must run before any recipe, at start-up) and detects whether the
-// store can reflink. A missing guest is only logged: BuildGolden reports it.
+// that a VM's sockets fit a unix socket path, removes temp dirs and KVM probe
+// VMs left by a crash (it must run before any recipe, at start-up) and
+// detects whether the store can reflink. A missing guest is only logged: BuildGolden reports it.
 func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	var rep PrepareReport
 	stores := []string{d.roots.Store, filepath.Join(d.roots.Store, goldenDir), filepath.Join(d.roots.Store, hibernateDir)}
@@ -224,6 +225,14 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 		if err != nil {
 			return rep, err
 		}
+	}
+	// KVM probe boots (accel auto) run next to the VM that needed them.
+	probes, _ := filepath.Glob(filepath.Join(d.roots.Runs, d.instance, qemu.ProbeDirPrefix+"*"))
+	for _, dir := range probes {
+		if _, err := d.q.Destroy(ctx, qemu.Spec{RunDir: dir, StoreDir: d.roots.Store}); err != nil {
+			return rep, fmt.Errorf("qemudriver: removing KVM probe %s: %w", dir, err)
+		}
+		rep.Swept = append(rep.Swept, dir)
 	}
 	for _, p := range rep.Swept {
 		d.log.Info().Str("path", p).Msg("removed a temp dir left by an interrupted recipe")

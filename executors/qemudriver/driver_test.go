@@ -405,6 +405,11 @@ func TestPrepare(t *testing.T) {
 			}
 			temps = append(temps, tmp)
 		}
+		probe := filepath.Join(root, "run", testInstance, qemu.ProbeDirPrefix+"123")
+		if err := os.MkdirAll(probe, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		temps = append(temps, probe)
 		keep := filepath.Join(root, "store", "hibernate", "vm-1-op")
 		if err := os.Mkdir(keep, 0o700); err != nil {
 			t.Fatal(err)
