@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"time"
 
+	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
 
@@ -57,6 +59,24 @@ type Config struct {
 	NATS NATSConfig `json:"nats"`
 	// LogLevel: debug, info, warn, error.
 	LogLevel string `json:"log_level,omitempty"`
+	// VMRestart is the policy for claimed VMs whose VMM dies: cold restarts
+	// from the VM's own disk, at most max within window_seconds, then the
+	// claim fails. Default 3 per 600 s; max 0 turns restarts off.
+	VMRestart *RestartConfig `json:"vm_restart,omitempty"`
+}
+
+// RestartConfig is the vm_restart section.
+type RestartConfig struct {
+	Max           int   `json:"max"`
+	WindowSeconds int64 `json:"window_seconds"`
+}
+
+// restartPolicy is the policy stamped into VMExited commands.
+func (c *Config) restartPolicy() fsm.RestartPolicy {
+	if c.VMRestart == nil {
+		return fsm.DefaultRestartPolicy
+	}
+	return fsm.RestartPolicy{Max: c.VMRestart.Max, WindowNS: c.VMRestart.WindowSeconds * int64(time.Second)}
 }
 
 // PoolConfig is one pool as written in config and in PUT /v1/pools.
@@ -149,6 +169,9 @@ func (c *Config) finish() error {
 	}
 	if err := c.QEMU.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if r := c.VMRestart; r != nil && (r.Max < 0 || r.Max > fsm.MaxRestartHistory || r.WindowSeconds < 0 || (r.Max > 0 && r.WindowSeconds == 0) || r.WindowSeconds > 30*86400) {
+		errs = append(errs, fmt.Errorf("vm_restart %+v: max in [0, %d], window_seconds in [1, %d] when max > 0", *r, fsm.MaxRestartHistory, 30*86400))
 	}
 	if c.MaxClaims < 0 {
 		errs = append(errs, fmt.Errorf("max_claims %d is negative", c.MaxClaims))

@@ -22,11 +22,13 @@ import (
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/chdriver"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/auth"
 	"github.com/sbxlog/sbxlog/projections/replay"
+	"github.com/sbxlog/sbxlog/replication/service"
 )
 
 // snapshotEvery bounds the tail a restart replays: a snapshot is taken once
@@ -38,6 +40,7 @@ type daemon struct {
 	cfg    Config
 	zl     zerolog.Logger
 	log    *eventlog.Log
+	repl   *service.Service // nil: replication off
 	eng    *engine.Engine
 	pool   *executors.Pool
 	driver interface{ Close() }
@@ -129,6 +132,15 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 		return nil, err
 	}
 	firstStart := d.log.LastSeq() == 0
+	// Replication follows the log from here on: it publishes what is
+	// durable, independently of the state's rebuild below.
+	if !cfg.NATS.Disabled {
+		if d.repl, err = startReplication(cfg, dataDir, d.log, zl); err != nil {
+			return nil, err
+		}
+	} else {
+		zl.Info().Msg("replication disabled (nats.disabled / -no-nats)")
+	}
 	res, err := replay.Rebuild(d.log, replay.Options{})
 	if err != nil {
 		return nil, err
@@ -199,12 +211,15 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 		c, err := chdriver.New(chdriver.Config{
 			Roots: roots, Instance: instance, VMM: bin, Hypervisor: chdriver.Hypervisor(hv),
 			CgroupSlice: vmm.DefaultCgroupSlice(), RestoreMode: ch.MemoryRestoreMode(cfg.RestoreMode),
-			Bridge: cfg.Bridge, Log: zl,
+			Bridge: cfg.Bridge, Log: zl, StepHook: crashHook(zl),
 		})
 		if err != nil {
 			return nil, err
 		}
 		d.driver, drv = c, c
+		// VMMs that die on their own from now on (adopted by the reconcile
+		// below or launched later) are recorded and their policy applied.
+		c.OnExit(func(e chdriver.Exit) { d.vmExited(e.VM, fmt.Sprintf("VMM (pid %d) exited", e.Pid)) })
 		prep, err := c.Prepare(ctx)
 		if err != nil {
 			return nil, err
@@ -213,8 +228,28 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 	}
 	zl.Info().Str("copy_mode", copyMode.String()).Int("temp_dirs_swept", len(swept)).Msg("executors prepared")
 
-	// 4. API and executor pool; commits feed both from now on.
-	d.srv = api.New(api.Config{OwnerAddr: cfg.OwnerAddr, Node: cfg.NodeID, Hypervisor: hv}, d.eng, d.log, authn, api.Options{Log: zl, Metrics: metrics})
+	// 4. Reconcile: adopt the VMs the state says run, record the dead ones,
+	// kill VMMs and remove run dirs no state owns (this instance's only),
+	// before any executor runs.
+	if rd, ok := drv.(reconcile.Driver); ok {
+		if _, err := reconcile.Run(ctx, d.reconcileOptions(rd)); err != nil {
+			return nil, err
+		}
+	} else {
+		zl.Warn().Str("hypervisor", hv).Msg("this driver has no start-up reconcile; intents re-run and adopt their VMMs by pid file")
+	}
+
+	// 5. API and executor pool; commits feed both from now on.
+	apiOpts := api.Options{Log: zl, Metrics: metrics}
+	var apiEng api.Engine = d.eng
+	if d.repl != nil {
+		apiOpts.Redirector = redirector{svc: d.repl, self: cfg.NodeID}
+		apiOpts.Replication = func() any { return d.repl.Status() }
+		if cfg.NATS.Sync {
+			apiEng = syncEngine{Engine: d.eng, svc: d.repl, timeout: cfg.NATS.syncTimeout()}
+		}
+	}
+	d.srv = api.New(api.Config{OwnerAddr: cfg.OwnerAddr, Node: cfg.NodeID, Hypervisor: hv}, apiEng, d.log, authn, apiOpts)
 	d.pool = executors.NewPool(drv, proposer{d.eng}, executors.PoolOptions{Concurrency: cfg.RefillConcurrency, Log: zl, Observer: metrics})
 	d.eng.SetOnCommit(func(c engine.Commit) {
 		d.srv.OnCommit(c.Events)
@@ -223,14 +258,14 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 		}
 	})
 
-	// 5. Reconcile (adoption of running VMs lives in the executors' recipes:
-	// each re-run intent adopts its VMM by pid file and cmdline), then
-	// start the executors with every pending intent and the engine's loops.
+	// 6. Start the executors with every pending intent (in-flight recipes
+	// resume under their op ids) and the engine's loops; only now may the
+	// VM view send its first sync.
 	d.pool.Offer(d.eng.Intents())
 	d.eng.Start()
 	d.srv.SetReady()
 
-	// 6. Serve.
+	// 7. Serve.
 	d.ln, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, err
@@ -247,6 +282,26 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 	zl.Info().Str("listen", d.ln.Addr().String()).Str("node", cfg.NodeID).Str("instance", instance).Msg("sandboxd serving")
 	ok = true
 	return d, nil
+}
+
+func (d *daemon) reconcileOptions(rd reconcile.Driver) reconcile.Options {
+	return reconcile.Options{
+		Driver: rd, Propose: proposer{d.eng}, View: d.eng.View, Meta: d.eng.Meta,
+		Policy: d.cfg.restartPolicy(), Log: d.zl,
+	}
+}
+
+// vmExited records a VM whose VMM died while the daemon runs.
+func (d *daemon) vmExited(vm, detail string) {
+	rd, ok := d.driver.(reconcile.Driver)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := reconcile.ReportExit(ctx, d.reconcileOptions(rd), vm, detail); err != nil && !errors.Is(err, engine.ErrStopped) {
+		d.zl.Error().Err(err).Str("vm", vm).Msg("could not record a VM whose VMM exited")
+	}
 }
 
 // applyLimits records max_claims and the tenants' caps when they differ
@@ -385,6 +440,9 @@ func (d *daemon) stop() error {
 			}
 		}
 		d.bg.Wait()
+		if d.repl != nil {
+			flushReplication(d.repl, d.log, d.zl)
+		}
 		d.closeAll()
 		d.zl.Info().Msg("sandboxd stopped; VMs left running")
 	})
@@ -394,6 +452,12 @@ func (d *daemon) stop() error {
 func (d *daemon) closeAll() {
 	if d.driver != nil {
 		d.driver.Close()
+	}
+	// Replication reads the log: it stops first.
+	if d.repl != nil {
+		if err := d.repl.Close(); err != nil {
+			d.zl.Warn().Err(err).Msg("replication stopped with errors")
+		}
 	}
 	if d.log != nil {
 		_ = d.log.Close()

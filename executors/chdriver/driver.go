@@ -139,6 +139,7 @@ type Driver struct {
 
 	mu    sync.Mutex
 	procs map[string]*vmm.Process // by run dir: VMMs this driver launched or adopted
+	exits exitWatch               // watchers of procs (watch.go)
 }
 
 var _ executors.Driver = (*Driver)(nil)
@@ -323,6 +324,7 @@ func (d *Driver) attach(ctx context.Context, runDir, id string) (*vmm.Process, e
 	p := d.procs[runDir]
 	if p != nil && !p.Alive() {
 		delete(d.procs, runDir)
+		d.unwatchLocked(p)
 		p.Release()
 		p = nil
 	}
@@ -348,9 +350,11 @@ func (d *Driver) keep(runDir string, p *vmm.Process) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if old := d.procs[runDir]; old != nil && old != p {
+		d.unwatchLocked(old)
 		old.Release()
 	}
 	d.procs[runDir] = p
+	d.watchLocked(runDir, p)
 }
 
 func (d *Driver) forget(runDir string, p *vmm.Process) {
@@ -358,6 +362,7 @@ func (d *Driver) forget(runDir string, p *vmm.Process) {
 	defer d.mu.Unlock()
 	if d.procs[runDir] == p {
 		delete(d.procs, runDir)
+		d.unwatchLocked(p)
 	}
 }
 
@@ -376,6 +381,7 @@ func (d *Driver) terminate(ctx context.Context, runDir string, p *vmm.Process) e
 	if p == nil {
 		return nil
 	}
+	d.expectExit(p)
 	how, err := p.Terminate(ctx, d.grace)
 	if err != nil {
 		return err
@@ -392,6 +398,7 @@ func (d *Driver) Close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for k, p := range d.procs {
+		d.unwatchLocked(p)
 		p.Release()
 		delete(d.procs, k)
 	}

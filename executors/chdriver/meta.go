@@ -136,5 +136,5 @@ func slug(s string) string {
 // are limited to 108 bytes) and derived from the op.
 func (d *Driver) goldenRunDir(op event.OpID) string {
 	sum := sha256.Sum256(op[:])
-	return filepath.Join(d.roots.Runs, d.instance, "golden-"+hex.EncodeToString(sum[:6]))
+	return filepath.Join(d.roots.Runs, d.instance, goldenPrefix+hex.EncodeToString(sum[:6]))
 }

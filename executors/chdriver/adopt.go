@@ -1,0 +1,126 @@
+package chdriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/reconcile"
+)
+
+// goldenPrefix starts the name of a golden build's run dir.
+const goldenPrefix = "golden-"
+
+// The start-up reconcile's view of the driver (executors/reconcile).
+var _ reconcile.Driver = (*Driver)(nil)
+
+// Instance returns the instance id whose run dirs the driver owns.
+func (d *Driver) Instance() string { return d.instance }
+
+// VMMBinary returns the VMM executable's absolute path.
+func (d *Driver) VMMBinary() string { return d.vmmBin }
+
+// InstanceRoot returns <runs>/<instance>, the parent of every run dir the
+// driver may act on.
+func (d *Driver) InstanceRoot() string { return filepath.Join(d.roots.Runs, d.instance) }
+
+// RunDirs lists the names of the entries under InstanceRoot.
+func (d *Driver) RunDirs() ([]string, error) {
+	ents, err := os.ReadDir(d.InstanceRoot())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("chdriver: %w", err)
+	}
+	out := make([]string, 0, len(ents))
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out, nil
+}
+
+// GoldenRunDir returns the name (under InstanceRoot) of the run dir the
+// golden build with intent op id op uses.
+func (d *Driver) GoldenRunDir(op event.OpID) string { return filepath.Base(d.goldenRunDir(op)) }
+
+// AdoptVM takes over the VMM of a VM the state says runs (warm or claimed):
+// a VMM serving rel (pid file and cmdline checked) whose VM is Running is
+// kept and watched (OnExit) and reported alive; a Paused one is resumed
+// first. A VMM that does not answer is kept and reported alive too (it may
+// only be slow; its death will be seen). No VMM, or one whose VM is not
+// running (which is then stopped), is reported dead with the reason.
+func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Liveness, error) {
+	runDir, err := d.vmRunDir(rel)
+	if err != nil {
+		return reconcile.Liveness{}, err
+	}
+	if filepath.Base(runDir) != vm {
+		return reconcile.Liveness{}, executors.Unrecoverablef("run dir %q is not VM %s's", rel, vm)
+	}
+	p, err := d.attach(ctx, runDir, vm)
+	switch {
+	case p == nil && err != nil:
+		return reconcile.Liveness{}, err
+	case p == nil:
+		return reconcile.Liveness{Detail: "no VMM process"}, nil
+	case err != nil:
+		d.log.Warn().Err(err).Str("run_dir", runDir).Msg("adopted a VMM that does not answer; watching it")
+		return reconcile.Liveness{Alive: true, Pid: p.Pid(), Detail: "unresponsive"}, nil
+	}
+	api := d.api(runDir)
+	info, err := api.Info(ctx)
+	state := "no VM"
+	if err == nil {
+		state = string(info.State)
+	}
+	switch {
+	case err == nil && info.State == ch.StateRunning:
+		return reconcile.Liveness{Alive: true, Pid: p.Pid()}, nil
+	case err == nil && info.State == ch.StatePaused:
+		if rerr := api.Resume(ctx); rerr == nil {
+			d.log.Info().Str("run_dir", runDir).Msg("resumed a paused VM at adoption")
+			return reconcile.Liveness{Alive: true, Pid: p.Pid(), Detail: "resumed"}, nil
+		} else {
+			state = "Paused (resume: " + rerr.Error() + ")"
+		}
+	case err != nil && !ch.IsNotFound(err) && !ch.IsVMMGone(err):
+		d.log.Warn().Err(err).Str("run_dir", runDir).Msg("vm.info failed at adoption; watching the VMM")
+		return reconcile.Liveness{Alive: true, Pid: p.Pid(), Detail: "vm.info: " + err.Error()}, nil
+	}
+	if terr := d.terminate(ctx, runDir, p); terr != nil {
+		return reconcile.Liveness{}, fmt.Errorf("stop the VMM of %s (VM %s): %w", vm, state, terr)
+	}
+	return reconcile.Liveness{Detail: "VM is " + state}, nil
+}
+
+// RemoveRunDir removes an entry under InstanceRoot that no VM and no build
+// in the state owns: a VMM serving it (pid file and cmdline checked) is
+// stopped first, and the tap of a VM of that name when egress is
+// configured.
+func (d *Driver) RemoveRunDir(ctx context.Context, name string) error {
+	if name == "" || strings.ContainsRune(name, '/') || name == "." || name == ".." {
+		return executors.Unrecoverablef("run dir name %q", name)
+	}
+	runDir := filepath.Join(d.InstanceRoot(), name)
+	p, err := d.attach(ctx, runDir, name)
+	if p != nil {
+		if err := d.terminate(ctx, runDir, p); err != nil {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+	if d.bridge != "" && !strings.HasPrefix(name, goldenPrefix) {
+		if err := d.taps.Delete(TapName(name)); err != nil {
+			d.log.Warn().Err(err).Str("vm", name).Msg("could not delete the tap of a removed run dir")
+		}
+	}
+	return d.fs.RemoveAll(runDir)
+}

@@ -1,0 +1,151 @@
+package reconcile
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// pidFile is the VMM's pid file in its run dir (package vmm's PidFile).
+const pidFile = "vmm.pid"
+
+// vmmProc is a live VMM process of this instance.
+type vmmProc struct {
+	pid    int
+	socket string
+	runDir string
+	// filePid is what the run dir's pid file says (0: none).
+	filePid int
+}
+
+// recorded reports whether the run dir's pid file names this process, which
+// makes it the VMM the driver adopts (or stops) for that run dir.
+func (p vmmProc) recorded() bool { return p.filePid == p.pid }
+
+// scanVMMs lists live processes running binary with an API socket in a run
+// dir directly under instRoot.
+func scanVMMs(procRoot, binary, instRoot string) ([]vmmProc, error) {
+	ents, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil, err
+	}
+	var out []vmmProc
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		sock, ok := vmmSocket(procRoot, pid, binary)
+		if !ok || filepath.Dir(filepath.Dir(sock)) != instRoot || !live(procRoot, pid) {
+			continue
+		}
+		p := vmmProc{pid: pid, socket: sock, runDir: filepath.Dir(sock)}
+		if data, err := os.ReadFile(filepath.Join(p.runDir, pidFile)); err == nil {
+			p.filePid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// vmmSocket returns the API socket named by pid's command line when the
+// process runs binary (same path or same base name).
+func vmmSocket(procRoot string, pid int, binary string) (string, bool) {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "cmdline"))
+	if err != nil || len(data) == 0 {
+		return "", false
+	}
+	args := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
+	if args[0] != binary && filepath.Base(args[0]) != filepath.Base(binary) {
+		return "", false
+	}
+	for i := 1; i < len(args); i++ {
+		var v string
+		switch {
+		case args[i] == "--api-socket" && i+1 < len(args):
+			v = args[i+1]
+		case strings.HasPrefix(args[i], "--api-socket="):
+			v = strings.TrimPrefix(args[i], "--api-socket=")
+		default:
+			continue
+		}
+		for _, kv := range strings.Split(v, ",") {
+			if k, val, ok := strings.Cut(kv, "="); ok && k == "path" {
+				return filepath.Clean(val), true
+			} else if !ok && filepath.IsAbs(kv) {
+				return filepath.Clean(kv), true
+			}
+		}
+	}
+	return "", false
+}
+
+// live reports whether pid exists and is not a zombie.
+func live(procRoot string, pid int) bool {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 || i+2 >= len(data) {
+		return false
+	}
+	st := data[i+2]
+	return st != 'Z' && st != 'X'
+}
+
+// killOrphan stops p: SIGTERM, then SIGKILL after grace. Signals go through
+// a pidfd opened after which the command line is checked again, so a pid
+// reused by another program is never signalled.
+func killOrphan(ctx context.Context, procRoot string, p vmmProc, binary string, grace time.Duration) error {
+	fd, err := unix.PidfdOpen(p.pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pidfd_open %d: %w", p.pid, err)
+	}
+	defer unix.Close(fd)
+	if sock, ok := vmmSocket(procRoot, p.pid, binary); !ok || sock != p.socket {
+		return nil // it exited and the pid was reused
+	}
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGKILL} {
+		if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil {
+			if errors.Is(err, unix.ESRCH) {
+				return nil
+			}
+			return fmt.Errorf("%s pid %d: %w", sig, p.pid, err)
+		}
+		if waitPidfd(ctx, fd, grace) {
+			return nil
+		}
+	}
+	return fmt.Errorf("pid %d survived SIGKILL for %s", p.pid, grace)
+}
+
+// waitPidfd waits until the process behind fd exits, for at most d.
+func waitPidfd(ctx context.Context, fd int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 || ctx.Err() != nil {
+			return false
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, int(min(left, 100*time.Millisecond)/time.Millisecond)+1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return false
+		}
+		if n > 0 {
+			return true
+		}
+	}
+}

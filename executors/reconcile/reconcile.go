@@ -1,0 +1,298 @@
+// Package reconcile brings a restarting daemon's VMs in line with its state
+// before any executor runs, and reports VMMs that die later.
+//
+// Run, once, after the log is replayed and the executors' Prepare swept the
+// store's temp dirs, and before the executor pool starts:
+//
+//  1. Every live VMM process of this instance (its command line names the
+//     VMM binary and an API socket under <runs>/<instance>/) that no run
+//     dir's pid file records is killed: it was being launched when the
+//     daemon died, and nothing else would ever stop it.
+//  2. Every VM the state says runs (warm, claimed) is adopted through the
+//     driver (pid file and cmdline checked, then watched for exit). One whose
+//     VMM is gone, or whose VM no longer runs, gets an fsm.VMExited with the
+//     configured restart policy: a warm VM is replaced, a claimed one
+//     restarted cold from its disk (or its claim fails when the policy is
+//     spent).
+//  3. A VM with a side effect in flight (cloning, hibernating, waking,
+//     destroying, restarting) is left to its intent, which the executors
+//     re-run under the same op id: a half clone is torn down and cloned
+//     again (or adopted and finished when its vm.restore had completed), a
+//     hibernate finishes (snapshot complete in the store) or rolls back,
+//     and so on (see executors/chdriver).
+//  4. Every other entry under <runs>/<instance>/ (no VM and no golden build
+//     of the state owns it) is removed, its VMM stopped first; a hibernated
+//     VM's leftover run dir likewise.
+//
+// Ownership is explicit: only <runs>/<instance>/ is read or changed, and
+// only processes whose socket lies under it are signalled. Run dirs of other
+// instance ids, and other data dirs, are never touched (they are counted in
+// Report.Foreign so an operator sees them).
+//
+// ReportExit is the runtime half: the driver's exit watcher calls it when an
+// adopted or launched VMM dies on its own, and it proposes the same
+// VMExited. The state machine refuses an exit of a VM with a side effect in
+// flight (its executor reports the outcome), and a duplicate report.
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// Liveness is what a driver found of a VM it was asked to adopt.
+type Liveness struct {
+	// Alive: the VMM runs and is now watched.
+	Alive bool
+	Pid   int
+	// Detail says why a VM is not alive (or what was odd about a live one).
+	Detail string
+}
+
+// Driver is what Run needs of a hypervisor driver (executors/chdriver
+// implements it).
+type Driver interface {
+	// Instance is the instance id whose run dirs the driver owns.
+	Instance() string
+	// VMMBinary is the VMM executable's absolute path.
+	VMMBinary() string
+	// InstanceRoot is <runs>/<instance>.
+	InstanceRoot() string
+	// RunDirs lists the entry names under InstanceRoot.
+	RunDirs() ([]string, error)
+	// GoldenRunDir names the run dir of the golden build with intent op.
+	GoldenRunDir(op event.OpID) string
+	// AdoptVM adopts and watches the VMM of vm (run dir rel, relative to
+	// the runs root), or says why it is not alive (stopping a VMM whose VM
+	// no longer runs).
+	AdoptVM(ctx context.Context, vm, rel string) (Liveness, error)
+	// RemoveRunDir stops any VMM of this instance serving the entry and
+	// removes it.
+	RemoveRunDir(ctx context.Context, name string) error
+}
+
+// Proposer hands commands to the single writer (the daemon's engine).
+type Proposer interface {
+	Propose(ctx context.Context, cmd fsm.Command) error
+}
+
+// Options configure Run and ReportExit.
+type Options struct {
+	Driver  Driver
+	Propose Proposer
+	// View runs fn on the current state (engine.View).
+	View func(fn func(*fsm.State))
+	// Meta stamps a new command (engine.Meta).
+	Meta func() fsm.Meta
+	// Policy is the restart policy stamped into every VMExited.
+	Policy fsm.RestartPolicy
+	// Concurrency bounds adoptions at once (default 8).
+	Concurrency int
+	// ProcRoot is where processes are listed (default /proc).
+	ProcRoot string
+	// KillGrace is the wait after SIGTERM before an orphan gets SIGKILL
+	// (default 2 s).
+	KillGrace time.Duration
+	Log       zerolog.Logger
+}
+
+// Report says what Run found and did.
+type Report struct {
+	// Adopted counts VMs whose VMM runs and is now watched.
+	Adopted int
+	// Exited lists VMs reported dead (VMExited proposed), with why.
+	Exited map[string]string
+	// InFlight counts VMs left to the re-run of their intent.
+	InFlight int
+	// Removed lists run dir entries no state owned, removed.
+	Removed []string
+	// Orphans lists the pids of VMMs of this instance that no pid file
+	// recorded, killed.
+	Orphans []int
+	// Foreign lists the entries of the runs root that belong to other
+	// instance ids (left alone).
+	Foreign []string
+	Elapsed time.Duration
+}
+
+type vmInfo struct {
+	id, runDir, instance string
+	status               fsm.VMStatus
+}
+
+// Run reconciles once; see the package doc. Errors of single VMs are
+// logged and the pass goes on; an error is returned only when the pass
+// could not look at the run dirs or processes at all.
+func Run(ctx context.Context, opt Options) (Report, error) {
+	start := time.Now()
+	rep := Report{Exited: map[string]string{}}
+	d := opt.Driver
+	if d == nil || opt.View == nil || opt.Propose == nil || opt.Meta == nil {
+		return rep, errors.New("reconcile: driver, view, proposer and meta are required")
+	}
+	log := opt.Log.With().Str("component", "reconcile").Logger()
+	inst := d.Instance()
+
+	var vms []vmInfo
+	goldens := map[string]bool{}
+	opt.View(func(st *fsm.State) {
+		for _, id := range st.VMIDs() {
+			v, _ := st.VM(id)
+			vms = append(vms, vmInfo{id: v.ID, runDir: v.RunDir, instance: v.Instance, status: v.Status})
+		}
+		for _, in := range fsm.Intents(st) {
+			if g, ok := in.(fsm.BuildGolden); ok {
+				goldens[d.GoldenRunDir(g.OpID)] = true
+			}
+		}
+	})
+
+	// Other instances' run dirs are only counted.
+	runsRoot := filepath.Dir(d.InstanceRoot())
+	if ents, err := os.ReadDir(runsRoot); err == nil {
+		for _, e := range ents {
+			if e.Name() != inst {
+				rep.Foreign = append(rep.Foreign, e.Name())
+			}
+		}
+	}
+
+	// 1. Orphan VMMs.
+	procs, err := scanVMMs(opt.procRoot(), d.VMMBinary(), d.InstanceRoot())
+	if err != nil {
+		return rep, fmt.Errorf("reconcile: list processes: %w", err)
+	}
+	for _, p := range procs {
+		if p.recorded() {
+			continue
+		}
+		log.Warn().Int("pid", p.pid).Str("run_dir", p.runDir).Msg("killing a VMM of this instance that no pid file records")
+		if err := killOrphan(ctx, opt.procRoot(), p, d.VMMBinary(), opt.killGrace()); err != nil {
+			log.Error().Err(err).Int("pid", p.pid).Msg("could not kill an orphan VMM")
+			continue
+		}
+		rep.Orphans = append(rep.Orphans, p.pid)
+	}
+
+	// 2. and 3. VMs the state knows.
+	dirs, err := d.RunDirs()
+	if err != nil {
+		return rep, fmt.Errorf("reconcile: %w", err)
+	}
+	present := make(map[string]bool, len(dirs))
+	for _, n := range dirs {
+		present[n] = true
+	}
+	owned := map[string]bool{}
+	var adopt []vmInfo
+	for _, v := range vms {
+		if v.instance != "" && v.instance != inst {
+			log.Warn().Str("vm", v.id).Str("instance", v.instance).Msg("the state holds a VM of another instance; not touching it")
+			continue
+		}
+		name := filepath.Base(v.runDir)
+		switch v.status {
+		case fsm.VMWarm, fsm.VMClaimed:
+			owned[name] = true
+			adopt = append(adopt, v)
+		case fsm.VMHibernated:
+			// Its run dir went with its VMM; anything left is stale.
+		default:
+			owned[name] = true
+			rep.InFlight++
+		}
+	}
+	results := make([]Liveness, len(adopt))
+	errs := make([]error, len(adopt))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, opt.concurrency())
+	for i, v := range adopt {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			results[i], errs[i] = d.AdoptVM(ctx, v.id, v.runDir)
+		}()
+	}
+	wg.Wait()
+	for i, v := range adopt {
+		switch l := results[i]; {
+		case errs[i] != nil:
+			log.Error().Err(errs[i]).Str("vm", v.id).Msg("could not adopt a VM; its state is left as is")
+		case l.Alive:
+			rep.Adopted++
+		default:
+			rep.Exited[v.id] = l.Detail
+			if err := propose(ctx, opt, v.id, "found dead at start-up: "+l.Detail); err != nil {
+				log.Error().Err(err).Str("vm", v.id).Msg("could not record a dead VM")
+			}
+		}
+	}
+
+	// 4. Entries nothing owns.
+	for _, n := range dirs {
+		if owned[n] || goldens[n] {
+			continue
+		}
+		log.Info().Str("entry", n).Msg("removing a run dir no VM or build of the state owns")
+		if err := d.RemoveRunDir(ctx, n); err != nil {
+			log.Error().Err(err).Str("entry", n).Msg("could not remove a stray run dir")
+			continue
+		}
+		rep.Removed = append(rep.Removed, n)
+	}
+	sort.Strings(rep.Removed)
+	rep.Elapsed = time.Since(start)
+	log.Info().Int("adopted", rep.Adopted).Int("exited", len(rep.Exited)).Int("in_flight", rep.InFlight).
+		Int("removed", len(rep.Removed)).Int("orphans_killed", len(rep.Orphans)).Strs("foreign_instances", rep.Foreign).
+		Dur("elapsed", rep.Elapsed).Msg("start-up reconcile done")
+	return rep, nil
+}
+
+// ReportExit proposes VMExited for vm, whose VMM died while the daemon ran.
+// A rejection (the VM has a side effect in flight, or the death was already
+// recorded) is not an error: it is logged at debug level and dropped.
+func ReportExit(ctx context.Context, opt Options, vm, detail string) error {
+	err := propose(ctx, opt, vm, detail)
+	if _, rejected := fsm.AsRejection(err); rejected {
+		opt.Log.Debug().Err(err).Str("vm", vm).Msg("VM exit not recorded: the state already accounts for it")
+		return nil
+	}
+	return err
+}
+
+func propose(ctx context.Context, opt Options, vm, detail string) error {
+	return opt.Propose.Propose(ctx, fsm.VMExited{Meta: opt.Meta(), VM: vm, Detail: detail, Restart: opt.Policy})
+}
+
+func (o Options) procRoot() string {
+	if o.ProcRoot == "" {
+		return "/proc"
+	}
+	return o.ProcRoot
+}
+
+func (o Options) concurrency() int {
+	if o.Concurrency <= 0 {
+		return 8
+	}
+	return o.Concurrency
+}
+
+func (o Options) killGrace() time.Duration {
+	if o.KillGrace <= 0 {
+		return 2 * time.Second
+	}
+	return o.KillGrace
+}
