@@ -1,0 +1,260 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sbxlog/sbxlog/projections/apiclient"
+)
+
+// binDir holds sandboxd, chsim and sbxctl, built once by TestMain.
+var binDir string
+
+func TestMain(m *testing.M) {
+	os.Exit(buildAndRun(m))
+}
+
+func buildAndRun(m *testing.M) int {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "sbx-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goBin); err != nil {
+		goBin = "go"
+	}
+	root, err := moduleRoot(goBin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	start := time.Now()
+	cmd := exec.Command(goBin, "build", "-o", dir+string(filepath.Separator), "./cmd/sandboxd", "./cmd/chsim", "./cmd/sbxctl")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: go build: %v\n%s", err, out)
+		return 1
+	}
+	if testing.Verbose() {
+		fmt.Fprintf(os.Stderr, "e2e: built sandboxd, chsim, sbxctl in %v\n", time.Since(start).Round(time.Millisecond))
+	}
+	binDir = dir
+	return m.Run()
+}
+
+func moduleRoot(goBin string) (string, error) {
+	out, err := exec.Command(goBin, "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("not inside the module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// lockedBuffer collects a process's output while it runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// daemon is a sandboxd process.
+type daemon struct {
+	addr   string
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+	exited chan struct{}
+	err    error // the process's exit, once exited is closed
+}
+
+// cleanEnv is the environment minus the variables that would configure
+// sandboxd or sbxctl behind the test's back.
+func cleanEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "SBX_API_TOKEN", "SBX_API_TOKEN_FILE", "SBX_ADDR", "SBXLOG_DATA":
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// startDaemon runs sandboxd in dir (its working directory) with args, on
+// addr, and waits until /healthz answers. At the end of the test it is
+// stopped with SIGTERM (SIGKILL after 15 s) and every chsim process whose
+// command line names killDir is killed.
+func startDaemon(t *testing.T, dir, killDir, addr string, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{addr: addr, stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	d.cmd = exec.Command(filepath.Join(binDir, "sandboxd"), args...)
+	d.cmd.Dir = dir
+	d.cmd.Env = cleanEnv()
+	d.cmd.Stdout = d.stderr
+	d.cmd.Stderr = d.stderr
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.err = d.cmd.Wait(); close(d.exited) }()
+	t.Cleanup(func() {
+		d.stop(t)
+		killVMMs(t, killDir)
+		if t.Failed() {
+			t.Logf("sandboxd output:\n%s", tail(d.stderr.String(), 16<<10))
+		}
+	})
+	c, err := apiclient.New(addr, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := c.Healthz(ctx)
+		cancel()
+		if err == nil {
+			return d
+		}
+		select {
+		case <-d.exited:
+			t.Fatalf("sandboxd exited during start-up (%v):\n%s", d.err, d.stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandboxd not healthy after 30 s: %v\n%s", err, d.stderr.String())
+		}
+	}
+}
+
+// stop sends SIGTERM and waits for the exit (SIGKILL after 15 s).
+func (d *daemon) stop(t *testing.T) {
+	select {
+	case <-d.exited:
+		return
+	default:
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+		if d.err != nil {
+			t.Errorf("sandboxd exit after SIGTERM: %v", d.err)
+		}
+	case <-time.After(15 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+		t.Errorf("sandboxd did not stop within 15 s of SIGTERM")
+	}
+}
+
+// killVMMs kills the VMM processes (chsim) whose command line names dir:
+// they outlive sandboxd by design.
+func killVMMs(t *testing.T, dir string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		raw, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(raw, []byte(dir)) {
+			continue
+		}
+		args := strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00")
+		if filepath.Base(args[0]) != "chsim" {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			t.Logf("kill chsim %d: %v", pid, err)
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "...\n" + s[len(s)-n:]
+}
+
+// sbxctl runs the built sbxctl in dir with a clean environment plus env;
+// it fails the test if it does not finish within a minute.
+func sbxctl(t *testing.T, dir string, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "sbxctl"), args...)
+	cmd.Dir = dir
+	cmd.Env = append(cleanEnv(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("sbxctl %s: no answer within a minute\n%s", strings.Join(args, " "), errb.String())
+	}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatalf("sbxctl %s: %v", strings.Join(args, " "), err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// writeJSON writes v as a JSON file.
+func writeJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
