@@ -91,14 +91,53 @@ type PoolConfig struct {
 
 // NATSConfig selects embedded NATS (default) or an existing cluster.
 type NATSConfig struct {
-	// URL of an existing NATS cluster; empty embeds a single-node server.
+	// URL of an existing NATS cluster (comma-separated server URLs); empty
+	// embeds a single-node server with its store in <data_dir>/nats.
 	URL string `json:"url,omitempty"`
-	// Port of the embedded server on loopback (0 picks a free port).
+	// Port of the embedded server on loopback. 0 (default): the listen
+	// port + 1000 (7777 -> 8777), or a free port when that one is taken.
 	Port int `json:"port,omitempty"`
+	// Replicas of the stream (default 1 embedded, 3 with url).
+	Replicas int `json:"replicas,omitempty"`
 	// Disabled turns replication off entirely.
 	Disabled bool `json:"disabled,omitempty"`
-	// Sync makes API calls wait for the JetStream ack.
-	Sync bool `json:"sync,omitempty"`
+	// Sync makes API writes wait for the JetStream ack of their events; no
+	// ack within sync_timeout_ms (default 5000) answers 503, the change
+	// being committed on this node all the same.
+	Sync          bool `json:"sync,omitempty"`
+	SyncTimeoutMS int  `json:"sync_timeout_ms,omitempty"`
+}
+
+// syncTimeout is sync_timeout_ms as a duration.
+func (n NATSConfig) syncTimeout() time.Duration {
+	if n.SyncTimeoutMS <= 0 {
+		return defaultSyncTimeout
+	}
+	return time.Duration(n.SyncTimeoutMS) * time.Millisecond
+}
+
+func (n NATSConfig) validate() error {
+	var errs []error
+	if n.Port < 0 || n.Port > 65535 {
+		errs = append(errs, fmt.Errorf("nats.port %d out of [0, 65535]", n.Port))
+	}
+	if n.URL != "" && n.Port != 0 {
+		errs = append(errs, errors.New("nats.port is the embedded server's; it cannot go with nats.url"))
+	}
+	// JetStream allows at most 5 replicas.
+	if n.Replicas < 0 || n.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("nats.replicas %d out of [1, 5]", n.Replicas))
+	}
+	if n.URL == "" && n.Replicas > 1 {
+		errs = append(errs, fmt.Errorf("nats.replicas %d needs a cluster (nats.url): the embedded server is a single node", n.Replicas))
+	}
+	if n.SyncTimeoutMS < 0 {
+		errs = append(errs, fmt.Errorf("nats.sync_timeout_ms %d is negative", n.SyncTimeoutMS))
+	}
+	if n.Disabled && n.Sync {
+		errs = append(errs, errors.New("nats.sync needs replication, which nats.disabled (-no-nats) turns off"))
+	}
+	return errors.Join(errs...)
 }
 
 // defaultConfig is what `make run` starts with: one small pool, warm 2.
@@ -168,6 +207,9 @@ func (c *Config) finish() error {
 		errs = append(errs, fmt.Errorf("hypervisor %q: want auto, cloud-hypervisor, chsim or qemu", c.Hypervisor))
 	}
 	if err := c.QEMU.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.NATS.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if r := c.VMRestart; r != nil && (r.Max < 0 || r.Max > fsm.MaxRestartHistory || r.WindowSeconds < 0 || (r.Max > 0 && r.WindowSeconds == 0) || r.WindowSeconds > 30*86400) {

@@ -2,12 +2,13 @@
 // Hypervisor VMs, serves claims over HTTP, and records every change in its op
 // log. See README.md and docs/operations.md.
 //
-// Start-up order: open the log, load the latest snapshot and replay the tail,
+// Start-up order: open the log, start replication (embedded NATS by default,
+// see replication.go), load the latest snapshot and replay the tail,
 // record the node and instance ids, apply the configured pools on a first
 // start, prepare the executors (sweep temp dirs, detect reflink), reconcile,
 // start the executors and the engine's loops, then serve HTTP. SIGTERM stops
-// serving, stops the executors (VMs keep running), takes a state snapshot and
-// exits.
+// serving, stops the executors (VMs keep running), takes a state snapshot,
+// lets replication publish the log's tail (bounded), stops it and exits.
 package main
 
 import (
@@ -37,6 +38,7 @@ func run(args []string) int {
 	hypervisor := fs.String("hypervisor", "", "auto | cloud-hypervisor | chsim | qemu (overrides config)")
 	natsURL := fs.String("nats-url", "", "use an existing NATS cluster instead of the embedded server")
 	noNATS := fs.Bool("no-nats", false, "disable replication")
+	natsPort := fs.Int("nats-port", 0, "embedded NATS port (overrides config; default listen port + 1000, or a free one)")
 	apiToken := fs.String("api-token", "", "root API token (overrides config; also SBX_API_TOKEN)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -66,6 +68,9 @@ func run(args []string) int {
 	set(&cfg.NATS.URL, *natsURL)
 	set(&cfg.APIToken, os.Getenv("SBX_API_TOKEN"))
 	set(&cfg.APIToken, *apiToken)
+	if *natsPort != 0 {
+		cfg.NATS.Port = *natsPort
+	}
 	if *noNATS {
 		cfg.NATS.Disabled = true
 	}

@@ -15,6 +15,11 @@ const MaxBody = 1 << 20
 // errInvalidBody is the old daemon's answer to any body it cannot parse.
 const errInvalidBody = "invalid request body"
 
+// ErrUnavailable marks an error of a write that cannot be confirmed now,
+// for a reason outside the request (synchronous replication without its
+// acknowledgement): such errors answer 503 with their message.
+var ErrUnavailable = errors.New("unavailable")
+
 // httpError is an error with the status it maps to.
 type httpError struct {
 	status int

@@ -37,6 +37,9 @@ type Info struct {
 	MaxClaims  int        `json:"max_claims"`
 	AtCapacity bool       `json:"at_capacity,omitempty"`
 	LogSeq     uint64     `json:"log_seq"`
+	// Replication is the node's replication status (Options.Replication);
+	// absent when replication is off.
+	Replication any `json:"replication,omitempty"`
 }
 
 func (s *Server) info() Info {
@@ -62,6 +65,9 @@ func (s *Server) info() Info {
 		out.MaxClaims = st.Limits().MaxClaims
 		out.LogSeq = st.Applied()
 	})
+	if s.replication != nil {
+		out.Replication = s.replication()
+	}
 	return out
 }
 

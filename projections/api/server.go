@@ -81,6 +81,8 @@ type Server struct {
 
 	vms *vmView
 
+	replication func() any // Options.Replication
+
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
 }
@@ -91,6 +93,9 @@ type Options struct {
 	Metrics    *Metrics
 	Redirector Redirector
 	Now        func() time.Time
+	// Replication, when set, returns the node's replication status for
+	// GET /v1/info's "replication" (any JSON value).
+	Replication func() any
 }
 
 // New builds a Server.
@@ -109,7 +114,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	}
 	s := &Server{
 		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
-		redir: opts.Redirector, now: opts.Now,
+		redir: opts.Redirector, now: opts.Now, replication: opts.Replication,
 		waiters: map[string]chan struct{}{},
 		ready:   make(chan struct{}),
 	}
@@ -234,6 +239,9 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, err)
 	case isRej:
 		writeError(w, errorf(rej.Code.HTTPStatus(), "%s", rej.Msg))
+	case errors.Is(err, ErrUnavailable):
+		s.zl.Warn().Err(err).Str("path", r.URL.Path).Msg("api: unavailable")
+		writeError(w, errorf(http.StatusServiceUnavailable, "%v", err))
 	case errors.As(err, &ae), errors.Is(err, engine.ErrStopped):
 		s.zl.Error().Err(err).Str("path", r.URL.Path).Msg("api: op log unavailable")
 		writeError(w, errorf(http.StatusServiceUnavailable, "op log unavailable: %v", err))

@@ -211,7 +211,12 @@ func (f *Feed) Run(ctx context.Context) error {
 		if progressed {
 			backoff = f.opts.MinBackoff
 		}
-		f.log.Warn().Err(err).Msg("feed interrupted; retrying")
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			// A node's first start: its replicator creates the stream.
+			f.log.Info().Err(err).Msg("feed waiting for the stream to be created")
+		} else {
+			f.log.Warn().Err(err).Msg("feed interrupted; retrying")
+		}
 		f.setState("retrying", err)
 		select {
 		case <-ctx.Done():

@@ -66,6 +66,9 @@ type Options struct {
 	// TTL of the node-address heartbeat (default cluster.DefaultTTL).
 	TTL    time.Duration
 	Logger zerolog.Logger
+	// ServerLogger, when set, receives the embedded server's own lines
+	// instead of Logger (sandboxd keeps its start-up banner at debug).
+	ServerLogger *zerolog.Logger
 }
 
 // Service is one node's running replication.
@@ -122,7 +125,11 @@ func Start(o Options) (*Service, error) {
 	s := &Service{node: node, log: o.Logger.With().Str("component", "replication").Logger(), stopped: map[string]error{}}
 	s.URL = o.URL
 	if o.URL == "" {
-		srv, err := natsembed.Start(natsembed.Options{StoreDir: natsembed.DefaultStoreDir(o.DataDir), Port: o.Port, ServerName: node, Logger: o.Logger})
+		slog := o.Logger
+		if o.ServerLogger != nil {
+			slog = *o.ServerLogger
+		}
+		srv, err := natsembed.Start(natsembed.Options{StoreDir: natsembed.DefaultStoreDir(o.DataDir), Port: o.Port, ServerName: node, Logger: slog})
 		if err != nil {
 			return nil, fmt.Errorf("service: embedded NATS: %w", err)
 		}

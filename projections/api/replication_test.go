@@ -1,0 +1,118 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/sbxlog/sbxlog/engine"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/api/apitest"
+)
+
+// unconfirmed is an engine whose writes commit but cannot be confirmed, as
+// sandboxd's synchronous replication without its JetStream ack.
+type unconfirmed struct{ *engine.Engine }
+
+var _ api.Engine = unconfirmed{}
+
+func (u unconfirmed) Propose(ctx context.Context, cmd fsm.Command) (engine.Result, error) {
+	res, err := u.Engine.Propose(ctx, cmd)
+	if err != nil || len(res.Events) == 0 {
+		return res, err
+	}
+	return res, fmt.Errorf("%w: event %d not acknowledged", api.ErrUnavailable, res.Events[len(res.Events)-1].Seq)
+}
+
+// serveOver puts a second server over n's engine, log and tokens.
+func serveOver(t *testing.T, n *apitest.Node, eng api.Engine, opts api.Options) *httptest.Server {
+	t.Helper()
+	srv := api.New(api.Config{Node: "n1", OwnerAddr: "127.0.0.1:1"}, eng, n.Log, n.Auth, opts)
+	srv.SetReady()
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	return hs
+}
+
+func doRoot(t *testing.T, base, method, path, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+rootTok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+// GET /v1/info carries Options.Replication's value as "replication", and
+// nothing when it is unset.
+func TestInfoReplication(t *testing.T) {
+	n := newNode(t, 0, func(o *apitest.Options) { o.NoExecutors = true })
+	type repl struct {
+		URL        string `json:"url"`
+		Replicated uint64 `json:"replicated"`
+	}
+	with := serveOver(t, n, n.Engine, api.Options{Replication: func() any { return repl{URL: "nats://x:1", Replicated: n.Log.LastSeq()} }})
+	without := serveOver(t, n, n.Engine, api.Options{})
+	for _, c := range []struct {
+		name string
+		base string
+		want *repl
+	}{
+		{"with", with.URL, &repl{URL: "nats://x:1", Replicated: n.Log.LastSeq()}},
+		{"without", without.URL, nil},
+	} {
+		st, b := doRoot(t, c.base, "GET", "/v1/info", "")
+		var got struct {
+			Replication *repl `json:"replication"`
+		}
+		if st != http.StatusOK || json.Unmarshal(b, &got) != nil {
+			t.Fatalf("%s: %d %s", c.name, st, b)
+		}
+		if (got.Replication == nil) != (c.want == nil) || (c.want != nil && *got.Replication != *c.want) {
+			t.Errorf("%s: replication %+v, want %+v (%s)", c.name, got.Replication, c.want, b)
+		}
+	}
+}
+
+// A write whose engine says ErrUnavailable answers 503 with the reason, on
+// every writing route, although the change is committed.
+func TestUnavailableWriteIs503(t *testing.T) {
+	n := newNode(t, 1, nil)
+	hs := serveOver(t, n, unconfirmed{n.Engine}, api.Options{})
+	st, b := doRoot(t, n.URL, "POST", "/v1/claim", `{"template":"default"}`)
+	var cl api.ClaimResponse
+	if st != http.StatusOK || json.Unmarshal(b, &cl) != nil {
+		t.Fatalf("claim on the plain server: %d %s", st, b)
+	}
+	for _, r := range []struct{ method, path, body string }{
+		{"POST", "/v1/claim", `{"template":"default"}`},
+		{"POST", "/v1/sandboxes/" + cl.ID + "/renew", `{"ttl_seconds":60}`},
+		{"POST", "/v1/sandboxes/" + cl.ID + "/release", ""},
+	} {
+		before := n.Log.LastSeq()
+		st, b := doRoot(t, hs.URL, r.method, r.path, r.body)
+		var e struct{ Error string }
+		if st != http.StatusServiceUnavailable || json.Unmarshal(b, &e) != nil || !strings.Contains(e.Error, "not acknowledged") {
+			t.Errorf("%s %s: %d %s, want 503 naming the reason", r.method, r.path, st, b)
+		}
+		if n.Log.LastSeq() == before {
+			t.Errorf("%s %s: nothing committed", r.method, r.path)
+		}
+	}
+}
