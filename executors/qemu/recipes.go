@@ -573,6 +573,23 @@ func (d *Driver) Destroy(ctx context.Context, spec Spec) (Result, error) {
 	return r, nil
 }
 
+// Stop ends the VM's QEMU like Destroy (quit, SIGTERM, SIGKILL, each after the
+// cmdline check) but keeps the run dir, whose logs tell why the VM was found not
+// running. Nothing running is success.
+func (d *Driver) Stop(ctx context.Context, spec Spec) error {
+	if err := spec.validateDirs(); err != nil {
+		return err
+	}
+	pid, err := d.adopt(spec.RunDir)
+	if errors.Is(err, ErrNotRunning) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return d.terminate(ctx, pid, spec.RunDir, nil)
+}
+
 // Status returns QEMU's run state of the VM of spec ("running", "paused", ...), or
 // an error wrapping ErrNotRunning when there is no process.
 func (d *Driver) Status(ctx context.Context, spec Spec) (string, error) {

@@ -44,6 +44,16 @@
 //     file not the recorded size) is Lost.
 //   - DestroyVM: qemu.Destroy (QMP quit, SIGTERM, SIGKILL, each after the cmdline
 //     check), then the snapshot when in.SnapshotDir is set.
+//   - RestartVM (executors.Restarter): the VM whose QEMU died boots again, cold,
+//     in its run dir; the guest has no disk, so it starts empty.
+//
+// Start-up reconcile (executors/reconcile.Driver: AdoptVM, RemoveRunDir,
+// RunDirs, ...): a warm or claimed VM's QEMU is adopted (resumed if a crash
+// left it stopped) or reported dead; run dirs no state owns are destroyed.
+// OnExit reports a watched QEMU (every VM after Clone, Wake, Restart or
+// AdoptVM, until Hibernate or Destroy stops it) that exits on its own. A QEMU
+// whose launch a crash cut short before its pid file is found by its cmdline
+// (qemu.Driver.Adopt), so every path above also stops or adopts those.
 //
 // Results carry an event.ExecReport: the recipe's steps (qemu.Step* names plus
 // remove_snap) and the copy mode of the RAM clones, "reflink" or "copy" (for a

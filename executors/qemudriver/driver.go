@@ -112,10 +112,15 @@ type Driver struct {
 	now            func() time.Time
 	resumeTO       time.Duration
 	log            zerolog.Logger
+	qemuBin        string
 	q              *qemu.Driver
 
 	copyMode atomic.Int64 // fsx.Method detected by Prepare
 	capped   sync.Map     // size name -> struct{}: the TCG cap was logged
+
+	wmu     sync.Mutex // guards onExit and watched
+	onExit  func(Exit)
+	watched map[string]*watcher // by run dir
 }
 
 var _ executors.Driver = (*Driver)(nil)
@@ -160,6 +165,9 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.ResumeTimeout <= 0 {
 		cfg.ResumeTimeout = 30 * time.Second
 	}
+	if cfg.QEMU == "" {
+		cfg.QEMU = "qemu-system-x86_64"
+	}
 	log := cfg.Log.With().Str("component", "qemudriver").Logger()
 	q, err := qemu.New(qemu.Config{
 		QEMU: cfg.QEMU, Accel: cfg.Accel, FS: cfg.FS, Log: log, Now: cfg.Now,
@@ -171,7 +179,7 @@ func New(cfg Config) (*Driver, error) {
 	return &Driver{
 		roots: cfg.Roots, instance: cfg.Instance, kernel: cfg.Kernel, initrd: cfg.Initrd,
 		sizes: cfg.Sizes, tcgMax: cfg.TCGMaxMemoryMiB, fs: cfg.FS, now: cfg.Now,
-		resumeTO: cfg.ResumeTimeout, log: log, q: q,
+		resumeTO: cfg.ResumeTimeout, log: log, qemuBin: cfg.QEMU, q: q,
 	}, nil
 }
 
@@ -274,9 +282,9 @@ func detector(fs fsx.FS, log zerolog.Logger) interface {
 	}
 }
 
-// Close does nothing to the VMs: they outlive the daemon, and the next start
-// adopts them by pid file and cmdline. It holds no other resources.
-func (d *Driver) Close() {}
+// Close ends the exit watches and leaves the VMs alone: they outlive the
+// daemon, and the next start adopts them by pid file and cmdline.
+func (d *Driver) Close() { d.unwatchAll() }
 
 // checkGuest reports a missing guest as an *executors.Unrecoverable naming
 // what to run.
@@ -341,11 +349,14 @@ func slug(s string) string {
 	}, s)
 }
 
+// goldenPrefix starts the name of a golden build's run dir.
+const goldenPrefix = "golden-"
+
 // goldenRunDir is where a golden build's VM runs: short (unix socket paths)
 // and derived from the op, so a re-run finds the build VM of its first try.
 func (d *Driver) goldenRunDir(op event.OpID) string {
 	sum := sha256.Sum256(op[:])
-	return filepath.Join(d.roots.Runs, d.instance, "golden-"+hex.EncodeToString(sum[:6]))
+	return filepath.Join(d.roots.Runs, d.instance, goldenPrefix+hex.EncodeToString(sum[:6]))
 }
 
 // bootSpec is the spec of a cold boot (golden build or cold clone) of pool k.

@@ -113,6 +113,7 @@ func TestSandboxdQEMU(t *testing.T) {
 			e.kill()
 			t.Logf("killed %s: temp dirs %v, snapshots %v, QEMU %v", when, tempDirs(t, hib), e.snapshots(c.VM), qemuPIDs(runDir))
 			e.start()
+			e.reconciled()
 			switch st := e.waitState(c.ID, "hibernated", "running"); st {
 			case "hibernated":
 				t.Logf("%s: the claim came back hibernated", when)
@@ -142,6 +143,7 @@ func TestSandboxdQEMU(t *testing.T) {
 		e.kill()
 		t.Logf("killed as the wake's QEMU appeared: QEMU %v, files %v", qemuPIDs(runDir), dirNames(runDir))
 		e.start()
+		e.reconciled()
 		e.waitState(c.ID, "running")
 		e.woken(c, runDir)
 		e.sameGuest(runDir, sum, before, "killed mid-wake")
@@ -206,29 +208,53 @@ func (e *e2e) start() {
 	}
 }
 
-// serving returns the listen address from the current daemon's "sandboxd
-// serving" log line, or "".
-func (e *e2e) serving() string {
+// logLine is the part of the daemon's JSON log lines the test reads.
+type logLine struct {
+	Message string `json:"message"`
+	Listen  string `json:"listen"`
+	Adopted int    `json:"adopted"`
+	Exited  int    `json:"exited"`
+	Orphans int    `json:"orphans_killed"`
+	Removed int    `json:"removed"`
+}
+
+// findLog returns the first line of the current daemon's log with message msg.
+func (e *e2e) findLog(msg string) (logLine, bool) {
 	f, err := os.Open(e.log)
 	if err != nil {
-		return ""
+		return logLine{}, false
 	}
 	defer f.Close()
 	if _, err := f.Seek(e.logSeen, io.SeekStart); err != nil {
-		return ""
+		return logLine{}, false
 	}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		var line struct {
-			Message string `json:"message"`
-			Listen  string `json:"listen"`
-		}
-		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "sandboxd serving" && line.Listen != "" {
-			return line.Listen
+		var line logLine
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == msg {
+			return line, true
 		}
 	}
-	return ""
+	return logLine{}, false
+}
+
+// serving returns the listen address from the current daemon's "sandboxd
+// serving" log line, or "".
+func (e *e2e) serving() string {
+	line, _ := e.findLog("sandboxd serving")
+	return line.Listen
+}
+
+// reconciled checks the restarted daemon's start-up reconcile: it adopted at
+// least the pool's warm VM and found no VM dead.
+func (e *e2e) reconciled() {
+	e.t.Helper()
+	line, ok := e.findLog("start-up reconcile done")
+	if !ok || line.Adopted < 1 || line.Exited != 0 {
+		e.t.Fatalf("start-up reconcile: %+v (found %v); want the warm VM adopted and no VM dead", line, ok)
+	}
+	e.t.Logf("start-up reconcile: adopted %d, exited %d, removed %d", line.Adopted, line.Exited, line.Removed)
 }
 
 // kill SIGKILLs the daemon (its QEMUs, in their own process groups, live on).

@@ -50,6 +50,7 @@ func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors
 // teardown stops whatever QEMU runs in spec's run dir and removes the run dir,
 // after a failed recipe.
 func (d *Driver) teardown(ctx context.Context, spec qemu.Spec) {
+	d.unwatch(spec.RunDir)
 	d.cleanup(ctx, "tear down "+spec.RunDir, func(ctx context.Context) error {
 		_, err := d.q.Destroy(ctx, spec)
 		return err
@@ -94,6 +95,7 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 		}
 		return executors.Result{}, fmt.Errorf("clone %s: %w", in.VM, classify(err))
 	}
+	d.watch(runDir, r.PID)
 	return executors.Result{Report: d.report(r)}, nil
 }
 
@@ -107,6 +109,8 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	rel := hibernateRel(in.VM, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
 	spec := qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(final)}
+	// The hibernate stops QEMU itself; a failure hands it back (hibernateFailed).
+	d.unwatch(runDir)
 	r, err := d.q.Hibernate(ctx, spec, filepath.Base(final))
 	if err != nil {
 		return executors.Result{}, d.hibernateFailed(ctx, in.VM, spec, final, fmt.Errorf("hibernate %s: %w", in.VM, err))
@@ -124,10 +128,12 @@ func (d *Driver) hibernateFailed(ctx context.Context, vm string, spec qemu.Spec,
 	if _, serr := checkSnapshot(final); serr == nil {
 		return classify(err)
 	}
-	if _, aerr := d.q.Adopt(spec); errors.Is(aerr, qemu.ErrNotRunning) {
+	pid, aerr := d.q.Adopt(spec)
+	if errors.Is(aerr, qemu.ErrNotRunning) {
 		// Its memory existed only in that QEMU's RAM file, which no snapshot holds.
 		return &executors.Unrecoverable{Err: fmt.Errorf("%w; VM %s has no QEMU and no snapshot was taken", err, vm), Lost: true}
 	}
+	defer d.watch(spec.RunDir, pid)
 	// qemu.Hibernate resumes a VM it stopped, but one stopped by a daemon that
 	// crashed mid-hibernate (paused, or in postmigrate) it leaves as found.
 	d.cleanup(ctx, "resume "+vm+" after a failed hibernate", func(ctx context.Context) error {
@@ -162,6 +168,7 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 		}
 		return executors.Result{}, fmt.Errorf("wake %s: %w", in.VM, classify(err))
 	}
+	d.watch(runDir, r.PID)
 	res := executors.Result{Report: d.report(r)}
 	res.AfterCommit = func(context.Context) error {
 		if err := d.fs.RemoveAll(src); err != nil {
@@ -190,6 +197,7 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 			return executors.Result{}, err
 		}
 	}
+	d.unwatch(runDir)
 	r, err := d.q.Destroy(ctx, qemu.Spec{RunDir: runDir, StoreDir: d.roots.Store})
 	if err != nil {
 		return executors.Result{}, fmt.Errorf("destroy %s: %w", in.VM, classify(err))

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -211,10 +212,86 @@ func TestIntentsWithQEMU(t *testing.T) {
 	if m, err := os.Stat(filepath.Join(run2Dir, qemu.FileRAM)); err != nil || m.Size() != 256<<20 {
 		t.Fatalf("cold boot RAM file: %v", err)
 	}
-	guestDo(t, ctx, run2Dir, func(a *agent.Client) (struct{}, error) { return struct{}{}, a.Ready(ctx) })
-	if _, err := restart().Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm2, Key: testKey, Instance: testInstance, RunDir: run2}); err != nil {
+	boot1 := guestDo(t, ctx, run2Dir, func(a *agent.Client) (agent.Uptime, error) { return a.Uptime(ctx) })
+
+	// Start-up reconcile after a restart: the VM is adopted and watched; a
+	// paused one is resumed first.
+	d = restart()
+	exits := make(chan Exit, 4)
+	d.OnExit(func(e Exit) { exits <- e })
+	if dirs, err := d.RunDirs(); err != nil || !slices.Contains(dirs, vm2) {
+		t.Fatalf("RunDirs = %v, %v", dirs, err)
+	}
+	if d.GoldenRunDir(gop) != filepath.Base(d.goldenRunDir(gop)) || d.InstanceRoot() != filepath.Join(root, "run", testInstance) {
+		t.Fatalf("GoldenRunDir %s, InstanceRoot %s", d.GoldenRunDir(gop), d.InstanceRoot())
+	}
+	l, err := d.AdoptVM(ctx, vm2, run2)
+	if err != nil || !l.Alive || l.Pid != vmPID(t, d, run2Dir) {
+		t.Fatalf("AdoptVM = %+v, %v", l, err)
+	}
+	qmpStop(t, ctx, run2Dir).Close()
+	l, err = d.AdoptVM(ctx, vm2, run2)
+	if err != nil || !l.Alive || l.Detail != "resumed from paused" {
+		t.Fatalf("AdoptVM of a paused VM = %+v, %v", l, err)
+	}
+	if st, err := d.QEMU().Status(ctx, qemu.Spec{RunDir: run2Dir, StoreDir: store}); err != nil || st != "running" {
+		t.Fatalf("after AdoptVM: %q, %v", st, err)
+	}
+
+	// The VM's QEMU dies on its own: OnExit tells, AdoptVM finds it dead, and
+	// Restart boots it again, cold.
+	if err := syscall.Kill(l.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-exits:
+		if e.VM != vm2 || e.Pid != l.Pid || e.RunDir != run2Dir {
+			t.Fatalf("exit %+v, want VM %s pid %d", e, vm2, l.Pid)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("OnExit never reported the killed QEMU")
+	}
+	waitNoQEMU(t, run2Dir, 5*time.Second)
+	if l, err := d.AdoptVM(ctx, vm2, run2); err != nil || l.Alive {
+		t.Fatalf("AdoptVM of a dead VM = %+v, %v", l, err)
+	}
+	rin := fsm.RestartVM{OpID: newOp(), Claim: "sb_2", VM: vm2, Key: testKey, Instance: testInstance, RunDir: run2}
+	if _, err := d.Restart(ctx, rin); err != nil {
+		t.Fatal(err)
+	}
+	pid2 := vmPID(t, d, run2Dir)
+	if _, err := restart().Restart(ctx, rin); err != nil {
+		t.Fatalf("re-run Restart: %v", err)
+	}
+	if p := vmPID(t, d, run2Dir); p != pid2 {
+		t.Fatalf("re-run Restart replaced the VM: pid %d, was %d", p, pid2)
+	}
+	if boot2 := guestDo(t, ctx, run2Dir, func(a *agent.Client) (agent.Uptime, error) { return a.Uptime(ctx) }); boot2.BootID == boot1.BootID {
+		t.Fatalf("restarted guest kept its boot id %s", boot2.BootID)
+	}
+
+	// A run dir no state owns goes, its QEMU stopped by the driver itself:
+	// no exit is reported.
+	if err := d.RemoveRunDir(ctx, vm2); err != nil {
 		t.Fatal(err)
 	}
 	waitNoQEMU(t, run2Dir, 5*time.Second)
 	noEntry(t, run2Dir)
+	if _, err := restart().Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm2, Key: testKey, Instance: testInstance, RunDir: run2}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-exits:
+		t.Fatalf("exit reported for a QEMU the driver stopped: %+v", e)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+func vmPID(t *testing.T, d *Driver, runDir string) int {
+	t.Helper()
+	pid, err := d.QEMU().Adopt(qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(runDir)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
 }
