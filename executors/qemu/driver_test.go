@@ -313,21 +313,7 @@ func TestDestroyEscalatesToSIGKILL(t *testing.T) {
 	if err := os.MkdirAll(spec.RunDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fake := &exec.Cmd{
-		Path: self,
-		Args: []string{"qemu-system-x86_64", "-chardev", "socket,id=qmp,path=" + QMPSocket(spec.RunDir) + ",server=on,wait=off"},
-		Env:  append(os.Environ(), fakeQEMUEnv+"=stubborn"),
-	}
-	if err := fake.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- fake.Wait() }()
-	t.Cleanup(func() { _ = fake.Process.Kill() })
+	fake, waited := startFakeQEMU(t, spec.RunDir)
 	if err := os.WriteFile(filepath.Join(spec.RunDir, FilePID), []byte(strconv.Itoa(fake.Process.Pid)), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -385,21 +371,7 @@ func TestAdoptWithoutPidFile(t *testing.T) {
 	if err := os.MkdirAll(spec.RunDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fake := &exec.Cmd{
-		Path: self,
-		Args: []string{"qemu-system-x86_64", "-chardev", "socket,id=qmp,path=" + QMPSocket(spec.RunDir) + ",server=on,wait=off"},
-		Env:  append(os.Environ(), fakeQEMUEnv+"=stubborn"),
-	}
-	if err := fake.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan struct{})
-	go func() { _ = fake.Wait(); close(waited) }()
-	t.Cleanup(func() { _ = fake.Process.Kill(); <-waited })
+	fake, waited := startFakeQEMU(t, spec.RunDir)
 	// The exec must have happened before /proc shows the fake's cmdline.
 	deadline := time.Now().Add(5 * time.Second)
 	for !d.isOurs(fake.Process.Pid, spec.RunDir) {
@@ -429,4 +401,28 @@ func TestAdoptWithoutPidFile(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("fake QEMU still running after Destroy")
 	}
+}
+
+// startFakeQEMU starts the test binary as a QEMU of runDir (argv[0]
+// qemu-system-x86_64 and runDir's QMP socket in its cmdline, so the driver's
+// cmdline check accepts it) that ignores quit and SIGTERM. The channel yields
+// its Wait error; t.Cleanup kills it.
+func startFakeQEMU(t *testing.T, runDir string) (*exec.Cmd, <-chan error) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := &exec.Cmd{
+		Path: self,
+		Args: []string{"qemu-system-x86_64", "-chardev", "socket,id=qmp,path=" + QMPSocket(runDir) + ",server=on,wait=off"},
+		Env:  append(os.Environ(), fakeQEMUEnv+"=stubborn"),
+	}
+	if err := fake.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- fake.Wait() }()
+	t.Cleanup(func() { _ = fake.Process.Kill() })
+	return fake, waited
 }

@@ -102,12 +102,10 @@ func TestSandboxdQEMU(t *testing.T) {
 		for _, when := range []string{"right after the request", "when the temp dir appears"} {
 			e.check(e.api.Hibernate(e.ctx(), c.ID))
 			if when == "when the temp dir appears" {
-				deadline := time.Now().Add(30 * time.Second)
-				for len(tempDirs(t, hib)) == 0 && len(e.snapshots(c.VM)) == 0 {
-					if time.Now().After(deadline) {
-						t.Fatal("no temp dir and no snapshot appeared in the store within 30 s of the hibernate request")
-					}
-					time.Sleep(100 * time.Microsecond)
+				if !eventually(30*time.Second, 100*time.Microsecond, func() bool {
+					return len(tempDirs(t, hib)) != 0 || len(e.snapshots(c.VM)) != 0
+				}) {
+					t.Fatal("no temp dir and no snapshot appeared in the store within 30 s of the hibernate request")
 				}
 			}
 			e.kill()
@@ -133,12 +131,8 @@ func TestSandboxdQEMU(t *testing.T) {
 		// which adopts that QEMU if it runs or else stops it and starts over.
 		e.hibernated(c, runDir)
 		e.check(e.api.Wake(e.ctx(), c.ID))
-		deadline := time.Now().Add(30 * time.Second)
-		for len(qemuPIDs(runDir)) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("no QEMU appeared within 30 s of the wake request")
-			}
-			time.Sleep(100 * time.Microsecond)
+		if !eventually(30*time.Second, 100*time.Microsecond, func() bool { return len(qemuPIDs(runDir)) != 0 }) {
+			t.Fatal("no QEMU appeared within 30 s of the wake request")
 		}
 		e.kill()
 		t.Logf("killed as the wake's QEMU appeared: QEMU %v, files %v", qemuPIDs(runDir), dirNames(runDir))
@@ -318,17 +312,14 @@ func (e *e2e) check(err error) {
 // claim waits for a warm VM and claims it.
 func (e *e2e) claim() *api.ClaimResponse {
 	e.t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		info, err := e.api.Info(e.ctx())
+	var info *api.Info
+	if !eventually(2*time.Minute, 50*time.Millisecond, func() bool {
+		var err error
+		info, err = e.api.Info(e.ctx())
 		e.check(err)
-		if len(info.Pools) == 1 && info.Pools[0].Warm >= 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("no warm VM within 2 minutes: %+v", info)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return len(info.Pools) == 1 && info.Pools[0].Warm >= 1
+	}) {
+		e.t.Fatalf("no warm VM within 2 minutes: %+v", info)
 	}
 	c, err := e.api.Claim(e.ctx(), api.ClaimRequest{Template: "default", TTLSeconds: 3600})
 	e.check(err)
@@ -430,12 +421,8 @@ func (e *e2e) woken(c *api.ClaimResponse, runDir string) {
 	if len(qemuPIDs(runDir)) != 1 {
 		e.t.Fatalf("woken, with QEMU processes %v for %s", qemuPIDs(runDir), runDir)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for len(e.snapshots(c.VM)) != 0 {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("snapshots %v not dropped 30 s after the wake", e.snapshots(c.VM))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !eventually(30*time.Second, 20*time.Millisecond, func() bool { return len(e.snapshots(c.VM)) == 0 }) {
+		e.t.Fatalf("snapshots %v not dropped 30 s after the wake", e.snapshots(c.VM))
 	}
 }
 
@@ -470,16 +457,11 @@ func (e *e2e) release(c *api.ClaimResponse, runDir string) {
 	e.t.Helper()
 	e.check(e.api.Release(e.ctx(), c.ID))
 	e.waitState(c.ID, "released")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	if !eventually(30*time.Second, 20*time.Millisecond, func() bool {
 		_, err := os.Lstat(runDir)
-		if len(qemuPIDs(runDir)) == 0 && errors.Is(err, os.ErrNotExist) {
-			break
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("30 s after the release: QEMU %v, run dir: %v", qemuPIDs(runDir), err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return len(qemuPIDs(runDir)) == 0 && errors.Is(err, os.ErrNotExist)
+	}) {
+		e.t.Fatalf("30 s after the release: QEMU %v, run dir entries %v", qemuPIDs(runDir), dirNames(runDir))
 	}
 	if snaps := e.snapshots(c.VM); len(snaps) != 0 {
 		e.t.Fatalf("released VM's snapshots left: %v", snaps)

@@ -39,25 +39,32 @@ func qemuPIDs(path string) []int {
 	return pids
 }
 
+// eventually calls cond every interval until it holds (true) or timeout has
+// passed (false).
+func eventually(timeout, interval time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(interval)
+	}
+	return true
+}
+
 // killQEMUsOnCleanup makes sure no QEMU under path outlives the test (nor keeps
 // its filesystem busy): register it after the mount, so it runs before the
 // unmount.
 func killQEMUsOnCleanup(t testing.TB, path string) {
 	t.Cleanup(func() {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		if !eventually(10*time.Second, 20*time.Millisecond, func() bool {
 			pids := qemuPIDs(path)
-			if len(pids) == 0 {
-				return
-			}
 			for _, pid := range pids {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
-			if time.Now().After(deadline) {
-				t.Errorf("QEMU processes %v under %s survive SIGKILL", pids, path)
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
+			return len(pids) == 0
+		}) {
+			t.Errorf("QEMU processes %v under %s survive SIGKILL", qemuPIDs(path), path)
 		}
 	})
 }
@@ -65,16 +72,8 @@ func killQEMUsOnCleanup(t testing.TB, path string) {
 // waitNoQEMU waits until no QEMU mentions path.
 func waitNoQEMU(t testing.TB, path string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		pids := qemuPIDs(path)
-		if len(pids) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("QEMU %v of %s still running after %v", pids, path, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !eventually(timeout, 20*time.Millisecond, func() bool { return len(qemuPIDs(path)) == 0 }) {
+		t.Fatalf("QEMU %v of %s still running after %v", qemuPIDs(path), path, timeout)
 	}
 }
 
