@@ -35,6 +35,16 @@ run: build
 bench:
 	$(GO) run ./bench -out docs/benchmarks.md $(if $(BENCH),-only $(BENCH),)
 
+# chaos is the kill -9 campaign (bench/chaos): a random workload against
+# sandboxd with chsim while it is SIGKILLed at random moments (also crashed at
+# recipe steps, its VMMs killed, chsim faults on), then checks that nothing
+# acknowledged was lost and nothing was orphaned. Defaults: 10 minutes and at
+# least 50 kills; CHAOS_FLAGS passes flags, e.g. CHAOS_FLAGS='-seed 7 -duration 2m'.
+# Exits non-zero on any violation. The result of record is in docs/reliability.md.
+.PHONY: chaos
+chaos:
+	$(GO) run ./bench/chaos $(CHAOS_FLAGS)
+
 # guest builds the QEMU test guest (kernel from Debian's cloud kernel package,
 # busybox initramfs with the project's agent), cached by content hash.
 guest:
