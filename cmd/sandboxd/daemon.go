@@ -272,7 +272,9 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.http = &http.Server{Handler: d.srv, ReadHeaderTimeout: 10 * time.Second}
+	streams, endStreams := context.WithCancel(context.Background())
+	d.http = &http.Server{Handler: endStreamsOn(streams, d.srv), ReadHeaderTimeout: 10 * time.Second}
+	d.http.RegisterOnShutdown(endStreams)
 	d.bg.Add(2)
 	go func() {
 		defer d.bg.Done()
