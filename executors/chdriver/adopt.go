@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
@@ -98,6 +99,47 @@ func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Livenes
 		return reconcile.Liveness{}, fmt.Errorf("stop the VMM of %s (VM %s): %w", vm, state, terr)
 	}
 	return reconcile.Liveness{Detail: "VM is " + state}, nil
+}
+
+// HibernateSnapshotDir names, relative to the store, the snapshot the
+// hibernate of vm with intent op op makes.
+func (d *Driver) HibernateSnapshotDir(vm string, op event.OpID) string { return hibernateRel(vm, op) }
+
+// SweepSnapshots removes the hibernate snapshots of the VMs in keep (VM id
+// -> the snapshot dirs, relative to the store, to keep) that are not kept:
+// the snapshot a woken VM restored from, whose removal after the wake a
+// crash cut short. Snapshots of VMs not in keep are left alone, and so is
+// anything that is not a complete snapshot naming its VM.
+func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) ([]string, error) {
+	dir := filepath.Join(d.roots.Store, hibernateDir)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("chdriver: %w", err)
+	}
+	var removed []string
+	for _, e := range ents {
+		if ctx.Err() != nil {
+			return removed, ctx.Err()
+		}
+		rel := filepath.Join(hibernateDir, e.Name())
+		m, err := ReadMeta(filepath.Join(d.roots.Store, rel))
+		if err != nil || m.Kind != KindHibernate || !strings.HasPrefix(e.Name(), slug(m.VM)+"-") {
+			continue
+		}
+		kept, known := keep[m.VM]
+		if !known || slices.Contains(kept, rel) {
+			continue
+		}
+		if err := d.fs.RemoveAll(filepath.Join(d.roots.Store, rel)); err != nil {
+			return removed, err
+		}
+		d.log.Info().Str("snapshot", rel).Str("vm", m.VM).Msg("removed a snapshot no longer needed (a crash cut its removal short)")
+		removed = append(removed, rel)
+	}
+	return removed, nil
 }
 
 // RemoveRunDir removes an entry under InstanceRoot that no VM and no build

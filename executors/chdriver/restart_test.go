@@ -6,10 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -255,5 +257,44 @@ func TestRemoveRunDir(t *testing.T) {
 	}
 	if h.d.GoldenRunDir(newOp()) == "" || h.d.VMMBinary() != chsimBin || h.d.Instance() != testInstance {
 		t.Fatal("accessors")
+	}
+}
+
+// TestSweepSnapshots: a snapshot a wake restored from whose removal a crash
+// cut short is removed once the VM hibernated again; the current one and
+// snapshots of VMs not named are kept.
+func TestSweepSnapshots(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, "")
+	golden := h.buildGolden(testKey)
+	hibernate := func(vm string) string {
+		t.Helper()
+		res, err := h.d.Hibernate(ctx, fsm.HibernateVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: testInstance + "/" + vm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.SnapshotDir
+	}
+	for _, vm := range []string{"vm-s1", "vm-s2"} {
+		h.clone(vm, golden)
+	}
+	first := hibernate("vm-s1")
+	other := hibernate("vm-s2")
+	// Woken, but its AfterCommit (the snapshot's removal) never ran.
+	if _, err := h.d.Wake(ctx, fsm.WakeVM{OpID: newOp(), VM: "vm-s1", Key: testKey, RunDir: testInstance + "/vm-s1", SnapshotDir: first}); err != nil {
+		t.Fatal(err)
+	}
+	second := hibernate("vm-s1")
+	removed, err := h.d.SweepSnapshots(ctx, map[string][]string{"vm-s1": {second}})
+	if err != nil || len(removed) != 1 || removed[0] != first {
+		t.Fatalf("removed %v, %v; want %s", removed, err, first)
+	}
+	for _, keep := range []string{second, other} {
+		if _, err := ReadMeta(h.store(keep)); err != nil {
+			t.Fatalf("%s: %v", keep, err)
+		}
+	}
+	if got := h.d.HibernateSnapshotDir("vm-s1", event.OpID{}); !strings.HasPrefix(got, "hibernate/vm-s1-") {
+		t.Fatalf("HibernateSnapshotDir = %q", got)
 	}
 }

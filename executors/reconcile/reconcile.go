@@ -23,6 +23,11 @@
 //  4. Every other entry under <runs>/<instance>/ (no VM and no golden build
 //     of the state owns it) is removed, its VMM stopped first; a hibernated
 //     VM's leftover run dir likewise.
+//  5. Hibernate snapshots of the state's VMs that the state no longer needs
+//     (the one a woken VM restored from, when a crash cut its removal
+//     short) are removed; a hibernated or waking VM's snapshot and an
+//     in-flight hibernate's are kept, and snapshots of VMs the state does
+//     not know are left alone.
 //
 // Ownership is explicit: only <runs>/<instance>/ is read or changed, and
 // only processes whose socket lies under it are signalled. Run dirs of other
@@ -82,6 +87,17 @@ type Driver interface {
 	RemoveRunDir(ctx context.Context, name string) error
 }
 
+// SnapshotSweeper is implemented by drivers that can remove the hibernate
+// snapshots the state no longer needs (step 5 of Run; skipped otherwise).
+type SnapshotSweeper interface {
+	// HibernateSnapshotDir names the snapshot (relative to the store) the
+	// hibernate of vm with intent op makes.
+	HibernateSnapshotDir(vm string, op event.OpID) string
+	// SweepSnapshots removes the hibernate snapshots of the VMs in keep
+	// that are not among the dirs listed for them.
+	SweepSnapshots(ctx context.Context, keep map[string][]string) ([]string, error)
+}
+
 // Proposer hands commands to the single writer (the daemon's engine).
 type Proposer interface {
 	Propose(ctx context.Context, cmd fsm.Command) error
@@ -120,6 +136,9 @@ type Report struct {
 	// Orphans lists the pids of VMMs of this instance that no pid file
 	// recorded, killed.
 	Orphans []int
+	// Snapshots lists the stale hibernate snapshots removed (relative to
+	// the store).
+	Snapshots []string
 	// Foreign lists the entries of the runs root that belong to other
 	// instance ids (left alone).
 	Foreign []string
@@ -127,8 +146,9 @@ type Report struct {
 }
 
 type vmInfo struct {
-	id, runDir, instance string
-	status               fsm.VMStatus
+	id, runDir, instance, snapshotDir string
+	status                            fsm.VMStatus
+	op                                event.OpID
 }
 
 // Run reconciles once; see the package doc. Errors of single VMs are
@@ -149,7 +169,7 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 	opt.View(func(st *fsm.State) {
 		for _, id := range st.VMIDs() {
 			v, _ := st.VM(id)
-			vms = append(vms, vmInfo{id: v.ID, runDir: v.RunDir, instance: v.Instance, status: v.Status})
+			vms = append(vms, vmInfo{id: v.ID, runDir: v.RunDir, instance: v.Instance, snapshotDir: v.SnapshotDir, status: v.Status, op: v.Op})
 		}
 		for _, in := range fsm.Intents(st) {
 			if g, ok := in.(fsm.BuildGolden); ok {
@@ -253,11 +273,39 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 		rep.Removed = append(rep.Removed, n)
 	}
 	sort.Strings(rep.Removed)
+
+	// 5. Snapshots of this instance's VMs that no state needs: the one a
+	// woken VM restored from, when a crash cut its removal short.
+	if sw, ok := d.(SnapshotSweeper); ok {
+		rep.Snapshots = sweepSnapshots(ctx, sw, vms, inst, log)
+	}
 	rep.Elapsed = time.Since(start)
 	log.Info().Int("adopted", rep.Adopted).Int("exited", len(rep.Exited)).Int("in_flight", rep.InFlight).
-		Int("removed", len(rep.Removed)).Int("orphans_killed", len(rep.Orphans)).Strs("foreign_instances", rep.Foreign).
+		Int("removed", len(rep.Removed)).Int("orphans_killed", len(rep.Orphans)).Int("stale_snapshots", len(rep.Snapshots)).Strs("foreign_instances", rep.Foreign).
 		Dur("elapsed", rep.Elapsed).Msg("start-up reconcile done")
 	return rep, nil
+}
+
+func sweepSnapshots(ctx context.Context, sw SnapshotSweeper, vms []vmInfo, inst string, log zerolog.Logger) []string {
+	keep := map[string][]string{}
+	for _, v := range vms {
+		if v.instance != "" && v.instance != inst {
+			continue
+		}
+		switch v.status {
+		case fsm.VMHibernated, fsm.VMWaking, fsm.VMDestroying:
+			keep[v.id] = []string{v.snapshotDir}
+		case fsm.VMHibernating:
+			keep[v.id] = []string{v.snapshotDir, sw.HibernateSnapshotDir(v.id, v.op)}
+		default:
+			keep[v.id] = nil
+		}
+	}
+	swept, err := sw.SweepSnapshots(ctx, keep)
+	if err != nil {
+		log.Error().Err(err).Msg("could not sweep stale snapshots")
+	}
+	return swept
 }
 
 // ReportExit proposes VMExited for vm, whose VMM died while the daemon ran.

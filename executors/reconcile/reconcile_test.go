@@ -32,9 +32,13 @@ type fakeDriver struct {
 	mu      sync.Mutex
 	adopted []string
 	removed []string
+	keep    map[string][]string
 }
 
-var _ Driver = (*fakeDriver)(nil)
+var (
+	_ Driver          = (*fakeDriver)(nil)
+	_ SnapshotSweeper = (*fakeDriver)(nil)
+)
 
 func (f *fakeDriver) Instance() string     { return filepath.Base(f.root) }
 func (f *fakeDriver) VMMBinary() string    { return f.bin }
@@ -59,6 +63,15 @@ func (f *fakeDriver) AdoptVM(_ context.Context, vm, rel string) (Liveness, error
 		return l, nil
 	}
 	return Liveness{Detail: "no VMM process"}, nil
+}
+func (f *fakeDriver) HibernateSnapshotDir(vm string, op event.OpID) string {
+	return "hibernate/" + vm + "-" + op.String()
+}
+func (f *fakeDriver) SweepSnapshots(_ context.Context, keep map[string][]string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.keep = keep
+	return []string{"hibernate/stale"}, nil
 }
 func (f *fakeDriver) RemoveRunDir(_ context.Context, name string) error {
 	f.mu.Lock()
@@ -245,6 +258,27 @@ func TestRun(t *testing.T) {
 			t.Fatalf("dead VM is %s", v.Status)
 		}
 	})
+	// Snapshots: the hibernated VM's and the in-flight hibernate's are
+	// kept, every other VM's are not.
+	var hibSnap, hibingOp string
+	w.e.View(func(st *fsm.State) {
+		v, _ := st.VM(w.hib)
+		hibSnap = v.SnapshotDir
+		h, _ := st.VM(w.hibing)
+		hibingOp = h.Op.String()
+	})
+	if got := d.keep[w.hib]; !slices.Equal(got, []string{hibSnap}) {
+		t.Fatalf("keep of the hibernated VM %v, want %s", got, hibSnap)
+	}
+	if got := d.keep[w.hibing]; len(got) != 2 || got[1] != "hibernate/"+w.hibing+"-"+hibingOp {
+		t.Fatalf("keep of the hibernating VM %v", got)
+	}
+	if got, ok := d.keep[w.claimed]; !ok || got != nil {
+		t.Fatalf("keep of a claimed VM %v (%v)", got, ok)
+	}
+	if !slices.Equal(rep.Snapshots, []string{"hibernate/stale"}) {
+		t.Fatalf("report snapshots %v", rep.Snapshots)
+	}
 	for _, n := range []string{w.warm, w.hibing, w.clon, goldenDir, "../i-other/vm-x"} {
 		if _, err := os.Stat(filepath.Join(root, n)); err != nil {
 			t.Errorf("%s was removed", n)

@@ -398,6 +398,32 @@ func (c *campaign) checkOrphans(vms []api.VM) {
 		}
 	}
 	c.checked("run dirs of the instance", len(ents))
+	// Snapshots: one per hibernated VM, none of VMs that run or are gone.
+	hib := map[string]bool{}
+	for _, v := range vms {
+		if v.State == "hibernated" {
+			hib[v.Name] = true
+		}
+	}
+	snaps, _ := filepath.Glob(filepath.Join(c.a.DataDir, "store", "hibernate", "*"))
+	per := map[string]int{}
+	for _, dir := range snaps {
+		var meta struct {
+			VM string `json:"vm"`
+		}
+		data, err := os.ReadFile(filepath.Join(dir, metaFile))
+		if err == nil {
+			err = json.Unmarshal(data, &meta)
+		}
+		if err != nil || !hib[meta.VM] {
+			c.violate("snapshot %s left in the store: VM %q is not hibernated (%v)", filepath.Base(dir), meta.VM, err)
+			continue
+		}
+		if per[meta.VM]++; per[meta.VM] > 1 {
+			c.violate("VM %s has %d snapshots in the store", meta.VM, per[meta.VM])
+		}
+	}
+	c.checked("hibernate snapshots in the store", len(snaps))
 }
 
 // checkOthers: the second instance and the planted foreign VMM were not
