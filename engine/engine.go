@@ -19,7 +19,8 @@
 //
 // The engine also runs the two loops every node needs: a timer loop that
 // proposes fsm.Tick when the state's next timer is due, and a refill loop
-// that proposes fsm.Refill when a pool is short of its warm target.
+// that proposes fsm.Refill once a pool has been short of its warm target for
+// Options.RefillDelay (so one Refill answers a burst of claims).
 package engine
 
 import (
@@ -79,7 +80,19 @@ type Options struct {
 	// TickEvery caps the timer loop's sleep (default 1 s), so a clock jump
 	// cannot delay timers for long.
 	TickEvery time.Duration
+	// RefillDelay is how long a pool may stay short before the refill loop
+	// proposes a Refill (default DefaultRefillDelay; negative: none). Every
+	// warm claim leaves its pool short; refilling at once would put one
+	// extra op, and its fsync, right in front of the next claim's. Waiting
+	// a little lets one Refill answer a burst of claims, with its fsync
+	// shared or out of their way. The delay is bounded: later commits do
+	// not push it back.
+	RefillDelay time.Duration
 }
+
+// DefaultRefillDelay is Options.RefillDelay's default: small next to a clone
+// (tens of milliseconds at best), long next to an fsync.
+const DefaultRefillDelay = 10 * time.Millisecond
 
 // Engine is a node's single writer. Create with New, start the loops with
 // Start, stop with Shutdown.
@@ -115,6 +128,12 @@ func New(log Log, st *fsm.State, opts Options) *Engine {
 	}
 	if opts.TickEvery <= 0 {
 		opts.TickEvery = time.Second
+	}
+	switch {
+	case opts.RefillDelay == 0:
+		opts.RefillDelay = DefaultRefillDelay
+	case opts.RefillDelay < 0:
+		opts.RefillDelay = 0
 	}
 	return &Engine{
 		log: log, opts: opts, zl: opts.Log, st: st,
@@ -323,10 +342,12 @@ func (e *Engine) Shutdown() {
 	e.wg.Wait()
 }
 
-// loop proposes Ticks when a timer is due and Refills when a pool is short.
+// loop proposes Ticks when a timer is due and Refills when a pool has been
+// short for RefillDelay.
 func (e *Engine) loop() {
 	t := time.NewTimer(0)
 	defer t.Stop()
+	var refillAt time.Time // when a short pool is refilled; zero: none short
 	for {
 		select {
 		case <-e.stop:
@@ -335,8 +356,20 @@ func (e *Engine) loop() {
 		case <-e.wake:
 		}
 		e.tickIfDue()
-		e.refillIfShort()
 		d := e.opts.TickEvery
+		switch now := time.Now(); {
+		case !e.short():
+			refillAt = time.Time{}
+		case refillAt.IsZero() && e.opts.RefillDelay > 0:
+			refillAt = now.Add(e.opts.RefillDelay)
+			d = e.opts.RefillDelay
+		case !now.Before(refillAt):
+			refillAt = time.Time{}
+			e.refill()
+		default:
+			d = refillAt.Sub(now)
+		}
+		d = min(d, e.opts.TickEvery)
 		e.mu.RLock()
 		if at, ok := e.st.NextTimer(); ok {
 			if until := time.Duration(at - e.opts.Now().UnixNano()); until < d {
@@ -369,13 +402,14 @@ func (e *Engine) tickIfDue() {
 	}
 }
 
-func (e *Engine) refillIfShort() {
+// short reports a pool below its warm target.
+func (e *Engine) short() bool {
 	e.mu.RLock()
-	short := len(fsm.RefillsNeeded(e.st)) > 0
-	e.mu.RUnlock()
-	if !short {
-		return
-	}
+	defer e.mu.RUnlock()
+	return len(fsm.RefillsNeeded(e.st)) > 0
+}
+
+func (e *Engine) refill() {
 	if _, err := e.Propose(context.Background(), fsm.Refill{Meta: e.Meta()}); err != nil && !errors.Is(err, ErrStopped) {
 		if _, rejected := fsm.AsRejection(err); !rejected {
 			e.zl.Warn().Err(err).Msg("engine: refill failed")

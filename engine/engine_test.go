@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/replay"
 )
@@ -195,5 +196,51 @@ func TestShutdownIsIdempotentAndRefuses(t *testing.T) {
 	e.Shutdown()
 	if _, err := e.Propose(context.Background(), fsm.Tick{Meta: e.Meta()}); !errors.Is(err, ErrStopped) {
 		t.Fatalf("err = %v, want ErrStopped", err)
+	}
+}
+
+// The refill loop waits RefillDelay after a pool falls short, so claims made
+// meanwhile are answered by one Refill op, and then refills them all.
+func TestRefillDelayCoalescesClaims(t *testing.T) {
+	const delay = time.Second
+	e, l := newEngine(t, t.TempDir(), Options{RefillDelay: delay})
+	setup(t, e, 3)
+	fillWarm(t, e)
+	e.Start()
+	from := l.LastSeq() + 1
+	began := time.Now()
+	for _, id := range []string{"sb_00000000000000a1", "sb_00000000000000a2", "sb_00000000000000a3"} {
+		mustPropose(t, e, fsm.Claim{Meta: e.Meta(), ID: id, Key: key})
+	}
+	claimed := time.Since(began)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		// Views may run ahead of the log by the fsync in flight.
+		var refilling int
+		var applied uint64
+		e.View(func(st *fsm.State) { refilling, applied = st.Info().Pools[0].Refilling, st.Applied() })
+		if refilling == 3 && l.LastSeq() >= applied {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("refilling = %d after the delay, want 3", refilling)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if waited := time.Since(began); waited < delay {
+		t.Fatalf("refill proposed %s after the first claim, before RefillDelay %s", waited, delay)
+	}
+	evs, err := l.Read(from, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := map[string]int{}
+	for _, ev := range evs {
+		if ev.Type == event.TypeVMCloneRequested {
+			ops[ev.OpID.String()]++
+		}
+	}
+	if claimed < delay/2 && len(ops) != 1 {
+		t.Fatalf("clone requests in %d ops (%v), want one Refill for the three claims", len(ops), ops)
 	}
 }
