@@ -231,3 +231,27 @@ func TestHashDiffersOnEveryField(t *testing.T) {
 		c = h.s.claims[claimID(1)]
 	}
 }
+
+// SkipCheck skips only the invariant check: the state is the same, and an
+// encoding that breaks an invariant the indexes cannot see decodes with it
+// and is refused without it.
+func TestDecodeSkipCheck(t *testing.T) {
+	h := richState(t)
+	enc := Encode(h.s)
+	s, err := DecodeWith(enc, DecodeOptions{SkipCheck: true})
+	if err != nil || Hash(s) != Hash(h.s) {
+		t.Fatalf("skip-check decode: %v", err)
+	}
+	// A hibernating claim pointing at another claim's hibernated VM.
+	h.s.claims[claimID(3)].VM = h.s.claims[claimID(2)].VM
+	bad := Encode(h.s)
+	if _, err := Decode(bad); !errors.Is(err, ErrStateCorrupt) {
+		t.Fatalf("checked decode of a broken state: %v", err)
+	}
+	if _, err := DecodeWith(bad, DecodeOptions{SkipCheck: true}); err != nil {
+		t.Fatalf("skip-check decode of a broken state: %v", err)
+	}
+	if _, err := DecodeWith(enc[:len(enc)-1], DecodeOptions{SkipCheck: true}); !errors.Is(err, ErrStateCorrupt) {
+		t.Fatalf("skip-check decode of a truncated state: %v", err)
+	}
+}

@@ -142,7 +142,7 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 	} else {
 		zl.Info().Msg("replication disabled (nats.disabled / -no-nats)")
 	}
-	res, err := replay.Rebuild(d.log, replay.Options{})
+	res, err := replay.Rebuild(d.log, replay.Options{TrustSnapshot: true})
 	if err != nil {
 		return nil, err
 	}

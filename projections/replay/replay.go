@@ -46,6 +46,10 @@ type Options struct {
 	Until uint64
 	// NoSnapshot forces a full replay from the first event.
 	NoSnapshot bool
+	// TrustSnapshot decodes the snapshot without fsm's full invariant check
+	// (fsm.DecodeOptions.SkipCheck): the daemon's restart path, where the
+	// log's checksum covers the snapshot's bytes and start-up time counts.
+	TrustSnapshot bool
 	// Now is the clock used to time the replay (default time.Now); only the
 	// Result's Elapsed depends on it.
 	Now func() time.Time
@@ -101,7 +105,7 @@ func Rebuild(l Log, opt Options) (*Result, error) {
 		case seq > until:
 			res.SnapshotErr = fmt.Errorf("snapshot at %d is after %d", seq, until)
 		default:
-			s, derr := fsm.Decode(data)
+			s, derr := fsm.DecodeWith(data, fsm.DecodeOptions{SkipCheck: opt.TrustSnapshot})
 			if derr != nil {
 				res.SnapshotErr = fmt.Errorf("snapshot at %d: %w", seq, derr)
 				break
