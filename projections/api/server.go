@@ -234,9 +234,14 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var he *httpError
 	var ae *engine.AppendError
+	var oe *ownedElsewhere
 	switch rej, isRej := fsm.AsRejection(err); {
 	case errors.As(err, &he):
 		writeError(w, err)
+	case errors.As(err, &oe):
+		// Only reads answer for another node's sandbox; a change must be
+		// sent to its owner.
+		writeError(w, errorf(http.StatusNotFound, "sandbox %s is not on this node: its owner is %s", r.PathValue("id"), oe.addr))
 	case isRej:
 		writeError(w, errorf(rej.Code.HTTPStatus(), "%s", rej.Msg))
 	case errors.Is(err, ErrUnavailable):

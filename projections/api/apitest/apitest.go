@@ -100,6 +100,10 @@ type Options struct {
 	Concurrency int
 	// Config is passed to api.New; OwnerAddr defaults to the listen address.
 	Config api.Config
+	// Redirector is passed to the server (the cluster view in sandboxd).
+	Redirector api.Redirector
+	// RefillDelay is passed to the engine (0: its default).
+	RefillDelay time.Duration
 	// Metrics enables /metrics.
 	Metrics bool
 	// NoExecutors leaves intents unanswered (no executor pool): pools never
@@ -167,7 +171,7 @@ func Start(opts Options) (n *Node, err error) {
 		return n, err
 	}
 	var metrics *api.Metrics
-	n.Engine = engine.New(n.Log, res.State, engine.Options{Log: opts.Log, OnAppend: func(d time.Duration) { metrics.ObserveAppend(d) }})
+	n.Engine = engine.New(n.Log, res.State, engine.Options{Log: opts.Log, RefillDelay: opts.RefillDelay, OnAppend: func(d time.Duration) { metrics.ObserveAppend(d) }})
 	if opts.Metrics {
 		metrics = api.NewMetrics(n.Engine)
 	}
@@ -209,7 +213,7 @@ func Start(opts Options) (n *Node, err error) {
 	if cfg.Hypervisor == "" {
 		cfg.Hypervisor = "in-process-fake"
 	}
-	n.Server = api.New(cfg, n.Engine, n.Log, n.Auth, api.Options{Log: opts.Log, Metrics: metrics})
+	n.Server = api.New(cfg, n.Engine, n.Log, n.Auth, api.Options{Log: opts.Log, Metrics: metrics, Redirector: opts.Redirector})
 	if !opts.NoExecutors {
 		n.Pool = executors.NewPool(n.Driver, proposer{n.Engine}, executors.PoolOptions{Concurrency: opts.Concurrency, Log: opts.Log, Observer: metrics})
 	}

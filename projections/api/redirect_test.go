@@ -1,0 +1,81 @@
+package api_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/api/apitest"
+)
+
+// otherNode is a cluster view that knows one sandbox owned by another node
+// and warm capacity elsewhere for one pool key.
+type otherNode struct {
+	id, addr string
+	warmKey  fsm.PoolKey
+}
+
+var _ api.Redirector = otherNode{}
+
+func (o otherNode) WarmElsewhere(k fsm.PoolKey) []string {
+	if k == o.warmKey {
+		return []string{o.addr}
+	}
+	return nil
+}
+
+func (o otherNode) OwnerOf(id string) (string, bool) { return o.addr, id == o.id }
+
+// A sandbox another node owns: reads name the owner, writes are a 404 that
+// names it too; never a 5xx.
+func TestSandboxOwnedElsewhere(t *testing.T) {
+	other := otherNode{id: "sb_00000000000000ee", addr: "10.0.0.2:7777", warmKey: defKey}
+	n := newNode(t, 0, func(o *apitest.Options) { o.Redirector = other; o.NoExecutors = true })
+	path := "/v1/sandboxes/" + other.id
+	for _, r := range []struct {
+		method, suffix, body string
+		status               int
+	}{
+		{"GET", "", "", 200}, {"GET", "/owner", "", 200},
+		{"POST", "/release", "", 404}, {"POST", "/hibernate", "", 404}, {"POST", "/wake", "", 404},
+		{"POST", "/renew", `{"ttl_seconds":60}`, 404},
+	} {
+		var body []byte
+		if r.body != "" {
+			body = []byte(r.body)
+		}
+		st, b := call(t, n, r.method, path+r.suffix, rootTok, body)
+		if st != r.status || !strings.Contains(string(b), other.addr) {
+			t.Errorf("%s %s%s: %d %s, want %d naming %s", r.method, path, r.suffix, st, b, r.status, other.addr)
+		}
+		if st >= 400 {
+			var e struct{ Error string }
+			if json.Unmarshal(b, &e) != nil || e.Error == "" {
+				t.Errorf("%s %s%s: error body %s", r.method, path, r.suffix, b)
+			}
+		}
+		// Tenants are not told about other nodes' sandboxes.
+		if st, _ := call(t, n, r.method, path+r.suffix, tokA, body); st != http.StatusNotFound {
+			t.Errorf("tenant %s %s%s: %d, want 404", r.method, path, r.suffix, st)
+		}
+	}
+}
+
+// With no warm VM here and warm capacity on another node, a claim is
+// redirected there instead of cloning.
+func TestClaimRedirectsToWarmNode(t *testing.T) {
+	other := otherNode{addr: "10.0.0.3:7777", warmKey: defKey}
+	n := newNode(t, 0, func(o *apitest.Options) { o.Redirector = other; o.NoExecutors = true })
+	seq := n.Log.LastSeq()
+	st, b := call(t, n, "POST", "/v1/claim", rootTok, []byte(`{"template":"default"}`))
+	var red struct{ Redirect []string }
+	if st != http.StatusTemporaryRedirect || json.Unmarshal(b, &red) != nil || len(red.Redirect) != 1 || red.Redirect[0] != other.addr {
+		t.Fatalf("claim: %d %s, want 307 {\"redirect\":[%q]}", st, b, other.addr)
+	}
+	if got := n.Log.LastSeq(); got != seq {
+		t.Fatalf("a redirected claim appended to the log: seq %d -> %d", seq, got)
+	}
+}
