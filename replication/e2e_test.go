@@ -89,23 +89,7 @@ func TestR3ClusterLosesAServer(t *testing.T) {
 		return reps["n1"].Replicated() > 200 && reps["n2"].Replicated() > 200
 	})
 
-	st, err := js.Stream(ctx, stream.DefaultName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil || info.Cluster == nil {
-		t.Fatalf("stream info: %v", err)
-	}
-	victim := -1
-	for i, s := range c.Servers {
-		if s.Name() == info.Cluster.Leader {
-			victim = i
-		}
-	}
-	if victim < 0 {
-		t.Fatalf("stream leader %q not among the servers", info.Cluster.Leader)
-	}
+	victim := natstest.StreamLeader(t, c, js, stream.DefaultName)
 	ackedAtLoss := map[string]uint64{}
 	for _, n := range nodes {
 		ackedAtLoss[n] = reps[n].Replicated()

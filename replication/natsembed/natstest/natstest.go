@@ -66,6 +66,29 @@ func Connect(t testing.TB, urls string) (*nats.Conn, jetstream.JetStream) {
 	return nc, js
 }
 
+// StreamLeader returns the index in c.Servers of the server leading stream
+// name's replicas: the one to kill for the worst case.
+func StreamLeader(t testing.TB, c *natsembed.Cluster, js jetstream.JetStream, name string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatalf("stream %s: %v", name, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil || info.Cluster == nil {
+		t.Fatalf("stream %s info: %+v, %v", name, info, err)
+	}
+	for i, s := range c.Servers {
+		if s.Name() == info.Cluster.Leader {
+			return i
+		}
+	}
+	t.Fatalf("stream %s: leader %q is none of the servers", name, info.Cluster.Leader)
+	return -1
+}
+
 // Eventually polls cond every 10 ms until it returns true or d passes.
 func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
