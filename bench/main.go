@@ -24,6 +24,7 @@ import (
 	"github.com/sbxlog/sbxlog/bench/qemubench"
 	"github.com/sbxlog/sbxlog/bench/replbench"
 	"github.com/sbxlog/sbxlog/bench/report"
+	"github.com/sbxlog/sbxlog/bench/restartbench"
 )
 
 // section is one runnable benchmark.
@@ -42,6 +43,7 @@ var sections = []section{
 	{"execbench", execbench.Run},
 	{"qemubench", qemubench.Run},
 	{"replbench", replbench.Run},
+	{"restartbench", restartbench.Run},
 }
 
 func main() {
