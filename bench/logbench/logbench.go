@@ -53,8 +53,11 @@ func configFor(quick bool) config {
 
 // Run measures the section. opts.Scratch must be on the disk being measured.
 func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
-	cfg := configFor(opts.Quick)
-	b := &bench{cfg: cfg, dir: opts.Scratch, start: time.Now(), load: loadAvg()}
+	return runWith(ctx, opts.Scratch, configFor(opts.Quick))
+}
+
+func runWith(ctx context.Context, scratch string, cfg config) (*report.Section, error) {
+	b := &bench{cfg: cfg, dir: scratch, start: time.Now(), load: loadAvg()}
 	sec, err := b.run(ctx)
 	for _, l := range []*eventlog.Log{b.small, b.big} {
 		if l != nil {
