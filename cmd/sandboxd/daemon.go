@@ -127,6 +127,8 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 		zl.Warn().Msg("no api_token configured: root-only routes answer 401")
 	}
 
+	defer startGC()()
+
 	// 1. The log, then the state: latest snapshot plus the tail.
 	d.log, err = eventlog.Open(filepath.Join(dataDir, "log"), eventlog.Options{NodeID: cfg.NodeID, Logger: zl})
 	if err != nil {

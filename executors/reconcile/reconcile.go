@@ -48,6 +48,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -210,10 +211,6 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: %w", err)
 	}
-	present := make(map[string]bool, len(dirs))
-	for _, n := range dirs {
-		present[n] = true
-	}
 	owned := map[string]bool{}
 	var adopt []vmInfo
 	for _, v := range vms {
@@ -233,16 +230,19 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 			rep.InFlight++
 		}
 	}
+	// A fixed set of workers takes the VMs in turn: a goroutine per VM
+	// would cost more than the adoption itself at 100k VMs.
 	results := make([]Liveness, len(adopt))
 	errs := make([]error, len(adopt))
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, opt.concurrency())
-	for i, v := range adopt {
+	var next atomic.Int64
+	for range min(opt.concurrency(), len(adopt)) {
 		wg.Add(1)
-		sem <- struct{}{}
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			results[i], errs[i] = d.AdoptVM(ctx, v.id, v.runDir)
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(adopt); i = int(next.Add(1) - 1) {
+				results[i], errs[i] = d.AdoptVM(ctx, adopt[i].id, adopt[i].runDir)
+			}
 		}()
 	}
 	wg.Wait()
