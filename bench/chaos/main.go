@@ -29,7 +29,7 @@ func main() {
 	vmmKills := flag.Bool("vmm-kills", true, "also kill random VMM processes")
 	faults := flag.Bool("faults", true, "turn on chsim faults for some incarnations")
 	crashSteps := flag.Bool("crash-steps", true, "crash sandboxd at random recipe steps (SBX_CRASH_AT) too")
-	nats := flag.Bool("nats", false, "run sandboxd with replication (checks usage.jsonl against the log)")
+	nats := flag.Bool("nats", true, "run sandboxd with replication (embedded NATS), so usage.jsonl is checked against the log")
 	dir := flag.String("dir", "", "scratch dir (default: a temp dir, removed unless -keep)")
 	keep := flag.Bool("keep", false, "keep the scratch dir (data dirs, daemon logs)")
 	bin := flag.String("bin", "", "directory holding prebuilt sandboxd and chsim (default: build them)")

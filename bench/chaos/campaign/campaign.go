@@ -69,7 +69,8 @@ type Options struct {
 	// CrashSteps arms SBX_CRASH_AT at a random recipe step for some
 	// incarnations (counted apart from the SIGKILLs).
 	CrashSteps bool
-	// NATS runs the daemon with replication (usage.jsonl); off by default.
+	// NATS runs the daemon with replication (embedded NATS), which writes
+	// the usage journal the end checks compare with the log.
 	NATS bool
 	// Out receives progress lines (nil: discarded).
 	Out io.Writer

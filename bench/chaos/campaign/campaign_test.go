@@ -61,7 +61,7 @@ func TestShortCampaign(t *testing.T) {
 	var out bytes.Buffer
 	res, err := Run(context.Background(), Options{
 		Bins: bins, Dir: scratch(t), Keep: true, Duration: 35 * time.Second, Kills: 12, Seed: 20261130,
-		VMMKills: true, Faults: true, CrashSteps: true, Out: &out,
+		VMMKills: true, Faults: true, CrashSteps: true, NATS: true, Out: &out,
 	})
 	if res != nil {
 		var rep bytes.Buffer

@@ -169,9 +169,16 @@ func (c *campaign) doClaim(ctx context.Context, cl *apiclient.Client) {
 	c.count("claim", out)
 	if out == outAcked {
 		c.mu.Lock()
+		defer c.mu.Unlock()
+		if x, ok := c.claims[cr.ID]; ok {
+			// A listing found it before its answer arrived, and maybe
+			// released it already: those operations came after the claim.
+			x.acked, x.vm, x.deadline = true, cr.VM, cr.Deadline
+			x.ops = append([]lifeOp{{"claim", outAcked}}, x.ops...)
+			return
+		}
 		c.claims[cr.ID] = &claim{id: cr.ID, vm: cr.VM, acked: true, ops: []lifeOp{{"claim", outAcked}}, deadline: cr.Deadline, observed: "running"}
 		c.order = append(c.order, cr.ID)
-		c.mu.Unlock()
 		return
 	}
 	// A claim answered 503 exists, pending or failed: a phantom.
@@ -194,22 +201,11 @@ func (c *campaign) addPhantom(id, vm string) {
 // withClaim picks an idle claim in state want ("" any live), refreshes its
 // state and runs fn on it, the claim marked busy meanwhile.
 func (c *campaign) withClaim(ctx context.Context, cl *apiclient.Client, want string, fn func(context.Context, *apiclient.Client, *claim)) {
-	c.mu.Lock()
-	var cands []*claim
-	for _, id := range c.order {
-		x := c.claims[id]
-		if !x.busy && x.live() && (want == "" || x.observed == want) {
-			cands = append(cands, x)
-		}
-	}
-	if len(cands) == 0 {
-		c.mu.Unlock()
+	x, done := c.pick(func(x *claim) bool { return want == "" || x.observed == want })
+	if x == nil {
 		return
 	}
-	x := cands[c.rng.IntN(len(cands))]
-	x.busy = true
-	c.mu.Unlock()
-	defer func() { c.mu.Lock(); x.busy = false; c.mu.Unlock() }()
+	defer done()
 	sb, err := cl.Sandbox(ctx, x.id)
 	if err != nil {
 		return
@@ -231,6 +227,26 @@ func (c *campaign) withClaim(ctx context.Context, cl *apiclient.Client, want str
 		return // phantoms are only released
 	}
 	fn(ctx, cl, x)
+}
+
+// pick marks a random idle live claim that ok accepts busy and returns it
+// with the function that frees it (nil when there is none). ok runs under
+// the campaign's lock.
+func (c *campaign) pick(ok func(*claim) bool) (*claim, func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var cands []*claim
+	for _, id := range c.order {
+		if x := c.claims[id]; !x.busy && x.live() && ok(x) {
+			cands = append(cands, x)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	x := cands[c.rng.IntN(len(cands))]
+	x.busy = true
+	return x, func() { c.mu.Lock(); x.busy = false; c.mu.Unlock() }
 }
 
 func (c *campaign) addOp(x *claim, kind, out string) {
@@ -449,21 +465,11 @@ func (c *campaign) sweep(ctx context.Context, cl *apiclient.Client) {
 }
 
 func (c *campaign) withPhantom(ctx context.Context, cl *apiclient.Client) {
-	c.mu.Lock()
-	var x *claim
-	for _, id := range c.order {
-		if p := c.claims[id]; !p.acked && !p.busy && p.live() {
-			x = p
-			break
-		}
-	}
+	x, done := c.pick(func(x *claim) bool { return !x.acked })
 	if x == nil {
-		c.mu.Unlock()
 		return
 	}
-	x.busy = true
-	c.mu.Unlock()
-	defer func() { c.mu.Lock(); x.busy = false; c.mu.Unlock() }()
+	defer done()
 	c.doRelease(ctx, cl, x)
 }
 
@@ -473,29 +479,20 @@ func (c *campaign) instance() string { return c.inst }
 // killRandomVMM SIGKILLs the VMM of a running claim (at most twice per
 // claim within the restart window, so the restart policy is not spent).
 func (c *campaign) killRandomVMM() {
-	c.mu.Lock()
-	var cands []*claim
 	now := time.Now()
-	for _, id := range c.order {
-		x := c.claims[id]
+	x, done := c.pick(func(x *claim) bool {
 		recent := 0
 		for _, t := range x.vmmKills {
 			if now.Sub(t) < 10*time.Minute {
 				recent++
 			}
 		}
-		if x.acked && !x.busy && x.live() && x.observed == "running" && !x.verifyWake && recent < 2 {
-			cands = append(cands, x)
-		}
-	}
-	if len(cands) == 0 {
-		c.mu.Unlock()
+		return x.acked && x.observed == "running" && !x.verifyWake && recent < 2
+	})
+	if x == nil {
 		return
 	}
-	x := cands[c.rng.IntN(len(cands))]
-	x.busy = true
-	c.mu.Unlock()
-	defer func() { c.mu.Lock(); x.busy = false; c.mu.Unlock() }()
+	defer done()
 	runDir := filepath.Join(c.a.DataDir, "run", c.instance(), x.vm)
 	for _, p := range VMMsUnder(runDir) {
 		if filepath.Dir(p.Socket) != runDir {
