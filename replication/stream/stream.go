@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -242,4 +243,58 @@ func covers(p, w string) bool {
 		}
 	}
 	return len(pt) == len(wt)
+}
+
+// End is where a node's subject ends in the stream.
+type End struct {
+	// Seq is the node's last event sequence (0: no message).
+	Seq uint64
+	// StreamSeq is that message's stream sequence.
+	StreamSeq uint64
+}
+
+// Ends returns, per node, where its subject in stream name ends: where a
+// consumer that should stop "at the end" stops. An empty nodes means every
+// node with a subject in the stream. The event sequence is read from the
+// last message's Nats-Msg-Id.
+func Ends(ctx context.Context, js jetstream.JetStream, name string, nodes []string) (map[string]End, error) {
+	if name == "" {
+		name = DefaultName
+	}
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	if len(nodes) == 0 {
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(AllSubjects))
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: %w", name, err)
+		}
+		for subj := range info.State.Subjects {
+			if n, ok := NodeOf(subj); ok {
+				nodes = append(nodes, n)
+			}
+		}
+	}
+	out := make(map[string]End, len(nodes))
+	for _, n := range nodes {
+		if err := CheckNodeID(n); err != nil {
+			return nil, err
+		}
+		m, err := st.GetLastMsgForSubject(ctx, Subject(n))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			out[n] = End{}
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: last message of %s: %w", name, n, err)
+		}
+		id := m.Header.Get(jetstream.MsgIDHeader)
+		seq, err := strconv.ParseUint(strings.TrimPrefix(id, n+"-"), 10, 64)
+		if err != nil || id != MsgID(n, seq) {
+			return nil, fmt.Errorf("stream %s: last message of %s (stream seq %d) has message id %q, not %s-<seq>", name, n, m.Sequence, id, n)
+		}
+		out[n] = End{Seq: seq, StreamSeq: m.Sequence}
+	}
+	return out, nil
 }

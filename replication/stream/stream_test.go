@@ -160,3 +160,53 @@ func TestEnsureRefusesIncompatible(t *testing.T) {
 		t.Fatalf("replicas: %v", err)
 	}
 }
+
+// Ends reads each node's last sequence from its last message id; a node
+// without messages is 0 and a foreign message id is an error.
+func TestEnds(t *testing.T) {
+	srv := natstest.Single(t)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := stream.Ends(ctx, js, "", nil); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("Ends without a stream: %v", err)
+	}
+	if _, err := stream.Ensure(ctx, js, stream.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	pub := func(node, id string) {
+		t.Helper()
+		if _, err := js.Publish(ctx, stream.Subject(node), []byte("x"), jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for seq := uint64(1); seq <= 3; seq++ {
+		pub("n-1", stream.MsgID("n-1", seq))
+	}
+	pub("n2", stream.MsgID("n2", 1))
+	for _, tc := range []struct {
+		nodes []string
+		want  map[string]stream.End
+	}{
+		// Stream sequences: n-1's three messages, then n2's.
+		{nil, map[string]stream.End{"n-1": {Seq: 3, StreamSeq: 3}, "n2": {Seq: 1, StreamSeq: 4}}},
+		{[]string{"n2", "n3"}, map[string]stream.End{"n2": {Seq: 1, StreamSeq: 4}, "n3": {}}},
+	} {
+		got, err := stream.Ends(ctx, js, stream.DefaultName, tc.nodes)
+		if err != nil || len(got) != len(tc.want) {
+			t.Fatalf("Ends(%v) = %v, %v; want %v", tc.nodes, got, err, tc.want)
+		}
+		for n, s := range tc.want {
+			if got[n] != s {
+				t.Errorf("Ends(%v)[%s] = %+v, want %+v", tc.nodes, n, got[n], s)
+			}
+		}
+	}
+	pub("n2", "other-7")
+	if _, err := stream.Ends(ctx, js, "", []string{"n2"}); err == nil || !strings.Contains(err.Error(), "other-7") {
+		t.Fatalf("Ends with a foreign message id: %v", err)
+	}
+	if _, err := stream.Ends(ctx, js, "", []string{"a.b"}); !errors.Is(err, stream.ErrBadNodeID) {
+		t.Fatalf("Ends with a bad node id: %v", err)
+	}
+}

@@ -1,0 +1,324 @@
+package main
+
+// The replication consumers (DESIGN.md §6) as standalone commands, reading
+// the nodes' op logs from a NATS JetStream stream: follow keeps a verified
+// replica of one node's log, usage and audit write the billing and audit
+// journals of any number of nodes. sandboxd runs usage and audit for its own
+// node already (<data>/usage.jsonl, <data>/audit.jsonl); these are for a
+// central host or a replacement.
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/replication/audit"
+	"github.com/sbxlog/sbxlog/replication/feed"
+	"github.com/sbxlog/sbxlog/replication/follower"
+	"github.com/sbxlog/sbxlog/replication/stream"
+	usagejournal "github.com/sbxlog/sbxlog/replication/usage"
+)
+
+// envNATS overrides the default --nats URL.
+const envNATS = "SBX_NATS_URL"
+
+// defaultNATS is the embedded server of a sandboxd on the default listen
+// address (127.0.0.1:7777 -> NATS on port 8777).
+const defaultNATS = "nats://127.0.0.1:8777"
+
+func init() {
+	register("follow", command{summary: "keep a verified replica of a node's op log from NATS (--node N --data DIR)", run: replFollow})
+	register("usage", command{summary: "write usage.jsonl (billing records, one summary per sandbox) from NATS (--out FILE)", run: replJournal("usage")})
+	register("audit", command{summary: "write audit.jsonl (one record per event) from NATS (--out FILE)", run: replJournal("audit")})
+}
+
+// replFlags are the flags every replication command takes.
+type replFlags struct {
+	url, creds, stream, durable, logLevel string
+	once                                  bool
+}
+
+func (r *replFlags) add(fs *flag.FlagSet, durableHelp string) {
+	url := defaultNATS
+	if env := os.Getenv(envNATS); env != "" {
+		url = env
+	}
+	fs.StringVar(&r.url, "nats", url, "NATS server URLs, comma-separated ($"+envNATS+")")
+	fs.StringVar(&r.creds, "creds", "", "NATS credentials file")
+	fs.StringVar(&r.stream, "stream", stream.DefaultName, "JetStream stream")
+	fs.StringVar(&r.durable, "durable", "", "durable consumer name ("+durableHelp+")")
+	fs.BoolVar(&r.once, "once", false, "stop once caught up with the stream's end at start, instead of following until SIGINT/SIGTERM")
+	fs.StringVar(&r.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn, error")
+}
+
+// parse parses args, refusing positional arguments; it returns the exit
+// code to return, or -1 to go on.
+func parseRepl(fs *flag.FlagSet, name string, args []string, stderr io.Writer) int {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sbxctl %s: unexpected argument %q\n", name, fs.Arg(0))
+		return 2
+	}
+	return -1
+}
+
+func (r *replFlags) logger(stderr io.Writer) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(r.logLevel)
+	if err != nil || r.logLevel == "" {
+		return zerolog.Nop(), fmt.Errorf("--log-level %q: want debug, info, warn or error", r.logLevel)
+	}
+	return zerolog.New(stderr).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// connect opens the NATS connection: the first connect must succeed (a
+// wrong URL is reported at once); later losses reconnect forever.
+func (r *replFlags) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
+	opts := []nats.Option{nats.Name("sbxctl-" + name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
+	if r.creds != "" {
+		opts = append(opts, nats.UserCredentials(r.creds))
+	}
+	nc, err := nats.Connect(r.url, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", r.url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// consume runs a consumer until ctx ends, it fails, or (with --once) it
+// has caught up with the stream's end as found at start: each node's
+// position (what the consumer's output holds) reached its last event, or
+// the durable consumer acknowledged the last message of them all (usage
+// writes no record for some events, so its position can stay below the
+// end). It returns the ends it waited for (nil without --once).
+func (r *replFlags) consume(ctx context.Context, js jetstream.JetStream, nodes []string, position func(node string) uint64, run func(context.Context) error) (map[string]stream.End, error) {
+	var ends map[string]stream.End
+	var endStreamSeq uint64
+	if r.once {
+		var err error
+		if ends, err = stream.Ends(ctx, js, r.stream, nodes); err != nil {
+			return nil, err
+		}
+		for _, e := range ends {
+			endStreamSeq = max(endStreamSeq, e.StreamSeq)
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(rctx) }()
+	if !r.once {
+		return nil, <-done
+	}
+	acked := func() bool {
+		ictx, icancel := context.WithTimeout(ctx, 5*time.Second)
+		defer icancel()
+		c, err := js.Consumer(ictx, r.stream, r.durable)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ictx)
+		return err == nil && info.AckFloor.Stream >= endStreamSeq
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		reached := true
+		for n, end := range ends {
+			reached = reached && position(n) >= end.Seq
+		}
+		if reached || acked() {
+			cancel()
+			return ends, <-done
+		}
+		select {
+		case err := <-done:
+			return ends, err
+		case <-tick.C:
+		}
+	}
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(baseContext(), os.Interrupt, syscall.SIGTERM)
+}
+
+func replFollow(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("sbxctl follow", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var rf replFlags
+	rf.add(fs, "default follower-<node>; followers of one node on different hosts need different names")
+	node := fs.String("node", "", "the node whose log to follow (required)")
+	data := fs.String("data", "", "the replica's op log directory, created if missing (required; sbxctl log/replay read it)")
+	if code := parseRepl(fs, "follow", args, stderr); code >= 0 {
+		return code
+	}
+	switch {
+	case *node == "":
+		fmt.Fprintln(stderr, "sbxctl follow: --node is required")
+		return 2
+	case *data == "":
+		fmt.Fprintln(stderr, "sbxctl follow: --data is required")
+		return 2
+	}
+	if err := stream.CheckNodeID(*node); err != nil {
+		fmt.Fprintf(stderr, "sbxctl follow: --node: %v\n", err)
+		return 2
+	}
+	zl, err := rf.logger(stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "sbxctl follow: %v\n", err)
+		return 2
+	}
+	nc, js, err := rf.connect("follow")
+	if err != nil {
+		fmt.Fprintf(stderr, "sbxctl follow: %v\n", err)
+		return 1
+	}
+	defer nc.Close()
+	replica, err := eventlog.Open(*data, eventlog.Options{NodeID: *node, Logger: zl})
+	if err != nil {
+		fmt.Fprintf(stderr, "sbxctl follow: replica: %v\n", err)
+		return 1
+	}
+	defer replica.Close()
+	if rf.durable == "" {
+		rf.durable = "follower-" + *node
+	}
+	f, err := follower.New(follower.Options{JS: js, Stream: rf.stream, Replica: replica, Durable: rf.durable, Logger: zl})
+	if err != nil {
+		fmt.Fprintf(stderr, "sbxctl follow: %v\n", err)
+		return 2
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	_, err = rf.consume(ctx, js, []string{*node}, func(string) uint64 { return f.LastSeq() }, f.Run)
+	fmt.Fprintf(stdout, "replica of %s in %s: events %d..%d\n", *node, *data, replica.FirstSeq(), replica.LastSeq())
+	if err != nil {
+		fmt.Fprintf(stderr, "sbxctl follow: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// journalConsumer is what usage and audit have in common.
+type journalConsumer interface {
+	feed.Handler
+	Close() error
+}
+
+var (
+	_ journalConsumer = (*usagejournal.Consumer)(nil)
+	_ journalConsumer = (*audit.Consumer)(nil)
+)
+
+// replJournal builds `sbxctl usage` or `sbxctl audit`.
+func replJournal(kind string) func(args []string, stdout, stderr io.Writer) int {
+	return func(args []string, stdout, stderr io.Writer) int {
+		name := kind
+		fs := flag.NewFlagSet("sbxctl "+name, flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		var rf replFlags
+		rf.add(fs, "default sbxctl-"+name+"; keep it across runs, so each run resumes where the last one stopped")
+		out := fs.String("out", "", "the journal file ("+name+".jsonl), appended to and resumed from (required)")
+		nodesFlag := fs.String("nodes", "", "comma-separated node ids to consume (default: every node)")
+		if code := parseRepl(fs, name, args, stderr); code >= 0 {
+			return code
+		}
+		if *out == "" {
+			fmt.Fprintf(stderr, "sbxctl %s: --out is required\n", name)
+			return 2
+		}
+		if rf.durable == "" {
+			rf.durable = "sbxctl-" + name
+		}
+		var nodes []string
+		if *nodesFlag != "" {
+			nodes = strings.Split(*nodesFlag, ",")
+			for _, n := range nodes {
+				if err := stream.CheckNodeID(n); err != nil {
+					fmt.Fprintf(stderr, "sbxctl %s: --nodes: %v\n", name, err)
+					return 2
+				}
+			}
+		}
+		zl, err := rf.logger(stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "sbxctl %s: %v\n", name, err)
+			return 2
+		}
+		nc, js, err := rf.connect(name)
+		if err != nil {
+			fmt.Fprintf(stderr, "sbxctl %s: %v\n", name, err)
+			return 1
+		}
+		defer nc.Close()
+		var c journalConsumer
+		if kind == "usage" {
+			c, err = usagejournal.Open(*out, usagejournal.Options{})
+		} else {
+			c, err = audit.Open(*out)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "sbxctl %s: %v\n", name, err)
+			return 1
+		}
+		f, err := feed.New(feed.Options{JS: js, Stream: rf.stream, Durable: rf.durable, Nodes: nodes, Logger: zl}, c)
+		if err != nil {
+			_ = c.Close()
+			fmt.Fprintf(stderr, "sbxctl %s: %v\n", name, err)
+			return 2
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		ends, err := rf.consume(ctx, js, nodes, c.Position, f.Run)
+		// Report every node this run knew of: asked for, at the stream's
+		// end, or delivered.
+		seen := map[string]bool{}
+		for _, n := range nodes {
+			seen[n] = true
+		}
+		for n := range ends {
+			seen[n] = true
+		}
+		for n := range f.Status().Positions {
+			seen[n] = true
+		}
+		parts := []string{}
+		for _, n := range slices.Sorted(maps.Keys(seen)) {
+			parts = append(parts, fmt.Sprintf("%s at %d", n, c.Position(n)))
+		}
+		if cerr := c.Close(); err == nil {
+			err = cerr
+		}
+		fmt.Fprintf(stdout, "%s: %s\n", *out, strings.Join(parts, ", "))
+		if err != nil {
+			fmt.Fprintf(stderr, "sbxctl %s: %v\n", name, err)
+			return 1
+		}
+		return 0
+	}
+}

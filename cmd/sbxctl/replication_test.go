@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/fsmsim"
+	"github.com/sbxlog/sbxlog/projections/replay"
+	"github.com/sbxlog/sbxlog/replication/natsembed/natstest"
+	"github.com/sbxlog/sbxlog/replication/replicator"
+)
+
+// replNode is a simulated node's log replicated to a NATS server.
+type replNode struct {
+	log *eventlog.Log
+	st  *fsm.State
+	sim *fsmsim.Sim
+	rep *replicator.Replicator
+}
+
+func startReplNode(t *testing.T, url, node string) *replNode {
+	t.Helper()
+	l, err := eventlog.Open(filepath.Join(t.TempDir(), "log"), eventlog.Options{NodeID: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := replicator.New(replicator.Options{Log: l, URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rep.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("replicator: %v", err)
+		}
+		_ = l.Close()
+	})
+	return &replNode{log: l, st: fsm.New(), sim: fsmsim.New(7, fsmsim.Options{}), rep: rep}
+}
+
+// record runs steps simulated commands and waits until JetStream holds them.
+func (n *replNode) record(t *testing.T, steps int) {
+	t.Helper()
+	if err := replay.Record(context.Background(), n.log, n.st, n.sim, steps, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := n.rep.WaitReplicated(ctx, n.log.LastSeq()); err != nil {
+		t.Fatalf("replicate to %d: %v", n.log.LastSeq(), err)
+	}
+}
+
+// encoded returns every event of l, encoded, in order.
+func encoded(t *testing.T, l *eventlog.Log) [][]byte {
+	t.Helper()
+	evs, err := l.Read(0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([][]byte, len(evs))
+	for i := range evs {
+		out[i] = event.Encode(&evs[i])
+	}
+	return out
+}
+
+func jsonLines(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []map[string]any
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("%s: line %d: %v", path, len(out)+1, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// follow, audit and usage with --once, twice with new events in between:
+// the replica equals the node's log and replays to its state, audit has one
+// record per event, usage grows without duplicates and keeps what it wrote.
+func TestReplCommands(t *testing.T) {
+	srv := natstest.Single(t)
+	url := srv.ClientURL()
+	n := startReplNode(t, url, "n1")
+	dir := t.TempDir()
+	replicaDir := filepath.Join(dir, "replica")
+	auditFile, usageFile := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "usage.jsonl")
+
+	var usageBefore []byte
+	for round := range 2 {
+		n.record(t, 400)
+		last := n.log.LastSeq()
+		for _, args := range [][]string{
+			{"follow", "--nats", url, "--node", "n1", "--data", replicaDir, "--once"},
+			{"audit", "--nats", url, "--out", auditFile, "--once"},
+			{"usage", "--nats", url, "--out", usageFile, "--once", "--nodes", "n1"},
+		} {
+			code, out, errs := run(args...)
+			if code != 0 || !strings.Contains(out, "1") {
+				t.Fatalf("round %d: sbxctl %s: exit %d\n%s%s", round, strings.Join(args, " "), code, out, errs)
+			}
+		}
+
+		replica, err := eventlog.Open(replicaDir, eventlog.Options{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, want := encoded(t, replica), encoded(t, n.log)
+		res, err := replay.Rebuild(replica, replay.Options{})
+		_ = replica.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("round %d: replica has %d events, the node %d", round, len(got), len(want))
+		}
+		for i := range got {
+			if !bytes.Equal(got[i], want[i]) {
+				t.Fatalf("round %d: replica event %d differs", round, i+1)
+			}
+		}
+		if fsm.HashHex(res.State) != fsm.HashHex(n.st) {
+			t.Fatalf("round %d: replica replays to %s, the node's state is %s", round, fsm.HashHex(res.State), fsm.HashHex(n.st))
+		}
+
+		audit := jsonLines(t, auditFile)
+		if uint64(len(audit)) != last {
+			t.Fatalf("round %d: audit has %d records, the log %d events", round, len(audit), last)
+		}
+		for i, r := range audit {
+			if r["seq"] != float64(i+1) || r["node"] != "n1" {
+				t.Fatalf("round %d: audit record %d: %v", round, i+1, r)
+			}
+		}
+
+		raw, err := os.ReadFile(usageFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(raw, usageBefore) {
+			t.Fatalf("round %d: usage.jsonl rewrote what the previous run wrote", round)
+		}
+		usageBefore = raw
+		seen := map[string]bool{}
+		var summaries int
+		for _, r := range jsonLines(t, usageFile) {
+			k, _ := json.Marshal([]any{r["node"], r["seq"], r["ev"], r["id"]})
+			if seen[string(k)] {
+				t.Fatalf("round %d: usage record %s twice", round, k)
+			}
+			seen[string(k)] = true
+			if r["ev"] == "summary" {
+				summaries++
+			}
+		}
+		if len(seen) == 0 || summaries == 0 {
+			t.Fatalf("round %d: usage has %d records, %d summaries", round, len(seen), summaries)
+		}
+		t.Logf("round %d: %d events, %d usage records (%d summaries)", round, last, len(seen), summaries)
+	}
+}
+
+func TestReplCommandsBadInput(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"follow", "--data", dir}, 2, "--node is required"},
+		{[]string{"follow", "--node", "n1"}, 2, "--data is required"},
+		{[]string{"follow", "--node", "a.b", "--data", dir}, 2, "not a valid subject token"},
+		{[]string{"follow", "--node", "n1", "--data", dir, "extra"}, 2, "unexpected argument"},
+		{[]string{"usage"}, 2, "--out is required"},
+		{[]string{"usage", "--out", filepath.Join(dir, "u"), "--nodes", "a,b c"}, 2, "--nodes"},
+		{[]string{"audit", "--out", filepath.Join(dir, "a"), "--log-level", "loud"}, 2, "--log-level"},
+		{[]string{"audit", "--out", filepath.Join(dir, "a"), "--durable", "a.b", "--nats", "nats://127.0.0.1:1"}, 1, "connect to NATS"},
+		{[]string{"follow", "--node", "n1", "--data", dir, "--nats", "nats://127.0.0.1:1"}, 1, "connect to NATS"},
+	} {
+		code, _, errs := run(tc.args...)
+		if code != tc.code || !strings.Contains(errs, tc.msg) {
+			t.Errorf("sbxctl %s: exit %d %q, want %d containing %q", strings.Join(tc.args, " "), code, errs, tc.code, tc.msg)
+		}
+	}
+}
