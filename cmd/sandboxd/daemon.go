@@ -285,6 +285,10 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 		}
 	}()
 	go func() { defer d.bg.Done(); d.snapshotLoop() }()
+	if d.repl != nil {
+		d.bg.Add(1)
+		go func() { defer d.bg.Done(); replicatedGauge(d.stopped, d.repl, metrics) }()
+	}
 	zl.Info().Str("listen", d.ln.Addr().String()).Str("node", cfg.NodeID).Str("instance", instance).Msg("sandboxd serving")
 	ok = true
 	return d, nil

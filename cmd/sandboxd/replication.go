@@ -105,6 +105,20 @@ func flushReplication(svc *service.Service, log *eventlog.Log, zl zerolog.Logger
 	}
 }
 
+// replicatedGauge keeps /metrics' sbx_replicated_seq current until stop.
+func replicatedGauge(stop <-chan struct{}, svc *service.Service, m *api.Metrics) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		m.SetReplicated(svc.Replicator.Replicated())
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // redirector answers the API's questions about other nodes from the
 // service's cluster view.
 type redirector struct {
