@@ -292,6 +292,14 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 		if len(evs) > 0 {
 			if err := f.h.Apply(ctx, evs); err != nil {
 				if ctx.Err() != nil {
+					// Stopped in the middle of Apply: the batch may be
+					// durable all the same, and the handler's position
+					// says how far, for Status.
+					f.mu.Lock()
+					for i := range evs {
+						f.pos[evs[i].Node] = f.h.Position(evs[i].Node)
+					}
+					f.mu.Unlock()
 					return progressed, ctx.Err()
 				}
 				return progressed, handlerError{err}
