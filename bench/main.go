@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sbxlog/sbxlog/bench/apibench"
 	"github.com/sbxlog/sbxlog/bench/chbench"
 	"github.com/sbxlog/sbxlog/bench/execbench"
 	"github.com/sbxlog/sbxlog/bench/fsmbench"
@@ -41,6 +42,7 @@ var sections = []section{
 	{"fsmbench", fsmbench.Run},
 	{"chbench", chbench.Run},
 	{"execbench", execbench.Run},
+	{"apibench", apibench.Run},
 	{"qemubench", qemubench.Run},
 	{"replbench", replbench.Run},
 	{"restartbench", restartbench.Run},
