@@ -304,12 +304,15 @@ func replJournal(kind string) func(args []string, stdout, stderr io.Writer) int 
 		for n := range ends {
 			seen[n] = true
 		}
-		for n := range f.Status().Positions {
+		fed := f.Status().Positions
+		for n := range fed {
 			seen[n] = true
 		}
+		// The feed's position where it delivered this run: usage's own
+		// stops at the last event that made a record.
 		parts := []string{}
 		for _, n := range slices.Sorted(maps.Keys(seen)) {
-			parts = append(parts, fmt.Sprintf("%s at %d", n, c.Position(n)))
+			parts = append(parts, fmt.Sprintf("%s at %d", n, max(c.Position(n), fed[n])))
 		}
 		if cerr := c.Close(); err == nil {
 			err = cerr
