@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -15,9 +16,18 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog/event"
 )
 
-// defaultLogDir is where sandboxd keeps its op log unless told otherwise;
-// $SBXLOG_DATA overrides it for every log command.
-const defaultLogDir = "/var/lib/sbxlog/eventlog"
+// defaultLogDir is sandboxd's default data dir (make run's ./data);
+// $SBXLOG_DATA overrides it for every log command. --data takes either a
+// daemon's data dir (its op log is <data>/log) or the op log dir itself.
+const defaultLogDir = "data"
+
+// logDirOf resolves --data: a daemon data dir holds its op log in log/.
+func logDirOf(dir string) string {
+	if fi, err := os.Stat(filepath.Join(dir, "log")); err == nil && fi.IsDir() {
+		return filepath.Join(dir, "log")
+	}
+	return dir
+}
 
 func init() {
 	register("log dump", command{summary: "print op log events (table or JSON lines)", run: logCommand("log dump", dumpFlags)})
@@ -50,7 +60,7 @@ func logCommand(name string, addFlags func(*flag.FlagSet) logBody) func(args []s
 			fmt.Fprintf(stderr, "sbxctl %s: unexpected argument %q\n", name, fs.Arg(0))
 			return 2
 		}
-		l, err := eventlog.Open(*data, eventlog.Options{ReadOnly: true})
+		l, err := eventlog.Open(logDirOf(*data), eventlog.Options{ReadOnly: true})
 		if err != nil {
 			fmt.Fprintf(stderr, "sbxctl: %v\n", err)
 			return 1
