@@ -101,6 +101,7 @@ func otherRows() []badInput {
 		{name: "get: malformed id", method: "GET", path: "/v1/sandboxes/not-an-id", status: 404},
 		{name: "owner: unknown id", method: "GET", path: unknown + "/owner", status: 404},
 		{name: "list: metadata filter without =", method: "GET", path: "/v1/sandboxes?metadata=team", status: 400, contains: "metadata"},
+		{name: "list: unknown state", method: "GET", path: "/v1/sandboxes?state=bogus", status: 400, contains: "unknown state"},
 		{name: "events: bad from", method: "GET", path: "/v1/events?from=abc", status: 400, contains: "from"},
 		{name: "events: bad Last-Event-ID", method: "GET", path: "/v1/events", header: map[string]string{"Last-Event-ID": "x"}, status: 400, contains: "Last-Event-ID"},
 		{name: "events: unknown view", method: "GET", path: "/v1/events?view=all", status: 400, contains: "view"},

@@ -251,6 +251,9 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 		}
 	}
 	want := q.Get("state")
+	if want != "" && !validClaimState(want) {
+		return errorf(http.StatusBadRequest, "unknown state %q: want pending, running, hibernating, hibernated, waking, released, expired or failed", want)
+	}
 	out := []Sandbox{}
 	s.eng.View(func(st *fsm.State) {
 		for _, cid := range st.ClaimIDs() {
@@ -303,4 +306,14 @@ func (s *Server) OnCommit(evs []event.Event) {
 	}
 	s.waitMu.Unlock()
 	s.vms.apply(s.eng, evs)
+}
+
+// validClaimState reports whether name is a claim status's name.
+func validClaimState(name string) bool {
+	for st := fsm.ClaimPending; st <= fsm.ClaimFailed; st++ {
+		if st.String() == name {
+			return true
+		}
+	}
+	return false
 }
