@@ -2,7 +2,9 @@ package executors
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -136,6 +138,27 @@ func (r Roots) Validate() error {
 		}
 	}
 	return nil
+}
+
+// InstanceRoot returns <Runs>/<instance>, the parent of every run dir an
+// instance owns.
+func (r Roots) InstanceRoot(instance string) string { return filepath.Join(r.Runs, instance) }
+
+// InstanceRunDirs lists the names of the entries under InstanceRoot(instance);
+// none when it does not exist yet.
+func (r Roots) InstanceRunDirs(instance string) ([]string, error) {
+	ents, err := os.ReadDir(r.InstanceRoot(instance))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("executors: %w", err)
+	}
+	out := make([]string, 0, len(ents))
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out, nil
 }
 
 // RunDir resolves a run dir relative to Runs. A path that is empty,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -30,23 +29,10 @@ func (d *Driver) VMMBinary() string { return d.qemuBin }
 
 // InstanceRoot returns <runs>/<instance>, the parent of every run dir the
 // driver may act on.
-func (d *Driver) InstanceRoot() string { return filepath.Join(d.roots.Runs, d.instance) }
+func (d *Driver) InstanceRoot() string { return d.roots.InstanceRoot(d.instance) }
 
 // RunDirs lists the names of the entries under InstanceRoot.
-func (d *Driver) RunDirs() ([]string, error) {
-	ents, err := os.ReadDir(d.InstanceRoot())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("qemudriver: %w", err)
-	}
-	out := make([]string, 0, len(ents))
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	return out, nil
-}
+func (d *Driver) RunDirs() ([]string, error) { return d.roots.InstanceRunDirs(d.instance) }
 
 // GoldenRunDir returns the name (under InstanceRoot) of the run dir the
 // golden build with intent op id op uses.
