@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -159,6 +160,33 @@ func (r Roots) InstanceRunDirs(instance string) ([]string, error) {
 		out = append(out, e.Name())
 	}
 	return out, nil
+}
+
+// Make creates the roots, the instance's run dir parent and the given
+// subdirs of the store, and checks that Runs and Store share a filesystem:
+// drivers hard-link and reflink between them, which fails across
+// filesystems, so a daemon must refuse to start rather than fail per VM.
+func (r Roots) Make(instance string, storeSubdirs ...string) error {
+	dirs := []string{r.Runs, r.InstanceRoot(instance), r.Store, r.Templates}
+	for _, sub := range storeSubdirs {
+		dirs = append(dirs, filepath.Join(r.Store, sub))
+	}
+	for _, dir := range dirs {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("executors: %w", err)
+		}
+	}
+	var rs, ss syscall.Stat_t
+	if err := syscall.Stat(r.Runs, &rs); err != nil {
+		return fmt.Errorf("executors: %w", err)
+	}
+	if err := syscall.Stat(r.Store, &ss); err != nil {
+		return fmt.Errorf("executors: %w", err)
+	}
+	if rs.Dev != ss.Dev {
+		return fmt.Errorf("executors: runs root %s and store %s are on different filesystems; VM files are hard-linked and reflinked between them", r.Runs, r.Store)
+	}
+	return nil
 }
 
 // RunDir resolves a run dir relative to Runs. A path that is empty,

@@ -333,6 +333,10 @@ func TestPoolConcurrencyLimit(t *testing.T) {
 	}
 	pl.Offer(ins)
 	waitUntil(t, "3 running", func() bool { _, r := pl.Stats(); return r == 3 })
+	// The pool counts an operation as running before its goroutine enters
+	// the driver: wait for all three to be inside it, or a fast release
+	// would let them through one by one and hide the limit being reached.
+	waitUntil(t, "3 inside the driver", func() bool { d.mu.Lock(); defer d.mu.Unlock(); return d.running == 3 })
 	if w, _ := pl.Stats(); w != 7 {
 		t.Fatalf("%d waiting, want 7", w)
 	}

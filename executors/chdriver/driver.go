@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -242,20 +240,8 @@ type PrepareReport struct {
 // fallback is logged.
 func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	var rep PrepareReport
-	for _, dir := range []string{d.roots.Runs, filepath.Join(d.roots.Runs, d.instance), filepath.Join(d.roots.Store, goldenDir), filepath.Join(d.roots.Store, hibernateDir), d.roots.Templates} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return rep, fmt.Errorf("chdriver: %w", err)
-		}
-	}
-	var rs, ss syscall.Stat_t
-	if err := syscall.Stat(d.roots.Runs, &rs); err != nil {
+	if err := d.roots.Make(d.instance, goldenDir, hibernateDir); err != nil {
 		return rep, fmt.Errorf("chdriver: %w", err)
-	}
-	if err := syscall.Stat(d.roots.Store, &ss); err != nil {
-		return rep, fmt.Errorf("chdriver: %w", err)
-	}
-	if rs.Dev != ss.Dev {
-		return rep, fmt.Errorf("chdriver: runs root %s and store %s are on different filesystems; memory-ranges is hard-linked and cow.raw reflinked between them", d.roots.Runs, d.roots.Store)
 	}
 	for _, root := range []string{d.roots.Store, d.roots.Templates} {
 		swept, err := fsx.SweepTemp(root)

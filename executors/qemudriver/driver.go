@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -205,20 +204,8 @@ const maxSocketPath = 107
 func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	var rep PrepareReport
 	stores := []string{d.roots.Store, filepath.Join(d.roots.Store, goldenDir), filepath.Join(d.roots.Store, hibernateDir)}
-	for _, dir := range append([]string{d.roots.Runs, filepath.Join(d.roots.Runs, d.instance)}, stores...) {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return rep, fmt.Errorf("qemudriver: %w", err)
-		}
-	}
-	var rs, ss syscall.Stat_t
-	if err := syscall.Stat(d.roots.Runs, &rs); err != nil {
+	if err := d.roots.Make(d.instance, goldenDir, hibernateDir); err != nil {
 		return rep, fmt.Errorf("qemudriver: %w", err)
-	}
-	if err := syscall.Stat(d.roots.Store, &ss); err != nil {
-		return rep, fmt.Errorf("qemudriver: %w", err)
-	}
-	if rs.Dev != ss.Dev {
-		return rep, fmt.Errorf("qemudriver: runs root %s and store %s are on different filesystems; RAM files are reflinked between them", d.roots.Runs, d.roots.Store)
 	}
 	// VM ids are "vm-" and 16 hex digits (fsm.VMID); agent.sock is the longest name.
 	if sock := filepath.Join(d.roots.Runs, d.instance, "vm-0123456789abcdef", qemu.FileAgent); len(sock) > maxSocketPath {
