@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxlog/sbxlog/executors/vmm"
 )
 
-// pidFile is the VMM's pid file in its run dir (package vmm's PidFile).
-const pidFile = "vmm.pid"
+// pidFile is the VMM's pid file in its run dir.
+const pidFile = vmm.PidFile
 
 // vmmProc is a live VMM process of this instance.
 type vmmProc struct {
@@ -60,32 +62,10 @@ func scanVMMs(procRoot, binary, instRoot string) ([]vmmProc, error) {
 // process runs binary (same path or same base name).
 func vmmSocket(procRoot string, pid int, binary string) (string, bool) {
 	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "cmdline"))
-	if err != nil || len(data) == 0 {
+	if err != nil {
 		return "", false
 	}
-	args := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
-	if args[0] != binary && filepath.Base(args[0]) != filepath.Base(binary) {
-		return "", false
-	}
-	for i := 1; i < len(args); i++ {
-		var v string
-		switch {
-		case args[i] == "--api-socket" && i+1 < len(args):
-			v = args[i+1]
-		case strings.HasPrefix(args[i], "--api-socket="):
-			v = strings.TrimPrefix(args[i], "--api-socket=")
-		default:
-			continue
-		}
-		for _, kv := range strings.Split(v, ",") {
-			if k, val, ok := strings.Cut(kv, "="); ok && k == "path" {
-				return filepath.Clean(val), true
-			} else if !ok && filepath.IsAbs(kv) {
-				return filepath.Clean(kv), true
-			}
-		}
-	}
-	return "", false
+	return vmm.APISocket(data, binary)
 }
 
 // live reports whether pid exists and is not a zombie.

@@ -616,14 +616,23 @@ func matchCmdline(pid int, binary, sock string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	args := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
+	got, ok := APISocket(data, binary)
+	return ok && got == filepath.Clean(sock), nil
+}
+
+// APISocket returns the --api-socket path of a VMM command line (NUL
+// separated, as in /proc/<pid>/cmdline) whose executable is binary (the same
+// path or the same base name). Both "--api-socket path=<p>" and a bare
+// absolute path are understood. The start-up reconcile uses it to find VMMs
+// of its run dirs that no pid file records.
+func APISocket(cmdline []byte, binary string) (string, bool) {
+	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
 	if len(args) == 0 || args[0] == "" {
-		return false, nil
+		return "", false
 	}
 	if args[0] != binary && filepath.Base(args[0]) != filepath.Base(binary) {
-		return false, nil
+		return "", false
 	}
-	want := filepath.Clean(sock)
 	for i := 1; i < len(args); i++ {
 		var v string
 		switch {
@@ -636,16 +645,13 @@ func matchCmdline(pid int, binary, sock string) (bool, error) {
 		}
 		for _, kv := range strings.Split(v, ",") {
 			if k, val, ok := strings.Cut(kv, "="); ok && k == "path" {
-				kv = val
-			} else if ok {
-				continue
-			}
-			if filepath.Clean(kv) == want {
-				return true, nil
+				return filepath.Clean(val), true
+			} else if !ok && filepath.IsAbs(kv) {
+				return filepath.Clean(kv), true
 			}
 		}
 	}
-	return false, nil
+	return "", false
 }
 
 // processLive reports whether pid exists and is not a zombie.
