@@ -58,6 +58,9 @@ type request struct {
 	// set found (nil: not in the index then).
 	seen  uint64
 	found *opIndexEntry
+	// fresh: the caller minted the op id for this append (BeginNew); the
+	// op index is not probed.
+	fresh bool
 
 	// Set before done is closed.
 	res    AppendResult
@@ -134,7 +137,17 @@ type Pending struct {
 // sequences in its lock order, while the fsyncs, waited for outside that
 // lock, are shared (group commit). This is how the single writer keeps the
 // order in which it applies events to its state equal to the log's order.
-func (l *Log) Begin(evs []event.Event) (*Pending, error) {
+func (l *Log) Begin(evs []event.Event) (*Pending, error) { return l.begin(evs, false) }
+
+// BeginNew is Begin for an op id the caller has just minted and never
+// appended before (engine.ProposeNew mints one per command): it skips the
+// op-index probe, a Pebble read that is most of Begin's CPU. A duplicate
+// can then only be a concurrent append of the same id, which the in-flight
+// table still catches; an id that is in fact already durable in the log
+// would be written twice, so never pass one that came from outside.
+func (l *Log) BeginNew(evs []event.Event) (*Pending, error) { return l.begin(evs, true) }
+
+func (l *Log) begin(evs []event.Event, fresh bool) (*Pending, error) {
 	id, payloadBytes, err := l.check(evs)
 	if err != nil {
 		return nil, err
@@ -150,7 +163,10 @@ func (l *Log) Begin(evs []event.Event) (*Pending, error) {
 		l.gate.exit()
 		return nil, l.failure()
 	}
-	req := &request{id: id, evs: l.own(evs, payloadBytes, true), done: make(chan struct{})}
+	req := &request{id: id, evs: l.own(evs, payloadBytes, true), fresh: fresh, done: make(chan struct{})}
+	if fresh {
+		return &Pending{l: l, req: req, groups: l.enqueue(req)}, nil
+	}
 	// Probe the op index here, outside commitMu, so concurrent appends do
 	// their lookups in parallel; stage checks that no op applied since could
 	// have been missed.
@@ -377,7 +393,7 @@ func (l *Log) stage(g *group, r *request) {
 		l.pubMu.Unlock()
 		return
 	}
-	if !l.lookupCovers(r.seen) {
+	if !r.fresh && !l.lookupCovers(r.seen) {
 		// Ops applied after the probe may have been pruned from inflight
 		// already: probe again (rare; see keepApplied).
 		first, count, found, err := lookupOp(l.db, r.id)

@@ -74,3 +74,41 @@ func TestBeginRejectsBadInputWithoutWriting(t *testing.T) {
 		t.Fatal("Begin after Close succeeded")
 	}
 }
+
+// BeginNew skips the op-index probe but is otherwise an append: it is
+// durable and readable, a later Begin of the same op id is answered as a
+// duplicate by the index, and a concurrent BeginNew of the same id (a
+// caller breaking the contract) is still caught by the in-flight table.
+func TestBeginNewAppendsAndStaysDeduped(t *testing.T) {
+	l := openTest(t, t.TempDir(), Options{})
+	ctx := context.Background()
+	p, err := l.BeginNew(mkEvents(testOp(1), 2, "new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Wait(ctx)
+	if err != nil || res.Duplicate || len(res.Events) != 2 || res.Events[0].Seq != 1 {
+		t.Fatalf("BeginNew: %+v, %v", res, err)
+	}
+	again, err := l.Append(ctx, mkEvents(testOp(1), 2, "new"))
+	if err != nil || !again.Duplicate || again.Events[0].Seq != 1 {
+		t.Fatalf("Append of the same op id after BeginNew: duplicate=%v events=%v err=%v, want the original as a duplicate", again.Duplicate, again.Events, err)
+	}
+	// Two in flight at once: one write, one duplicate answer.
+	a, err := l.BeginNew(mkEvents(testOp(2), 1, "twice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := l.BeginNew(mkEvents(testOp(2), 1, "twice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra, errA := a.Wait(ctx)
+	rb, errB := b.Wait(ctx)
+	if errA != nil || errB != nil || ra.Duplicate || !rb.Duplicate || ra.Events[0].Seq != rb.Events[0].Seq {
+		t.Fatalf("concurrent BeginNew of one op id: %+v %v / %+v %v, want one write and one duplicate", ra, errA, rb, errB)
+	}
+	if l.LastSeq() != 3 {
+		t.Fatalf("LastSeq %d, want 3", l.LastSeq())
+	}
+}
