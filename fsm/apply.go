@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"fmt"
 	"maps"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
@@ -18,6 +19,19 @@ func Apply(s *State, ev *event.Event) error {
 	p, err := ev.Decode()
 	if err != nil {
 		return &ApplyError{Seq: ev.Seq, Type: ev.Type.String(), Err: err}
+	}
+	return ApplyDecoded(s, ev, p)
+}
+
+// ApplyDecoded is Apply for an event whose payload is already decoded: p
+// must equal what ev.Decode() returns, as DecidePayloads' payloads do
+// (every payload fsm builds survives its codec unchanged; the randomized
+// test checks that for every event it decides). The engine uses it so a
+// command's payloads are encoded once and never decoded on the live path;
+// replay decodes them, and replay equivalence pins that both agree.
+func ApplyDecoded(s *State, ev *event.Event, p event.Payload) error {
+	if p == nil || p.EventType() != ev.Type {
+		return &ApplyError{Seq: ev.Seq, Type: ev.Type.String(), Err: fmt.Errorf("payload %T does not belong to a %s event", p, ev.Type)}
 	}
 	a := applier{s: s, ev: ev, seq: s.applied + 1}
 	if err := a.apply(p); err != nil {

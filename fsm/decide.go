@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 
@@ -13,18 +14,25 @@ import (
 // returns neither. Decide never changes s. Any other error is a bug (an
 // event that would not encode), never a property of the input.
 func Decide(s *State, cmd Command) ([]event.Event, error) {
+	evs, _, err := DecidePayloads(s, cmd)
+	return evs, err
+}
+
+// DecidePayloads is Decide that also returns each event's payload as Decide
+// built it (ps[i] is evs[i]'s), so a proposer can apply the events with
+// ApplyDecoded instead of decoding what was just encoded.
+func DecidePayloads(s *State, cmd Command) (evs []event.Event, ps []event.Payload, err error) {
 	if cmd == nil {
-		return nil, reject(Invalid, "no command")
+		return nil, nil, reject(Invalid, "no command")
 	}
 	m := cmd.meta()
 	if m.Op == event.ZeroOpID {
-		return nil, reject(Invalid, "command without an op id")
+		return nil, nil, reject(Invalid, "command without an op id")
 	}
 	if m.Now <= 0 {
-		return nil, reject(Invalid, "command without a time")
+		return nil, nil, reject(Invalid, "command without a time")
 	}
 	d := &decider{s: s, m: m}
-	var err error
 	switch c := cmd.(type) {
 	case ConfigureNode:
 		err = d.configureNode(&c)
@@ -123,22 +131,23 @@ func Decide(s *State, cmd Command) ([]event.Event, error) {
 	case *CapacityFull:
 		err = d.capacityFull(c)
 	default:
-		return nil, reject(Invalid, "unknown command %T", cmd)
+		return nil, nil, reject(Invalid, "unknown command %T", cmd)
 	}
 	if err == nil {
 		err = d.err
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return d.evs, nil
+	return d.evs, d.ps, nil
 }
 
 type decider struct {
 	s   *State
 	m   Meta
 	evs []event.Event
-	err error // an event that failed to encode (a bug)
+	ps  []event.Payload // evs[i]'s payload, as built
+	err error           // an event that failed to encode (a bug)
 	// vmN counts the VM ids derived so far; handed lists them when a
 	// decision hands out more than one.
 	vmN    int
@@ -154,8 +163,23 @@ func (d *decider) emit(p event.Payload, aggID string) {
 		d.err = fmt.Errorf("fsm: build %s event: %w", p.EventType(), err)
 		return
 	}
+	if bytes.Contains(ev.Payload, escapedReplacement) {
+		// The codec replaced invalid UTF-8 (an error text cut mid-rune, a
+		// file name) by an escaped U+FFFD: the payload as built differs
+		// from the one the log holds, so hand out the decoded one. Rare;
+		// everything else round-trips as built.
+		if p, err = ev.Decode(); err != nil {
+			d.err = fmt.Errorf("fsm: %s event does not decode: %w", ev.Type, err)
+			return
+		}
+	}
 	d.evs = append(d.evs, ev)
+	d.ps = append(d.ps, p)
 }
+
+// escapedReplacement is how encoding/json writes the U+FFFD it puts in
+// place of invalid UTF-8 (a literal U+FFFD it writes raw).
+var escapedReplacement = []byte(`\ufffd`)
 
 // newVMID returns the next VM id derived from the command's op id that no VM
 // in state and no earlier id of this decision uses.

@@ -191,6 +191,10 @@ func NewIntents(s *State, evs []event.Event) []Intent {
 // answers with a Refill command; the intents it creates are CloneVMs.
 func RefillsNeeded(s *State) []PoolKey { return sortedPoolKeys(s.needRefill) }
 
+// NeedsRefill reports whether RefillsNeeded is non-empty, without building
+// the list (the proposer asks after every commit).
+func NeedsRefill(s *State) bool { return len(s.needRefill) > 0 }
+
 func (s *State) goldenIntent(g *GoldenRec) Intent {
 	return BuildGolden{OpID: g.Op, Key: g.Key, ReqSeq: g.ReqSeq}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,8 +21,10 @@ import (
 // results (some failures, some stale) and ticks moving time. After every step
 // it checks the invariants; every `cadence` steps, replay equivalence:
 //
-//   - live: the state the commands were decided and applied on, with events
-//     applied as Decide returned them (no sequence, no node);
+//   - live: the state the commands were decided and applied on, as the engine
+//     does it: DecidePayloads, then ApplyDecoded with the payloads as built
+//     (no decoding, no sequence, no node); each payload must equal its own
+//     encode+decode, the condition ApplyDecoded relies on;
 //   - replica: a second state fed the binary log records (encoded and decoded
 //     as the log stores them), incrementally, which is a full replay done a
 //     step at a time; plus a from-scratch full replay every 25 cadences and at
@@ -213,7 +216,7 @@ func (r *run) step(i int) error {
 	if r.cadence == 1 || i%8 == 0 {
 		before = fsm.Encode(r.live)
 	}
-	evs, err := fsm.Decide(r.live, cmd)
+	evs, ps, err := fsm.DecidePayloads(r.live, cmd)
 	desc := fmt.Sprintf("%5d %T %+v", i, cmd, cmd)
 	if err != nil {
 		desc += " -> " + err.Error()
@@ -246,7 +249,10 @@ func (r *run) step(i int) error {
 	for j := range evs {
 		r.types[evs[j].Type]++
 		live := evs[j]
-		if err := fsm.Apply(r.live, &live); err != nil {
+		if back, err := live.Decode(); err != nil || !reflect.DeepEqual(back, ps[j]) {
+			return fmt.Errorf("%s payload does not survive its codec: built %#v, decoded %#v (%v)", live.Type, ps[j], back, err)
+		}
+		if err := fsm.ApplyDecoded(r.live, &live, ps[j]); err != nil {
 			return fmt.Errorf("Apply of an event Decide produced failed: %v", err)
 		}
 		stored := evs[j]
