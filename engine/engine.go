@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -43,6 +44,9 @@ import (
 type Log interface {
 	// Begin queues events; sequences follow call order (see eventlog.Begin).
 	Begin(evs []event.Event) (*eventlog.Pending, error)
+	// BeginNew is Begin for an op id minted for this call and never
+	// appended before: the log may skip its duplicate check.
+	BeginNew(evs []event.Event) (*eventlog.Pending, error)
 	LastSeq() uint64
 }
 
@@ -110,11 +114,17 @@ type Engine struct {
 	committed uint64 // highest seq handed to OnCommit
 	pending   map[uint64]Commit
 
-	wake    chan struct{} // pokes the timer and refill loops
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	started bool
-	once    sync.Once
+	wake chan struct{} // pokes the timer and refill loops
+	// The loop's plan, published under mu (read) and checked under mu, so
+	// a commit pokes the loop only when the plan no longer holds: an
+	// earlier timer, or a pool short with no refill planned. A poke per
+	// commit would wake the loop's goroutine on every claim.
+	planTimer  atomic.Int64 // Now-clock ns by which the loop looks at timers
+	planRefill atomic.Bool  // a refill is planned
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	started    bool
+	once       sync.Once
 
 	entropy *ulid.MonotonicEntropy
 	entMu   sync.Mutex
@@ -165,21 +175,42 @@ type Result struct {
 
 // Propose decides cmd, makes its events durable and applies them. It returns
 // a *fsm.Rejection when the state refuses the command, an *AppendError when
-// the log failed, ErrStopped after Shutdown.
+// the log failed, ErrStopped after Shutdown. A command whose op id is
+// already in the log is an idempotent no-op (the log dedupes it).
 func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
+	return e.propose(ctx, cmd, false)
+}
+
+// ProposeNew is Propose for a command that needs a new op id: build gets
+// the Meta (op id and time) minted here and returns the command, which must
+// carry it and must not be proposed again. Its op id being new by
+// construction, the log skips the duplicate check (eventlog.BeginNew), a
+// Pebble read per command. For commands from clients, which never retry an
+// op id; executor results, whose op ids derive from their intents and may
+// repeat after a crash, go through Propose.
+func (e *Engine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command) (Result, error) {
+	return e.propose(ctx, build(e.Meta()), true)
+}
+
+func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool) (Result, error) {
 	e.mu.Lock()
 	if e.err != nil {
 		err := e.err
 		e.mu.Unlock()
 		return Result{}, err
 	}
-	evs, err := fsm.Decide(e.st, cmd)
+	evs, payloads, err := fsm.DecidePayloads(e.st, cmd)
 	if err != nil || len(evs) == 0 {
 		e.mu.Unlock()
 		return Result{}, err
 	}
 	began := time.Now()
-	p, err := e.log.Begin(evs)
+	var p *eventlog.Pending
+	if fresh {
+		p, err = e.log.BeginNew(evs)
+	} else {
+		p, err = e.log.Begin(evs)
+	}
 	if err != nil {
 		e.mu.Unlock()
 		return Result{}, &AppendError{Err: err}
@@ -193,7 +224,10 @@ func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
 		evs[i].Node = e.st.Node()
 	}
 	for i := range evs {
-		if err := fsm.Apply(e.st, &evs[i]); err != nil {
+		// The payloads as Decide built them: no decoding what was just
+		// encoded. Replay decodes the log's bytes; fsm's randomized test
+		// pins that both give the same state.
+		if err := fsm.ApplyDecoded(e.st, &evs[i], payloads[i]); err != nil {
 			// Decide produced an event Apply refuses: a bug in fsm. The
 			// state may now disagree with the log; stop rather than serve it.
 			e.failLocked(fmt.Errorf("apply of %s (seq %d) failed: %w", evs[i].Type, evs[i].Seq, err))
@@ -203,6 +237,7 @@ func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
 		}
 	}
 	intents := fsm.NewIntents(e.st, evs)
+	wake := e.planStale()
 	e.mu.Unlock()
 
 	// The fsync is shared with concurrent proposals. A cancelled client
@@ -222,8 +257,19 @@ func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
 		return Result{}, &AppendError{Err: err}
 	}
 	e.committedInOrder(Commit{Events: res.Events, Intents: intents})
-	e.poke()
+	if wake {
+		e.poke()
+	}
 	return Result{Events: res.Events}, ctx.Err()
+}
+
+// planStale reports whether the state, just changed, needs the loop sooner
+// than it planned. Called under mu.
+func (e *Engine) planStale() bool {
+	if at, ok := e.st.NextTimer(); ok && at < e.planTimer.Load() {
+		return true
+	}
+	return !e.planRefill.Load() && fsm.NeedsRefill(e.st)
 }
 
 func firstSeq(evs []event.Event) uint64 {
@@ -343,11 +389,13 @@ func (e *Engine) Shutdown() {
 }
 
 // loop proposes Ticks when a timer is due and Refills when a pool has been
-// short for RefillDelay.
+// short for RefillDelay. After each pass it plans its next wake-up under the
+// read lock and publishes the plan before releasing it, so every commit
+// either is seen by the plan or sees the plan (and pokes if it is stale).
 func (e *Engine) loop() {
 	t := time.NewTimer(0)
 	defer t.Stop()
-	var refillAt time.Time // when a short pool is refilled; zero: none short
+	var refillAt time.Time // when a short pool is refilled; zero: none planned
 	for {
 		select {
 		case <-e.stop:
@@ -356,27 +404,12 @@ func (e *Engine) loop() {
 		case <-e.wake:
 		}
 		e.tickIfDue()
-		d := e.opts.TickEvery
-		switch now := time.Now(); {
-		case !e.short():
-			refillAt = time.Time{}
-		case refillAt.IsZero() && e.opts.RefillDelay > 0:
-			refillAt = now.Add(e.opts.RefillDelay)
-			d = e.opts.RefillDelay
-		case !now.Before(refillAt):
+		if !refillAt.IsZero() && !time.Now().Before(refillAt) {
 			refillAt = time.Time{}
 			e.refill()
-		default:
-			d = refillAt.Sub(now)
 		}
-		d = min(d, e.opts.TickEvery)
-		e.mu.RLock()
-		if at, ok := e.st.NextTimer(); ok {
-			if until := time.Duration(at - e.opts.Now().UnixNano()); until < d {
-				d = max(until, time.Millisecond)
-			}
-		}
-		e.mu.RUnlock()
+		var d time.Duration
+		refillAt, d = e.replan(refillAt)
 		if !t.Stop() {
 			select {
 			case <-t.C:
@@ -385,6 +418,34 @@ func (e *Engine) loop() {
 		}
 		t.Reset(d)
 	}
+}
+
+// replan decides when the loop next wakes and publishes that plan (see
+// planStale). refillAt is when a refill is due (zero: none planned); it is
+// set when a pool is short and none was, cleared when no pool is short.
+func (e *Engine) replan(refillAt time.Time) (time.Time, time.Duration) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	now, clock := time.Now(), e.opts.Now().UnixNano()
+	switch short := fsm.NeedsRefill(e.st); {
+	case !short:
+		refillAt = time.Time{}
+	case refillAt.IsZero():
+		refillAt = now.Add(e.opts.RefillDelay)
+	}
+	d := e.opts.TickEvery
+	if !refillAt.IsZero() {
+		// At least 1 ms: a refill that cannot proceed must not spin.
+		d = min(d, max(refillAt.Sub(now), time.Millisecond))
+	}
+	if at, ok := e.st.NextTimer(); ok {
+		if until := time.Duration(at - clock); until < d {
+			d = max(until, time.Millisecond)
+		}
+	}
+	e.planTimer.Store(clock + int64(d))
+	e.planRefill.Store(!refillAt.IsZero())
+	return refillAt, d
 }
 
 func (e *Engine) tickIfDue() {
@@ -400,13 +461,6 @@ func (e *Engine) tickIfDue() {
 	if _, err := e.Propose(context.Background(), fsm.Tick{Meta: m}); err != nil && !errors.Is(err, ErrStopped) {
 		e.zl.Warn().Err(err).Msg("engine: tick failed")
 	}
-}
-
-// short reports a pool below its warm target.
-func (e *Engine) short() bool {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	return len(fsm.RefillsNeeded(e.st)) > 0
 }
 
 func (e *Engine) refill() {

@@ -244,3 +244,95 @@ func TestRefillDelayCoalescesClaims(t *testing.T) {
 		t.Fatalf("clone requests in %d ops (%v), want one Refill for the three claims", len(ops), ops)
 	}
 }
+
+// ProposeNew mints a fresh op id per command (the log skips its duplicate
+// probe for it) and otherwise behaves as Propose: durable applied events,
+// and a rejection that writes nothing.
+func TestProposeNew(t *testing.T) {
+	e, l := newEngine(t, t.TempDir(), Options{})
+	setup(t, e, 2)
+	fillWarm(t, e)
+	ops := map[event.OpID]bool{}
+	for _, id := range []string{"sb_00000000000000b1", "sb_00000000000000b2"} {
+		res, err := e.ProposeNew(context.Background(), func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: id, Key: key} })
+		if err != nil || len(res.Events) == 0 {
+			t.Fatalf("ProposeNew claim %s: %v, %v", id, res, err)
+		}
+		if ops[res.Events[0].OpID] {
+			t.Fatalf("op id %s minted twice", res.Events[0].OpID)
+		}
+		ops[res.Events[0].OpID] = true
+		stored, err := l.Read(res.Events[0].Seq, 1)
+		if err != nil || len(stored) != 1 || stored[0].OpID != res.Events[0].OpID {
+			t.Fatalf("log at %d: %v, %v", res.Events[0].Seq, stored, err)
+		}
+		var st fsm.ClaimStatus
+		e.View(func(s *fsm.State) { c, _ := s.Claim(id); st = c.Status })
+		if st != fsm.ClaimRunning {
+			t.Fatalf("claim %s is %v, want running", id, st)
+		}
+	}
+	last := l.LastSeq()
+	_, err := e.ProposeNew(context.Background(), func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: "sb_00000000000000b1", Key: key} })
+	if _, ok := fsm.AsRejection(err); !ok {
+		t.Fatalf("claim of a taken id: %v, want a rejection", err)
+	}
+	if l.LastSeq() != last {
+		t.Fatal("a rejected ProposeNew wrote to the log")
+	}
+}
+
+// A commit wakes the timer/refill loop only when the loop's plan no longer
+// holds; a warm claim into a pool already waiting for its refill, whose
+// lease ends after the next planned wake-up, leaves the loop asleep.
+func TestCommitWakesTheLoopOnlyWhenItsPlanIsStale(t *testing.T) {
+	e, _ := newEngine(t, t.TempDir(), Options{TickEvery: time.Hour, RefillDelay: time.Hour})
+	setup(t, e, 4)
+	fillWarm(t, e)
+	// The loop is not started: pokes stay in the channel, and replan does
+	// what the loop does after each pass.
+	var refillAt time.Time
+	poked := func(cmd func(fsm.Meta) fsm.Command) bool {
+		t.Helper()
+		select {
+		case <-e.wake:
+		default:
+		}
+		if _, err := e.ProposeNew(context.Background(), cmd); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-e.wake:
+			return true
+		default:
+			return false
+		}
+	}
+	claim := func(id string, ttl int64) func(fsm.Meta) fsm.Command {
+		return func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: id, Key: key, TTLSeconds: ttl} }
+	}
+	refillAt, _ = e.replan(refillAt)
+	if !refillAt.IsZero() {
+		t.Fatal("a full pool got a refill planned")
+	}
+	if !poked(claim("sb_00000000000000c1", 600)) {
+		t.Fatal("the first claim left the pool short with no refill planned, yet did not wake the loop")
+	}
+	refillAt, d := e.replan(refillAt)
+	if refillAt.IsZero() || d > 600*time.Second {
+		t.Fatalf("after the first claim the loop plans refill %v and a wake-up in %v", refillAt, d)
+	}
+	if poked(claim("sb_00000000000000c2", 900)) {
+		t.Fatal("a claim changing nothing the loop planned woke it")
+	}
+	if !poked(claim("sb_00000000000000c3", 60)) {
+		t.Fatal("a claim whose lease ends before the planned wake-up did not wake the loop")
+	}
+	refillAt, d = e.replan(refillAt)
+	if d > 60*time.Second {
+		t.Fatalf("after the short lease the loop sleeps %v", d)
+	}
+	if poked(claim("sb_00000000000000c4", 900)) {
+		t.Fatal("a later lease woke the loop")
+	}
+}
