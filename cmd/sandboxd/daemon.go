@@ -250,7 +250,7 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 		apiOpts.Redirector = redirector{svc: d.repl, self: cfg.NodeID}
 		apiOpts.Replication = func() any { return d.repl.Status() }
 		if cfg.NATS.Sync {
-			apiEng = syncEngine{Engine: d.eng, svc: d.repl, timeout: cfg.NATS.syncTimeout()}
+			apiEng = syncEngine{eng: d.eng, svc: d.repl, timeout: cfg.NATS.syncTimeout()}
 		}
 	}
 	d.srv = api.New(api.Config{OwnerAddr: cfg.OwnerAddr, Node: cfg.NodeID, Hypervisor: hv}, apiEng, d.log, authn, apiOpts)

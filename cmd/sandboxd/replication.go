@@ -145,17 +145,21 @@ func (r redirector) OwnerOf(id string) (string, bool) {
 // syncEngine is the engine as the API sees it in synchronous mode: a write
 // answers only once JetStream acknowledged its last event. The events are
 // durable and applied locally either way; a missing ack is a 503 (the
-// client may retry or look the result up), never a rollback.
+// client may retry or look the result up), never a rollback. The engine is
+// a field, not embedded, so no write method of the engine reaches the API
+// without the wait.
 type syncEngine struct {
-	*engine.Engine
+	eng     *engine.Engine
 	svc     *service.Service
 	timeout time.Duration
 }
 
 var _ api.Engine = syncEngine{}
 
-func (s syncEngine) Propose(ctx context.Context, cmd fsm.Command) (engine.Result, error) {
-	res, err := s.Engine.Propose(ctx, cmd)
+func (s syncEngine) View(fn func(st *fsm.State)) { s.eng.View(fn) }
+
+func (s syncEngine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command) (engine.Result, error) {
+	res, err := s.eng.ProposeNew(ctx, build)
 	if err != nil || len(res.Events) == 0 {
 		return res, err
 	}

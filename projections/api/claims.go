@@ -69,11 +69,6 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	}
 	key := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
 	claimID := newClaimID()
-	m := s.eng.Meta()
-	cmd := fsm.Claim{
-		Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
-		Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1,
-	}
 	// With no warm VM here, a node that has some for this key is a better
 	// answer than a clone: the old daemon's redirect.
 	if s.redir != nil {
@@ -95,7 +90,12 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// before Propose returns.
 	served := s.wait(claimID)
 	defer s.unwait(claimID)
-	if _, err := s.eng.Propose(r.Context(), cmd); err != nil {
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
+		return fsm.Claim{
+			Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
+			Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1,
+		}
+	}); err != nil {
 		s.metrics.claim(outcomeOf(err), "", time.Since(start))
 		return err
 	}
@@ -198,7 +198,7 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, id auth.Ident
 	if err != nil {
 		return err
 	}
-	if _, err := s.eng.Propose(r.Context(), mk(s.eng.Meta(), c.ID)); err != nil {
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return mk(m, c.ID) }); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -229,7 +229,9 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Ide
 	if err != nil {
 		return err
 	}
-	if _, err := s.eng.Propose(r.Context(), fsm.Renew{Meta: s.eng.Meta(), Claim: c.ID, TTLSeconds: req.TTLSeconds}); err != nil {
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
+		return fsm.Renew{Meta: m, Claim: c.ID, TTLSeconds: req.TTLSeconds}
+	}); err != nil {
 		return err
 	}
 	c, _ = s.claim(c.ID)

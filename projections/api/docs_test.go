@@ -347,7 +347,7 @@ func (an *analysis) statuses(fn string) (map[int]bool, bool) {
 					case *ast.Ident:
 						visit(f.Name)
 					case *ast.SelectorExpr:
-						if f.Sel.Name == "Propose" {
+						if f.Sel.Name == "Propose" || f.Sel.Name == "ProposeNew" {
 							proposes = true
 						}
 						if x, ok := f.X.(*ast.Ident); !ok || x.Name != "http" {

@@ -18,12 +18,14 @@ import (
 
 // unconfirmed is an engine whose writes commit but cannot be confirmed, as
 // sandboxd's synchronous replication without its JetStream ack.
-type unconfirmed struct{ *engine.Engine }
+type unconfirmed struct{ eng *engine.Engine }
 
 var _ api.Engine = unconfirmed{}
 
-func (u unconfirmed) Propose(ctx context.Context, cmd fsm.Command) (engine.Result, error) {
-	res, err := u.Engine.Propose(ctx, cmd)
+func (u unconfirmed) View(fn func(st *fsm.State)) { u.eng.View(fn) }
+
+func (u unconfirmed) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command) (engine.Result, error) {
+	res, err := u.eng.ProposeNew(ctx, build)
 	if err != nil || len(res.Events) == 0 {
 		return res, err
 	}
@@ -94,7 +96,7 @@ func TestInfoReplication(t *testing.T) {
 // every writing route, although the change is committed.
 func TestUnavailableWriteIs503(t *testing.T) {
 	n := newNode(t, 1, nil)
-	hs := serveOver(t, n, unconfirmed{n.Engine}, api.Options{})
+	hs := serveOver(t, n, unconfirmed{eng: n.Engine}, api.Options{})
 	st, b := doRoot(t, n.URL, "POST", "/v1/claim", `{"template":"default"}`)
 	var cl api.ClaimResponse
 	if st != http.StatusOK || json.Unmarshal(b, &cl) != nil {

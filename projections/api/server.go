@@ -21,9 +21,10 @@ import (
 
 // Engine is what the API needs of the single writer.
 type Engine interface {
-	Propose(ctx context.Context, cmd fsm.Command) (engine.Result, error)
+	// ProposeNew proposes the command build returns for a newly minted
+	// Meta (see engine.Engine.ProposeNew): every API command is new.
+	ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command) (engine.Result, error)
 	View(fn func(st *fsm.State))
-	Meta() fsm.Meta
 }
 
 var _ Engine = (*engine.Engine)(nil)
