@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"sort"
 	"strings"
@@ -97,6 +99,11 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		}
 	}); err != nil {
 		s.metrics.claim(outcomeOf(err), "", time.Since(start))
+		if errors.Is(err, ErrUnavailable) {
+			// Committed here, not confirmed elsewhere: the claim exists.
+			s.zl.Warn().Err(err).Str("claim", claimID).Msg("api: claim committed but unavailable")
+			return &httpError{status: http.StatusServiceUnavailable, msg: err.Error(), id: claimID}
+		}
 		return err
 	}
 	c, _ := s.claim(claimID)
@@ -115,10 +122,12 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		// Still pending: the client gave up or the wait bound passed. The
 		// state will fail it at its serve deadline; say so.
 		s.metrics.claim("timeout", c.Tier.String(), time.Since(start))
-		return errorf(http.StatusServiceUnavailable, "sandbox %s not ready yet (tier %s); it fails at its serve deadline unless served", claimID, c.Tier)
+		return &httpError{status: http.StatusServiceUnavailable, id: claimID,
+			msg: fmt.Sprintf("sandbox %s not ready yet (tier %s); it fails at its serve deadline unless served", claimID, c.Tier)}
 	default:
 		s.metrics.claim("failed", c.Tier.String(), time.Since(start))
-		return errorf(http.StatusServiceUnavailable, "sandbox %s could not be served (tier %s): %s", claimID, c.Tier, c.Reason)
+		return &httpError{status: http.StatusServiceUnavailable, id: claimID,
+			msg: fmt.Sprintf("sandbox %s could not be served (tier %s): %s", claimID, c.Tier, c.Reason)}
 	}
 	s.metrics.claim("ok", c.Tier.String(), time.Since(start))
 	writeJSON(w, http.StatusOK, ClaimResponse{

@@ -24,6 +24,10 @@ var ErrUnavailable = errors.New("unavailable")
 type httpError struct {
 	status int
 	msg    string
+	// id, when set, names a sandbox the failed request nonetheless
+	// created (a claim committed but not served or not replicated): the
+	// client can look it up or release it instead of leaving it to expire.
+	id string
 }
 
 func (e *httpError) Error() string { return e.msg }
@@ -46,7 +50,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeError(w http.ResponseWriter, err error) {
 	var he *httpError
 	if errors.As(err, &he) {
-		writeJSON(w, he.status, map[string]string{"error": he.msg})
+		body := map[string]string{"error": he.msg}
+		if he.id != "" {
+			body["id"] = he.id
+		}
+		writeJSON(w, he.status, body)
 		return
 	}
 	writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})

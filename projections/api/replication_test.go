@@ -109,9 +109,16 @@ func TestUnavailableWriteIs503(t *testing.T) {
 	} {
 		before := n.Log.LastSeq()
 		st, b := doRoot(t, hs.URL, r.method, r.path, r.body)
-		var e struct{ Error string }
+		var e struct{ Error, ID string }
 		if st != http.StatusServiceUnavailable || json.Unmarshal(b, &e) != nil || !strings.Contains(e.Error, "not acknowledged") {
 			t.Errorf("%s %s: %d %s, want 503 naming the reason", r.method, r.path, st, b)
+		}
+		if r.path == "/v1/claim" {
+			// The claim exists: the 503 names it, so the client can find
+			// or release it.
+			if st, got := doRoot(t, n.URL, "GET", "/v1/sandboxes/"+e.ID, ""); e.ID == "" || st != http.StatusOK {
+				t.Errorf("claim 503 names sandbox %q; GET it: %d %s", e.ID, st, got)
+			}
 		}
 		if n.Log.LastSeq() == before {
 			t.Errorf("%s %s: nothing committed", r.method, r.path)

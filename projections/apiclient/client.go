@@ -29,12 +29,19 @@ type Error struct {
 	Method, Path string
 	// Redirect lists nodes with warm capacity (a claim answered 307).
 	Redirect []string
+	// ID names a sandbox the failed request created nonetheless (a claim
+	// committed but not served, or not replicated): look it up or release
+	// it rather than wait for its lease to end.
+	ID string
 }
 
 func (e *Error) Error() string {
 	msg := e.Message
 	if len(e.Redirect) > 0 {
 		msg = "warm capacity on " + strings.Join(e.Redirect, ", ")
+	}
+	if e.ID != "" && !strings.Contains(msg, e.ID) {
+		msg += " (sandbox " + e.ID + ")"
 	}
 	return fmt.Sprintf("%s %s: %d %s: %s", e.Method, e.Path, e.Status, http.StatusText(e.Status), msg)
 }
@@ -148,9 +155,10 @@ func errorOf(resp *http.Response, method, path string) *Error {
 	var body struct {
 		Error    string   `json:"error"`
 		Redirect []string `json:"redirect"`
+		ID       string   `json:"id"`
 	}
 	if json.Unmarshal(raw, &body) == nil && (body.Error != "" || len(body.Redirect) > 0) {
-		e.Message, e.Redirect = body.Error, body.Redirect
+		e.Message, e.Redirect, e.ID = body.Error, body.Redirect, body.ID
 	} else if t := strings.TrimSpace(string(raw)); t != "" {
 		e.Message = t
 	} else {

@@ -250,3 +250,20 @@ func TestNewAddr(t *testing.T) {
 		}
 	}
 }
+
+// A claim the server committed but could not serve comes back as an
+// *Error carrying the sandbox's id, which the message names too.
+func TestFailedClaimErrorNamesTheSandbox(t *testing.T) {
+	n, c := startNode(t, 0)
+	n.Driver.FailClones.Store(true)
+	ctx := ctxT(t)
+	_, err := c.Claim(ctx, api.ClaimRequest{Template: "default"})
+	var e *apiclient.Error
+	if !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || e.ID == "" || !strings.Contains(e.Error(), e.ID) {
+		t.Fatalf("claim with failing clones: %#v", err)
+	}
+	sb, err := c.Sandbox(ctx, e.ID)
+	if err != nil || sb.State != "failed" {
+		t.Fatalf("the named sandbox: %+v, %v", sb, err)
+	}
+}

@@ -36,9 +36,12 @@ import (
 )
 
 // FakeDriver is the in-process hypervisor fake: every intent succeeds at
-// once. It keeps per-kind call counts so tests can check what ran.
+// once, unless FailClones is set. It keeps per-kind call counts so tests can
+// check what ran.
 type FakeDriver struct {
 	goldens, clones, hibernates, wakes, destroys atomic.Int64
+	// FailClones makes every clone fail for good (an unrecoverable error).
+	FailClones atomic.Bool
 }
 
 var _ executors.Driver = (*FakeDriver)(nil)
@@ -52,6 +55,9 @@ func (f *FakeDriver) BuildGolden(_ context.Context, in fsm.BuildGolden) (executo
 // Clone implements executors.Driver: the VM is "running" at once.
 func (f *FakeDriver) Clone(context.Context, fsm.CloneVM) (executors.Result, error) {
 	f.clones.Add(1)
+	if f.FailClones.Load() {
+		return executors.Result{}, executors.Unrecoverablef("apitest: clone failed as asked")
+	}
 	return executors.Result{}, nil
 }
 

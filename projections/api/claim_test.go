@@ -1,0 +1,25 @@
+package api_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// A claim whose clone fails answers 503 with the reason and the sandbox's
+// id: the claim was committed (and failed), so the client can look it up.
+func TestClaimWhoseCloneFailsNamesTheSandbox(t *testing.T) {
+	n := newNode(t, 0, nil)
+	n.Driver.FailClones.Store(true)
+	st, b := doRoot(t, n.URL, "POST", "/v1/claim", `{"template":"default"}`)
+	var e struct{ Error, ID string }
+	if st != http.StatusServiceUnavailable || json.Unmarshal(b, &e) != nil || !strings.Contains(e.Error, "could not be served") || e.ID == "" {
+		t.Fatalf("claim with failing clones: %d %s, want 503 naming the reason and the id", st, b)
+	}
+	st, b = doRoot(t, n.URL, "GET", "/v1/sandboxes/"+e.ID, "")
+	var sb struct{ State, Reason string }
+	if st != http.StatusOK || json.Unmarshal(b, &sb) != nil || sb.State != "failed" || sb.Reason == "" {
+		t.Fatalf("GET the failed claim: %d %s, want it failed with a reason", st, b)
+	}
+}
