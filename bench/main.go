@@ -90,6 +90,9 @@ func main() {
 			continue
 		}
 		sec.Name = s.name
+		// Sections may come from different runs (BENCH=name reruns one):
+		// each says when it was measured.
+		sec.Notes = append(sec.Notes, fmt.Sprintf("Measured %s to %s UTC.", start.UTC().Format("2006-01-02 15:04"), time.Now().UTC().Format("15:04")))
 		sec.Text(os.Stdout)
 		fmt.Fprintf(os.Stderr, "bench: %s took %s\n", s.name, time.Since(start).Round(time.Millisecond))
 		done = append(done, sec)
@@ -99,7 +102,7 @@ func main() {
 		if err != nil && !os.IsNotExist(err) {
 			fatal(err)
 		}
-		if err := os.WriteFile(*out, report.Splice(old, report.Machine(time.Now()), done), 0o644); err != nil {
+		if err := os.WriteFile(*out, report.Splice(old, report.Machine(time.Now(), sectionNames(done, len(want) > 0), string(old)), done), 0o644); err != nil {
 			fatal(err)
 		}
 		fmt.Fprintf(os.Stderr, "bench: wrote %d section(s) to %s\n", len(done), *out)
@@ -112,4 +115,17 @@ func main() {
 func fatal(err error) {
 	fmt.Fprintln(os.Stderr, "bench:", err)
 	os.Exit(1)
+}
+
+// sectionNames lists the sections of a partial run for the machine line; a
+// full run lists none.
+func sectionNames(done []*report.Section, partial bool) []string {
+	if !partial {
+		return nil
+	}
+	var names []string
+	for _, s := range done {
+		names = append(names, s.Name)
+	}
+	return names
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"regexp"
 	"runtime"
 	"sort"
 	"strings"
@@ -151,9 +152,21 @@ func replaceBlock(text, begin, end, body string) string {
 }
 
 // Machine describes the host the run measured, for the document's header.
-func Machine(now time.Time) string {
+// A partial run (only: the sections it ran) keeps the time of the last full
+// run from prev, the document as it was.
+func Machine(now time.Time, only []string, prev string) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "Last run: %s, %s %s/%s, %d CPUs", now.UTC().Format(time.RFC3339), runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+	stamp := now.UTC().Format(time.RFC3339)
+	if len(only) == 0 {
+		fmt.Fprintf(&b, "Last run: %s", stamp)
+	} else {
+		full := "unknown"
+		if m := lastFullRun.FindStringSubmatch(prev); m != nil {
+			full = m[1]
+		}
+		fmt.Fprintf(&b, "Last full run: %s; rerun since: %s at %s", full, strings.Join(only, ", "), stamp)
+	}
+	fmt.Fprintf(&b, ", %s %s/%s, %d CPUs", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 	if cpu := cpuModel(); cpu != "" {
 		fmt.Fprintf(&b, ", %s", cpu)
 	}
@@ -163,6 +176,9 @@ func Machine(now time.Time) string {
 	b.WriteString(".\n")
 	return b.String()
 }
+
+// lastFullRun finds the time of the last full run in a machine line.
+var lastFullRun = regexp.MustCompile(`Last (?:full )?run: ([0-9T:Z-]+)`)
 
 func cpuModel() string {
 	data, err := os.ReadFile("/proc/cpuinfo")

@@ -41,3 +41,21 @@ func TestSpliceKeepsOtherSections(t *testing.T) {
 		t.Errorf("machine line not refreshed:\n%s", s)
 	}
 }
+
+// A partial run keeps the time of the last full run in the machine line.
+func TestMachineLineOfAPartialRun(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	full := Machine(now, nil, "")
+	if !strings.HasPrefix(full, "Last run: 2026-11-30T12:00:00Z,") {
+		t.Fatalf("full run: %q", full)
+	}
+	later := now.Add(time.Hour)
+	part := Machine(later, []string{"apibench"}, "<!-- begin machine -->\n"+full+"<!-- end machine -->\n")
+	if !strings.HasPrefix(part, "Last full run: 2026-11-30T12:00:00Z; rerun since: apibench at 2026-11-30T13:00:00Z,") {
+		t.Fatalf("partial run: %q", part)
+	}
+	again := Machine(later.Add(time.Hour), []string{"logbench"}, part)
+	if !strings.HasPrefix(again, "Last full run: 2026-11-30T12:00:00Z;") {
+		t.Fatalf("second partial run lost the full run's time: %q", again)
+	}
+}
