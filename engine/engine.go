@@ -178,7 +178,7 @@ type Result struct {
 // the log failed, ErrStopped after Shutdown. A command whose op id is
 // already in the log is an idempotent no-op (the log dedupes it).
 func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
-	return e.propose(ctx, cmd, false)
+	return e.propose(ctx, cmd, false, nil)
 }
 
 // ProposeNew is Propose for a command that needs a new op id: build gets
@@ -188,11 +188,17 @@ func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
 // Pebble read per command. For commands from clients, which never retry an
 // op id; executor results, whose op ids derive from their intents and may
 // repeat after a crash, go through Propose.
-func (e *Engine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command) (Result, error) {
-	return e.propose(ctx, build(e.Meta()), true)
+//
+// prepare, if set, runs once the events are applied and before their fsync
+// is waited for, outside the engine's lock, so a caller can build its answer
+// in the fsync's shadow (it may read the state through View). It must not
+// let anything out: the events may still be lost until ProposeNew returns.
+// It does not run for a rejected or a no-op command.
+func (e *Engine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, prepare func()) (Result, error) {
+	return e.propose(ctx, build(e.Meta()), true, prepare)
 }
 
-func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool) (Result, error) {
+func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool, prepare func()) (Result, error) {
 	e.mu.Lock()
 	if e.err != nil {
 		err := e.err
@@ -239,6 +245,9 @@ func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool) (Resu
 	intents := fsm.NewIntents(e.st, evs)
 	wake := e.planStale()
 	e.mu.Unlock()
+	if prepare != nil {
+		prepare()
+	}
 
 	// The fsync is shared with concurrent proposals. A cancelled client
 	// must not leave the state ahead of an unknown log, so wait regardless

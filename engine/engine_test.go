@@ -254,7 +254,7 @@ func TestProposeNew(t *testing.T) {
 	fillWarm(t, e)
 	ops := map[event.OpID]bool{}
 	for _, id := range []string{"sb_00000000000000b1", "sb_00000000000000b2"} {
-		res, err := e.ProposeNew(context.Background(), func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: id, Key: key} })
+		res, err := e.ProposeNew(context.Background(), func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: id, Key: key} }, nil)
 		if err != nil || len(res.Events) == 0 {
 			t.Fatalf("ProposeNew claim %s: %v, %v", id, res, err)
 		}
@@ -273,7 +273,7 @@ func TestProposeNew(t *testing.T) {
 		}
 	}
 	last := l.LastSeq()
-	_, err := e.ProposeNew(context.Background(), func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: "sb_00000000000000b1", Key: key} })
+	_, err := e.ProposeNew(context.Background(), func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: "sb_00000000000000b1", Key: key} }, nil)
 	if _, ok := fsm.AsRejection(err); !ok {
 		t.Fatalf("claim of a taken id: %v, want a rejection", err)
 	}
@@ -298,7 +298,7 @@ func TestCommitWakesTheLoopOnlyWhenItsPlanIsStale(t *testing.T) {
 		case <-e.wake:
 		default:
 		}
-		if _, err := e.ProposeNew(context.Background(), cmd); err != nil {
+		if _, err := e.ProposeNew(context.Background(), cmd, nil); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -334,5 +334,33 @@ func TestCommitWakesTheLoopOnlyWhenItsPlanIsStale(t *testing.T) {
 	}
 	if poked(claim("sb_00000000000000c4", 900)) {
 		t.Fatal("a later lease woke the loop")
+	}
+}
+
+// ProposeNew's prepare runs once, after the events are applied (it sees
+// them through View) and before ProposeNew returns; not for a rejection.
+func TestProposeNewPrepare(t *testing.T) {
+	e, _ := newEngine(t, t.TempDir(), Options{})
+	setup(t, e, 1)
+	fillWarm(t, e)
+	ctx := context.Background()
+	claim := func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: "sb_00000000000000d1", Key: key} }
+	var runs int
+	var seen fsm.ClaimStatus
+	if _, err := e.ProposeNew(ctx, claim, func() {
+		runs++
+		e.View(func(s *fsm.State) { c, _ := s.Claim("sb_00000000000000d1"); seen = c.Status })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if runs != 1 || seen != fsm.ClaimRunning {
+		t.Fatalf("prepare ran %d times and saw the claim %v, want once and running", runs, seen)
+	}
+	runs = 0
+	if _, err := e.ProposeNew(ctx, claim, func() { runs++ }); err == nil {
+		t.Fatal("a second claim of the same id was accepted")
+	}
+	if runs != 0 {
+		t.Fatal("prepare ran for a rejected command")
 	}
 }

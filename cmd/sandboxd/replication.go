@@ -158,8 +158,8 @@ var _ api.Engine = syncEngine{}
 
 func (s syncEngine) View(fn func(st *fsm.State)) { s.eng.View(fn) }
 
-func (s syncEngine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command) (engine.Result, error) {
-	res, err := s.eng.ProposeNew(ctx, build)
+func (s syncEngine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, prepare func()) (engine.Result, error) {
+	res, err := s.eng.ProposeNew(ctx, build, prepare)
 	if err != nil || len(res.Events) == 0 {
 		return res, err
 	}

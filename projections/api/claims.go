@@ -92,10 +92,18 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// before Propose returns.
 	served := s.wait(claimID)
 	defer s.unwait(claimID)
+	// A warm claim is running as soon as it is applied: its answer (token,
+	// JSON) is built while the fsync is in flight, and sent once durable.
+	var reply []byte
+	var c fsm.ClaimRec
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
 		return fsm.Claim{
 			Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
 			Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1,
+		}
+	}, func() {
+		if c, _ = s.claim(claimID); c.Status == fsm.ClaimRunning {
+			reply = encodeJSON(s.claimResponse(claimID, &c))
 		}
 	}); err != nil {
 		s.metrics.claim(outcomeOf(err), "", time.Since(start))
@@ -106,7 +114,12 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		}
 		return err
 	}
-	c, _ := s.claim(claimID)
+	if reply != nil {
+		s.metrics.claim("ok", c.Tier.String(), time.Since(start))
+		writeRaw(w, http.StatusOK, reply)
+		return nil
+	}
+	c, _ = s.claim(claimID)
 	if c.Status == fsm.ClaimPending {
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClaimWait)
 		defer cancel()
@@ -130,12 +143,16 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 			msg: fmt.Sprintf("sandbox %s could not be served (tier %s): %s", claimID, c.Tier, c.Reason)}
 	}
 	s.metrics.claim("ok", c.Tier.String(), time.Since(start))
-	writeJSON(w, http.StatusOK, ClaimResponse{
-		ID: claimID, Token: s.auth.SandboxToken(claimID, uint64(max(c.TokenGen, 1))),
-		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr,
-		Template: key.Template, Net: key.Net, Size: key.Size, Tier: c.Tier.String(), VM: c.VM,
-	})
+	writeJSON(w, http.StatusOK, s.claimResponse(claimID, &c))
 	return nil
+}
+
+func (s *Server) claimResponse(id string, c *fsm.ClaimRec) ClaimResponse {
+	return ClaimResponse{
+		ID: id, Token: s.auth.SandboxToken(id, uint64(max(c.TokenGen, 1))),
+		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr,
+		Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size, Tier: c.Tier.String(), VM: c.VM,
+	}
 }
 
 func outcomeOf(err error) string {
@@ -207,7 +224,7 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, id auth.Ident
 	if err != nil {
 		return err
 	}
-	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return mk(m, c.ID) }); err != nil {
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return mk(m, c.ID) }, nil); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -240,7 +257,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Ide
 	}
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
 		return fsm.Renew{Meta: m, Claim: c.ID, TTLSeconds: req.TTLSeconds}
-	}); err != nil {
+	}, nil); err != nil {
 		return err
 	}
 	c, _ = s.claim(c.ID)

@@ -37,12 +37,26 @@ func errorf(status int, format string, args ...any) error {
 }
 
 // writeJSON writes v with status.
-func writeJSON(w http.ResponseWriter, status int, v any) {
+func writeJSON(w http.ResponseWriter, status int, v any) { writeRaw(w, status, encodeJSON(v)) }
+
+// encodeJSON is the body writeJSON sends for v: one line, HTML not escaped.
+func encodeJSON(v any) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		// Only a bug (a type that cannot be encoded) gets here.
+		msg, _ := json.Marshal(map[string]string{"error": "encode response: " + err.Error()})
+		return append(msg, '\n')
+	}
+	return b.Bytes()
+}
+
+// writeRaw writes an encoded JSON body with status.
+func writeRaw(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
+	_, _ = w.Write(body)
 }
 
 // writeError writes {"error": msg} with the error's status (500 for errors

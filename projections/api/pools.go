@@ -109,7 +109,7 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, _ auth.I
 			Warm:    p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds,
 		}
 	}
-	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.ConfigurePools{Meta: m, Pools: specs} }); err != nil {
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.ConfigurePools{Meta: m, Pools: specs} }, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, s.info())

@@ -22,8 +22,9 @@ import (
 // Engine is what the API needs of the single writer.
 type Engine interface {
 	// ProposeNew proposes the command build returns for a newly minted
-	// Meta (see engine.Engine.ProposeNew): every API command is new.
-	ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command) (engine.Result, error)
+	// Meta, running prepare (if set) before waiting for durability (see
+	// engine.Engine.ProposeNew): every API command is new.
+	ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, prepare func()) (engine.Result, error)
 	View(fn func(st *fsm.State))
 }
 
