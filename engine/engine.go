@@ -193,7 +193,8 @@ func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
 // is waited for, outside the engine's lock, so a caller can build its answer
 // in the fsync's shadow (it may read the state through View). It must not
 // let anything out: the events may still be lost until ProposeNew returns.
-// It does not run for a rejected or a no-op command.
+// It runs only when the command's events were applied (not for a rejection,
+// a no-op or a failed append).
 func (e *Engine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, prepare func()) (Result, error) {
 	return e.propose(ctx, build(e.Meta()), true, prepare)
 }
