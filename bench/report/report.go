@@ -12,6 +12,7 @@ import (
 	"os"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -164,7 +165,12 @@ func Machine(now time.Time, only []string, prev string) string {
 		if m := lastFullRun.FindStringSubmatch(prev); m != nil {
 			full = m[1]
 		}
-		fmt.Fprintf(&b, "Last full run: %s; rerun since: %s at %s", full, strings.Join(only, ", "), stamp)
+		names := slices.Clone(only)
+		if m := rerunSince.FindStringSubmatch(prev); m != nil {
+			names = append(names, strings.Split(m[1], ", ")...)
+		}
+		slices.Sort(names)
+		fmt.Fprintf(&b, "Last full run: %s; rerun since: %s (last at %s)", full, strings.Join(slices.Compact(names), ", "), stamp)
 	}
 	fmt.Fprintf(&b, ", %s %s/%s, %d CPUs", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 	if cpu := cpuModel(); cpu != "" {
@@ -179,6 +185,9 @@ func Machine(now time.Time, only []string, prev string) string {
 
 // lastFullRun finds the time of the last full run in a machine line.
 var lastFullRun = regexp.MustCompile(`Last (?:full )?run: ([0-9T:Z-]+)`)
+
+// rerunSince finds the sections rerun since the last full run.
+var rerunSince = regexp.MustCompile(`rerun since: ([a-z0-9, ]+?) \(`)
 
 func cpuModel() string {
 	data, err := os.ReadFile("/proc/cpuinfo")
