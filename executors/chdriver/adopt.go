@@ -15,9 +15,6 @@ import (
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 )
 
-// goldenPrefix starts the name of a golden build's run dir.
-const goldenPrefix = "golden-"
-
 // The start-up reconcile's view of the driver (executors/reconcile).
 var _ reconcile.Driver = (*Driver)(nil)
 
@@ -36,7 +33,9 @@ func (d *Driver) RunDirs() ([]string, error) { return d.roots.InstanceRunDirs(d.
 
 // GoldenRunDir returns the name (under InstanceRoot) of the run dir the
 // golden build with intent op id op uses.
-func (d *Driver) GoldenRunDir(op event.OpID) string { return filepath.Base(d.goldenRunDir(op)) }
+func (d *Driver) GoldenRunDir(op event.OpID) string {
+	return filepath.Base(d.roots.GoldenRunDir(d.instance, op))
+}
 
 // AdoptVM takes over the VMM of a VM the state says runs (warm or claimed):
 // a VMM serving rel (pid file and cmdline checked) whose VM is Running is
@@ -45,7 +44,7 @@ func (d *Driver) GoldenRunDir(op event.OpID) string { return filepath.Base(d.gol
 // only be slow; its death will be seen). No VMM, or one whose VM is not
 // running (which is then stopped), is reported dead with the reason.
 func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Liveness, error) {
-	runDir, err := d.vmRunDir(rel)
+	runDir, err := d.roots.InstanceRunDir(d.instance, rel)
 	if err != nil {
 		return reconcile.Liveness{}, err
 	}
@@ -90,7 +89,9 @@ func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Livenes
 
 // HibernateSnapshotDir names, relative to the store, the snapshot the
 // hibernate of vm with intent op op makes.
-func (d *Driver) HibernateSnapshotDir(vm string, op event.OpID) string { return hibernateRel(vm, op) }
+func (d *Driver) HibernateSnapshotDir(vm string, op event.OpID) string {
+	return executors.HibernateRel(vm, op)
+}
 
 // SweepSnapshots removes the hibernate snapshots of the VMs in keep (VM id
 // -> the snapshot dirs, relative to the store, to keep) that are not kept:
@@ -98,7 +99,7 @@ func (d *Driver) HibernateSnapshotDir(vm string, op event.OpID) string { return 
 // crash cut short. Snapshots of VMs not in keep are left alone, and so is
 // anything that is not a complete snapshot naming its VM.
 func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) ([]string, error) {
-	dir := filepath.Join(d.roots.Store, hibernateDir)
+	dir := filepath.Join(d.roots.Store, executors.HibernateStore)
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -111,9 +112,9 @@ func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) (
 		if ctx.Err() != nil {
 			return removed, ctx.Err()
 		}
-		rel := filepath.Join(hibernateDir, e.Name())
+		rel := filepath.Join(executors.HibernateStore, e.Name())
 		m, err := ReadMeta(filepath.Join(d.roots.Store, rel))
-		if err != nil || m.Kind != KindHibernate || !strings.HasPrefix(e.Name(), slug(m.VM)+"-") {
+		if err != nil || m.Kind != KindHibernate || !strings.HasPrefix(e.Name(), executors.HibernatePrefix(m.VM)) {
 			continue
 		}
 		kept, known := keep[m.VM]
@@ -146,7 +147,7 @@ func (d *Driver) RemoveRunDir(ctx context.Context, name string) error {
 	} else if err != nil {
 		return err
 	}
-	if d.bridge != "" && !strings.HasPrefix(name, goldenPrefix) {
+	if d.bridge != "" && !strings.HasPrefix(name, executors.GoldenRunPrefix) {
 		if err := d.taps.Delete(TapName(name)); err != nil {
 			d.log.Warn().Err(err).Str("vm", name).Msg("could not delete the tap of a removed run dir")
 		}

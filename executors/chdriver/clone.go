@@ -16,7 +16,7 @@ import (
 // memory-ranges, reflinked cow.raw, rewritten config), or a cold boot of the
 // template when in.Cold.
 func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, error) {
-	runDir, err := d.vmRunDir(in.RunDir)
+	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {
 		return executors.Result{}, err
 	}

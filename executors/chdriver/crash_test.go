@@ -401,7 +401,7 @@ func TestCrashHibernate(t *testing.T) {
 			h := newHarness(t, "")
 			h.clone(vm, h.seed(golden))
 			op := newOp()
-			final := h.store(hibernateRel(vm, op))
+			final := h.store(executors.HibernateRel(vm, op))
 			mem, disk := h.pauseAndRef(vm)
 			h.inject(RecipeHibernate, step, m)
 			_, err := hib(h, op)
@@ -450,7 +450,7 @@ func TestCrashHibernate(t *testing.T) {
 			if err != nil {
 				t.Fatalf("re-run: %v", err)
 			}
-			if res.SnapshotDir != hibernateRel(vm, op) {
+			if res.SnapshotDir != executors.HibernateRel(vm, op) {
 				t.Fatalf("snapshot dir %q", res.SnapshotDir)
 			}
 			if _, err := ReadMeta(final); err != nil {
@@ -464,7 +464,7 @@ func TestCrashHibernate(t *testing.T) {
 				t.Fatalf("%d VMMs left after hibernate", n)
 			}
 			h.checkNoTemps()
-			if got := h.storeEntries(hibernateDir); len(got) != 1 {
+			if got := h.storeEntries(executors.HibernateStore); len(got) != 1 {
 				t.Fatalf("store/hibernate holds %v", got)
 			}
 		})
@@ -491,8 +491,8 @@ func TestCrashGolden(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t, "")
 			op := newOp()
-			final := h.store(goldenRel(testKey, op))
-			buildDir := h.d.goldenRunDir(op)
+			final := h.store(executors.GoldenRel(testKey, op))
+			buildDir := h.d.roots.GoldenRunDir(h.d.instance, op)
 			h.inject(RecipeGolden, step, m)
 			_, err := build(h, op)
 			if m != modeKill && err == nil {
@@ -515,7 +515,7 @@ func TestCrashGolden(t *testing.T) {
 			if err != nil {
 				t.Fatalf("re-run: %v", err)
 			}
-			if res.SnapshotDir != goldenRel(testKey, op) {
+			if res.SnapshotDir != executors.GoldenRel(testKey, op) {
 				t.Fatalf("golden dir %q", res.SnapshotDir)
 			}
 			if _, err := ReadMeta(final); err != nil {
@@ -526,7 +526,7 @@ func TestCrashGolden(t *testing.T) {
 				t.Fatalf("%d VMMs left after the build", n)
 			}
 			h.checkNoTemps()
-			if got := h.storeEntries(goldenDir); len(got) != 1 {
+			if got := h.storeEntries(executors.GoldenStore); len(got) != 1 {
 				t.Fatalf("store/golden holds %v", got)
 			}
 			// The golden works.
@@ -551,7 +551,7 @@ func TestHibernateVMMDiesMidSnapshot(t *testing.T) {
 		t.Fatalf("got %v, want a Lost error", err)
 	}
 	h.checkNoTemps()
-	h.checkGone(h.store(hibernateRel(vm, op)))
+	h.checkGone(h.store(executors.HibernateRel(vm, op)))
 	if n := len(h.liveVMMs()); n != 0 {
 		t.Fatalf("%d VMMs alive", n)
 	}

@@ -14,7 +14,7 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 	if in.Instance != "" && in.Instance != d.instance {
 		return executors.Result{}, executors.Unrecoverablef("destroy %s: VM belongs to instance %q, not %q; not touching it", in.VM, in.Instance, d.instance)
 	}
-	runDir, err := d.vmRunDir(in.RunDir)
+	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {
 		return executors.Result{}, err
 	}

@@ -220,12 +220,6 @@ func New(cfg Config) (*Driver, error) {
 	return d, nil
 }
 
-// Store subdirectories.
-const (
-	goldenDir    = "golden"
-	hibernateDir = "hibernate"
-)
-
 // PrepareReport says what Prepare found.
 type PrepareReport struct {
 	// CopyMode is how disks clone in the store: fsx.Reflink or fsx.Copy.
@@ -240,7 +234,7 @@ type PrepareReport struct {
 // fallback is logged.
 func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	var rep PrepareReport
-	if err := d.roots.Make(d.instance, goldenDir, hibernateDir); err != nil {
+	if err := d.roots.Make(d.instance, executors.GoldenStore, executors.HibernateStore); err != nil {
 		return rep, fmt.Errorf("chdriver: %w", err)
 	}
 	for _, root := range []string{d.roots.Store, d.roots.Templates} {
@@ -253,7 +247,7 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	for _, p := range rep.Swept {
 		d.log.Info().Str("path", p).Msg("removed a temp dir left by an interrupted recipe")
 	}
-	m, err := detector(d.fs, d.log).Detect(d.roots.Store)
+	m, err := fsx.ClonerOf(d.fs, d.log).Detect(d.roots.Store)
 	if err != nil {
 		return rep, err
 	}
@@ -264,34 +258,6 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 		d.log.Warn().Str("store", d.roots.Store).Msg("store filesystem cannot reflink: every clone and hibernate copies cow.raw (sparse copy)")
 	}
 	return rep, nil
-}
-
-// detector returns the Cloner behind fs (through any Recorders), so the
-// start-up detection primes the same per-filesystem cache the recipes use
-// and the copy fallback is logged once, not twice.
-func detector(fs fsx.FS, log zerolog.Logger) interface {
-	Detect(dir string) (fsx.Method, error)
-} {
-	for {
-		switch f := fs.(type) {
-		case *fsx.OS:
-			return f.Cloner
-		case *fsx.Recorder:
-			fs = f.FS
-			continue
-		}
-		return fsx.NewCloner(log)
-	}
-}
-
-// vmRunDir resolves an intent's run dir and checks it belongs to this
-// instance.
-func (d *Driver) vmRunDir(rel string) (string, error) {
-	first, _, _ := strings.Cut(rel, "/")
-	if first != d.instance {
-		return "", executors.Unrecoverablef("run dir %q is not under this instance (%s)", rel, d.instance)
-	}
-	return d.roots.RunDir(rel)
 }
 
 func (d *Driver) vmmConfig(runDir, id string) vmm.Config {

@@ -14,10 +14,10 @@ import (
 // NICs: clones get their own), readiness, optional warmup, balloon settle,
 // pause, snapshot into the store, stop.
 func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors.Result, error) {
-	runDir := d.goldenRunDir(in.OpID)
+	runDir := d.roots.GoldenRunDir(d.instance, in.OpID)
 	id := filepath.Base(runDir)
 	r := d.begin(ctx, RecipeGolden, in.OpID, runDir)
-	rel := goldenRel(in.Key, in.OpID)
+	rel := executors.GoldenRel(in.Key, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
 	if res, done, err := d.finishStored(r, rel, id, runDir, false); done || err != nil {
 		return res, err

@@ -16,7 +16,7 @@ import (
 // Hibernate implements executors.Driver; the order of its steps is DESIGN
 // §3's (see the package doc).
 func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.Result, error) {
-	runDir, err := d.vmRunDir(in.RunDir)
+	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
@@ -25,7 +25,7 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 		return executors.Result{}, err
 	}
 	r := d.begin(ctx, RecipeHibernate, in.OpID, runDir)
-	rel := hibernateRel(in.VM, in.OpID)
+	rel := executors.HibernateRel(in.VM, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
 
 	if res, done, err := d.finishStored(r, rel, in.VM, runDir, egress); done || err != nil {

@@ -34,10 +34,10 @@ func TestLifecycle(t *testing.T) {
 	if m.Kind != KindGolden || m.Key != testKey {
 		t.Fatalf("golden meta %+v", m)
 	}
-	if got := h.storeEntries(goldenDir); len(got) != 1 {
+	if got := h.storeEntries(executors.GoldenStore); len(got) != 1 {
 		t.Fatalf("store/golden: %v", got)
 	}
-	if _, err := os.Stat(h.d.goldenRunDir(event0(m))); !os.IsNotExist(err) {
+	if _, err := os.Stat(h.d.roots.GoldenRunDir(h.d.instance, event0(m))); !os.IsNotExist(err) {
 		t.Fatalf("golden build run dir left behind: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(h.cfg.Roots.Templates, testKey.Template, "config.json")); err != nil {

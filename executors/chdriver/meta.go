@@ -1,17 +1,13 @@
 package chdriver
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
-	"github.com/sbxlog/sbxlog/fsm"
 )
 
 // Files of a snapshot dir (CH's three, the disk, and ours).
@@ -108,33 +104,4 @@ func buildMeta(dir string, m Meta) ([]byte, error) {
 		return nil, err
 	}
 	return append(data, '\n'), nil
-}
-
-// goldenRel names a golden in the store: the key, made safe for a file
-// name, and the build's op id (unique, so a rebuild never collides).
-func goldenRel(k fsm.PoolKey, op event.OpID) string {
-	return filepath.Join(goldenDir, slug(k.Template)+"_"+slug(k.Net)+"_"+slug(k.Size)+"-"+op.String())
-}
-
-// hibernateRel names a hibernate snapshot: the VM and the op id.
-func hibernateRel(vm string, op event.OpID) string {
-	return filepath.Join(hibernateDir, slug(vm)+"-"+op.String())
-}
-
-// slug keeps [A-Za-z0-9.-] and turns anything else into '_'.
-func slug(s string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '-':
-			return r
-		}
-		return '_'
-	}, s)
-}
-
-// goldenRunDir is where a golden build's VM runs: short (unix socket paths
-// are limited to 108 bytes) and derived from the op.
-func (d *Driver) goldenRunDir(op event.OpID) string {
-	sum := sha256.Sum256(op[:])
-	return filepath.Join(d.roots.Runs, d.instance, goldenPrefix+hex.EncodeToString(sum[:6]))
 }

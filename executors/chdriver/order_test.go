@@ -130,7 +130,7 @@ func TestRecipeOrders(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := effects(h.tr.reset())
-	build := h.d.goldenRunDir(gop)
+	build := h.d.roots.GoldenRunDir(h.d.instance, gop)
 	tmp := tempOf(t, got)
 	gfinal := h.store(gres.SnapshotDir)
 	tpl := filepath.Join(h.cfg.Roots.Templates, testKey.Template, "disk.raw")

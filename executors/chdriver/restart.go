@@ -31,7 +31,7 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 	if in.Instance != "" && in.Instance != d.instance {
 		return executors.Result{}, executors.Unrecoverablef("restart %s: VM belongs to instance %q, not %q; not touching it", in.VM, in.Instance, d.instance)
 	}
-	runDir, err := d.vmRunDir(in.RunDir)
+	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {
 		return executors.Result{}, err
 	}

@@ -15,7 +15,7 @@ import (
 // reflink of its cow.raw, so once the wake is durable the snapshot's names
 // can go: Result.AfterCommit removes the snapshot dir.
 func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, error) {
-	runDir, err := d.vmRunDir(in.RunDir)
+	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
@@ -44,14 +44,14 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 // hibernateSnapshot resolves a VM snapshot dir; only hibernate snapshots
 // qualify, so a bad intent can never make a wake or destroy remove a golden.
 func (d *Driver) hibernateSnapshot(rel string) (string, error) {
-	if !strings.HasPrefix(rel, hibernateDir+"/") {
+	if !strings.HasPrefix(rel, executors.HibernateStore+"/") {
 		return "", executors.Unrecoverablef("snapshot dir %q is not a hibernate snapshot", rel)
 	}
 	dir, err := d.roots.SnapshotDir(rel)
 	if err != nil {
 		return "", err
 	}
-	if filepath.Dir(dir) != filepath.Join(d.roots.Store, hibernateDir) {
+	if filepath.Dir(dir) != filepath.Join(d.roots.Store, executors.HibernateStore) {
 		return "", executors.Unrecoverablef("snapshot dir %q is not a hibernate snapshot", rel)
 	}
 	return dir, nil

@@ -166,3 +166,20 @@ func (r *Recorder) RenameDir(oldpath, newpath string) error {
 func (r *Recorder) RemoveAll(path string) error {
 	return r.do(Step{Op: OpRemoveAll, Paths: []string{path}}, func(*Step) error { return r.FS.RemoveAll(path) })
 }
+
+// ClonerOf returns the Cloner behind fs (through any Recorders), so a
+// driver's start-up detection primes the same per-filesystem cache its
+// recipes use and the copy fallback is logged once, not twice; an FS with
+// no Cloner behind it gets a new one.
+func ClonerOf(fs FS, log zerolog.Logger) *Cloner {
+	for {
+		switch f := fs.(type) {
+		case *OS:
+			return f.Cloner
+		case *Recorder:
+			fs = f.FS
+			continue
+		}
+		return NewCloner(log)
+	}
+}

@@ -36,7 +36,9 @@ func (d *Driver) RunDirs() ([]string, error) { return d.roots.InstanceRunDirs(d.
 
 // GoldenRunDir returns the name (under InstanceRoot) of the run dir the
 // golden build with intent op id op uses.
-func (d *Driver) GoldenRunDir(op event.OpID) string { return filepath.Base(d.goldenRunDir(op)) }
+func (d *Driver) GoldenRunDir(op event.OpID) string {
+	return filepath.Base(d.roots.GoldenRunDir(d.instance, op))
+}
 
 // AdoptVM takes over the QEMU of a VM the state says runs (warm or claimed):
 // one serving rel (pid file and cmdline checked) whose VM runs is watched
@@ -46,7 +48,7 @@ func (d *Driver) GoldenRunDir(op event.OpID) string { return filepath.Base(d.gol
 // will be seen). No QEMU, or one whose VM is in any other state (then
 // stopped, its run dir and logs kept), is reported dead with the reason.
 func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Liveness, error) {
-	runDir, err := d.vmRunDir(rel)
+	runDir, err := d.roots.InstanceRunDir(d.instance, rel)
 	if err != nil {
 		return reconcile.Liveness{}, err
 	}
@@ -111,7 +113,7 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 	if in.Instance != "" && in.Instance != d.instance {
 		return executors.Result{}, executors.Unrecoverablef("restart %s: VM belongs to instance %q, not %q; not touching it", in.VM, in.Instance, d.instance)
 	}
-	runDir, err := d.vmRunDir(in.RunDir)
+	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {
 		return executors.Result{}, err
 	}

@@ -2,8 +2,6 @@ package qemudriver
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -124,12 +122,6 @@ type Driver struct {
 
 var _ executors.Driver = (*Driver)(nil)
 
-// Store subdirectories.
-const (
-	goldenDir    = "golden"
-	hibernateDir = "hibernate"
-)
-
 // New checks cfg and returns a Driver. Call Prepare once before the first
 // recipe.
 func New(cfg Config) (*Driver, error) {
@@ -203,8 +195,8 @@ const maxSocketPath = 107
 // detects whether the store can reflink. A missing guest is only logged: BuildGolden reports it.
 func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	var rep PrepareReport
-	stores := []string{d.roots.Store, filepath.Join(d.roots.Store, goldenDir), filepath.Join(d.roots.Store, hibernateDir)}
-	if err := d.roots.Make(d.instance, goldenDir, hibernateDir); err != nil {
+	stores := []string{d.roots.Store, filepath.Join(d.roots.Store, executors.GoldenStore), filepath.Join(d.roots.Store, executors.HibernateStore)}
+	if err := d.roots.Make(d.instance, executors.GoldenStore, executors.HibernateStore); err != nil {
 		return rep, fmt.Errorf("qemudriver: %w", err)
 	}
 	// VM ids are "vm-" and 16 hex digits (fsm.VMID); agent.sock is the longest name.
@@ -232,7 +224,7 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	for _, p := range rep.Swept {
 		d.log.Info().Str("path", p).Msg("removed a temp dir left by an interrupted recipe")
 	}
-	m, err := detector(d.fs, d.log).Detect(d.roots.Store)
+	m, err := fsx.ClonerOf(d.fs, d.log).Detect(d.roots.Store)
 	if err != nil {
 		return rep, err
 	}
@@ -249,24 +241,6 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 		d.log.Info().Str("kernel", d.kernel).Str("initrd", d.initrd).Msg("qemu guest")
 	}
 	return rep, ctx.Err()
-}
-
-// detector returns the Cloner behind fs (through any Recorders), so the
-// start-up detection primes the cache the recipes use and the copy fallback
-// is logged once.
-func detector(fs fsx.FS, log zerolog.Logger) interface {
-	Detect(dir string) (fsx.Method, error)
-} {
-	for {
-		switch f := fs.(type) {
-		case *fsx.OS:
-			return f.Cloner
-		case *fsx.Recorder:
-			fs = f.FS
-			continue
-		}
-		return fsx.NewCloner(log)
-	}
 }
 
 // Close ends the exit watches and leaves the VMs alone: they outlive the
@@ -287,16 +261,6 @@ func (d *Driver) checkGuest() error {
 	return nil
 }
 
-// vmRunDir resolves an intent's run dir and checks it belongs to this
-// instance.
-func (d *Driver) vmRunDir(rel string) (string, error) {
-	first, _, _ := strings.Cut(rel, "/")
-	if first != d.instance {
-		return "", executors.Unrecoverablef("run dir %q is not under this instance (%s)", rel, d.instance)
-	}
-	return d.roots.RunDir(rel)
-}
-
 // snapshotIn resolves a snapshot dir of an intent, which must be a direct
 // child of the store's sub (golden or hibernate): a bad intent can never make
 // a wake or destroy remove a golden.
@@ -312,38 +276,6 @@ func (d *Driver) snapshotIn(sub, rel string) (string, error) {
 		return "", executors.Unrecoverablef("snapshot dir %q is not a %s snapshot", rel, sub)
 	}
 	return dir, nil
-}
-
-// goldenRel names a golden in the store: the key, made safe for a file name,
-// and the build's op id.
-func goldenRel(k fsm.PoolKey, op event.OpID) string {
-	return filepath.Join(goldenDir, slug(k.Template)+"_"+slug(k.Net)+"_"+slug(k.Size)+"-"+op.String())
-}
-
-// hibernateRel names a hibernate snapshot: the VM and the op id.
-func hibernateRel(vm string, op event.OpID) string {
-	return filepath.Join(hibernateDir, slug(vm)+"-"+op.String())
-}
-
-// slug keeps [A-Za-z0-9.-] and turns anything else into '_'.
-func slug(s string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '-':
-			return r
-		}
-		return '_'
-	}, s)
-}
-
-// goldenPrefix starts the name of a golden build's run dir.
-const goldenPrefix = "golden-"
-
-// goldenRunDir is where a golden build's VM runs: short (unix socket paths)
-// and derived from the op, so a re-run finds the build VM of its first try.
-func (d *Driver) goldenRunDir(op event.OpID) string {
-	sum := sha256.Sum256(op[:])
-	return filepath.Join(d.roots.Runs, d.instance, goldenPrefix+hex.EncodeToString(sum[:6]))
 }
 
 // bootSpec is the spec of a cold boot (golden build or cold clone) of pool k.

@@ -19,9 +19,9 @@ const StepRemoveSnapshot = "remove_snap"
 // BuildGolden implements executors.Driver: qemu.Golden of the configured guest
 // at the pool size's memory into golden/<key>-<op>.
 func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors.Result, error) {
-	rel := goldenRel(in.Key, in.OpID)
+	rel := executors.GoldenRel(in.Key, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
-	runDir := d.goldenRunDir(in.OpID)
+	runDir := d.roots.GoldenRunDir(d.instance, in.OpID)
 	if _, err := checkSnapshot(final); err == nil {
 		// A re-run after a crash past the rename: keep the golden, stop the
 		// build VM if it outlived the crash.
@@ -60,7 +60,7 @@ func (d *Driver) teardown(ctx context.Context, spec qemu.Spec) {
 // Clone implements executors.Driver: qemu.Clone from the golden in.GoldenDir,
 // or qemu.Boot of the configured guest when in.Cold.
 func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, error) {
-	runDir, err := d.vmRunDir(in.RunDir)
+	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
@@ -79,7 +79,7 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 		if in.GoldenDir == "" {
 			return executors.Result{}, executors.Unrecoverablef("clone %s: no golden to clone from", in.VM)
 		}
-		golden, gerr := d.snapshotIn(goldenDir, in.GoldenDir)
+		golden, gerr := d.snapshotIn(executors.GoldenStore, in.GoldenDir)
 		if gerr != nil {
 			return executors.Result{}, gerr
 		}
@@ -102,11 +102,11 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 // Hibernate implements executors.Driver: qemu.Hibernate into
 // hibernate/<vm>-<op>.
 func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.Result, error) {
-	runDir, err := d.vmRunDir(in.RunDir)
+	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
-	rel := hibernateRel(in.VM, in.OpID)
+	rel := executors.HibernateRel(in.VM, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
 	spec := qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(final)}
 	// The hibernate stops QEMU itself; a failure hands it back (hibernateFailed).
@@ -147,11 +147,11 @@ func (d *Driver) hibernateFailed(ctx context.Context, vm string, spec qemu.Spec,
 // dir gets its own clone of the RAM file, so the snapshot backs nothing once
 // the wake is durable: Result.AfterCommit removes it.
 func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, error) {
-	runDir, err := d.vmRunDir(in.RunDir)
+	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
-	src, err := d.snapshotIn(hibernateDir, in.SnapshotDir)
+	src, err := d.snapshotIn(executors.HibernateStore, in.SnapshotDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
@@ -187,13 +187,13 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 	if in.Instance != "" && in.Instance != d.instance {
 		return executors.Result{}, executors.Unrecoverablef("destroy %s: VM belongs to instance %q, not %q; not touching it", in.VM, in.Instance, d.instance)
 	}
-	runDir, err := d.vmRunDir(in.RunDir)
+	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
 	var snap string
 	if in.SnapshotDir != "" {
-		if snap, err = d.snapshotIn(hibernateDir, in.SnapshotDir); err != nil {
+		if snap, err = d.snapshotIn(executors.HibernateStore, in.SnapshotDir); err != nil {
 			return executors.Result{}, err
 		}
 	}

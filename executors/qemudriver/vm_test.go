@@ -59,13 +59,13 @@ func TestIntentsWithQEMU(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("golden: %+v", gres.Report)
-	if gres.SnapshotDir != goldenRel(testKey, gop) || gres.Report.CopyMode != "reflink" || !slices.Contains(stepNames(gres), qemu.StepMigrate) {
+	if gres.SnapshotDir != executors.GoldenRel(testKey, gop) || gres.Report.CopyMode != "reflink" || !slices.Contains(stepNames(gres), qemu.StepMigrate) {
 		t.Fatalf("golden result %+v", gres)
 	}
 	if m, err := checkSnapshot(filepath.Join(store, gres.SnapshotDir)); err != nil || m.MemoryMiB != 256 || m.Accel != qemu.AccelTCG {
 		t.Fatalf("golden snapshot: %+v, %v", m, err)
 	}
-	noEntry(t, d.goldenRunDir(gop))
+	noEntry(t, d.roots.GoldenRunDir(d.instance, gop))
 	if again, err := d.BuildGolden(ctx, gin); err != nil || again.SnapshotDir != gres.SnapshotDir || again.Report.CopyMode != "reflink" {
 		t.Fatalf("re-run BuildGolden = %+v, %v", again, err)
 	}
@@ -120,7 +120,7 @@ func TestIntentsWithQEMU(t *testing.T) {
 	if st, err := d.QEMU().Status(ctx, spec); err != nil || st != "running" {
 		t.Fatalf("after the failed hibernate: %q, %v; want running", st, err)
 	}
-	noEntry(t, filepath.Join(store, hibernateRel(vm, hin.OpID)))
+	noEntry(t, filepath.Join(store, executors.HibernateRel(vm, hin.OpID)))
 	if tmp := tempDirs(t, hibStore); len(tmp) != 0 {
 		t.Fatalf("temp dirs left: %v", tmp)
 	}
@@ -140,7 +140,7 @@ func TestIntentsWithQEMU(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("hibernate after a crash: %+v", hres.Report)
-	if hres.SnapshotDir != hibernateRel(vm, hin.OpID) || hres.Report.CopyMode != "reflink" {
+	if hres.SnapshotDir != executors.HibernateRel(vm, hin.OpID) || hres.Report.CopyMode != "reflink" {
 		t.Fatalf("hibernate result %+v", hres)
 	}
 	if _, err := checkSnapshot(filepath.Join(store, hres.SnapshotDir)); err != nil {
@@ -222,7 +222,7 @@ func TestIntentsWithQEMU(t *testing.T) {
 	if dirs, err := d.RunDirs(); err != nil || !slices.Contains(dirs, vm2) {
 		t.Fatalf("RunDirs = %v, %v", dirs, err)
 	}
-	if d.GoldenRunDir(gop) != filepath.Base(d.goldenRunDir(gop)) || d.InstanceRoot() != filepath.Join(root, "run", testInstance) {
+	if d.GoldenRunDir(gop) != filepath.Base(d.roots.GoldenRunDir(d.instance, gop)) || d.InstanceRoot() != filepath.Join(root, "run", testInstance) {
 		t.Fatalf("GoldenRunDir %s, InstanceRoot %s", d.GoldenRunDir(gop), d.InstanceRoot())
 	}
 	l, err := d.AdoptVM(ctx, vm2, run2)

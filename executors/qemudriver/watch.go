@@ -2,6 +2,7 @@ package qemudriver
 
 import (
 	"errors"
+	"github.com/sbxlog/sbxlog/executors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,7 +43,7 @@ func (d *Driver) OnExit(fn func(Exit)) {
 func (d *Driver) isVMRunDir(runDir string) bool {
 	name := filepath.Base(runDir)
 	return filepath.Dir(runDir) == filepath.Join(d.roots.Runs, d.instance) &&
-		!strings.HasPrefix(name, goldenPrefix) && !strings.HasPrefix(name, ".")
+		!strings.HasPrefix(name, executors.GoldenRunPrefix) && !strings.HasPrefix(name, ".")
 }
 
 // watch starts watching pid, the QEMU now serving runDir, through a pidfd

@@ -1,0 +1,67 @@
+package executors
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"path/filepath"
+	"strings"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// The store and run-dir layout every driver shares: snapshot names in the
+// store, and the run dirs of golden builds. A run dir or snapshot written by
+// one driver's recipe is thus found by the same names after a restart, and by
+// the start-up reconcile.
+const (
+	// GoldenStore and HibernateStore are the store's snapshot directories.
+	GoldenStore    = "golden"
+	HibernateStore = "hibernate"
+	// GoldenRunPrefix starts the name of a golden build's run dir; the
+	// other run dirs under an instance are VM ids.
+	GoldenRunPrefix = "golden-"
+)
+
+// GoldenRel names a golden in the store: the key, made safe for a file name,
+// and the build's op id (unique, so a rebuild never collides).
+func GoldenRel(k fsm.PoolKey, op event.OpID) string {
+	return filepath.Join(GoldenStore, slug(k.Template)+"_"+slug(k.Net)+"_"+slug(k.Size)+"-"+op.String())
+}
+
+// HibernateRel names a hibernate snapshot: the VM and the op id.
+func HibernateRel(vm string, op event.OpID) string {
+	return filepath.Join(HibernateStore, HibernatePrefix(vm)+op.String())
+}
+
+// HibernatePrefix starts the name (under HibernateStore) of every hibernate
+// snapshot of vm.
+func HibernatePrefix(vm string) string { return slug(vm) + "-" }
+
+// slug keeps [A-Za-z0-9.-] and turns anything else into '_'.
+func slug(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '-':
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+// GoldenRunDir is where the golden build with intent op id op runs under
+// instance: short (unix socket paths are limited to 108 bytes) and derived
+// from the op, so a re-run finds the build VM of its first try.
+func (r Roots) GoldenRunDir(instance string, op event.OpID) string {
+	sum := sha256.Sum256(op[:])
+	return filepath.Join(r.InstanceRoot(instance), GoldenRunPrefix+hex.EncodeToString(sum[:6]))
+}
+
+// InstanceRunDir resolves an intent's run dir (relative to Runs) and checks
+// that it belongs to instance: a driver never acts on another instance's VMs.
+func (r Roots) InstanceRunDir(instance, rel string) (string, error) {
+	if first, _, _ := strings.Cut(rel, "/"); first != instance {
+		return "", Unrecoverablef("run dir %q is not under this instance (%s)", rel, instance)
+	}
+	return r.RunDir(rel)
+}

@@ -1,0 +1,43 @@
+package executors
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+func TestLayout(t *testing.T) {
+	r := Roots{Runs: "/r/runs", Store: "/r/store", Templates: "/r/tpl"}
+	op := event.OpIDFromUint(1_700_000_000_000, 7)
+	if got := GoldenRel(fsm.PoolKey{Template: "ubuntu/24.04", Net: "none", Size: "small"}, op); got != "golden/ubuntu_24.04_none_small-"+op.String() {
+		t.Errorf("GoldenRel = %q", got)
+	}
+	if got := HibernateRel("vm-1", op); got != "hibernate/vm-1-"+op.String() || !strings.HasPrefix(filepath.Base(got), HibernatePrefix("vm-1")) {
+		t.Errorf("HibernateRel = %q", got)
+	}
+	g := r.GoldenRunDir("i1", op)
+	if filepath.Dir(g) != "/r/runs/i1" || !strings.HasPrefix(filepath.Base(g), GoldenRunPrefix) || g != r.GoldenRunDir("i1", op) {
+		t.Errorf("GoldenRunDir = %q", g)
+	}
+	for _, c := range []struct {
+		rel  string
+		want string // "" when refused
+	}{
+		{"i1/vm-1", "/r/runs/i1/vm-1"},
+		{"i2/vm-1", ""},
+		{"i1/../i2/vm-1", ""},
+		{"/i1/vm-1", ""},
+		{"", ""},
+	} {
+		got, err := r.InstanceRunDir("i1", c.rel)
+		if (err == nil) != (c.want != "") || got != c.want {
+			t.Errorf("InstanceRunDir(i1, %q) = %q, %v; want %q", c.rel, got, err, c.want)
+		}
+		if err != nil && !IsUnrecoverable(err) {
+			t.Errorf("InstanceRunDir(i1, %q): %v is not unrecoverable", c.rel, err)
+		}
+	}
+}
