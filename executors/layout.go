@@ -3,6 +3,7 @@ package executors
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"path/filepath"
 	"strings"
 
@@ -64,4 +65,31 @@ func (r Roots) InstanceRunDir(instance, rel string) (string, error) {
 		return "", Unrecoverablef("run dir %q is not under this instance (%s)", rel, instance)
 	}
 	return r.RunDir(rel)
+}
+
+// SnapshotIn resolves an intent's snapshot dir, which must be a direct child
+// of the store's sub (GoldenStore or HibernateStore): a bad intent can never
+// make a wake or a destroy touch a golden, nor a clone start from a VM's
+// hibernate snapshot.
+func (r Roots) SnapshotIn(sub, rel string) (string, error) {
+	if !strings.HasPrefix(rel, sub+"/") {
+		return "", Unrecoverablef("snapshot dir %q is not a %s snapshot", rel, sub)
+	}
+	dir, err := r.SnapshotDir(rel)
+	if err != nil {
+		return "", err
+	}
+	if filepath.Dir(dir) != filepath.Join(r.Store, sub) {
+		return "", Unrecoverablef("snapshot dir %q is not a %s snapshot", rel, sub)
+	}
+	return dir, nil
+}
+
+// ValidInstance checks that an instance id can name the directory its run
+// dirs live in.
+func ValidInstance(id string) error {
+	if id == "" || strings.ContainsAny(id, "/\x00") || id == "." || id == ".." {
+		return fmt.Errorf("instance id %q cannot name a directory", id)
+	}
+	return nil
 }

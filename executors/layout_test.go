@@ -40,4 +40,23 @@ func TestLayout(t *testing.T) {
 			t.Errorf("InstanceRunDir(i1, %q): %v is not unrecoverable", c.rel, err)
 		}
 	}
+	for _, c := range []struct {
+		sub, rel, want string
+	}{
+		{GoldenStore, "golden/g-1", "/r/store/golden/g-1"},
+		{HibernateStore, "golden/g-1", ""},
+		{GoldenStore, "golden/g-1/inner", ""},
+		{GoldenStore, "golden/../hibernate/h-1", ""},
+		{HibernateStore, "hibernate/h-1", "/r/store/hibernate/h-1"},
+	} {
+		got, err := r.SnapshotIn(c.sub, c.rel)
+		if (err == nil) != (c.want != "") || got != c.want {
+			t.Errorf("SnapshotIn(%s, %q) = %q, %v; want %q", c.sub, c.rel, got, err, c.want)
+		}
+	}
+	for id, ok := range map[string]bool{"i-1": true, "": false, ".": false, "..": false, "a/b": false, "a\x00": false} {
+		if err := ValidInstance(id); (err == nil) != ok {
+			t.Errorf("ValidInstance(%q) = %v", id, err)
+		}
+	}
 }

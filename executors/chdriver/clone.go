@@ -27,7 +27,7 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 	if in.GoldenDir == "" {
 		return executors.Result{}, executors.Unrecoverablef("clone %s: no golden to clone from", in.VM)
 	}
-	src, err := d.roots.SnapshotDir(in.GoldenDir)
+	src, err := d.roots.SnapshotIn(executors.GoldenStore, in.GoldenDir)
 	if err != nil {
 		return executors.Result{}, err
 	}

@@ -20,7 +20,7 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 	}
 	var snap string
 	if in.SnapshotDir != "" {
-		if snap, err = d.hibernateSnapshot(in.SnapshotDir); err != nil {
+		if snap, err = d.roots.SnapshotIn(executors.HibernateStore, in.SnapshotDir); err != nil {
 			return executors.Result{}, err
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -148,8 +147,8 @@ func New(cfg Config) (*Driver, error) {
 	if err := cfg.Roots.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Instance == "" || strings.ContainsAny(cfg.Instance, "/\x00") || cfg.Instance == "." || cfg.Instance == ".." {
-		return nil, fmt.Errorf("chdriver: instance id %q cannot name a directory", cfg.Instance)
+	if err := executors.ValidInstance(cfg.Instance); err != nil {
+		return nil, fmt.Errorf("chdriver: %w", err)
 	}
 	if cfg.VMM == "" || !filepath.IsAbs(cfg.VMM) {
 		return nil, fmt.Errorf("chdriver: VMM binary %q is not an absolute path", cfg.VMM)

@@ -3,8 +3,6 @@ package chdriver
 import (
 	"context"
 	"errors"
-	"path/filepath"
-	"strings"
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -19,7 +17,7 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 	if err != nil {
 		return executors.Result{}, err
 	}
-	src, err := d.hibernateSnapshot(in.SnapshotDir)
+	src, err := d.roots.SnapshotIn(executors.HibernateStore, in.SnapshotDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
@@ -39,20 +37,4 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 		return nil
 	}
 	return res, nil
-}
-
-// hibernateSnapshot resolves a VM snapshot dir; only hibernate snapshots
-// qualify, so a bad intent can never make a wake or destroy remove a golden.
-func (d *Driver) hibernateSnapshot(rel string) (string, error) {
-	if !strings.HasPrefix(rel, executors.HibernateStore+"/") {
-		return "", executors.Unrecoverablef("snapshot dir %q is not a hibernate snapshot", rel)
-	}
-	dir, err := d.roots.SnapshotDir(rel)
-	if err != nil {
-		return "", err
-	}
-	if filepath.Dir(dir) != filepath.Join(d.roots.Store, executors.HibernateStore) {
-		return "", executors.Unrecoverablef("snapshot dir %q is not a hibernate snapshot", rel)
-	}
-	return dir, nil
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,8 +127,8 @@ func New(cfg Config) (*Driver, error) {
 	if err := cfg.Roots.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Instance == "" || strings.ContainsAny(cfg.Instance, "/\x00") || cfg.Instance == "." || cfg.Instance == ".." {
-		return nil, fmt.Errorf("qemudriver: instance id %q cannot name a directory", cfg.Instance)
+	if err := executors.ValidInstance(cfg.Instance); err != nil {
+		return nil, fmt.Errorf("qemudriver: %w", err)
 	}
 	for what, p := range map[string]string{"kernel": cfg.Kernel, "initrd": cfg.Initrd} {
 		if p != "" && !filepath.IsAbs(p) {
@@ -259,23 +258,6 @@ func (d *Driver) checkGuest() error {
 		}
 	}
 	return nil
-}
-
-// snapshotIn resolves a snapshot dir of an intent, which must be a direct
-// child of the store's sub (golden or hibernate): a bad intent can never make
-// a wake or destroy remove a golden.
-func (d *Driver) snapshotIn(sub, rel string) (string, error) {
-	if !strings.HasPrefix(rel, sub+"/") {
-		return "", executors.Unrecoverablef("snapshot dir %q is not a %s snapshot", rel, sub)
-	}
-	dir, err := d.roots.SnapshotDir(rel)
-	if err != nil {
-		return "", err
-	}
-	if filepath.Dir(dir) != filepath.Join(d.roots.Store, sub) {
-		return "", executors.Unrecoverablef("snapshot dir %q is not a %s snapshot", rel, sub)
-	}
-	return dir, nil
 }
 
 // bootSpec is the spec of a cold boot (golden build or cold clone) of pool k.

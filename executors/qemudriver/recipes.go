@@ -79,7 +79,7 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 		if in.GoldenDir == "" {
 			return executors.Result{}, executors.Unrecoverablef("clone %s: no golden to clone from", in.VM)
 		}
-		golden, gerr := d.snapshotIn(executors.GoldenStore, in.GoldenDir)
+		golden, gerr := d.roots.SnapshotIn(executors.GoldenStore, in.GoldenDir)
 		if gerr != nil {
 			return executors.Result{}, gerr
 		}
@@ -151,7 +151,7 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 	if err != nil {
 		return executors.Result{}, err
 	}
-	src, err := d.snapshotIn(executors.HibernateStore, in.SnapshotDir)
+	src, err := d.roots.SnapshotIn(executors.HibernateStore, in.SnapshotDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
@@ -193,7 +193,7 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 	}
 	var snap string
 	if in.SnapshotDir != "" {
-		if snap, err = d.snapshotIn(executors.HibernateStore, in.SnapshotDir); err != nil {
+		if snap, err = d.roots.SnapshotIn(executors.HibernateStore, in.SnapshotDir); err != nil {
 			return executors.Result{}, err
 		}
 	}
