@@ -1,7 +1,6 @@
 package reconcile
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -46,7 +45,7 @@ func scanVMMs(procRoot, binary, instRoot string) ([]vmmProc, error) {
 			continue
 		}
 		sock, ok := vmmSocket(procRoot, pid, binary)
-		if !ok || filepath.Dir(filepath.Dir(sock)) != instRoot || !live(procRoot, pid) {
+		if !ok || filepath.Dir(filepath.Dir(sock)) != instRoot || !vmm.ProcessLive(procRoot, pid) {
 			continue
 		}
 		p := vmmProc{pid: pid, socket: sock, runDir: filepath.Dir(sock)}
@@ -66,20 +65,6 @@ func vmmSocket(procRoot string, pid int, binary string) (string, bool) {
 		return "", false
 	}
 	return vmm.APISocket(data, binary)
-}
-
-// live reports whether pid exists and is not a zombie.
-func live(procRoot string, pid int) bool {
-	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 || i+2 >= len(data) {
-		return false
-	}
-	st := data[i+2]
-	return st != 'Z' && st != 'X'
 }
 
 // killOrphan stops p: SIGTERM, then SIGKILL after grace. Signals go through

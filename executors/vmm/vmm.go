@@ -655,8 +655,12 @@ func APISocket(cmdline []byte, binary string) (string, bool) {
 }
 
 // processLive reports whether pid exists and is not a zombie.
-func processLive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+func processLive(pid int) bool { return ProcessLive("/proc", pid) }
+
+// ProcessLive reports whether pid exists and is not a zombie, reading
+// procRoot (normally /proc; tests pass a fake tree).
+func ProcessLive(procRoot string, pid int) bool {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
 	if err != nil {
 		return false
 	}

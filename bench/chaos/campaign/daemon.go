@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
 
@@ -299,14 +300,7 @@ func VMMsUnder(dir string) []VMMProc {
 }
 
 // alive reports whether pid runs and is not a zombie.
-func alive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(data, ')')
-	return i > 0 && i+2 < len(data) && data[i+2] != 'Z' && data[i+2] != 'X'
-}
+func alive(pid int) bool { return vmm.ProcessLive("/proc", pid) }
 
 // KillVMMsUnder SIGKILLs every chsim whose socket lies under dir (the
 // campaign's own VMs, at the end) and returns how many it found.
