@@ -67,6 +67,17 @@ func (r Roots) InstanceRunDir(instance, rel string) (string, error) {
 	return r.RunDir(rel)
 }
 
+// OwnedRunDir is InstanceRunDir for an intent that names the instance its VM
+// was made under (owner; empty when the log did not record one): a VM of
+// another instance is refused and never touched. verb names the recipe in
+// the error.
+func (r Roots) OwnedRunDir(instance, owner, vm, rel, verb string) (string, error) {
+	if owner != "" && owner != instance {
+		return "", Unrecoverablef("%s %s: VM belongs to instance %q, not %q; not touching it", verb, vm, owner, instance)
+	}
+	return r.InstanceRunDir(instance, rel)
+}
+
 // SnapshotIn resolves an intent's snapshot dir, which must be a direct child
 // of the store's sub (GoldenStore or HibernateStore): a bad intent can never
 // make a wake or a destroy touch a golden, nor a clone start from a VM's

@@ -59,4 +59,12 @@ func TestLayout(t *testing.T) {
 			t.Errorf("ValidInstance(%q) = %v", id, err)
 		}
 	}
+	if _, err := r.OwnedRunDir("i1", "i2", "vm-1", "i1/vm-1", "destroy"); err == nil || !IsUnrecoverable(err) || !strings.Contains(err.Error(), "destroy vm-1: VM belongs to instance \"i2\"") {
+		t.Errorf("OwnedRunDir of another instance's VM: %v", err)
+	}
+	for _, owner := range []string{"", "i1"} {
+		if got, err := r.OwnedRunDir("i1", owner, "vm-1", "i1/vm-1", "destroy"); err != nil || got != "/r/runs/i1/vm-1" {
+			t.Errorf("OwnedRunDir(owner %q) = %q, %v", owner, got, err)
+		}
+	}
 }

@@ -11,10 +11,7 @@ import (
 // Destroy implements executors.Driver. Every step tolerates what is already
 // gone, so a re-run after a crash finishes the job.
 func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
-	if in.Instance != "" && in.Instance != d.instance {
-		return executors.Result{}, executors.Unrecoverablef("destroy %s: VM belongs to instance %q, not %q; not touching it", in.VM, in.Instance, d.instance)
-	}
-	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
+	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, "destroy")
 	if err != nil {
 		return executors.Result{}, err
 	}

@@ -28,10 +28,7 @@ var _ executors.Restarter = (*Driver)(nil)
 // (or Paused) it is adopted and finished (resume, probe); anything else is
 // stopped and the boot starts over.
 func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Result, error) {
-	if in.Instance != "" && in.Instance != d.instance {
-		return executors.Result{}, executors.Unrecoverablef("restart %s: VM belongs to instance %q, not %q; not touching it", in.VM, in.Instance, d.instance)
-	}
-	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
+	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, "restart")
 	if err != nil {
 		return executors.Result{}, err
 	}

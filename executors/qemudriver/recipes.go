@@ -184,10 +184,7 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 // snapshot when in.SnapshotDir is set. Everything tolerates what is already
 // gone, so a re-run finishes the job.
 func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
-	if in.Instance != "" && in.Instance != d.instance {
-		return executors.Result{}, executors.Unrecoverablef("destroy %s: VM belongs to instance %q, not %q; not touching it", in.VM, in.Instance, d.instance)
-	}
-	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
+	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, "destroy")
 	if err != nil {
 		return executors.Result{}, err
 	}
