@@ -3,11 +3,7 @@ package chdriver
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -21,7 +17,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"golang.org/x/sys/unix"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
@@ -402,60 +397,14 @@ func (h *harness) storeEntries(sub string) []string {
 	return out
 }
 
-// sha digests a file's content without reading its holes: the size, then
-// every 4 KiB page that is not all zero, with its offset. Two files with the
-// same bytes digest the same whatever their hole layout (a reflink, a sparse
-// copy, a CH snapshot), and a 64 MiB sparse memory file costs only its data.
+// sha digests a file's content without reading its holes (fsx.ContentSum).
 func sha(t *testing.T, path string) string {
 	t.Helper()
-	f, err := os.Open(path)
+	sum, err := fsx.ContentSum(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	size := st.Size()
-	hh := sha256.New()
-	var word [8]byte
-	binary.LittleEndian.PutUint64(word[:], uint64(size))
-	hh.Write(word[:])
-	fd := int(f.Fd())
-	buf := make([]byte, 1<<20)
-	var zero [4096]byte
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for pos := data &^ 4095; pos < hole; {
-			n, err := f.ReadAt(buf[:min(int64(len(buf)), hole-pos)], pos)
-			if n == 0 && err != nil {
-				t.Fatal(err)
-			}
-			for p := 0; p < n; p += 4096 {
-				page := buf[p:min(p+4096, n)]
-				if bytes.Equal(page, zero[:len(page)]) {
-					continue
-				}
-				binary.LittleEndian.PutUint64(word[:], uint64(pos)+uint64(p))
-				hh.Write(word[:])
-				hh.Write(page)
-			}
-			pos += int64(n)
-		}
-		off = hole
-	}
-	return hex.EncodeToString(hh.Sum(nil))
+	return sum
 }
 
 // waitFor polls cond until it holds or d passes.

@@ -1,18 +1,13 @@
 package campaign
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/sbxlog/sbxlog/executors/fsx"
 )
 
 // Files of a hibernate snapshot and a woken VM's run dir (chdriver's names).
@@ -35,72 +30,17 @@ type Sums struct {
 	Resumes int64
 }
 
-// contentSum digests a file's content without reading its holes: the size,
-// then every 4 KiB page that is not all zero, with its offset. Equal bytes
-// give equal sums whatever the hole layout (a reflink, a sparse copy, a
-// hard link), and a sparse guest memory file costs only its data.
-func contentSum(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return "", err
-	}
-	size := st.Size()
-	h := sha256.New()
-	var word [8]byte
-	binary.LittleEndian.PutUint64(word[:], uint64(size))
-	h.Write(word[:])
-	fd := int(f.Fd())
-	buf := make([]byte, 1<<20)
-	var zero [4096]byte
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		}
-		if err != nil {
-			return "", err
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return "", err
-		}
-		for pos := data &^ 4095; pos < hole; {
-			n, err := f.ReadAt(buf[:min(int64(len(buf)), hole-pos)], pos)
-			if n == 0 && err != nil {
-				return "", err
-			}
-			for p := 0; p < n; p += 4096 {
-				page := buf[p:min(p+4096, n)]
-				if bytes.Equal(page, zero[:len(page)]) {
-					continue
-				}
-				binary.LittleEndian.PutUint64(word[:], uint64(pos)+uint64(p))
-				h.Write(word[:])
-				h.Write(page)
-			}
-			pos += int64(n)
-		}
-		off = hole
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
 // sumsOf digests memory, state and disk files (memDir holds the first two).
 func sumsOf(memDir, disk string) (Sums, error) {
 	var s Sums
 	var err error
-	if s.Memory, err = contentSum(filepath.Join(memDir, memoryFile)); err != nil {
+	if s.Memory, err = fsx.ContentSum(filepath.Join(memDir, memoryFile)); err != nil {
 		return s, err
 	}
-	if s.State, err = contentSum(filepath.Join(memDir, stateFile)); err != nil {
+	if s.State, err = fsx.ContentSum(filepath.Join(memDir, stateFile)); err != nil {
 		return s, err
 	}
-	if s.Disk, err = contentSum(disk); err != nil {
+	if s.Disk, err = fsx.ContentSum(disk); err != nil {
 		return s, err
 	}
 	data, err := os.ReadFile(filepath.Join(memDir, stateFile))
