@@ -101,6 +101,15 @@ type system struct {
 	fsync string
 	live  int
 	url   string
+	// client is the kind of HTTP client the claims go through (leanClient
+	// or stdClient); seqClient is the one sequential runs use, kept across
+	// runs so its connection stays warm.
+	client    string
+	std       *http.Client // for stdClient
+	seqClient claimClient
+	// owner, when set, is the system whose server this one measures through
+	// another client: the claims of both are released together.
+	owner *system
 	// release ends the claims made by a round, untimed, so every round
 	// starts at the level's live count.
 	release func(ctx context.Context, ids []string) error
@@ -121,16 +130,21 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	}
 	defer os.RemoveAll(dir)
 
-	client := &http.Client{Transport: &http.Transport{
+	std := &http.Client{Transport: &http.Transport{
 		MaxIdleConns: 4 * cfg.clients, MaxIdleConnsPerHost: 2 * cfg.clients, IdleConnTimeout: time.Minute,
 		DisableCompression: true,
 	}}
-	defer client.CloseIdleConnections()
+	defer std.CloseIdleConnections()
 
 	var systems []*system
 	defer func() {
 		for _, s := range systems {
-			_ = s.close()
+			if s.seqClient != nil {
+				s.seqClient.close()
+			}
+			if s.owner == nil {
+				_ = s.close()
+			}
 		}
 	}()
 	for i, live := range cfg.levels {
@@ -140,6 +154,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		}
 		systems = append(systems, s)
 		if i == 0 {
+			systems = append(systems, throughStd(s, sbxStdName, std))
 			r, err := startSbxlog(ctx, filepath.Join(dir, fmt.Sprintf("sbxlog-refilling-%d", live)), live, cfg.warm, false)
 			if err != nil {
 				return nil, fmt.Errorf("sbxlog node with refills running: %w", err)
@@ -159,7 +174,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	if err != nil {
 		return nil, err
 	}
-	systems = append(systems, httpFloor)
+	systems = append(systems, httpFloor, throughStd(httpFloor, noopStdName, std))
 	fsyncFloor, err := newSyncFloor(filepath.Join(dir, "fsync-floor"))
 	if err != nil {
 		return nil, err
@@ -177,7 +192,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		if m, ok := cfg.jsonPerRound[s.live]; ok && s.name == jsonName {
 			n = min(n, m)
 		}
-		if _, err := sequential(ctx, client, s, n); err != nil {
+		if _, err := sequential(ctx, s, n); err != nil {
 			return nil, err
 		}
 	}
@@ -191,7 +206,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	var group []*system
 	var runs []func() error
 	for _, s := range systems {
-		if s.name == sbxName || s.name == noopName {
+		if s.name == sbxName || s.name == sbxStdName || s.name == noopName || s.name == noopStdName {
 			group = append(group, s)
 			continue
 		}
@@ -200,13 +215,13 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 			n = min(n, m)
 		}
 		runs = append(runs, func() error {
-			d, err := sequential(ctx, client, s, n)
+			d, err := sequential(ctx, s, n)
 			s.seq = append(s.seq, d...)
 			return err
 		})
 	}
 	runs = append(runs,
-		func() error { return interleaved(ctx, client, group, cfg.perRound) },
+		func() error { return interleaved(ctx, group, cfg.perRound) },
 		func() error { return fsyncFloor.measure(cfg.perRound) },
 		func() error { return logFloor.measure(ctx, cfg.perRound) })
 	for r := 0; r < cfg.rounds; r++ {
@@ -228,7 +243,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 			}
 		}
 		quiesce()
-		if err := concurrent(ctx, client, s, cfg.clients, cfg.perClient, bound); err != nil {
+		if err := concurrent(ctx, s, cfg.clients, cfg.perClient, bound); err != nil {
 			return nil, err
 		}
 	}
@@ -238,8 +253,12 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 func buildSection(cfg config, systems []*system, fsyncs, appends report.Durations) *report.Section {
 	sec := &report.Section{
 		Title: "HTTP API: warm claim over loopback, vs the old claims.json store",
-		Method: fmt.Sprintf("POST /v1/claim over loopback HTTP/1.1 with keep-alive (Go net/http server and client in one process; "+
-			"timed from request to the last byte of the reply). sbxlog: the real api.Server (with metrics), engine and Pebble "+
+		Method: fmt.Sprintf("POST /v1/claim over loopback HTTP/1.1 with keep-alive (server and client in one process; "+
+			"timed from request to the last byte of the reply). Client: the bench's lean HTTP/1.1 client (one keep-alive "+
+			"connection per client, the request written with one write, the reply read and parsed by net/http.ReadResponse "+
+			"on the caller's goroutine), the same for every row; the rows marked 'Go net/http client' measure the same "+
+			"servers through Go's net/http.Client, whose Transport passes each request and reply through goroutines of its "+
+			"own, interleaved with the lean rows. Server: Go's net/http. sbxlog: the real api.Server (with metrics), engine and Pebble "+
 			"op log on the scratch disk (every claim durable before its reply: fsync, shared between concurrent claims), with "+
 			"the hypervisor replaced by an IN-PROCESS HYPERVISOR FAKE that answers executor intents at once. Each level runs "+
 			"on its own node, its live claims built by proposing claims through the engine directly, with a warm pool of %d. "+
@@ -249,7 +268,7 @@ func buildSection(cfg config, systems []*system, fsyncs, appends report.Duration
 			"at once, so they land right behind the claims). Comparator: the old daemon's claim (insert into the live-claims "+
 			"map, rewrite the whole map as claims.json: maps.Clone, json.Marshal, write temp, rename) behind the same HTTP "+
 			"client, without fsync (old default) and with fsync (file before rename, directory after); it does no refill "+
-			"work. Sequential: one client, %d rounds; in each, the claim-path nodes of every level and the HTTP floor are "+
+			"work. Sequential: one client, %d rounds; in each, the claim-path nodes of every level and the HTTP floors (both clients) are "+
 			"measured interleaved in blocks of %d claims (so the levels are compared at nearly the same moments), the other rows one run "+
 			"each, in an order rotated per round, the disk written back and garbage collected before each run (untimed); "+
 			"the claims of a run are released after it, so the live count stays within a run's claims of the level. Concurrent: %d clients with their own connections, %d claims each (the comparator "+
@@ -263,11 +282,17 @@ func buildSection(cfg config, systems []*system, fsyncs, appends report.Duration
 			sbx[s.live] = s
 		}
 	}
-	var noop *system
+	var noop, noopStd, sbxStd *system
 	for _, s := range systems {
-		if s.name == noopName {
+		switch s.name {
+		case noopName:
 			noop = s
 			continue
+		case noopStdName:
+			noopStd = s
+			continue
+		case sbxStdName:
+			sbxStd = s
 		}
 		ratio := fmt.Sprintf("%.2fx", float64(s.seq.Quantile(0.5))/float64(sbx[s.live].seq.Quantile(0.5)))
 		rate, c50, c99 := "not run", "-", "-"
@@ -277,8 +302,13 @@ func buildSection(cfg config, systems []*system, fsyncs, appends report.Duration
 		sec.AddRow(s.name, s.fsync, s.live, len(s.seq), report.Fmt(s.seq.Quantile(0.5)), report.Fmt(s.seq.Quantile(0.99)),
 			ratio, rate, c50, c99)
 	}
-	sec.AddRow("floor: HTTP round trip, no-op handler", "no", "-", len(noop.seq), report.Fmt(noop.seq.Quantile(0.5)), report.Fmt(noop.seq.Quantile(0.99)),
-		"-", fmt.Sprintf("%.0f", noop.concRate), report.Fmt(noop.conc.Quantile(0.5)), report.Fmt(noop.conc.Quantile(0.99)))
+	for _, f := range []struct {
+		label string
+		s     *system
+	}{{"floor: HTTP round trip, no-op handler", noop}, {"floor: HTTP round trip, no-op handler, Go net/http client", noopStd}} {
+		sec.AddRow(f.label, "no", "-", len(f.s.seq), report.Fmt(f.s.seq.Quantile(0.5)), report.Fmt(f.s.seq.Quantile(0.99)),
+			"-", fmt.Sprintf("%.0f", f.s.concRate), report.Fmt(f.s.conc.Quantile(0.5)), report.Fmt(f.s.conc.Quantile(0.99)))
+	}
 	sec.AddRow("floor: 256 B append + fdatasync, scratch disk", "yes", "-", len(fsyncs), report.Fmt(fsyncs.Quantile(0.5)), report.Fmt(fsyncs.Quantile(0.99)),
 		"-", "-", "-", "-")
 	sec.AddRow("floor: op log append, 1 event, 1 writer", "yes (Pebble)", "-", len(appends), report.Fmt(appends.Quantile(0.5)), report.Fmt(appends.Quantile(0.99)),
@@ -296,14 +326,17 @@ func buildSection(cfg config, systems []*system, fsyncs, appends report.Duration
 		}
 	}
 	sec.Verdict(worst <= cfg.p50Target, "sbxlog warm claim p50 over HTTP with the fsync included: %s at worst over %v live claims (target <= %s); "+
-		"with refills running alongside: %s at %d; floors HTTP %s + op log append %s = %s",
+		"with refills running alongside: %s at %d; through Go's net/http client: %s at %d (its no-op floor %s, %s above the lean client's); "+
+		"floors HTTP %s + op log append %s = %s",
 		report.Fmt(worst), cfg.levels, report.Fmt(cfg.p50Target), report.Fmt(refilling.seq.Quantile(0.5)), refilling.live,
+		report.Fmt(sbxStd.seq.Quantile(0.5)), sbxStd.live, report.Fmt(noopStd.seq.Quantile(0.5)),
+		report.Fmt(noopStd.seq.Quantile(0.5)-noop.seq.Quantile(0.5)),
 		report.Fmt(noop.seq.Quantile(0.5)), report.Fmt(appends.Quantile(0.5)), report.Fmt(noop.seq.Quantile(0.5)+appends.Quantile(0.5)))
 	r := float64(last.seq.Quantile(0.5)) / float64(first.seq.Quantile(0.5))
 	sec.Verdict(r <= cfg.ratioTarget, "p50 at %d live claims is %.2fx p50 at %d (%s vs %s; target <= %.1fx)",
 		last.live, r, first.live, report.Fmt(last.seq.Quantile(0.5)), report.Fmt(first.seq.Quantile(0.5)), cfg.ratioTarget)
 	for _, s := range systems {
-		if s.name != jsonName && s.name != noopName && (len(s.tiers) != 1 || s.tiers["warm"] == 0) {
+		if s.name != jsonName && s.name != noopName && s.name != noopStdName && (len(s.tiers) != 1 || s.tiers["warm"] == 0) {
 			sec.Notes = append(sec.Notes, fmt.Sprintf("%s at %d live claims served tiers %v (expected warm only)", s.name, s.live, s.tiers))
 		}
 		if s.name == jsonName && s.concN == 0 {
@@ -331,14 +364,14 @@ func loadAvg() string {
 
 // sequential makes n claims one after another and returns their latencies;
 // the claims are released afterwards.
-func sequential(ctx context.Context, c *http.Client, s *system, n int) (report.Durations, error) {
+func sequential(ctx context.Context, s *system, n int) (report.Durations, error) {
 	out := make(report.Durations, 0, n)
 	ids := make([]string, 0, n)
 	for i := 0; i < n; i++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		d, cr, err := claimOnce(ctx, c, s.url)
+		d, cr, err := s.seq0().claim(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("%s (%s, %d live): %w", s.name, s.fsync, s.live, err)
 		}
@@ -359,25 +392,32 @@ const interleaveBlock = 20
 // interleaveBlock per system taken in turn (the first system rotating), so
 // every system is measured at nearly the same moments; the claims are
 // released afterwards.
-func interleaved(ctx context.Context, c *http.Client, group []*system, n int) error {
-	ids := make([][]string, len(group))
+func interleaved(ctx context.Context, group []*system, n int) error {
+	// Claims are released per server: a system measured through two
+	// clients settles once, with both clients' claims gone.
+	ids := map[*system][]string{}
+	var servers []*system
 	for b := 0; b*interleaveBlock < n; b++ {
 		for k := range group {
-			j := (b + k) % len(group)
-			s := group[j]
+			s := group[(b+k)%len(group)]
+			srv := s.server()
+			if _, ok := ids[srv]; !ok {
+				servers = append(servers, srv)
+				ids[srv] = nil
+			}
 			for i := b * interleaveBlock; i < min(n, (b+1)*interleaveBlock); i++ {
-				d, cr, err := claimOnce(ctx, c, s.url)
+				d, cr, err := s.seq0().claim(ctx)
 				if err != nil {
 					return fmt.Errorf("%s (%d live): %w", s.name, s.live, err)
 				}
 				s.seq = append(s.seq, d)
-				ids[j] = append(ids[j], cr.ID)
+				ids[srv] = append(ids[srv], cr.ID)
 				s.countTier(cr.Tier)
 			}
 		}
 	}
-	for j, s := range group {
-		if err := s.release(ctx, ids[j]); err != nil {
+	for _, srv := range servers {
+		if err := srv.release(ctx, ids[srv]); err != nil {
 			return err
 		}
 	}
@@ -386,7 +426,7 @@ func interleaved(ctx context.Context, c *http.Client, group []*system, n int) er
 
 // concurrent runs clients goroutines of perClient claims each (stopping
 // early after bound, when set) and records the rate and latencies.
-func concurrent(ctx context.Context, c *http.Client, s *system, clients, perClient int, bound time.Duration) error {
+func concurrent(ctx context.Context, s *system, clients, perClient int, bound time.Duration) error {
 	var (
 		mu   sync.Mutex
 		lat  report.Durations
@@ -400,8 +440,10 @@ func concurrent(ctx context.Context, c *http.Client, s *system, clients, perClie
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			c := s.newClient()
+			defer c.close()
 			for i := 0; i < perClient && !stop.Load() && ctx.Err() == nil; i++ {
-				d, cr, err := claimOnce(ctx, c, s.url)
+				d, cr, err := c.claim(ctx)
 				mu.Lock()
 				if err != nil {
 					errs = append(errs, err)
@@ -437,34 +479,35 @@ func (s *system) countTier(t string) {
 
 var claimBody = []byte(`{"template":"default","net":"none","size":"small","ttl_seconds":3600}`)
 
-// claimOnce times one POST /v1/claim, up to the last byte of the reply; the
-// reply is decoded after the clock stops.
-func claimOnce(ctx context.Context, c *http.Client, url string) (time.Duration, api.ClaimResponse, error) {
-	var cr api.ClaimResponse
-	req, err := http.NewRequestWithContext(ctx, "POST", url+"/v1/claim", strings.NewReader(string(claimBody)))
-	if err != nil {
-		return 0, cr, err
+// newClient returns a client of the system's kind on its server (with its
+// own connection, for the lean kind).
+func (s *system) newClient() claimClient {
+	if s.client == stdClient {
+		return &netHTTPClient{c: s.std, url: s.url}
 	}
-	req.Header.Set("Authorization", "Bearer "+rootToken)
-	req.Header.Set("Content-Type", "application/json")
-	start := time.Now()
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, cr, err
+	return newConnClient(s.url)
+}
+
+// seq0 is the client sequential runs use.
+func (s *system) seq0() claimClient {
+	if s.seqClient == nil {
+		s.seqClient = s.newClient()
 	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	d := time.Since(start)
-	if err != nil {
-		return 0, cr, err
+	return s.seqClient
+}
+
+// server is the system that owns s's server.
+func (s *system) server() *system {
+	if s.owner != nil {
+		return s.owner
 	}
-	if resp.StatusCode != http.StatusOK {
-		return 0, cr, fmt.Errorf("claim: %d %s", resp.StatusCode, body)
-	}
-	if err := json.Unmarshal(body, &cr); err != nil || cr.ID == "" {
-		return 0, cr, fmt.Errorf("claim reply %q: %v", body, err)
-	}
-	return d, cr, nil
+	return s
+}
+
+// throughStd measures s's server through Go's net/http.Client.
+func throughStd(s *system, name string, std *http.Client) *system {
+	return &system{name: name, fsync: s.fsync, live: s.live, url: s.url, client: stdClient, std: std,
+		owner: s, release: s.release, close: s.close}
 }
 
 // holdRefills is the engine RefillDelay of the claim-path nodes: longer than
@@ -615,8 +658,10 @@ func listen(h http.Handler) (url string, closeFn func() error, err error) {
 // System names.
 const (
 	noopName     = "floor: HTTP no-op"
+	noopStdName  = "floor: HTTP no-op, Go net/http client"
 	jsonName     = "claims.json"
 	sbxName      = "sbxlog"
+	sbxStdName   = "sbxlog, Go net/http client"
 	sbxRefilling = "sbxlog, refills running"
 )
 
