@@ -178,7 +178,7 @@ type Result struct {
 // the log failed, ErrStopped after Shutdown. A command whose op id is
 // already in the log is an idempotent no-op (the log dedupes it).
 func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
-	return e.propose(ctx, cmd, false, nil)
+	return e.propose(ctx, cmd, false, Hooks{})
 }
 
 // ProposeNew is Propose for a command that needs a new op id: build gets
@@ -187,19 +187,30 @@ func (e *Engine) Propose(ctx context.Context, cmd fsm.Command) (Result, error) {
 // construction, the log skips the duplicate check (eventlog.BeginNew), a
 // Pebble read per command. For commands from clients, which never retry an
 // op id; executor results, whose op ids derive from their intents and may
-// repeat after a crash, go through Propose.
-//
-// prepare, if set, runs once the events are applied and before their fsync
-// is waited for, outside the engine's lock, so a caller can build its answer
-// in the fsync's shadow (it may read the state through View). It must not
-// let anything out: the events may still be lost until ProposeNew returns.
-// It runs only when the command's events were applied (not for a rejection,
-// a no-op or a failed append).
-func (e *Engine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, prepare func()) (Result, error) {
-	return e.propose(ctx, build(e.Meta()), true, prepare)
+// repeat after a crash, go through Propose. hooks lets the caller work in
+// the fsync's shadow and answer before the commit observers run.
+func (e *Engine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, hooks Hooks) (Result, error) {
+	return e.propose(ctx, build(e.Meta()), true, hooks)
 }
 
-func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool, prepare func()) (Result, error) {
+// Hooks are a proposer's callbacks, run on its goroutine inside ProposeNew,
+// each at most once and only when the command's events were applied (not
+// for a rejection, a no-op or a failed append). Either may be nil.
+type Hooks struct {
+	// Prepare runs once the events are applied and before their fsync is
+	// waited for, outside the engine's lock, so a caller can build its
+	// answer in the fsync's shadow (it may read the state through View). It
+	// must not let anything out: the events may still be lost.
+	Prepare func()
+	// Durable runs once the events are durable, before the commit observers
+	// (Options.OnCommit: executors, projections) are told, so the caller can
+	// send its answer without waiting for their work. Once it ran the
+	// command took effect, whatever ProposeNew then returns (a cancelled
+	// ctx still yields ctx's error).
+	Durable func()
+}
+
+func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool, hooks Hooks) (Result, error) {
 	e.mu.Lock()
 	if e.err != nil {
 		err := e.err
@@ -246,8 +257,8 @@ func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool, prepa
 	intents := fsm.NewIntents(e.st, evs)
 	wake := e.planStale()
 	e.mu.Unlock()
-	if prepare != nil {
-		prepare()
+	if hooks.Prepare != nil {
+		hooks.Prepare()
 	}
 
 	// The fsync is shared with concurrent proposals. A cancelled client
@@ -265,6 +276,9 @@ func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool, prepa
 		e.failLocked(fmt.Errorf("append of applied events failed: %w", err))
 		e.mu.Unlock()
 		return Result{}, &AppendError{Err: err}
+	}
+	if hooks.Durable != nil {
+		hooks.Durable()
 	}
 	e.committedInOrder(Commit{Events: res.Events, Intents: intents})
 	if wake {

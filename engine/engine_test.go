@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -254,7 +255,7 @@ func TestProposeNew(t *testing.T) {
 	fillWarm(t, e)
 	ops := map[event.OpID]bool{}
 	for _, id := range []string{"sb_00000000000000b1", "sb_00000000000000b2"} {
-		res, err := e.ProposeNew(context.Background(), func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: id, Key: key} }, nil)
+		res, err := e.ProposeNew(context.Background(), func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: id, Key: key} }, Hooks{})
 		if err != nil || len(res.Events) == 0 {
 			t.Fatalf("ProposeNew claim %s: %v, %v", id, res, err)
 		}
@@ -273,7 +274,7 @@ func TestProposeNew(t *testing.T) {
 		}
 	}
 	last := l.LastSeq()
-	_, err := e.ProposeNew(context.Background(), func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: "sb_00000000000000b1", Key: key} }, nil)
+	_, err := e.ProposeNew(context.Background(), func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: "sb_00000000000000b1", Key: key} }, Hooks{})
 	if _, ok := fsm.AsRejection(err); !ok {
 		t.Fatalf("claim of a taken id: %v, want a rejection", err)
 	}
@@ -298,7 +299,7 @@ func TestCommitWakesTheLoopOnlyWhenItsPlanIsStale(t *testing.T) {
 		case <-e.wake:
 		default:
 		}
-		if _, err := e.ProposeNew(context.Background(), cmd, nil); err != nil {
+		if _, err := e.ProposeNew(context.Background(), cmd, Hooks{}); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -337,30 +338,61 @@ func TestCommitWakesTheLoopOnlyWhenItsPlanIsStale(t *testing.T) {
 	}
 }
 
-// ProposeNew's prepare runs once, after the events are applied (it sees
-// them through View) and before ProposeNew returns; not for a rejection.
-func TestProposeNewPrepare(t *testing.T) {
-	e, _ := newEngine(t, t.TempDir(), Options{})
+// ProposeNew's hooks run once each, in order: Prepare after the events are
+// applied (it sees them through View), Durable once they are durable and
+// before the commit observer hears of them; neither for a rejection.
+func TestProposeNewHooks(t *testing.T) {
+	var mu sync.Mutex
+	var order []string
+	note := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, s)
+	}
+	e, l := newEngine(t, t.TempDir(), Options{})
 	setup(t, e, 1)
 	fillWarm(t, e)
+	const id = "sb_00000000000000d1"
+	e.SetOnCommit(func(c Commit) {
+		for _, ev := range c.Events {
+			if ev.AggID == id {
+				note("commit")
+				return
+			}
+		}
+	})
 	ctx := context.Background()
-	claim := func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: "sb_00000000000000d1", Key: key} }
-	var runs int
+	claim := func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: id, Key: key} }
 	var seen fsm.ClaimStatus
-	if _, err := e.ProposeNew(ctx, claim, func() {
-		runs++
-		e.View(func(s *fsm.State) { c, _ := s.Claim("sb_00000000000000d1"); seen = c.Status })
-	}); err != nil {
+	var appliedAt, durableAt uint64
+	res, err := e.ProposeNew(ctx, claim, Hooks{
+		Prepare: func() {
+			note("prepare")
+			e.View(func(s *fsm.State) { c, _ := s.Claim(id); seen = c.Status; appliedAt = s.Applied() })
+		},
+		Durable: func() {
+			note("durable")
+			durableAt = l.LastSeq()
+		},
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if runs != 1 || seen != fsm.ClaimRunning {
-		t.Fatalf("prepare ran %d times and saw the claim %v, want once and running", runs, seen)
+	last := res.Events[len(res.Events)-1].Seq
+	if want := []string{"prepare", "durable", "commit"}; !slices.Equal(order, want) {
+		t.Fatalf("hooks and observer ran as %v, want %v", order, want)
 	}
-	runs = 0
-	if _, err := e.ProposeNew(ctx, claim, func() { runs++ }); err == nil {
+	if seen != fsm.ClaimRunning || appliedAt < last {
+		t.Fatalf("prepare saw the claim %v at applied seq %d, want running at %d", seen, appliedAt, last)
+	}
+	if durableAt < last {
+		t.Fatalf("durable ran with the log published to %d, before the claim's seq %d", durableAt, last)
+	}
+	order = nil
+	if _, err := e.ProposeNew(ctx, claim, Hooks{Prepare: func() { note("prepare") }, Durable: func() { note("durable") }}); err == nil {
 		t.Fatal("a second claim of the same id was accepted")
 	}
-	if runs != 0 {
-		t.Fatal("prepare ran for a rejected command")
+	if len(order) != 0 {
+		t.Fatalf("hooks ran for a rejected command: %v", order)
 	}
 }

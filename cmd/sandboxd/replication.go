@@ -158,8 +158,9 @@ var _ api.Engine = syncEngine{}
 
 func (s syncEngine) View(fn func(st *fsm.State)) { s.eng.View(fn) }
 
-func (s syncEngine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, prepare func()) (engine.Result, error) {
-	res, err := s.eng.ProposeNew(ctx, build, prepare)
+func (s syncEngine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, hooks engine.Hooks) (engine.Result, error) {
+	// Durable means confirmed here: it runs once JetStream acknowledged.
+	res, err := s.eng.ProposeNew(ctx, build, engine.Hooks{Prepare: hooks.Prepare})
 	if err != nil || len(res.Events) == 0 {
 		return res, err
 	}
@@ -171,6 +172,9 @@ func (s syncEngine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Com
 			err = fmt.Errorf("no acknowledgement within %s", s.timeout)
 		}
 		return res, fmt.Errorf("%w: event %d is committed on this node but not replicated: %v", api.ErrUnavailable, seq, err)
+	}
+	if hooks.Durable != nil {
+		hooks.Durable()
 	}
 	return res, nil
 }

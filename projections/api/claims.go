@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sbxlog/sbxlog/engine"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/auth"
@@ -93,19 +94,35 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	served := s.wait(claimID)
 	defer s.unwait(claimID)
 	// A warm claim is running as soon as it is applied: its answer (token,
-	// JSON) is built while the fsync is in flight, and sent once durable.
+	// JSON) is built while the fsync is in flight, and sent once durable,
+	// before the engine tells executors and projections about the commit.
 	var reply []byte
 	var c fsm.ClaimRec
-	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
+	sent := false
+	_, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
 		return fsm.Claim{
 			Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
 			Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1,
 		}
-	}, func() {
-		if c, _ = s.claim(claimID); c.Status == fsm.ClaimRunning {
-			reply = encodeJSON(s.claimResponse(claimID, &c))
-		}
-	}); err != nil {
+	}, engine.Hooks{
+		Prepare: func() {
+			if c, _ = s.claim(claimID); c.Status == fsm.ClaimRunning {
+				reply = encodeJSON(s.claimResponse(claimID, &c))
+			}
+		},
+		Durable: func() {
+			if reply != nil {
+				writeRawNow(w, http.StatusOK, reply)
+				sent = true
+			}
+		},
+	})
+	if sent {
+		// Answered: the claim took effect whatever ProposeNew said after.
+		s.metrics.claim("ok", c.Tier.String(), time.Since(start))
+		return nil
+	}
+	if err != nil {
 		s.metrics.claim(outcomeOf(err), "", time.Since(start))
 		if errors.Is(err, ErrUnavailable) {
 			// Committed here, not confirmed elsewhere: the claim exists.
@@ -115,6 +132,8 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return err
 	}
 	if reply != nil {
+		// Built in the fsync's shadow; not sent by Durable (an engine that
+		// confirms replication does not call it before returning).
 		s.metrics.claim("ok", c.Tier.String(), time.Since(start))
 		writeRaw(w, http.StatusOK, reply)
 		return nil
@@ -224,7 +243,7 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, id auth.Ident
 	if err != nil {
 		return err
 	}
-	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return mk(m, c.ID) }, nil); err != nil {
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return mk(m, c.ID) }, engine.Hooks{}); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -257,7 +276,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Ide
 	}
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
 		return fsm.Renew{Meta: m, Claim: c.ID, TTLSeconds: req.TTLSeconds}
-	}, nil); err != nil {
+	}, engine.Hooks{}); err != nil {
 		return err
 	}
 	c, _ = s.claim(c.ID)

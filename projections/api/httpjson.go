@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 )
 
 // MaxBody caps every request body; a larger one is refused before it is parsed.
@@ -57,6 +58,15 @@ func writeRaw(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// writeRawNow is writeRaw sent at once (one write, with Content-Length so
+// the flush needs no chunked encoding), for a handler with work left after
+// its answer.
+func writeRawNow(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	writeRaw(w, status, body)
+	_ = http.NewResponseController(w).Flush()
 }
 
 // writeError writes {"error": msg} with the error's status (500 for errors

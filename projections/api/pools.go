@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"github.com/sbxlog/sbxlog/engine"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
@@ -109,7 +110,7 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, _ auth.I
 			Warm:    p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds,
 		}
 	}
-	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.ConfigurePools{Meta: m, Pools: specs} }, nil); err != nil {
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.ConfigurePools{Meta: m, Pools: specs} }, engine.Hooks{}); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, s.info())

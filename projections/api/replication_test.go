@@ -24,8 +24,8 @@ var _ api.Engine = unconfirmed{}
 
 func (u unconfirmed) View(fn func(st *fsm.State)) { u.eng.View(fn) }
 
-func (u unconfirmed) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, prepare func()) (engine.Result, error) {
-	res, err := u.eng.ProposeNew(ctx, build, prepare)
+func (u unconfirmed) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, hooks engine.Hooks) (engine.Result, error) {
+	res, err := u.eng.ProposeNew(ctx, build, engine.Hooks{Prepare: hooks.Prepare})
 	if err != nil || len(res.Events) == 0 {
 		return res, err
 	}

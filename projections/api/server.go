@@ -22,9 +22,11 @@ import (
 // Engine is what the API needs of the single writer.
 type Engine interface {
 	// ProposeNew proposes the command build returns for a newly minted
-	// Meta, running prepare (if set) before waiting for durability (see
-	// engine.Engine.ProposeNew): every API command is new.
-	ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, prepare func()) (engine.Result, error)
+	// Meta (every API command is new), with engine.Engine.ProposeNew's
+	// hooks. An engine that confirms more than local durability (sandboxd's
+	// synchronous replication) runs Durable only once that is confirmed,
+	// and not at all when it is not.
+	ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, hooks engine.Hooks) (engine.Result, error)
 	View(fn func(st *fsm.State))
 }
 
