@@ -28,6 +28,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -258,6 +259,12 @@ func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool, hooks
 	wake := e.planStale()
 	e.mu.Unlock()
 	if hooks.Prepare != nil {
+		// Begin woke Pebble's WAL writer onto this P, where it would start
+		// the write and fsync only once this goroutine blocks in Wait: after
+		// Prepare. Yielding lets it start them now; Prepare then runs on
+		// another P while the fsync is in flight. Harness A/B on 2 vCPUs:
+		// warm claim p50 217/190/218/220 -> 203/182/196/198 µs.
+		runtime.Gosched()
 		hooks.Prepare()
 	}
 
