@@ -148,10 +148,13 @@ func New(log Log, st *fsm.State, opts Options) *Engine {
 	}
 	return &Engine{
 		log: log, opts: opts, zl: opts.Log, st: st,
-		pending: map[uint64]Commit{},
-		wake:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
-		entropy: ulid.Monotonic(rand.Reader, 0),
+		// Commits are handed on from the first after the state's: the
+		// first commit to arrive may not be the first one made.
+		committed: st.Applied(),
+		pending:   map[uint64]Commit{},
+		wake:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		entropy:   ulid.Monotonic(rand.Reader, 0),
 	}
 }
 
@@ -322,9 +325,6 @@ func (e *Engine) SetOnCommit(fn func(Commit)) {
 // in any order, observers (the executors' queue, metrics) want log order.
 func (e *Engine) committedInOrder(c Commit) {
 	e.commitMu.Lock()
-	if e.committed == 0 {
-		e.committed = c.Events[0].Seq - 1
-	}
 	e.pending[c.Events[0].Seq] = c
 	var ready []Commit
 	for {

@@ -396,3 +396,37 @@ func TestProposeNewHooks(t *testing.T) {
 		t.Fatalf("hooks ran for a rejected command: %v", order)
 	}
 }
+
+// Two proposals sharing an fsync reach committedInOrder in either order.
+// The observer must still get both, in sequence order, even when the later
+// one is the first commit this engine hands on (a restarted daemon's first
+// API write racing its refill loop once lost the API write's intents).
+func TestCommitsReachTheObserverInOrderFromTheFirst(t *testing.T) {
+	dir := t.TempDir()
+	e, l := newEngine(t, dir, Options{})
+	setup(t, e, 1)
+	e.Shutdown()
+	// A fresh engine over the same log, as after a restart.
+	res, err := replay.Rebuild(l, replay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	e2 := New(l, res.State, Options{OnCommit: func(c Commit) {
+		for _, ev := range c.Events {
+			got = append(got, ev.Seq)
+		}
+	}})
+	t.Cleanup(e2.Shutdown)
+	base := res.State.Applied()
+	commit := func(seq uint64) Commit { return Commit{Events: []event.Event{{Seq: seq}}} }
+	e2.committedInOrder(commit(base + 2))
+	if len(got) != 0 {
+		t.Fatalf("seq %d was handed on before seq %d: %v", base+2, base+1, got)
+	}
+	e2.committedInOrder(commit(base + 1))
+	e2.committedInOrder(commit(base + 3))
+	if want := []uint64{base + 1, base + 2, base + 3}; !slices.Equal(got, want) {
+		t.Fatalf("observer got seqs %v, want %v", got, want)
+	}
+}
