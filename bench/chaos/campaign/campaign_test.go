@@ -196,9 +196,7 @@ func TestCrashAt(t *testing.T) {
 	// no VMM left, and a wake restores exactly that snapshot.
 	hibernate := func(step string, renamed bool) func(t *testing.T) {
 		return func(t *testing.T) {
-			// Sequential on purpose: run in parallel under the whole suite's load, a
-			// hibernate once never reached its crash step within the wait (see the
-			// closing note); alone each case takes well under a second.
+			t.Parallel()
 			n := newNode(t, onePool)
 			n.start()
 			n.waitFor("warm", n.warm(1))
@@ -257,9 +255,7 @@ func TestCrashAt(t *testing.T) {
 	// warm VM, one VMM.
 	clone := func(step string, sameVMM bool) func(t *testing.T) {
 		return func(t *testing.T) {
-			// Sequential on purpose: run in parallel under the whole suite's load, a
-			// hibernate once never reached its crash step within the wait (see the
-			// closing note); alone each case takes well under a second.
+			t.Parallel()
 			n := newNode(t, onePool)
 			n.start()
 			n.waitFor("warm", n.warm(1))
@@ -304,9 +300,7 @@ func TestCrashAt(t *testing.T) {
 	// dir are gone, the pool fills.
 	for _, step := range []string{"boot", "snapshot"} {
 		t.Run("golden build at "+step, func(t *testing.T) {
-			// Sequential on purpose: run in parallel under the whole suite's load, a
-			// hibernate once never reached its crash step within the wait (see the
-			// closing note); alone each case takes well under a second.
+			t.Parallel()
 			n := newNode(t, PoolConf{Template: "default", Net: "none", Size: "small", Warm: 2})
 			if _, err := n.d.Start(n.ctx, []string{"SBX_CRASH_AT=golden:" + step}, time.Minute); err != nil && n.d.Running() {
 				t.Fatal(err)
