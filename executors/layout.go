@@ -50,6 +50,28 @@ func slug(s string) string {
 	}, s)
 }
 
+// MaxSocketPath is the longest unix socket path Linux takes (sun_path less
+// its NUL). A hypervisor's sockets live in its run dir, so the data dir's
+// depth decides whether they fit.
+const MaxSocketPath = 107
+
+// runDirNameLen is the length of every run dir's name: "vm-" and 16 hex
+// digits (fsm.VMID), or GoldenRunPrefix and 12 (GoldenRunDir).
+const runDirNameLen = 19
+
+// CheckSocketPath reports whether a socket named file fits a unix socket
+// path in every run dir of instance. Drivers call it at start-up with their
+// longest socket name, so a data dir too deep is a clear error then rather
+// than a failed launch (EINVAL from bind) at the first clone.
+func (r Roots) CheckSocketPath(instance, file string) error {
+	sock := filepath.Join(r.InstanceRoot(instance), strings.Repeat("x", runDirNameLen), file)
+	if len(sock) > MaxSocketPath {
+		return fmt.Errorf("a VM's socket path (%s/<vm>/%s) is %d bytes, over the %d a unix socket allows; use a shorter data dir",
+			r.InstanceRoot(instance), file, len(sock), MaxSocketPath)
+	}
+	return nil
+}
+
 // GoldenRunDir is where the golden build with intent op id op runs under
 // instance: short (unix socket paths are limited to 108 bytes) and derived
 // from the op, so a re-run finds the build VM of its first try.

@@ -68,3 +68,37 @@ func TestLayout(t *testing.T) {
 		}
 	}
 }
+
+// The longest run dir name is what the check measures: a data dir one byte
+// too deep for it is refused, one that fits passes.
+func TestCheckSocketPath(t *testing.T) {
+	const instance, file = "i-1", "vsock.sock"
+	fixed := len("/run/") + len(instance) + 1 + runDirNameLen + 1 + len(file)
+	for _, c := range []struct {
+		name  string
+		depth int // bytes of the data dir
+		ok    bool
+	}{
+		{"short", 10, true},
+		{"at the limit", MaxSocketPath - fixed, true},
+		{"one byte over", MaxSocketPath - fixed + 1, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := RootsIn("/" + strings.Repeat("d", c.depth-1))
+			err := r.CheckSocketPath(instance, file)
+			if (err == nil) != c.ok {
+				t.Fatalf("CheckSocketPath with a %d-byte data dir = %v, want ok %v", c.depth, err, c.ok)
+			}
+			if err != nil && !strings.Contains(err.Error(), "shorter data dir") {
+				t.Fatalf("error %q does not say what to do", err)
+			}
+		})
+	}
+	// Both names a run dir can have are that long.
+	if n := len(filepath.Base(RootsIn("/").GoldenRunDir(instance, event.OpIDFromUint(1, 1)))); n != runDirNameLen {
+		t.Fatalf("golden run dir names are %d bytes, runDirNameLen is %d", n, runDirNameLen)
+	}
+	if n := len(fsm.VMID(event.OpIDFromUint(1, 1), 3)); n != runDirNameLen {
+		t.Fatalf("VM ids are %d bytes, runDirNameLen is %d", n, runDirNameLen)
+	}
+}

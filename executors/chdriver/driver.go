@@ -227,13 +227,18 @@ type PrepareReport struct {
 	Swept []string
 }
 
-// Prepare makes the roots, checks that runs and store share a filesystem,
-// removes temp dirs left by a crash in the store and the templates root (it
-// must run before any recipe, at start-up) and detects, once, whether the store can reflink; the copy
-// fallback is logged.
+// Prepare makes the roots, checks that runs and store share a filesystem
+// and that a VM's sockets fit a unix socket path, removes temp dirs left by
+// a crash in the store and the templates root (it must run before any
+// recipe, at start-up) and detects, once, whether the store can reflink; the
+// copy fallback is logged.
 func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	var rep PrepareReport
 	if err := d.roots.Make(d.instance, executors.GoldenStore, executors.HibernateStore); err != nil {
+		return rep, fmt.Errorf("chdriver: %w", err)
+	}
+	// vsock.sock is longer than vmm's api.sock.
+	if err := d.roots.CheckSocketPath(d.instance, VsockFile); err != nil {
 		return rep, fmt.Errorf("chdriver: %w", err)
 	}
 	for _, root := range []string{d.roots.Store, d.roots.Templates} {

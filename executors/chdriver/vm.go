@@ -268,7 +268,7 @@ func (d *Driver) restoreInto(r *run, vm string, k fsm.PoolKey, runDir, src strin
 	}); err != nil {
 		return fail(err)
 	}
-	if sock := filepath.Join(runDir, VsockFile); len(sock) >= 108 {
+	if sock := filepath.Join(runDir, VsockFile); len(sock) > executors.MaxSocketPath {
 		return fail(executors.Unrecoverablef("vsock socket path %q is too long for a unix socket", sock))
 	}
 	if egress {

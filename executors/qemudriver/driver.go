@@ -185,9 +185,6 @@ type PrepareReport struct {
 	Swept []string
 }
 
-// maxSocketPath is the longest unix socket path Linux takes (sun_path less NUL).
-const maxSocketPath = 107
-
 // Prepare makes the roots, checks that runs and store share a filesystem and
 // that a VM's sockets fit a unix socket path, removes temp dirs and KVM probe
 // VMs left by a crash (it must run before any recipe, at start-up) and
@@ -198,9 +195,9 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	if err := d.roots.Make(d.instance, executors.GoldenStore, executors.HibernateStore); err != nil {
 		return rep, fmt.Errorf("qemudriver: %w", err)
 	}
-	// VM ids are "vm-" and 16 hex digits (fsm.VMID); agent.sock is the longest name.
-	if sock := filepath.Join(d.roots.Runs, d.instance, "vm-0123456789abcdef", qemu.FileAgent); len(sock) > maxSocketPath {
-		return rep, fmt.Errorf("qemudriver: a VM's socket path (%s) is %d bytes, over the %d a unix socket allows; use a shorter data dir", sock, len(sock), maxSocketPath)
+	// agent.sock is the longest socket name.
+	if err := d.roots.CheckSocketPath(d.instance, qemu.FileAgent); err != nil {
+		return rep, fmt.Errorf("qemudriver: %w", err)
 	}
 	// Recipes assemble snapshots next to their final place (golden/,
 	// hibernate/); the top level is swept as well, where executors.Roots
