@@ -30,12 +30,14 @@ func claimFlags(fs *flag.FlagSet) remoteBody {
 	ref := fs.String("ref", "", "claim_ref, for finding the sandbox again (ls --ref)")
 	var meta kvFlag
 	fs.Var(&meta, "meta", "metadata key=value (repeatable)")
+	noRedirect := fs.Bool("no-redirect", false, "be served by this node (cloning if it has no warm VM) rather than redirected (307) to one with warm VMs")
 	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
 		if *template == "" {
 			return usagef("--template is required")
 		}
 		res, err := c.Claim(ctx, api.ClaimRequest{
 			Template: *template, Net: *netMode, Size: *size, TTLSeconds: ttl.n, ClaimRef: *ref, Metadata: meta.m,
+			NoRedirect: *noRedirect,
 		})
 		if err != nil {
 			return err

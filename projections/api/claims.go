@@ -74,7 +74,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	claimID := newClaimID()
 	// With no warm VM here, a node that has some for this key is a better
 	// answer than a clone: the old daemon's redirect.
-	if s.redir != nil {
+	if s.redir != nil && !req.NoRedirect {
 		var warm int
 		s.eng.View(func(st *fsm.State) {
 			if p, ok := st.Pool(key); ok {

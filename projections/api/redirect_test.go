@@ -79,3 +79,16 @@ func TestClaimRedirectsToWarmNode(t *testing.T) {
 		t.Fatalf("a redirected claim appended to the log: seq %d -> %d", seq, got)
 	}
 }
+
+// A claim that says no_redirect (a client following a redirect) is served
+// here, by a clone, even with warm capacity listed elsewhere: two nodes with
+// lagging views cannot bounce it between them.
+func TestClaimNoRedirectIsServedHere(t *testing.T) {
+	other := otherNode{addr: "10.0.0.3:7777", warmKey: defKey}
+	n := newNode(t, 0, func(o *apitest.Options) { o.Redirector = other })
+	st, b := call(t, n, "POST", "/v1/claim", rootTok, []byte(`{"template":"default","no_redirect":true}`))
+	var cr api.ClaimResponse
+	if st != http.StatusOK || json.Unmarshal(b, &cr) != nil || cr.ID == "" || cr.Tier == "warm" {
+		t.Fatalf("claim with no_redirect: %d %s, want 200 from a clone", st, b)
+	}
+}

@@ -21,6 +21,11 @@ type ClaimRequest struct {
 	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
 	ClaimRef   string            `json:"claim_ref,omitempty"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
+	// NoRedirect asks this node to serve the claim (cloning if it has no
+	// warm VM) instead of answering 307: a client following a redirect sets
+	// it, so two nodes whose cluster views lag cannot bounce a claim
+	// between them.
+	NoRedirect bool `json:"no_redirect,omitempty"`
 }
 
 // normalize fills defaults (net none, size small, ttl 5 min) and validates.
