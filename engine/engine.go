@@ -206,11 +206,14 @@ type Hooks struct {
 	// answer in the fsync's shadow (it may read the state through View). It
 	// must not let anything out: the events may still be lost.
 	Prepare func()
-	// Durable runs once the events are durable, before the commit observers
-	// (Options.OnCommit: executors, projections) are told, so the caller can
-	// send its answer without waiting for their work. Once it ran the
-	// command took effect, whatever ProposeNew then returns (a cancelled
-	// ctx still yields ctx's error).
+	// Durable runs once the events are durable and, unless a concurrent
+	// proposal hands this commit on first, before the commit observers
+	// (Options.OnCommit: executors, projections) are told, so the caller
+	// can send its answer without waiting for their work. It should not
+	// block for long: while it runs, this commit reaches the observers only
+	// through later proposals. Once it ran the command took effect,
+	// whatever ProposeNew then returns (a cancelled ctx still yields ctx's
+	// error).
 	Durable func()
 }
 
@@ -287,10 +290,14 @@ func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool, hooks
 		e.mu.Unlock()
 		return Result{}, &AppendError{Err: err}
 	}
+	// Recorded before Durable and delivered after: the next proposal's
+	// delivery hands this commit on too, so a Durable that blocks (a client
+	// not reading its reply) holds up nobody else's observers.
+	e.recordCommit(Commit{Events: res.Events, Intents: intents})
 	if hooks.Durable != nil {
 		hooks.Durable()
 	}
-	e.committedInOrder(Commit{Events: res.Events, Intents: intents})
+	e.deliverCommits()
 	if wake {
 		e.poke()
 	}
@@ -324,8 +331,21 @@ func (e *Engine) SetOnCommit(fn func(Commit)) {
 // committedInOrder hands commits to OnCommit in sequence order: waits finish
 // in any order, observers (the executors' queue, metrics) want log order.
 func (e *Engine) committedInOrder(c Commit) {
+	e.recordCommit(c)
+	e.deliverCommits()
+}
+
+// recordCommit marks c durable; deliverCommits hands it on.
+func (e *Engine) recordCommit(c Commit) {
 	e.commitMu.Lock()
 	e.pending[c.Events[0].Seq] = c
+	e.commitMu.Unlock()
+}
+
+// deliverCommits hands every recorded commit that continues the sequence to
+// OnCommit, whoever recorded it.
+func (e *Engine) deliverCommits() {
+	e.commitMu.Lock()
 	var ready []Commit
 	for {
 		n, ok := e.pending[e.committed+1]
@@ -336,11 +356,14 @@ func (e *Engine) committedInOrder(c Commit) {
 		e.committed = n.Events[len(n.Events)-1].Seq
 		ready = append(ready, n)
 	}
-	e.commitMu.Unlock()
 	if len(ready) == 0 {
+		e.commitMu.Unlock()
 		return
 	}
+	// Taken before commitMu is let go, so deliveries run in the order
+	// their commits were taken: a later run cannot overtake this one.
 	e.order.Lock()
+	e.commitMu.Unlock()
 	for _, r := range ready {
 		if e.opts.OnCommit != nil {
 			e.opts.OnCommit(r)

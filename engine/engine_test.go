@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -428,5 +429,94 @@ func TestCommitsReachTheObserverInOrderFromTheFirst(t *testing.T) {
 	e2.committedInOrder(commit(base + 3))
 	if want := []uint64{base + 1, base + 2, base + 3}; !slices.Equal(got, want) {
 		t.Fatalf("observer got seqs %v, want %v", got, want)
+	}
+}
+
+// A Durable hook that blocks (a client not reading its reply) holds up only
+// its own proposal: the next proposal hands both commits to the observer,
+// in order, before it returns.
+func TestBlockedDurableHoldsUpNoOtherObserver(t *testing.T) {
+	e, _ := newEngine(t, t.TempDir(), Options{})
+	setup(t, e, 2)
+	fillWarm(t, e)
+	var mu sync.Mutex
+	var got []string
+	e.SetOnCommit(func(c Commit) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ev := range c.Events {
+			if ev.Type == event.TypeClaimCreated {
+				got = append(got, ev.AggID)
+			}
+		}
+	})
+	claim := func(id string) func(fsm.Meta) fsm.Command {
+		return func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: id, Key: key} }
+	}
+	const a, b = "sb_00000000000000e1", "sb_00000000000000e2"
+	inDurable, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.ProposeNew(context.Background(), claim(a), Hooks{Durable: func() {
+			close(inDurable)
+			<-release
+		}})
+		done <- err
+	}()
+	<-inDurable
+	if _, err := e.ProposeNew(context.Background(), claim(b), Hooks{}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	seen := slices.Clone(got)
+	mu.Unlock()
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{a, b}; !slices.Equal(seen, want) {
+		t.Fatalf("with %s's Durable blocked, the observer had %v once %s returned; want %v", a, seen, b, want)
+	}
+}
+
+// Concurrent proposals reach the observer exactly once each, in sequence
+// order, however their fsync waits and deliveries interleave.
+func TestObserverSeesConcurrentCommitsInOrder(t *testing.T) {
+	e, _ := newEngine(t, t.TempDir(), Options{})
+	setup(t, e, 0)
+	var mu sync.Mutex
+	var seqs []uint64
+	e.SetOnCommit(func(c Commit) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ev := range c.Events {
+			seqs = append(seqs, ev.Seq)
+		}
+	})
+	first := e.log.LastSeq() + 1
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 40; i++ {
+				if _, err := e.ProposeNew(context.Background(), func(m fsm.Meta) fsm.Command {
+					return fsm.ConfigureLimits{Meta: m, MaxClaims: g*100 + i + 1}
+				}, Hooks{Durable: runtime.Gosched}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	last := e.log.LastSeq()
+	if uint64(len(seqs)) != last-first+1 {
+		t.Fatalf("observer saw %d events, the log has %d new ones", len(seqs), last-first+1)
+	}
+	for i, s := range seqs {
+		if s != first+uint64(i) {
+			t.Fatalf("observer saw seq %d at position %d, want %d (got %v...)", s, i, first+uint64(i), seqs[:min(i+1, 20)])
+		}
 	}
 }

@@ -101,9 +101,9 @@ type system struct {
 	fsync string
 	live  int
 	url   string
-	// client is the kind of HTTP client the claims go through (leanClient
-	// or stdClient); seqClient is the one sequential runs use, kept across
-	// runs so its connection stays warm.
+	// client is the kind of HTTP client the claims go through: stdClient,
+	// or "" for the bench's own; seqClient is the one sequential runs use,
+	// kept across runs so its connection stays warm.
 	client    string
 	std       *http.Client // for stdClient
 	seqClient claimClient

@@ -25,13 +25,9 @@ type claimClient interface {
 	close()
 }
 
-// Client kinds: which HTTP client a system's claims go through.
-const (
-	// leanClient is the bench's own HTTP/1.1 client (connClient).
-	leanClient = "lean"
-	// stdClient is Go's net/http.Client.
-	stdClient = "net/http"
-)
+// stdClient marks a system measured through Go's net/http.Client; the
+// others go through the bench's own HTTP/1.1 client (connClient).
+const stdClient = "net/http"
 
 // connClient is the bench's HTTP/1.1 client: one keep-alive TCP connection,
 // the request (built once) written with one write(2) and the reply read
@@ -82,6 +78,9 @@ func (c *connClient) claim(ctx context.Context) (time.Duration, api.ClaimRespons
 		c.close()
 		return 0, cr, err
 	}
+	// A cancelled run ends the round trip at once.
+	conn := c.conn
+	defer context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })()
 	start := time.Now()
 	if _, err := c.conn.Write(c.req); err != nil {
 		c.close()

@@ -94,8 +94,9 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	served := s.wait(claimID)
 	defer s.unwait(claimID)
 	// A warm claim is running as soon as it is applied: its answer (token,
-	// JSON) is built while the fsync is in flight, and sent once durable,
-	// before the engine tells executors and projections about the commit.
+	// JSON) is built while the fsync is in flight, and sent from Durable:
+	// with the local engine before it tells executors and projections about
+	// the commit, with synchronous replication once JetStream acknowledged.
 	var reply []byte
 	var c fsm.ClaimRec
 	sent := false
@@ -132,8 +133,8 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return err
 	}
 	if reply != nil {
-		// Built in the fsync's shadow; not sent by Durable (an engine that
-		// confirms replication does not call it before returning).
+		// Built in the fsync's shadow but Durable did not run: an Engine
+		// that never calls it (api.Engine allows that).
 		s.metrics.claim("ok", c.Tier.String(), time.Since(start))
 		writeRaw(w, http.StatusOK, reply)
 		return nil

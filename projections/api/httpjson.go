@@ -62,7 +62,9 @@ func writeRaw(w http.ResponseWriter, status int, body []byte) {
 
 // writeRawNow is writeRaw sent at once (one write, with Content-Length so
 // the flush needs no chunked encoding), for a handler with work left after
-// its answer.
+// its answer. Like every reply it has no write deadline: a client that
+// stops reading blocks only its own handler (the engine hands a commit
+// whose Durable hook is stuck to the observers through later proposals).
 func writeRawNow(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	writeRaw(w, status, body)

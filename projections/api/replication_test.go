@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sbxlog/sbxlog/engine"
@@ -123,5 +124,46 @@ func TestUnavailableWriteIs503(t *testing.T) {
 		if n.Log.LastSeq() == before {
 			t.Errorf("%s %s: nothing committed", r.method, r.path)
 		}
+	}
+}
+
+// confirmed is an engine that confirms more than local durability, as
+// sandboxd's synchronous replication does: Durable runs only after its own
+// confirmation, once ProposeNew of the local engine returned.
+type confirmed struct {
+	eng       *engine.Engine
+	confirmed *atomic.Int32
+}
+
+var _ api.Engine = confirmed{}
+
+func (c confirmed) View(fn func(st *fsm.State)) { c.eng.View(fn) }
+
+func (c confirmed) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, hooks engine.Hooks) (engine.Result, error) {
+	res, err := c.eng.ProposeNew(ctx, build, engine.Hooks{Prepare: hooks.Prepare})
+	if err != nil {
+		return res, err
+	}
+	c.confirmed.Add(1)
+	if hooks.Durable != nil {
+		hooks.Durable()
+	}
+	return res, nil
+}
+
+// Behind an engine that confirms, a warm claim is answered once, from
+// Durable after the confirmation: one well-formed reply (a second write
+// would corrupt the body).
+func TestWarmClaimAnsweredAfterConfirmation(t *testing.T) {
+	n := newNode(t, 1, nil)
+	var count atomic.Int32
+	hs := serveOver(t, n, confirmed{eng: n.Engine, confirmed: &count}, api.Options{})
+	st, b := doRoot(t, hs.URL, "POST", "/v1/claim", `{"template":"default"}`)
+	var cl api.ClaimResponse
+	if st != http.StatusOK || json.Unmarshal(b, &cl) != nil || cl.ID == "" || cl.Tier != "warm" || cl.Token == "" {
+		t.Fatalf("claim: %d %s, want a warm claim's reply", st, b)
+	}
+	if count.Load() != 1 {
+		t.Fatalf("%d confirmations, want 1", count.Load())
 	}
 }
