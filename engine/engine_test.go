@@ -439,17 +439,16 @@ func TestBlockedDurableHoldsUpNoOtherObserver(t *testing.T) {
 	e, _ := newEngine(t, t.TempDir(), Options{})
 	setup(t, e, 2)
 	fillWarm(t, e)
-	var mu sync.Mutex
-	var got []string
-	e.SetOnCommit(func(c Commit) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, ev := range c.Events {
+	observed := observe(e)
+	claimsSeen := func() []string {
+		var ids []string
+		for _, ev := range observed() {
 			if ev.Type == event.TypeClaimCreated {
-				got = append(got, ev.AggID)
+				ids = append(ids, ev.AggID)
 			}
 		}
-	})
+		return ids
+	}
 	claim := func(id string) func(fsm.Meta) fsm.Command {
 		return func(m fsm.Meta) fsm.Command { return fsm.Claim{Meta: m, ID: id, Key: key} }
 	}
@@ -467,9 +466,7 @@ func TestBlockedDurableHoldsUpNoOtherObserver(t *testing.T) {
 	if _, err := e.ProposeNew(context.Background(), claim(b), Hooks{}); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	seen := slices.Clone(got)
-	mu.Unlock()
+	seen := claimsSeen()
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -484,15 +481,7 @@ func TestBlockedDurableHoldsUpNoOtherObserver(t *testing.T) {
 func TestObserverSeesConcurrentCommitsInOrder(t *testing.T) {
 	e, _ := newEngine(t, t.TempDir(), Options{})
 	setup(t, e, 0)
-	var mu sync.Mutex
-	var seqs []uint64
-	e.SetOnCommit(func(c Commit) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, ev := range c.Events {
-			seqs = append(seqs, ev.Seq)
-		}
-	})
+	observed := observe(e)
 	first := e.log.LastSeq() + 1
 	var wg sync.WaitGroup
 	for g := 0; g < 8; g++ {
@@ -510,6 +499,10 @@ func TestObserverSeesConcurrentCommitsInOrder(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	var seqs []uint64
+	for _, ev := range observed() {
+		seqs = append(seqs, ev.Seq)
+	}
 	last := e.log.LastSeq()
 	if uint64(len(seqs)) != last-first+1 {
 		t.Fatalf("observer saw %d events, the log has %d new ones", len(seqs), last-first+1)
@@ -518,5 +511,22 @@ func TestObserverSeesConcurrentCommitsInOrder(t *testing.T) {
 		if s != first+uint64(i) {
 			t.Fatalf("observer saw seq %d at position %d, want %d (got %v...)", s, i, first+uint64(i), seqs[:min(i+1, 20)])
 		}
+	}
+}
+
+// observe makes e's commit observer record every event it is handed; the
+// returned func gives a copy of them so far.
+func observe(e *Engine) func() []event.Event {
+	var mu sync.Mutex
+	var evs []event.Event
+	e.SetOnCommit(func(c Commit) {
+		mu.Lock()
+		defer mu.Unlock()
+		evs = append(evs, c.Events...)
+	})
+	return func() []event.Event {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(evs)
 	}
 }
