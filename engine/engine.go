@@ -328,13 +328,6 @@ func (e *Engine) SetOnCommit(fn func(Commit)) {
 	e.order.Unlock()
 }
 
-// committedInOrder hands commits to OnCommit in sequence order: waits finish
-// in any order, observers (the executors' queue, metrics) want log order.
-func (e *Engine) committedInOrder(c Commit) {
-	e.recordCommit(c)
-	e.deliverCommits()
-}
-
 // recordCommit marks c durable; deliverCommits hands it on.
 func (e *Engine) recordCommit(c Commit) {
 	e.commitMu.Lock()
@@ -343,7 +336,8 @@ func (e *Engine) recordCommit(c Commit) {
 }
 
 // deliverCommits hands every recorded commit that continues the sequence to
-// OnCommit, whoever recorded it.
+// OnCommit, whoever recorded it: fsync waits finish in any order, observers
+// (the executors' queue, the API's views) want log order.
 func (e *Engine) deliverCommits() {
 	e.commitMu.Lock()
 	var ready []Commit

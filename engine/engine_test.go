@@ -398,7 +398,7 @@ func TestProposeNewHooks(t *testing.T) {
 	}
 }
 
-// Two proposals sharing an fsync reach committedInOrder in either order.
+// Two proposals sharing an fsync record their commits in either order.
 // The observer must still get both, in sequence order, even when the later
 // one is the first commit this engine hands on (a restarted daemon's first
 // API write racing its refill loop once lost the API write's intents).
@@ -420,13 +420,16 @@ func TestCommitsReachTheObserverInOrderFromTheFirst(t *testing.T) {
 	}})
 	t.Cleanup(e2.Shutdown)
 	base := res.State.Applied()
-	commit := func(seq uint64) Commit { return Commit{Events: []event.Event{{Seq: seq}}} }
-	e2.committedInOrder(commit(base + 2))
+	commit := func(seq uint64) {
+		e2.recordCommit(Commit{Events: []event.Event{{Seq: seq}}})
+		e2.deliverCommits()
+	}
+	commit(base + 2)
 	if len(got) != 0 {
 		t.Fatalf("seq %d was handed on before seq %d: %v", base+2, base+1, got)
 	}
-	e2.committedInOrder(commit(base + 1))
-	e2.committedInOrder(commit(base + 3))
+	commit(base + 1)
+	commit(base + 3)
 	if want := []uint64{base + 1, base + 2, base + 3}; !slices.Equal(got, want) {
 		t.Fatalf("observer got seqs %v, want %v", got, want)
 	}
