@@ -268,9 +268,6 @@ func (d *Driver) restoreInto(r *run, vm string, k fsm.PoolKey, runDir, src strin
 	}); err != nil {
 		return fail(err)
 	}
-	if sock := filepath.Join(runDir, VsockFile); len(sock) > executors.MaxSocketPath {
-		return fail(executors.Unrecoverablef("vsock socket path %q is too long for a unix socket", sock))
-	}
 	if egress {
 		if err := r.step(StepTapCreate, func() error { return d.taps.Create(TapName(vm), d.bridge) }); err != nil {
 			return fail(err)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 )
 
@@ -93,9 +94,6 @@ const (
 	FileVM      = "vm.json" // the Meta QEMU was launched with (run dir only)
 )
 
-// maxSocketPath is the longest unix socket path Linux accepts (sun_path less NUL).
-const maxSocketPath = 107
-
 // QMPSocket returns the QMP socket of the VM in runDir.
 func QMPSocket(runDir string) string { return filepath.Join(runDir, FileQMP) }
 
@@ -114,9 +112,9 @@ func (s Spec) validateDirs() error {
 		return fmt.Errorf("%w: store dir %q must be an absolute path", ErrInvalidSpec, s.StoreDir)
 	}
 	for _, sock := range []string{QMPSocket(s.RunDir), AgentSocket(s.RunDir)} {
-		if len(sock) > maxSocketPath {
+		if len(sock) > executors.MaxSocketPath {
 			return fmt.Errorf("%w: socket path %s is %d bytes, over the %d a unix socket allows",
-				ErrInvalidSpec, sock, len(sock), maxSocketPath)
+				ErrInvalidSpec, sock, len(sock), executors.MaxSocketPath)
 		}
 	}
 	return nil

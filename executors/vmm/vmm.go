@@ -18,6 +18,8 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxlog/sbxlog/executors"
+
 	"github.com/sbxlog/sbxlog/executors/ch"
 )
 
@@ -78,7 +80,7 @@ func (c *Config) validate() error {
 	if c.RunDir == "" || !filepath.IsAbs(c.RunDir) {
 		return fmt.Errorf("vmm: run dir %q is not an absolute path", c.RunDir)
 	}
-	if len(c.SocketPath()) >= 108 {
+	if len(c.SocketPath()) > executors.MaxSocketPath {
 		return fmt.Errorf("vmm: socket path %q is too long for a unix socket", c.SocketPath())
 	}
 	if c.CgroupSlice != "" && (c.ID == "" || strings.ContainsAny(c.ID, "/\x00") || c.ID == "." || c.ID == "..") {
