@@ -101,11 +101,10 @@ type system struct {
 	fsync string
 	live  int
 	url   string
-	// client is the kind of HTTP client the claims go through: stdClient,
-	// or "" for the bench's own; seqClient is the one sequential runs use,
+	// std, when set, is the net/http.Client the claims go through instead
+	// of the bench's own client; seqClient is the one sequential runs use,
 	// kept across runs so its connection stays warm.
-	client    string
-	std       *http.Client // for stdClient
+	std       *http.Client
 	seqClient claimClient
 	// owner, when set, is the system whose server this one measures through
 	// another client: the claims of both are released together.
@@ -482,7 +481,7 @@ var claimBody = []byte(`{"template":"default","net":"none","size":"small","ttl_s
 // newClient returns a client of the system's kind on its server (with its
 // own connection, for the lean kind).
 func (s *system) newClient() claimClient {
-	if s.client == stdClient {
+	if s.std != nil {
 		return &netHTTPClient{c: s.std, url: s.url}
 	}
 	return newConnClient(s.url)
@@ -506,7 +505,7 @@ func (s *system) server() *system {
 
 // throughStd measures s's server through Go's net/http.Client.
 func throughStd(s *system, name string, std *http.Client) *system {
-	return &system{name: name, fsync: s.fsync, live: s.live, url: s.url, client: stdClient, std: std,
+	return &system{name: name, fsync: s.fsync, live: s.live, url: s.url, std: std,
 		owner: s, release: s.release, close: s.close}
 }
 

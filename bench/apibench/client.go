@@ -25,10 +25,6 @@ type claimClient interface {
 	close()
 }
 
-// stdClient marks a system measured through Go's net/http.Client; the
-// others go through the bench's own HTTP/1.1 client (connClient).
-const stdClient = "net/http"
-
 // connClient is the bench's HTTP/1.1 client: one keep-alive TCP connection,
 // the request (built once) written with one write(2) and the reply read
 // and parsed (net/http.ReadResponse) on the caller's goroutine. Go's
