@@ -53,7 +53,7 @@ chaos:
 # guest builds the QEMU test guest (kernel from Debian's cloud kernel package,
 # busybox initramfs with the project's agent), cached by content hash.
 guest:
-	./guest/build.sh
+	./executors/guest/build.sh
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

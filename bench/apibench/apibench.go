@@ -50,10 +50,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sbxlog/sbxlog/bench/report"
-	"github.com/sbxlog/sbxlog/engine"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/api/apitest"
 )

@@ -27,9 +27,9 @@ import (
 
 	"github.com/sbxlog/sbxlog/bench/report"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
+	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
 	"github.com/sbxlog/sbxlog/executors/qemu"
-	"github.com/sbxlog/sbxlog/guest/agent"
-	"github.com/sbxlog/sbxlog/guest/guesttest"
 )
 
 // config sizes one run.

@@ -13,9 +13,9 @@ import (
 
 	"github.com/sbxlog/sbxlog/bench/chaos/campaign"
 	"github.com/sbxlog/sbxlog/bench/report"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/replservice"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
-	"github.com/sbxlog/sbxlog/replication/service"
 )
 
 // claimPool is the pool the claim-latency daemons keep warm.

@@ -40,9 +40,9 @@ import (
 	"github.com/sbxlog/sbxlog/bench/report"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
-	"github.com/sbxlog/sbxlog/replication/natsembed"
-	"github.com/sbxlog/sbxlog/replication/replicator"
-	"github.com/sbxlog/sbxlog/replication/stream"
+	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed"
+	"github.com/sbxlog/sbxlog/eventlog/replication/replicator"
+	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
 )
 
 type config struct {

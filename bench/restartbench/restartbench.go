@@ -8,7 +8,7 @@
 //   - no snapshot: the same log of about 1M events replayed from the first.
 //
 // The start path is the daemon's, in process (its start-up GC target
-// included): eventlog.Open, replay.Rebuild
+// included): eventlog.Open, engine.Rebuild
 // (snapshot decode and tail replay), engine.New, the start-up reconcile
 // (executors/reconcile.Run over every VM of the state), the API server and
 // SetReady, and the first GET /v1/info over a real loopback HTTP server.
@@ -36,15 +36,14 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sbxlog/sbxlog/bench/report"
-	"github.com/sbxlog/sbxlog/engine"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 	"github.com/sbxlog/sbxlog/projections/auth"
-	"github.com/sbxlog/sbxlog/projections/replay"
 )
 
 // Sizes of the full run; Quick divides them by 50.
@@ -88,7 +87,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	sec := &report.Section{
 		Name:  "restartbench",
 		Title: "Restart to serving",
-		Method: fmt.Sprintf("In-process sandboxd start path, %d runs per shape: eventlog.Open, replay.Rebuild, engine.New, the start-up reconcile over every VM "+
+		Method: fmt.Sprintf("In-process sandboxd start path, %d runs per shape: eventlog.Open, engine.Rebuild, engine.New, the start-up reconcile over every VM "+
 			"(hypervisor FAKED: every VM adopted at once), api.Server + SetReady, first GET /v1/info answered over loopback HTTP. "+
 			"The log holds %d live claims (%d events in all); the snapshot shape loads the snapshot at seq %d (%.1f MiB) and replays a %d-event tail, "+
 			"the other replays every event from seq 1. Log built through fsm.Decide and eventlog.Begin (one op per decision, group-committed fsyncs) in %s.",
@@ -124,7 +123,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	p50 := snapTotal.Quantile(0.5)
 	sec.Verdict(p50 < time.Second, "restart to serving with %d live claims, snapshot + tail: p50 %s (target < 1 s)", claims, report.Fmt(p50))
 	sec.Notes = append(sec.Notes, fmt.Sprintf("The start path runs with the GC target at %d%% as sandboxd's start does (cmd/sandboxd/startgc.go): the state is allocated at once and collecting while it grows only re-marks what stays live.", startGCPercent))
-	sec.Notes = append(sec.Notes, "Rebuild on the daemon's path decodes the snapshot without fsm's full invariant check (fsm.DecodeOptions.SkipCheck via replay.Options.TrustSnapshot): "+
+	sec.Notes = append(sec.Notes, "Rebuild on the daemon's path decodes the snapshot without fsm's full invariant check (fsm.DecodeOptions.SkipCheck via engine.RebuildOptions.TrustSnapshot): "+
 		"the snapshot's bytes are covered by the log's CRC and its indexes are rebuilt and cross-checked; sbxctl replay keeps the full check.")
 	return sec, nil
 }
@@ -151,7 +150,7 @@ func startOnce(ctx context.Context, dir string, noSnapshot bool, claims int) (ti
 	t.open = time.Since(t0)
 
 	t0 = time.Now()
-	res, err := replay.Rebuild(l, replay.Options{NoSnapshot: noSnapshot, TrustSnapshot: true})
+	res, err := engine.Rebuild(l, engine.RebuildOptions{NoSnapshot: noSnapshot, TrustSnapshot: true})
 	if err != nil {
 		return t, 0, err
 	}

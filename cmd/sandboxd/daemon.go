@@ -16,7 +16,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/sbxlog/sbxlog/engine"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/replservice"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
@@ -26,10 +26,9 @@ import (
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/auth"
-	"github.com/sbxlog/sbxlog/projections/replay"
-	"github.com/sbxlog/sbxlog/replication/service"
 )
 
 // snapshotEvery bounds the tail a restart replays: a snapshot is taken once
@@ -144,7 +143,7 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 	} else {
 		zl.Info().Msg("replication disabled (nats.disabled / -no-nats)")
 	}
-	res, err := replay.Rebuild(d.log, replay.Options{TrustSnapshot: true})
+	res, err := engine.Rebuild(d.log, engine.RebuildOptions{TrustSnapshot: true})
 	if err != nil {
 		return nil, err
 	}

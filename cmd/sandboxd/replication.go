@@ -16,12 +16,12 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/sbxlog/sbxlog/engine"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/replservice"
 	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
-	"github.com/sbxlog/sbxlog/replication/natsembed"
-	"github.com/sbxlog/sbxlog/replication/service"
 )
 
 // natsPortOffset places the embedded server's default port next to the

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/fsm"
-	"github.com/sbxlog/sbxlog/projections/replay"
+	"github.com/sbxlog/sbxlog/fsm/engine"
 )
 
 func init() {
@@ -31,7 +31,7 @@ func replayFlags(fs *flag.FlagSet) logBody {
 			fmt.Fprintf(stderr, "sbxctl replay: --show %q: want one of %s\n", *show, strings.Join(replayShows, ", "))
 			return 2
 		}
-		res, err := replay.Rebuild(l, replay.Options{Until: *until, NoSnapshot: *noSnap})
+		res, err := engine.Rebuild(l, engine.RebuildOptions{Until: *until, NoSnapshot: *noSnap})
 		if err != nil {
 			fmt.Fprintf(stderr, "sbxctl replay: %v\n", err)
 			return 1
@@ -128,7 +128,7 @@ type intentOut struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-func replayView(l *eventlog.Log, res *replay.Result, show string, checkErr error) *replayOut {
+func replayView(l *eventlog.Log, res *engine.Rebuilt, show string, checkErr error) *replayOut {
 	s := res.State
 	info := s.Info()
 	out := &replayOut{

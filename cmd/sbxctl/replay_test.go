@@ -11,8 +11,9 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/fsm/fsmsim"
-	"github.com/sbxlog/sbxlog/projections/replay"
+	"github.com/sbxlog/sbxlog/fsm/fsmtest"
 )
 
 // Acceptance 4: a log written by the randomized workload (fsmsim driven
@@ -29,7 +30,7 @@ func TestReplayMatchesWriter(t *testing.T) {
 	live := fsm.New()
 	seen := map[uint64]string{}
 	var seqs []uint64
-	if err := replay.Record(context.Background(), l, live, fsmsim.New(seed, fsmsim.Options{}), 3000, func(seq uint64, s *fsm.State) {
+	if err := fsmtest.Record(context.Background(), l, live, fsmsim.New(seed, fsmsim.Options{}), 3000, func(seq uint64, s *fsm.State) {
 		seen[seq] = fsm.HashHex(s)
 		seqs = append(seqs, seq)
 	}); err != nil {
@@ -65,9 +66,9 @@ func TestReplayMatchesWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := replay.Rebuild(l, replay.Options{Until: mid})
+	res, err := engine.Rebuild(l, engine.RebuildOptions{Until: mid})
 	if err == nil {
-		err = replay.Snapshot(l, res.State, mid)
+		err = engine.SaveSnapshot(l, res.State, mid)
 	}
 	if cerr := l.Close(); err == nil {
 		err = cerr

@@ -26,11 +26,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sbxlog/sbxlog/eventlog"
-	"github.com/sbxlog/sbxlog/replication/audit"
-	"github.com/sbxlog/sbxlog/replication/feed"
-	"github.com/sbxlog/sbxlog/replication/follower"
-	"github.com/sbxlog/sbxlog/replication/stream"
-	usagejournal "github.com/sbxlog/sbxlog/replication/usage"
+	"github.com/sbxlog/sbxlog/eventlog/replication/feed"
+	"github.com/sbxlog/sbxlog/eventlog/replication/follower"
+	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
+	"github.com/sbxlog/sbxlog/projections/audit"
+	usagejournal "github.com/sbxlog/sbxlog/projections/usage"
 )
 
 // envNATS overrides the default --nats URL.

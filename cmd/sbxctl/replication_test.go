@@ -13,11 +13,12 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed/natstest"
+	"github.com/sbxlog/sbxlog/eventlog/replication/replicator"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/fsm/fsmsim"
-	"github.com/sbxlog/sbxlog/projections/replay"
-	"github.com/sbxlog/sbxlog/replication/natsembed/natstest"
-	"github.com/sbxlog/sbxlog/replication/replicator"
+	"github.com/sbxlog/sbxlog/fsm/fsmtest"
 )
 
 // replNode is a simulated node's log replicated to a NATS server.
@@ -54,7 +55,7 @@ func startReplNode(t *testing.T, url, node string) *replNode {
 // record runs steps simulated commands and waits until JetStream holds them.
 func (n *replNode) record(t *testing.T, steps int) {
 	t.Helper()
-	if err := replay.Record(context.Background(), n.log, n.st, n.sim, steps, nil); err != nil {
+	if err := fsmtest.Record(context.Background(), n.log, n.st, n.sim, steps, nil); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -129,7 +130,7 @@ func TestReplCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, want := encoded(t, replica), encoded(t, n.log)
-		res, err := replay.Rebuild(replica, replay.Options{})
+		res, err := engine.Rebuild(replica, engine.RebuildOptions{})
 		_ = replica.Close()
 		if err != nil {
 			t.Fatal(err)

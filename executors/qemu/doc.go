@@ -1,5 +1,5 @@
 // Package qemu is the QEMU executor driver: it runs the project's test guest (or any
-// kernel+initrd with the guest/agent protocol on ttyS1) under qemu-system-x86_64
+// kernel+initrd with the executors/guest/agent protocol on ttyS1) under qemu-system-x86_64
 // and implements the recipes of DESIGN §3 with QEMU's mechanisms, for machines where
 // Cloud Hypervisor cannot run.
 //

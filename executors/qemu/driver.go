@@ -11,7 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sbxlog/sbxlog/executors/fsx"
-	"github.com/sbxlog/sbxlog/guest/agent"
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
 )
 
 // Config configures a Driver. Zero values take the defaults named per field.

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
-	"github.com/sbxlog/sbxlog/guest/agent"
 )
 
 // migration capabilities on both ends: x-ignore-shared leaves RAM blocks backed by

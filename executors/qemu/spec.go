@@ -87,7 +87,7 @@ const (
 	FileState   = "state"       // migration stream: device state and non-shared RAM (snapshot only)
 	FileMeta    = "meta.json"   // Meta (snapshot only)
 	FileQMP     = "qmp.sock"    // QMP monitor
-	FileAgent   = "agent.sock"  // host end of the guest's ttyS1 (guest/agent protocol)
+	FileAgent   = "agent.sock"  // host end of the guest's ttyS1 (executors/guest/agent protocol)
 	FileConsole = "console.log" // guest ttyS0
 	FileLog     = "qemu.log"    // QEMU's stdout and stderr
 	FilePID     = "qemu.pid"
@@ -98,7 +98,7 @@ const (
 func QMPSocket(runDir string) string { return filepath.Join(runDir, FileQMP) }
 
 // AgentSocket returns the agent socket of the VM in runDir; dial it with
-// guest/agent.Dial.
+// executors/guest/agent.Dial.
 func AgentSocket(runDir string) string { return filepath.Join(runDir, FileAgent) }
 
 // SnapshotDir returns where the snapshot name lives in the store.

@@ -17,9 +17,9 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
+	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
 	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
-	"github.com/sbxlog/sbxlog/guest/agent"
-	"github.com/sbxlog/sbxlog/guest/guesttest"
 )
 
 const testMemMiB = 256

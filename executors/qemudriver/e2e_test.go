@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
-	"github.com/sbxlog/sbxlog/guest/agent"
-	"github.com/sbxlog/sbxlog/guest/guesttest"
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
+	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )

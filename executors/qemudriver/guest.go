@@ -6,14 +6,14 @@ import (
 	"time"
 )
 
-// Guest is a kernel and initrd built by guest/build.sh (`make guest`).
+// Guest is a kernel and initrd built by executors/guest/build.sh (`make guest`).
 type Guest struct {
 	Dir    string
 	Kernel string
 	Initrd string
 }
 
-// GuestCacheDir is where guest/build.sh caches its builds:
+// GuestCacheDir is where executors/guest/build.sh caches its builds:
 // ${SBX_CACHE:-$HOME/.cache/sbxlog}/guest.
 func GuestCacheDir() string {
 	base := os.Getenv("SBX_CACHE")

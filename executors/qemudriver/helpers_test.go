@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"github.com/sbxlog/sbxlog/executors/qemu"
 	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
-	"github.com/sbxlog/sbxlog/guest/agent"
 )
 
 // qemuPIDs returns the live QEMU processes whose command line mentions path

@@ -15,10 +15,10 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
+	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
 	"github.com/sbxlog/sbxlog/executors/qemu"
 	"github.com/sbxlog/sbxlog/fsm"
-	"github.com/sbxlog/sbxlog/guest/agent"
-	"github.com/sbxlog/sbxlog/guest/guesttest"
 )
 
 func stepNames(r executors.Result) []string {

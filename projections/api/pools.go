@@ -3,8 +3,8 @@ package api
 import (
 	"net/http"
 
-	"github.com/sbxlog/sbxlog/engine"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
 

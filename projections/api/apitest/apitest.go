@@ -26,13 +26,12 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/sbxlog/sbxlog/engine"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/auth"
-	"github.com/sbxlog/sbxlog/projections/replay"
 )
 
 // FakeDriver is the in-process hypervisor fake: every intent succeeds at
@@ -172,7 +171,7 @@ func Start(opts Options) (n *Node, err error) {
 	if n.Log, err = eventlog.Open(filepath.Join(opts.Dir, "log"), eventlog.Options{NodeID: opts.NodeID, Logger: opts.Log}); err != nil {
 		return n, err
 	}
-	res, err := replay.Rebuild(n.Log, replay.Options{})
+	res, err := engine.Rebuild(n.Log, engine.RebuildOptions{})
 	if err != nil {
 		return n, err
 	}

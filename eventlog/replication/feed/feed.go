@@ -1,0 +1,425 @@
+// Package feed delivers the op logs in the stream to a consumer (follower,
+// audit, usage, cluster view) through a durable JetStream consumer, verified:
+// every record's checksum, its node against its subject, its message id
+// against its sequence, and each node's sequences contiguous.
+//
+// Contract:
+//   - The consumer's own durable output is the truth about what it has
+//     applied: Handler.Position(node) is asked the first time a node is seen,
+//     and events at or below it are skipped. So a crash between a handler's
+//     write and the acknowledgement, a redelivery, or a durable consumer that
+//     restarted from scratch never applies an event twice.
+//   - Apply receives events in stream order (per node in sequence order, each
+//     node's next sequence exactly) and must make their effects durable
+//     before returning nil; then the batch is acknowledged.
+//   - A node whose next delivered event skips sequences triggers one rebuild
+//     of the durable consumer from the start of the stream (the consumer's
+//     server-side position may be ahead of its output, e.g. after the output
+//     was restored from a backup). A gap that remains is fatal: *GapError.
+//   - A record that fails verification is fatal: *CorruptError. A handler
+//     error is fatal and returned as is. Connection loss, leader elections
+//     and deleted consumers are retried with backoff.
+package feed
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
+)
+
+// Handler is a consumer of the feed.
+type Handler interface {
+	// Position is the last sequence of node whose effects the handler has
+	// made durable (0: none).
+	Position(node string) uint64
+	// Apply makes the effects of evs durable.
+	Apply(ctx context.Context, evs []event.Event) error
+}
+
+// GapError: the stream lacks sequences of a node the handler needs.
+type GapError struct {
+	Node      string
+	Want, Got uint64
+}
+
+func (e *GapError) Error() string {
+	return fmt.Sprintf("feed: node %s: next event is seq %d but the stream delivered seq %d (events %d..%d are missing from the stream)",
+		e.Node, e.Want, e.Got, e.Want, e.Got-1)
+}
+
+// CorruptError: a message of the stream is not a valid record of the node
+// its subject names.
+type CorruptError struct {
+	StreamSeq uint64
+	Subject   string
+	Err       error
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("feed: stream seq %d on %s: %v", e.StreamSeq, e.Subject, e.Err)
+}
+
+func (e *CorruptError) Unwrap() error { return e.Err }
+
+// Options configure a Feed.
+type Options struct {
+	// JS is the JetStream context (the caller owns its connection).
+	JS jetstream.JetStream
+	// Stream (default stream.DefaultName).
+	Stream string
+	// Durable is the consumer's name: letters, digits, '-' and '_'. Empty
+	// means an ephemeral consumer, for handlers whose state lives in memory
+	// (the cluster view): it starts at the beginning of the stream, resumes
+	// after the last message it delivered when it has to be recreated, and
+	// the server forgets it once the feed stops.
+	Durable string
+	// Nodes limits the feed to these nodes' subjects; empty means all.
+	Nodes []string
+	// Batch bounds the events per Apply (default 256).
+	Batch int
+	// MinBackoff and MaxBackoff bound the pause between retries (defaults
+	// 50 ms and 2 s).
+	MinBackoff, MaxBackoff time.Duration
+	Logger                 zerolog.Logger
+}
+
+// Feed runs one durable consumer into one Handler.
+type Feed struct {
+	opts    Options
+	h       Handler
+	log     zerolog.Logger
+	filters []string
+
+	mu      sync.Mutex
+	pos     map[string]uint64 // next expected is pos+1
+	lastSeq uint64            // stream sequence of the last message handled
+	reset   bool              // the consumer was rebuilt for a gap once
+	status  Status
+}
+
+// Status is a snapshot for status pages.
+type Status struct {
+	Durable   string            `json:"durable"`
+	State     string            `json:"state"` // idle, running, retrying, failed, stopped
+	Positions map[string]uint64 `json:"positions"`
+	LastError string            `json:"last_error,omitempty"`
+}
+
+// New checks opts.
+func New(opts Options, h Handler) (*Feed, error) {
+	if opts.JS == nil || h == nil {
+		return nil, errors.New("feed: JetStream context and handler are required")
+	}
+	if opts.Durable != "" {
+		if err := stream.CheckNodeID(opts.Durable); err != nil {
+			return nil, fmt.Errorf("feed: durable name: %w", err)
+		}
+	}
+	if opts.Stream == "" {
+		opts.Stream = stream.DefaultName
+	}
+	if opts.Batch <= 0 {
+		opts.Batch = 256
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 50 * time.Millisecond
+	}
+	if opts.MaxBackoff < opts.MinBackoff {
+		opts.MaxBackoff = max(2*time.Second, opts.MinBackoff)
+	}
+	filters := []string{stream.AllSubjects}
+	if len(opts.Nodes) > 0 {
+		filters = filters[:0]
+		for _, n := range opts.Nodes {
+			if err := stream.CheckNodeID(n); err != nil {
+				return nil, fmt.Errorf("feed: %w", err)
+			}
+			filters = append(filters, stream.Subject(n))
+		}
+	}
+	return &Feed{
+		opts:    opts,
+		h:       h,
+		log:     opts.Logger.With().Str("component", "feed").Str("durable", cmp.Or(opts.Durable, "(ephemeral)")).Logger(),
+		filters: filters,
+		pos:     map[string]uint64{},
+		status:  Status{Durable: opts.Durable, State: "idle"},
+	}, nil
+}
+
+// Status returns a snapshot.
+func (f *Feed) Status() Status {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.status
+	st.Positions = make(map[string]uint64, len(f.pos))
+	for n, p := range f.pos {
+		st.Positions[n] = p
+	}
+	return st
+}
+
+func (f *Feed) setState(state string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.status.State = state
+	if err != nil {
+		f.status.LastError = err.Error()
+	}
+}
+
+// errResetConsumer asks Run to rebuild the durable consumer from the start.
+var errResetConsumer = errors.New("feed: rebuild consumer")
+
+// Run consumes until ctx ends (nil) or a fatal error.
+func (f *Feed) Run(ctx context.Context) error {
+	backoff := f.opts.MinBackoff
+	for {
+		f.setState("running", nil)
+		progressed, err := f.session(ctx)
+		if ctx.Err() != nil {
+			f.setState("stopped", nil)
+			return nil
+		}
+		if errors.Is(err, errResetConsumer) {
+			continue
+		}
+		var ge *GapError
+		var ce *CorruptError
+		var he handlerError
+		switch {
+		case errors.As(err, &ge), errors.As(err, &ce):
+			f.log.Error().Err(err).Msg("feed stopped")
+			f.setState("failed", err)
+			return err
+		case errors.As(err, &he):
+			f.log.Error().Err(he.err).Msg("feed handler failed; feed stopped")
+			f.setState("failed", he.err)
+			return he.err
+		}
+		if progressed {
+			backoff = f.opts.MinBackoff
+		}
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			// A node's first start: its replicator creates the stream.
+			f.log.Info().Err(err).Msg("feed waiting for the stream to be created")
+		} else {
+			f.log.Warn().Err(err).Msg("feed interrupted; retrying")
+		}
+		f.setState("retrying", err)
+		select {
+		case <-ctx.Done():
+			f.setState("stopped", nil)
+			return nil
+		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		}
+		backoff = min(2*backoff, f.opts.MaxBackoff)
+	}
+}
+
+type handlerError struct{ err error }
+
+func (e handlerError) Error() string { return e.err.Error() }
+
+func (f *Feed) consumerConfig() jetstream.ConsumerConfig {
+	cfg := jetstream.ConsumerConfig{
+		Durable:       f.opts.Durable,
+		Description:   "sbxlog feed",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckAllPolicy,
+		AckWait:       time.Minute,
+		MaxAckPending: 4 * f.opts.Batch,
+	}
+	if f.opts.Durable == "" {
+		cfg.AckPolicy, cfg.MaxAckPending = jetstream.AckNonePolicy, 0
+		cfg.InactiveThreshold = time.Minute
+		f.mu.Lock()
+		if f.lastSeq > 0 {
+			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, f.lastSeq+1
+		}
+		f.mu.Unlock()
+	}
+	if len(f.filters) == 1 {
+		cfg.FilterSubject = f.filters[0]
+	} else {
+		cfg.FilterSubjects = f.filters
+	}
+	return cfg
+}
+
+func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
+	cons, err := f.consumer(ctx)
+	if err != nil {
+		return false, fmt.Errorf("consumer %s: %w", cmp.Or(f.opts.Durable, "(ephemeral)"), err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(2 * f.opts.Batch))
+	if err != nil {
+		return false, fmt.Errorf("consumer %s: %w", f.opts.Durable, err)
+	}
+	defer it.Stop()
+	msgs := make([]jetstream.Msg, 0, f.opts.Batch)
+	evs := make([]event.Event, 0, f.opts.Batch)
+	for {
+		first, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return progressed, err
+		}
+		msgs = append(msgs[:0], first)
+		for len(msgs) < f.opts.Batch {
+			// Take what has already arrived; a short wait lets a burst
+			// share one Apply without delaying a lone event noticeably.
+			m, err := it.Next(jetstream.NextMaxWait(200 * time.Microsecond))
+			if err != nil {
+				break
+			}
+			msgs = append(msgs, m)
+		}
+		evs, err = f.verify(ctx, msgs, evs[:0])
+		if err != nil {
+			return progressed, err
+		}
+		if len(evs) > 0 {
+			if err := f.h.Apply(ctx, evs); err != nil {
+				if ctx.Err() != nil {
+					// Stopped in the middle of Apply: the batch may be
+					// durable all the same, and the handler's position
+					// says how far, for Status.
+					f.mu.Lock()
+					for i := range evs {
+						f.pos[evs[i].Node] = f.h.Position(evs[i].Node)
+					}
+					f.mu.Unlock()
+					return progressed, ctx.Err()
+				}
+				return progressed, handlerError{err}
+			}
+			f.mu.Lock()
+			for i := range evs {
+				f.pos[evs[i].Node] = evs[i].Seq
+			}
+			f.mu.Unlock()
+		}
+		if md, err := msgs[len(msgs)-1].Metadata(); err == nil {
+			f.mu.Lock()
+			f.lastSeq = md.Sequence.Stream
+			f.mu.Unlock()
+		}
+		// AckAll: acknowledging the last message covers the batch.
+		if f.opts.Durable != "" {
+			if err := msgs[len(msgs)-1].Ack(); err != nil {
+				return true, fmt.Errorf("ack: %w", err)
+			}
+		}
+		progressed = true
+	}
+}
+
+// consumer returns the feed's consumer, creating it when missing.
+//
+// An existing durable is reused as it is, unless it holds messages it
+// delivered to an earlier run that were never acknowledged (a crash, or a
+// stop with messages prefetched): the server would only send those again
+// after AckWait. It is then rebuilt to start right after its acknowledged
+// floor, and the handler's Position skips whatever was applied but not
+// acknowledged. A durable whose filter no longer matches the options is
+// rebuilt the same way.
+func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
+	cfg := f.consumerConfig()
+	if f.opts.Durable == "" {
+		return f.opts.JS.CreateConsumer(ctx, f.opts.Stream, cfg)
+	}
+	cons, err := f.opts.JS.Consumer(ctx, f.opts.Stream, f.opts.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return f.opts.JS.CreateConsumer(ctx, f.opts.Stream, cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	info := cons.CachedInfo()
+	if info.NumAckPending == 0 && slices.Equal(filtersOf(info.Config), f.filters) {
+		return cons, nil
+	}
+	if info.AckFloor.Stream > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, info.AckFloor.Stream+1
+	}
+	f.log.Info().Int("unacknowledged", info.NumAckPending).Uint64("from_stream_seq", cfg.OptStartSeq).Msg("restarting the durable consumer after its acknowledged floor")
+	if err := f.opts.JS.DeleteConsumer(ctx, f.opts.Stream, f.opts.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, err
+	}
+	return f.opts.JS.CreateConsumer(ctx, f.opts.Stream, cfg)
+}
+
+func filtersOf(c jetstream.ConsumerConfig) []string {
+	if c.FilterSubject != "" {
+		return []string{c.FilterSubject}
+	}
+	return c.FilterSubjects
+}
+
+// verify decodes and checks msgs, dropping events already applied. On a
+// gap it rebuilds the consumer once and returns errResetConsumer.
+func (f *Feed) verify(ctx context.Context, msgs []jetstream.Msg, evs []event.Event) ([]event.Event, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	next := map[string]uint64{} // expected seq within this batch
+	for _, m := range msgs {
+		subj := m.Subject()
+		var sseq uint64
+		if md, err := m.Metadata(); err == nil {
+			sseq = md.Sequence.Stream
+		}
+		node, ok := stream.NodeOf(subj)
+		if !ok {
+			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: errors.New("not a node subject")}
+		}
+		ev, err := event.Decode(m.Data())
+		if err != nil {
+			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: err}
+		}
+		if ev.Node != node {
+			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: fmt.Errorf("record of node %q", ev.Node)}
+		}
+		if id := m.Headers().Get(jetstream.MsgIDHeader); id != stream.MsgID(node, ev.Seq) {
+			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: fmt.Errorf("seq %d under message id %q", ev.Seq, id)}
+		}
+		want, ok := next[node]
+		if !ok {
+			p, known := f.pos[node]
+			if !known {
+				p = f.h.Position(node)
+				f.pos[node] = p
+			}
+			want = p + 1
+		}
+		switch {
+		case ev.Seq < want:
+			continue // applied before: a redelivery or a replay from the start
+		case ev.Seq > want:
+			gap := &GapError{Node: node, Want: want, Got: ev.Seq}
+			if f.reset || f.opts.Durable == "" {
+				return nil, gap
+			}
+			f.reset = true
+			f.log.Warn().Err(gap).Msg("rebuilding the durable consumer from the start of the stream")
+			if err := f.opts.JS.DeleteConsumer(ctx, f.opts.Stream, f.opts.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return nil, fmt.Errorf("delete consumer for rebuild: %w", err)
+			}
+			return nil, errResetConsumer
+		}
+		// The payload aliases the message; the handler may keep it.
+		evs = append(evs, ev)
+		next[node] = ev.Seq + 1
+	}
+	return evs, nil
+}

@@ -1,0 +1,653 @@
+package replicator
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
+)
+
+// Sentinel errors.
+var (
+	// ErrSecondWriter: the node's subject holds events this log did not
+	// write. Returned wrapped in *SecondWriterError.
+	ErrSecondWriter = errors.New("replicator: another writer publishes as this node")
+	// ErrGap: the stream lacks events the local log no longer holds.
+	// Returned wrapped in *GapError.
+	ErrGap = errors.New("replicator: gap between the stream and the local log")
+	// ErrStopped: Run returned after its context ended.
+	ErrStopped = errors.New("replicator: stopped")
+)
+
+// SecondWriterError says why the stream's subject is not this log's.
+type SecondWriterError struct {
+	Node    string
+	Subject string
+	// StreamSeq is the event sequence of the node's last message in the stream.
+	StreamSeq uint64
+	// LocalLast is the local log's last sequence when the check ran.
+	LocalLast uint64
+	Reason    string
+}
+
+func (e *SecondWriterError) Error() string {
+	return fmt.Sprintf("replication of node %s refused: %s holds event %d but %s (local log ends at %d); another process is publishing as node %s, or this node's log is not the one that was replicated",
+		e.Node, e.Subject, e.StreamSeq, e.Reason, e.LocalLast, e.Node)
+}
+
+func (e *SecondWriterError) Unwrap() error { return ErrSecondWriter }
+
+// TooLargeError: an event's record exceeds the server's max_payload, so it
+// can never be published (and no later event may be published before it).
+// Raise max_payload on the NATS servers (natsembed.MaxPayload embedded).
+type TooLargeError struct {
+	Node       string
+	Seq        uint64
+	Size       int
+	MaxPayload int64
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("replication of node %s stopped: event %d is %d bytes, above the NATS server's max_payload of %d; raise max_payload (at least %d)",
+		e.Node, e.Seq, e.Size, e.MaxPayload, e.Size+4096)
+}
+
+// GapError: the stream ends at Replicated but the local log starts at
+// LocalFirst > Replicated+1, so events in between can never be published.
+type GapError struct {
+	Node       string
+	Replicated uint64
+	LocalFirst uint64
+}
+
+func (e *GapError) Error() string {
+	return fmt.Sprintf("replication of node %s refused: the stream ends at seq %d but the local log starts at %d (events %d..%d were truncated before they were replicated)",
+		e.Node, e.Replicated, e.LocalFirst, e.Replicated+1, e.LocalFirst-1)
+}
+
+func (e *GapError) Unwrap() error { return ErrGap }
+
+// Options configure a Replicator.
+type Options struct {
+	// Log is the node's op log. Required.
+	Log *eventlog.Log
+	// NodeID must equal Log.NodeID() (default: Log.NodeID()).
+	NodeID string
+	// URL is the NATS server list (comma-separated). Required.
+	URL string
+	// NATSOptions are appended to the replicator's own connection options
+	// (credentials, TLS). The replicator disables the reconnect buffer: a
+	// publish while disconnected must fail, not be replayed later.
+	NATSOptions []nats.Option
+	// Stream is checked (created if missing) before the first publish.
+	Stream stream.Config
+	// Window bounds the events published together: the publishes in flight
+	// with one replica, the size of an atomic batch with several (default
+	// 256, at most MaxWindow).
+	Window int
+	// PublishTimeout bounds the wait for one acknowledgement (default 5 s).
+	PublishTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the pause between retries after an
+	// error (defaults 50 ms and 2 s).
+	MinBackoff, MaxBackoff time.Duration
+	Logger                 zerolog.Logger
+}
+
+// State is the replicator's condition, for status pages.
+type State string
+
+// States.
+const (
+	StateIdle     State = "idle"     // Run not called yet
+	StateSyncing  State = "syncing"  // checking the stream and reading the resume point
+	StateRunning  State = "running"  // publishing or waiting for new events
+	StateRetrying State = "retrying" // an error occurred; backing off
+	StateRefused  State = "refused"  // fatal: second writer, gap or incompatible stream
+	StateStopped  State = "stopped"  // Run returned after its context ended
+)
+
+// Status is a snapshot of the replicator for /v1/info and sbxctl.
+type Status struct {
+	Node    string `json:"node"`
+	Subject string `json:"subject"`
+	State   State  `json:"state"`
+	// Replicated is the highest event sequence JetStream acknowledged.
+	Replicated uint64 `json:"replicated"`
+	// StreamSeq is the stream sequence of that message.
+	StreamSeq uint64 `json:"stream_seq"`
+	// Pending is how many durable local events are not acknowledged yet.
+	Pending   uint64 `json:"pending"`
+	LastError string `json:"last_error,omitempty"`
+}
+
+// MaxWindow is the largest Window: JetStream's default atomic batch limit.
+const MaxWindow = 1000
+
+// Replicator publishes one node's log. Create with New, run with Run.
+type Replicator struct {
+	opts    Options
+	node    string
+	subject string
+	log     zerolog.Logger
+
+	atomic bool // windows are atomic batches (stream replicas > 1)
+
+	acked     atomic.Uint64 // highest acknowledged event seq
+	streamSeq atomic.Uint64 // its stream sequence
+	started   atomic.Bool
+
+	mu       sync.Mutex
+	progress chan struct{} // closed and replaced when acked advances or the state ends
+	state    State
+	lastErr  error
+	fatal    error
+}
+
+// New checks opts. It does not connect: Run does, and keeps retrying.
+func New(opts Options) (*Replicator, error) {
+	if opts.Log == nil {
+		return nil, errors.New("replicator: Options.Log is required")
+	}
+	if opts.URL == "" {
+		return nil, errors.New("replicator: Options.URL is required")
+	}
+	if opts.NodeID == "" {
+		opts.NodeID = opts.Log.NodeID()
+	}
+	if opts.NodeID != opts.Log.NodeID() {
+		return nil, fmt.Errorf("replicator: node id %q differs from the log's node %q", opts.NodeID, opts.Log.NodeID())
+	}
+	if err := stream.CheckNodeID(opts.NodeID); err != nil {
+		return nil, fmt.Errorf("replicator: %w", err)
+	}
+	if _, err := opts.Stream.StreamConfig(); err != nil {
+		return nil, fmt.Errorf("replicator: %w", err)
+	}
+	if opts.Window <= 0 {
+		opts.Window = 256
+	}
+	if opts.Window > MaxWindow {
+		return nil, fmt.Errorf("replicator: window %d above %d (JetStream's atomic batch limit)", opts.Window, MaxWindow)
+	}
+	if opts.PublishTimeout <= 0 {
+		opts.PublishTimeout = 5 * time.Second
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 50 * time.Millisecond
+	}
+	if opts.MaxBackoff < opts.MinBackoff {
+		opts.MaxBackoff = max(2*time.Second, opts.MinBackoff)
+	}
+	scfg, _ := opts.Stream.StreamConfig()
+	return &Replicator{
+		atomic:   scfg.Replicas > 1,
+		opts:     opts,
+		node:     opts.NodeID,
+		subject:  stream.Subject(opts.NodeID),
+		log:      opts.Logger.With().Str("component", "replicator").Str("node", opts.NodeID).Logger(),
+		progress: make(chan struct{}),
+		state:    StateIdle,
+	}, nil
+}
+
+// Replicated is the highest event sequence acknowledged by JetStream (0
+// before the first resume point is known).
+func (r *Replicator) Replicated() uint64 { return r.acked.Load() }
+
+// Status returns a snapshot.
+func (r *Replicator) Status() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := Status{Node: r.node, Subject: r.subject, State: r.state, Replicated: r.acked.Load(), StreamSeq: r.streamSeq.Load()}
+	if last := r.opts.Log.LastSeq(); last > st.Replicated {
+		st.Pending = last - st.Replicated
+	}
+	if r.lastErr != nil {
+		st.LastError = r.lastErr.Error()
+	}
+	return st
+}
+
+// WaitReplicated returns once JetStream has acknowledged event seq. It fails
+// with ctx's error, with the fatal error once the replicator refused, or
+// ErrStopped once Run returned after its context ended. Before Run starts it
+// waits, so callers need not order their start-up against Run's goroutine.
+func (r *Replicator) WaitReplicated(ctx context.Context, seq uint64) error {
+	for {
+		if r.acked.Load() >= seq {
+			return nil
+		}
+		r.mu.Lock()
+		ch, state, fatal := r.progress, r.state, r.fatal
+		r.mu.Unlock()
+		switch {
+		case fatal != nil:
+			return fatal
+		case state == StateStopped:
+			return ErrStopped
+		}
+		// Re-check after taking the channel: an advance in between closed it.
+		if r.acked.Load() >= seq {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (r *Replicator) setState(s State, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s == StateRefused {
+		r.fatal = err
+	}
+	r.state = s
+	if err != nil {
+		r.lastErr = err
+	}
+	if s == StateRefused || s == StateStopped {
+		close(r.progress)
+		r.progress = make(chan struct{})
+	}
+}
+
+// advance records acknowledged progress and wakes WaitReplicated callers.
+func (r *Replicator) advance(seq, streamSeq uint64) {
+	r.streamSeq.Store(streamSeq)
+	r.acked.Store(seq)
+	r.mu.Lock()
+	close(r.progress)
+	r.progress = make(chan struct{})
+	r.mu.Unlock()
+}
+
+// Run connects and replicates until ctx ends (returning nil) or a fatal
+// condition (returning it). It may be called once.
+func (r *Replicator) Run(ctx context.Context) error {
+	if !r.started.CompareAndSwap(false, true) {
+		return errors.New("replicator: Run called twice")
+	}
+	r.setState(StateSyncing, nil)
+	nopts := append([]nats.Option{
+		nats.Name("sbxlog-replicator-" + r.node),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.RetryOnFailedConnect(true),
+		nats.Timeout(2 * time.Second),
+	}, r.opts.NATSOptions...)
+	// Last, so callers cannot turn it back on: buffered publishes replayed
+	// after a reconnect would race the resume point read from the stream.
+	nopts = append(nopts, nats.ReconnectBufSize(-1))
+	nc, err := nats.Connect(r.opts.URL, nopts...)
+	if err != nil {
+		err = fmt.Errorf("replicator: connect %s: %w", r.opts.URL, err)
+		r.setState(StateRefused, err)
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(2*r.opts.Window),
+		jetstream.WithPublishAsyncTimeout(r.opts.PublishTimeout))
+	if err != nil {
+		r.setState(StateRefused, err)
+		return err
+	}
+
+	backoff := r.opts.MinBackoff
+	failing := false
+	for {
+		progressed, err := r.session(ctx, nc, js)
+		if ctx.Err() != nil {
+			r.setState(StateStopped, nil)
+			return nil
+		}
+		if isFatal(err) {
+			r.log.Error().Err(err).Uint64("replicated", r.acked.Load()).Msg("replication refused; replicator stopped")
+			r.setState(StateRefused, err)
+			return err
+		}
+		if progressed {
+			backoff = r.opts.MinBackoff
+		}
+		if !failing {
+			r.log.Warn().Err(err).Uint64("replicated", r.acked.Load()).Msg("replication interrupted; retrying")
+		} else {
+			r.log.Debug().Err(err).Msg("replication retry failed")
+		}
+		failing = true
+		r.setState(StateRetrying, err)
+		// Full jitter around the backoff keeps many nodes from retrying in step.
+		wait := backoff/2 + rand.N(backoff/2+1)
+		select {
+		case <-ctx.Done():
+			r.setState(StateStopped, nil)
+			return nil
+		case <-time.After(wait):
+		}
+		backoff = min(2*backoff, r.opts.MaxBackoff)
+	}
+}
+
+func isFatal(err error) bool {
+	var ie *stream.IncompatibleError
+	var tl *TooLargeError
+	return errors.Is(err, ErrSecondWriter) || errors.Is(err, ErrGap) || errors.As(err, &ie) || errors.As(err, &tl)
+}
+
+// session checks the stream, reads the resume point and publishes until an
+// error. progressed reports whether any window was acknowledged.
+func (r *Replicator) session(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) (progressed bool, err error) {
+	r.setState(StateSyncing, nil)
+	st, err := stream.Ensure(ctx, js, r.opts.Stream)
+	if err != nil {
+		return false, err
+	}
+	last, sseq, err := r.resume(ctx, st)
+	if err != nil {
+		return false, err
+	}
+	r.advance(last, sseq)
+	sub, err := r.opts.Log.Subscribe(last + 1)
+	if errors.Is(err, eventlog.ErrCompacted) {
+		return false, &GapError{Node: r.node, Replicated: last, LocalFirst: r.opts.Log.FirstSeq()}
+	}
+	if err != nil {
+		return false, err
+	}
+	defer sub.Close()
+	r.setState(StateRunning, nil)
+	r.log.Info().Uint64("resume_after", last).Uint64("stream_seq", sseq).Msg("replicating")
+
+	batch := make([]event.Event, 0, r.opts.Window)
+	for {
+		head, err := sub.Next(ctx)
+		if err != nil {
+			return progressed, err
+		}
+		batch = append(batch[:0], head)
+		// Take what is already durable, without waiting for more.
+		if avail := r.opts.Log.LastSeq() - head.Seq; avail > 0 {
+			for n := min(avail, uint64(r.opts.Window-1)); n > 0; n-- {
+				ev, err := sub.Next(ctx)
+				if err != nil {
+					return progressed, err
+				}
+				batch = append(batch, ev)
+			}
+		}
+		if max := nc.MaxPayload(); max > 0 {
+			for i := range batch {
+				// A record is at most its variable fields plus 96 bytes;
+				// headers travel in the payload budget too, hence the margin.
+				ev := &batch[i]
+				if len(ev.Payload)+len(ev.AggID)+len(ev.Node)+96+512 <= int(max) {
+					continue
+				}
+				if size := len(event.Encode(ev)) + 512; int64(size) > max {
+					return progressed, &TooLargeError{Node: r.node, Seq: ev.Seq, Size: size, MaxPayload: max}
+				}
+			}
+		}
+		if err := r.publishFenced(ctx, js, nc, batch, &sseq); err != nil {
+			return progressed, err
+		}
+		progressed = true
+	}
+}
+
+// resume reads the node's last message from the stream and checks that it is
+// the local log's event with the same sequence. It returns that sequence and
+// its stream sequence (0, 0 for an empty subject).
+func (r *Replicator) resume(ctx context.Context, st jetstream.Stream) (last, sseq uint64, err error) {
+	gctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
+	defer cancel()
+	m, err := st.GetLastMsgForSubject(gctx, r.subject)
+	localFirst, localLast := r.opts.Log.FirstSeq(), r.opts.Log.LastSeq()
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		if localFirst > 1 && localLast >= localFirst {
+			return 0, 0, &GapError{Node: r.node, Replicated: 0, LocalFirst: localFirst}
+		}
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("read resume point: %w", err)
+	}
+	refuse := func(seq uint64, reason string, args ...any) error {
+		return &SecondWriterError{Node: r.node, Subject: r.subject, StreamSeq: seq, LocalLast: localLast, Reason: fmt.Sprintf(reason, args...)}
+	}
+	remote, err := event.Decode(m.Data)
+	switch {
+	case err != nil:
+		return 0, 0, refuse(0, "its last message (stream seq %d) is not a valid record: %v", m.Sequence, err)
+	case remote.Node != r.node:
+		return 0, 0, refuse(remote.Seq, "that event names node %q", remote.Node)
+	case m.Header.Get(jetstream.MsgIDHeader) != stream.MsgID(r.node, remote.Seq):
+		return 0, 0, refuse(remote.Seq, "its message id is %q", m.Header.Get(jetstream.MsgIDHeader))
+	case remote.Seq > localLast:
+		return 0, 0, refuse(remote.Seq, "this log has no such event")
+	case remote.Seq < localFirst:
+		if remote.Seq+1 < localFirst {
+			return 0, 0, &GapError{Node: r.node, Replicated: remote.Seq, LocalFirst: localFirst}
+		}
+		// The local copy was truncated right after replication: nothing to
+		// compare with, nothing missing.
+		r.log.Warn().Uint64("seq", remote.Seq).Msg("resume point no longer in the local log; not verified")
+		return remote.Seq, m.Sequence, nil
+	}
+	local, err := r.opts.Log.Read(remote.Seq, 1)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read local event %d: %w", remote.Seq, err)
+	}
+	if len(local) != 1 {
+		return 0, 0, fmt.Errorf("read local event %d: not found", remote.Seq)
+	}
+	if !bytes.Equal(event.Encode(&local[0]), m.Data) {
+		return 0, 0, refuse(remote.Seq, "it differs from the local event (stream: %s op %s; local: %s op %s)",
+			remote.Type, remote.OpID, local[0].Type, local[0].OpID)
+	}
+	return remote.Seq, m.Sequence, nil
+}
+
+// publishFenced publishes a window, retrying it at once while a clustered
+// stream reports our previous message still in flight on the subject (the
+// leader can acknowledge a message before it clears it from its in-flight
+// set, and refuses an expected-sequence check on the subject until then).
+// Such a refusal stores nothing, so sending the same window again is safe;
+// every other failure resynchronises from the stream.
+func (r *Replicator) publishFenced(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, evs []event.Event, sseq *uint64) error {
+	wait := 200 * time.Microsecond
+	for attempt := 0; ; attempt++ {
+		err := r.publishWindow(ctx, js, nc, evs, sseq)
+		var apiErr *jetstream.APIError
+		if err == nil || attempt == 8 || !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant {
+			return err
+		}
+		// The first message may have gone through before a follower was
+		// refused: continue after what is acknowledged.
+		if done := r.acked.Load(); done >= evs[0].Seq {
+			evs = evs[done-evs[0].Seq+1:]
+			if len(evs) == 0 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+}
+
+// errUnexpectedAck makes the session resynchronise from the stream.
+var errUnexpectedAck = errors.New("unexpected acknowledgement")
+
+// publishWindow publishes evs (contiguous) after our message with stream
+// sequence *sseq, so that the subject can only ever hold a gap-free prefix
+// of the log: a message is stored only if everything before it is.
+//
+// The first message always carries Nats-Expected-Last-Subject-Sequence
+// (*sseq), which is what refuses a second writer. The rest of the window:
+//   - one stream replica (the embedded server, where this node is normally
+//     the stream's only publisher): once the first message is acknowledged,
+//     the others are pipelined, each with Nats-Expected-Last-Msg-Id naming
+//     its predecessor's id, so each is stored only right after it. (Not
+//     Nats-Expected-Last-Sequence: another publisher's message could fill
+//     the expected stream slot after one of ours was refused.) Another
+//     publisher on the same stream only causes spurious refusals, which
+//     resynchronise and retry.
+//   - several replicas (a shared cluster, where a leader change can drop a
+//     prefix of pipelined messages and store the rest): the window is one
+//     atomic batch, committed entirely or not at all.
+func (r *Replicator) publishWindow(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, evs []event.Event, sseq *uint64) error {
+	if len(evs) > 1 && r.atomic {
+		return r.publishBatch(ctx, nc, evs, sseq)
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
+	ack, err := js.PublishMsg(pctx, r.message(&evs[0]), jetstream.WithExpectLastSequencePerSubject(*sseq), jetstream.WithRetryAttempts(0))
+	cancel()
+	if err != nil {
+		return fmt.Errorf("publish seq %d: %w", evs[0].Seq, err)
+	}
+	if err := r.checkAck(ack, evs[0].Seq, *sseq); err != nil {
+		return err
+	}
+	*sseq = ack.Sequence
+	r.advance(evs[0].Seq, *sseq)
+	if len(evs) == 1 {
+		return nil
+	}
+	futs := make([]jetstream.PubAckFuture, 0, len(evs)-1)
+	for i := 1; i < len(evs); i++ {
+		// No client-side retries: a retried message could land after its
+		// successors; the chain refuses it instead and the session resyncs.
+		f, err := js.PublishMsgAsync(r.message(&evs[i]),
+			jetstream.WithExpectLastMsgID(stream.MsgID(r.node, evs[i-1].Seq)), jetstream.WithRetryAttempts(0))
+		if err != nil {
+			return fmt.Errorf("publish seq %d: %w", evs[i].Seq, err)
+		}
+		futs = append(futs, f)
+	}
+	acked := 0
+	defer func() {
+		if acked > 0 {
+			r.advance(evs[acked].Seq, *sseq)
+		}
+	}()
+	for i, f := range futs {
+		seq := evs[i+1].Seq
+		select {
+		case ack := <-f.Ok():
+			if err := r.checkAck(ack, seq, *sseq); err != nil {
+				return err
+			}
+			*sseq = ack.Sequence
+			acked = i + 1
+		case err := <-f.Err():
+			return fmt.Errorf("publish seq %d: %w", seq, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// batchAck is the server's answer to an atomic batch commit.
+type batchAck struct {
+	Stream    string              `json:"stream"`
+	Sequence  uint64              `json:"seq"`
+	BatchID   string              `json:"batch"`
+	BatchSize uint64              `json:"count"`
+	Error     *jetstream.APIError `json:"error"`
+}
+
+// publishBatch publishes evs as one atomic batch (JetStream 2.12+): the
+// messages are staged by the stream leader and stored together, contiguous,
+// when the last one (the commit) arrives complete; a lost message, a leader
+// change or a duplicate fails the whole batch.
+func (r *Replicator) publishBatch(ctx context.Context, nc *nats.Conn, evs []event.Event, sseq *uint64) error {
+	var id [12]byte
+	_, _ = crand.Read(id[:])
+	batchID := hex.EncodeToString(id[:])
+	for i := range evs {
+		m := r.message(&evs[i])
+		m.Header.Set(hdrBatchID, batchID)
+		m.Header.Set(hdrBatchSeq, strconv.Itoa(i+1))
+		if i == 0 {
+			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(*sseq, 10))
+		}
+		if i < len(evs)-1 {
+			if err := nc.PublishMsg(m); err != nil {
+				return fmt.Errorf("publish seq %d: %w", evs[i].Seq, err)
+			}
+			continue
+		}
+		m.Header.Set(hdrBatchCommit, "1")
+		pctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
+		resp, err := nc.RequestMsgWithContext(pctx, m)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("commit batch of seqs %d..%d: %w", evs[0].Seq, evs[i].Seq, err)
+		}
+		var ack batchAck
+		if err := json.Unmarshal(resp.Data, &ack); err != nil {
+			return fmt.Errorf("commit batch of seqs %d..%d: bad reply %q: %w", evs[0].Seq, evs[i].Seq, resp.Data, err)
+		}
+		if ack.Error != nil {
+			return fmt.Errorf("commit batch of seqs %d..%d: %w", evs[0].Seq, evs[i].Seq, ack.Error)
+		}
+		if ack.BatchID != batchID || ack.BatchSize != uint64(len(evs)) || ack.Sequence < *sseq+uint64(len(evs)) {
+			return fmt.Errorf("%w: batch %s of %d stored as batch %s of %d ending at stream seq %d", errUnexpectedAck, batchID, len(evs), ack.BatchID, ack.BatchSize, ack.Sequence)
+		}
+		*sseq = ack.Sequence
+		r.advance(evs[i].Seq, *sseq)
+	}
+	return nil
+}
+
+// Atomic batch headers (nats-server 2.12+; nats.go has no helper for them).
+const (
+	hdrBatchID     = "Nats-Batch-Id"
+	hdrBatchSeq    = "Nats-Batch-Sequence"
+	hdrBatchCommit = "Nats-Batch-Commit"
+)
+
+// checkAck accepts a fresh acknowledgement placed after prev. A duplicate or
+// an out-of-order position means the subject moved under us: the session
+// restarts and the resume check decides whether that was this log.
+func (r *Replicator) checkAck(ack *jetstream.PubAck, seq, prev uint64) error {
+	switch {
+	case ack.Duplicate:
+		return fmt.Errorf("%w: seq %d acknowledged as duplicate of stream seq %d", errUnexpectedAck, seq, ack.Sequence)
+	case ack.Sequence <= prev:
+		return fmt.Errorf("%w: seq %d stored at stream seq %d, not after %d", errUnexpectedAck, seq, ack.Sequence, prev)
+	}
+	return nil
+}
+
+func (r *Replicator) message(ev *event.Event) *nats.Msg {
+	m := nats.NewMsg(r.subject)
+	m.Header.Set(jetstream.MsgIDHeader, stream.MsgID(r.node, ev.Seq))
+	m.Data = event.Encode(ev)
+	return m
+}
