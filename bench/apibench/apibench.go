@@ -50,12 +50,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sbxlog/sbxlog/bench/report"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
-	"github.com/sbxlog/sbxlog/projections/api/apitest"
 )
 
 const rootToken = "bench-root-token"
@@ -521,15 +521,15 @@ func startSbxlog(ctx context.Context, dir string, live, warm int, hold bool) (*s
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	opts := apitest.Options{
-		Dir: dir, RootToken: rootToken, Log: zerolog.Nop(), Metrics: true,
+	opts := nodetest.Options{
+		Dir: dir, RootToken: rootToken, Log: zerolog.Nop(),
 		Pools: []fsm.PoolSpec{{PoolKey: key, Warm: 0, WarmMax: warm}},
 	}
 	name := sbxRefilling
 	if hold {
 		opts.RefillDelay, name = holdRefills, sbxName
 	}
-	n, err := apitest.Start(opts)
+	n, err := nodetest.Start(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -568,7 +568,7 @@ func startSbxlog(ctx context.Context, dir string, live, warm int, hold bool) (*s
 }
 
 // settle waits until the node has refilled and exactly live claims remain.
-func settle(ctx context.Context, n *apitest.Node, live, warm int) error {
+func settle(ctx context.Context, n *nodetest.Node, live, warm int) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	for {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/bench/chaos/campaign"
 	"github.com/sbxlog/sbxlog/bench/report"
-	"github.com/sbxlog/sbxlog/cmd/sandboxd/replservice"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
@@ -111,7 +111,7 @@ func (cd *claimDaemon) info(ctx context.Context) (*nodeInfo, error) {
 // nodeInfo is GET /v1/info with its replication object typed.
 type nodeInfo struct {
 	api.Info
-	Replication *service.Status `json:"replication"`
+	Replication *replication.Status `json:"replication"`
 }
 
 func (cd *claimDaemon) stop() {

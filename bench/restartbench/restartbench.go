@@ -7,12 +7,12 @@
 //     finds them;
 //   - no snapshot: the same log of about 1M events replayed from the first.
 //
-// The start path is the daemon's, in process (its start-up GC target
-// included): eventlog.Open, engine.Rebuild
-// (snapshot decode and tail replay), engine.New, the start-up reconcile
-// (executors/reconcile.Run over every VM of the state), the API server and
-// SetReady, and the first GET /v1/info over a real loopback HTTP server.
-// The hypervisor is an IN-PROCESS FAKE for the reconcile: its AdoptVM finds
+// The start path is the daemon's, in process: node.Start, the one
+// composition root (its start-up GC target included): open the log, rebuild
+// (snapshot decode and tail replay), the start-up reconcile over every VM of
+// the state, API, executors, loops, ready and serve, and the first GET
+// /v1/info over a real loopback HTTP server. The hypervisor is an
+// IN-PROCESS FAKE (nodetest.FakeDriver): its AdoptVM finds
 // every VM alive at once (100k VMMs cannot run on this machine), so the
 // figure is the control plane's part of a restart; the VMM side (a pid file
 // read, a cmdline check and a vm.ping per VM) is measured with chsim in
@@ -25,25 +25,21 @@ package restartbench
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/sbxlog/sbxlog/bench/report"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
-	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/fsm"
-	"github.com/sbxlog/sbxlog/fsm/engine"
-	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
-	"github.com/sbxlog/sbxlog/projections/auth"
 )
 
 // Sizes of the full run; Quick divides them by 50.
@@ -79,16 +75,16 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 			return nil, err
 		}
 	}
-	logDir := filepath.Join(dir, "log")
-	built, err := buildLog(ctx, logDir, claims, total, tail)
+	built, err := buildLog(ctx, filepath.Join(dir, "log"), claims, total, tail)
 	if err != nil {
 		return nil, err
 	}
 	sec := &report.Section{
 		Name:  "restartbench",
 		Title: "Restart to serving",
-		Method: fmt.Sprintf("In-process sandboxd start path, %d runs per shape: eventlog.Open, engine.Rebuild, engine.New, the start-up reconcile over every VM "+
-			"(hypervisor FAKED: every VM adopted at once), api.Server + SetReady, first GET /v1/info answered over loopback HTTP. "+
+		Method: fmt.Sprintf("In-process sandboxd start path through node.Start (the daemon's composition root), %d runs per shape, each ended by Kill (a crash: no snapshot is added): "+
+			"open the log, rebuild (engine.Rebuild, engine.New, identity and limits checked), prepare + the start-up reconcile over every VM "+
+			"(hypervisor FAKED: every VM adopted at once), API + executors + loops + ready + serve, then the first GET /v1/info answered over loopback HTTP. "+
 			"The log holds %d live claims (%d events in all); the snapshot shape loads the snapshot at seq %d (%.1f MiB) and replays a %d-event tail, "+
 			"the other replays every event from seq 1. Log built through fsm.Decide and eventlog.Begin (one op per decision, group-committed fsyncs) in %s.",
 			runs, claims, built.events, built.snapSeq, float64(built.snapBytes)/(1<<20), built.events-built.snapSeq, built.elapsed.Round(time.Millisecond)),
@@ -103,7 +99,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		var replayed int
 		for range runs {
 			runtime.GC()
-			t, n, err := startOnce(ctx, logDir, shape.noSnapshot, claims)
+			t, n, err := startOnce(ctx, dir, shape.noSnapshot, claims)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", shape.name, err)
 			}
@@ -122,73 +118,35 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	}
 	p50 := snapTotal.Quantile(0.5)
 	sec.Verdict(p50 < time.Second, "restart to serving with %d live claims, snapshot + tail: p50 %s (target < 1 s)", claims, report.Fmt(p50))
-	sec.Notes = append(sec.Notes, fmt.Sprintf("The start path runs with the GC target at %d%% as sandboxd's start does (cmd/sandboxd/startgc.go): the state is allocated at once and collecting while it grows only re-marks what stays live.", startGCPercent))
+	sec.Notes = append(sec.Notes, "The start path is node.Start's, so it runs with sandboxd's raised start-up GC target: the state is allocated at once and collecting while it grows only re-marks what stays live.")
 	sec.Notes = append(sec.Notes, "Rebuild on the daemon's path decodes the snapshot without fsm's full invariant check (fsm.DecodeOptions.SkipCheck via engine.RebuildOptions.TrustSnapshot): "+
 		"the snapshot's bytes are covered by the log's CRC and its indexes are rebuilt and cross-checked; sbxctl replay keeps the full check.")
 	return sec, nil
 }
 
-// startGCPercent is sandboxd's GC target during start-up.
-const startGCPercent = 400
-
 type timings struct{ open, rebuild, reconcile, serve time.Duration }
 
 func (t timings) total() time.Duration { return t.open + t.rebuild + t.reconcile + t.serve }
 
-// startOnce runs the daemon's start path once against the log in dir.
-func startOnce(ctx context.Context, dir string, noSnapshot bool, claims int) (timings, int, error) {
+// startOnce starts a node (node.Start, the daemon's composition root) on
+// the log in dataDir/log once, times its phases and its first answer, and
+// kills it (a stop would save a snapshot and change the next run's shape).
+func startOnce(ctx context.Context, dataDir string, noSnapshot bool, claims int) (timings, int, error) {
 	var t timings
-	// As sandboxd's start does: a larger GC target while the state is
-	// built (see cmd/sandboxd).
-	defer debug.SetGCPercent(debug.SetGCPercent(startGCPercent))
+	// The log's own clock: the claims' leases are relative to it, so no
+	// timer is due and the node writes nothing while it is measured.
+	now := func() time.Time { return time.Unix(0, startNS+int64(time.Hour)) }
 	t0 := time.Now()
-	l, err := eventlog.Open(dir, eventlog.Options{NodeID: "bench", Logger: zerolog.Nop()})
+	n, err := node.Start(ctx, node.Config{
+		DataDir: dataDir, NodeID: "bench", Listen: "127.0.0.1:0", RootToken: "root",
+		RestartPolicy: fsm.DefaultRestartPolicy, ReconcileConcurrency: 8, FullReplay: noSnapshot,
+		Now: now, Log: zerolog.Nop(),
+	}, &nodetest.FakeDriver{})
 	if err != nil {
 		return t, 0, err
 	}
-	defer l.Close()
-	t.open = time.Since(t0)
-
-	t0 = time.Now()
-	res, err := engine.Rebuild(l, engine.RebuildOptions{NoSnapshot: noSnapshot, TrustSnapshot: true})
-	if err != nil {
-		return t, 0, err
-	}
-	if res.State.LiveClaims() != claims {
-		return t, 0, fmt.Errorf("rebuilt %d live claims, want %d", res.State.LiveClaims(), claims)
-	}
-	eng := engine.New(l, res.State, engine.Options{Log: zerolog.Nop()})
-	t.rebuild = time.Since(t0)
-
-	t0 = time.Now()
-	drv := &fakeDriver{instance: res.State.Instance()}
-	rep, err := reconcile.Run(ctx, reconcile.Options{
-		Driver: drv, Propose: proposer{eng}, View: eng.View, Meta: eng.Meta, Policy: fsm.DefaultRestartPolicy,
-		Concurrency: 8, Log: zerolog.Nop(),
-	})
-	if err != nil {
-		return t, 0, err
-	}
-	if rep.Adopted != claims {
-		return t, 0, fmt.Errorf("reconcile adopted %d VMs, want %d", rep.Adopted, claims)
-	}
-	t.reconcile = time.Since(t0)
-
-	t0 = time.Now()
-	authn, err := auth.New("root", nil, []byte("0123456789abcdef0123456789abcdef"))
-	if err != nil {
-		return t, 0, err
-	}
-	srv := api.New(api.Config{OwnerAddr: "127.0.0.1:0", Node: "bench", Hypervisor: "fake"}, eng, l, authn, api.Options{Log: zerolog.Nop()})
-	srv.SetReady()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return t, 0, err
-	}
-	hs := &http.Server{Handler: srv}
-	go func() { _ = hs.Serve(ln) }()
-	defer hs.Close()
-	c, err := apiclient.New("http://"+ln.Addr().String(), "root", &http.Client{Timeout: 10 * time.Second})
+	defer n.Kill()
+	c, err := apiclient.New(n.URL(), "root", &http.Client{Timeout: 10 * time.Second})
 	if err != nil {
 		return t, 0, err
 	}
@@ -196,35 +154,25 @@ func startOnce(ctx context.Context, dir string, noSnapshot bool, claims int) (ti
 	if err != nil {
 		return t, 0, err
 	}
-	t.serve = time.Since(t0)
+	wall := time.Since(t0)
+	ph := map[string]time.Duration{}
+	for _, p := range n.Phases {
+		ph[p.Name] += p.Dur
+	}
+	t.open, t.rebuild, t.reconcile = ph["open"], ph["rebuild"]+ph["configure"], ph["prepare"]+ph["reconcile"]
+	t.serve = wall - t.open - t.rebuild - t.reconcile
 	if in.Claimed != claims {
 		return t, 0, fmt.Errorf("first answer says %d claimed, want %d", in.Claimed, claims)
 	}
-	eng.Shutdown()
-	return t, res.Events, nil
-}
-
-type proposer struct{ eng *engine.Engine }
-
-func (p proposer) Propose(ctx context.Context, cmd fsm.Command) error {
-	_, err := p.eng.Propose(ctx, cmd)
-	return err
-}
-
-// fakeDriver is the IN-PROCESS HYPERVISOR FAKE of the reconcile: every VM
-// the state says runs is found alive at once, and no run dir exists.
-type fakeDriver struct{ instance string }
-
-var _ reconcile.Driver = (*fakeDriver)(nil)
-
-func (f *fakeDriver) Instance() string                           { return f.instance }
-func (f *fakeDriver) VMMBinary() string                          { return "/nonexistent/fake-vmm" }
-func (f *fakeDriver) InstanceRoot() string                       { return "/nonexistent/run/" + f.instance }
-func (f *fakeDriver) RunDirs() ([]string, error)                 { return nil, nil }
-func (f *fakeDriver) GoldenRunDir(op event.OpID) string          { return "golden-" + op.String() }
-func (f *fakeDriver) RemoveRunDir(context.Context, string) error { return nil }
-func (f *fakeDriver) AdoptVM(context.Context, string, string) (reconcile.Liveness, error) {
-	return reconcile.Liveness{Alive: true}, nil
+	var live int
+	n.Engine.View(func(st *fsm.State) { live = st.LiveClaims() })
+	if live != claims {
+		return t, 0, fmt.Errorf("rebuilt %d live claims, want %d", live, claims)
+	}
+	if n.Reconciled.Adopted != claims {
+		return t, 0, fmt.Errorf("reconcile adopted %d VMs, want %d", n.Reconciled.Adopted, claims)
+	}
+	return t, n.Replayed, nil
 }
 
 // built describes the log buildLog made.

@@ -19,7 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sbxlog/sbxlog/cmd/sandboxd/replservice"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/eventlog/replication/follower"
@@ -69,7 +69,7 @@ func startReplNode(t *testing.T, id, urls string, replicas, warm int, nats map[s
 }
 
 // repl returns the node's /v1/info replication status.
-func (n *replNode) repl(t *testing.T) service.Status {
+func (n *replNode) repl(t *testing.T) replication.Status {
 	t.Helper()
 	req, err := http.NewRequest("GET", "http://"+n.addr+"/v1/info", nil)
 	if err != nil {
@@ -84,7 +84,7 @@ func (n *replNode) repl(t *testing.T) service.Status {
 	defer resp.Body.Close()
 	var in struct {
 		api.Info
-		Replication *service.Status `json:"replication"`
+		Replication *replication.Status `json:"replication"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&in); err != nil || in.Replication == nil {
 		t.Fatalf("%s: info without replication: %v", n.id, err)
@@ -93,7 +93,7 @@ func (n *replNode) repl(t *testing.T) service.Status {
 }
 
 // waitRepl polls the node's replication status until cond holds.
-func (n *replNode) waitRepl(t *testing.T, d time.Duration, what string, cond func(service.Status) bool) service.Status {
+func (n *replNode) waitRepl(t *testing.T, d time.Duration, what string, cond func(replication.Status) bool) replication.Status {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -247,7 +247,7 @@ func TestReplR3Loss(t *testing.T) {
 	}
 	acked := map[string]uint64{}
 	for _, n := range nodes {
-		acked[n.id] = n.waitRepl(t, 30*time.Second, "replication under load", func(st service.Status) bool {
+		acked[n.id] = n.waitRepl(t, 30*time.Second, "replication under load", func(st replication.Status) bool {
 			return st.Replicator.Replicated > 100
 		}).Replicator.Replicated
 	}
@@ -260,7 +260,7 @@ func TestReplR3Loss(t *testing.T) {
 	cl.Servers[victim].Shutdown()
 	t.Logf("killed NATS server %s (stream leader); acknowledged before: %v", cl.Servers[victim].Name(), acked)
 	for _, n := range nodes {
-		n.waitRepl(t, 45*time.Second, "replication after the leader's loss", func(st service.Status) bool {
+		n.waitRepl(t, 45*time.Second, "replication after the leader's loss", func(st replication.Status) bool {
 			return st.Replicator.Replicated > acked[n.id]+150
 		})
 	}
@@ -309,7 +309,7 @@ func TestReplRedirect(t *testing.T) {
 	a := startReplNode(t, "a", srv.ClientURL(), 1, 1, nil)
 	b := startReplNode(t, "b", srv.ClientURL(), 1, 0, nil)
 	a.waitWarm(t, ctx, 1)
-	b.waitRepl(t, 30*time.Second, "a's warm VM in b's cluster view", func(st service.Status) bool {
+	b.waitRepl(t, 30*time.Second, "a's warm VM in b's cluster view", func(st replication.Status) bool {
 		var warm, live bool
 		for _, n := range st.Nodes {
 			warm = warm || (n.Node == "a" && n.Warm["r/none/small"] >= 1)
@@ -422,7 +422,7 @@ func TestReplSync(t *testing.T) {
 			t.Fatalf("claim after NATS returned: %v", err)
 		}
 	}
-	n.waitRepl(t, 30*time.Second, "the whole log replicated", func(st service.Status) bool {
+	n.waitRepl(t, 30*time.Second, "the whole log replicated", func(st replication.Status) bool {
 		return st.Replicator.Pending == 0 && st.Replicator.State == "running"
 	})
 }

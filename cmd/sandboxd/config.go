@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
@@ -111,7 +112,7 @@ type NATSConfig struct {
 // syncTimeout is sync_timeout_ms as a duration.
 func (n NATSConfig) syncTimeout() time.Duration {
 	if n.SyncTimeoutMS <= 0 {
-		return defaultSyncTimeout
+		return node.DefaultSyncTimeout
 	}
 	return time.Duration(n.SyncTimeoutMS) * time.Millisecond
 }

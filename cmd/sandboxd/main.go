@@ -2,13 +2,11 @@
 // Hypervisor VMs, serves claims over HTTP, and records every change in its op
 // log. See README.md and docs/operations.md.
 //
-// Start-up order: open the log, start replication (embedded NATS by default,
-// see replication.go), load the latest snapshot and replay the tail,
-// record the node and instance ids, apply the configured pools on a first
-// start, prepare the executors (sweep temp dirs, detect reflink), reconcile,
-// start the executors and the engine's loops, then serve HTTP. SIGTERM stops
-// serving, stops the executors (VMs keep running), takes a state snapshot,
-// lets replication publish the log's tail (bounded), stops it and exits.
+// This package turns the config file and flags into a node.Config and a
+// hypervisor; package cmd/sandboxd/node owns the start and stop order (open
+// the log, replication, rebuild, identity and pools, driver, reconcile, API
+// and executors, pending intents and loops, ready, serve; SIGTERM the
+// reverse).
 package main
 
 import (
@@ -86,14 +84,14 @@ func run(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	d, err := start(ctx, cfg)
+	n, zl, err := start(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sandboxd:", err)
 		return 1
 	}
 	<-ctx.Done()
-	if err := d.stop(); err != nil {
-		d.zl.Error().Err(err).Msg("shutdown")
+	if err := n.Stop(); err != nil {
+		zl.Error().Err(err).Msg("shutdown")
 		return 1
 	}
 	return 0

@@ -1,15 +1,12 @@
 package main
 
 import (
-	"fmt"
-	"net"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/rs/zerolog"
 
-	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
 )
 
 func TestDefaultNATSPort(t *testing.T) {
@@ -53,54 +50,28 @@ func TestNATSConfigValidate(t *testing.T) {
 			t.Errorf("%+v: %v, want %q", tc.c, err, tc.err)
 		}
 	}
-	if d := (NATSConfig{}).syncTimeout(); d != defaultSyncTimeout {
+	if d := (NATSConfig{}).syncTimeout(); d != node.DefaultSyncTimeout {
 		t.Errorf("default sync timeout %v", d)
 	}
 }
 
-// The embedded server's default port (listen + 1000) taken by someone else
-// falls back to a free one; a configured port that is taken is an error.
-func TestStartReplicationPortInUse(t *testing.T) {
-	taken, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer taken.Close()
-	port := taken.Addr().(*net.TCPAddr).Port
-	if port <= 1000 {
-		t.Skipf("port %d leaves no listen port 1000 below it", port)
-	}
+// The embedded server's default port (listen + 1000) may fall back to a
+// free one; a configured port may not (node's TestStartReplicationPortInUse
+// checks both against a port in use).
+func TestReplicationConfigPortFallback(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		nats NATSConfig
-		ok   bool
+		name  string
+		nats  NATSConfig
+		port  int
+		retry bool
 	}{
-		{"default port taken", NATSConfig{}, true},
-		{"configured port taken", NATSConfig{Port: port}, false},
+		{"default port", NATSConfig{}, 8777, true},
+		{"configured port", NATSConfig{Port: 4222}, 4222, false},
+		{"external cluster", NATSConfig{URL: "nats://a:4222"}, 0, false},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			l, err := eventlog.Open(filepath.Join(dir, "log"), eventlog.Options{NodeID: "n1"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			cfg := Config{Listen: fmt.Sprintf("127.0.0.1:%d", port-1000), OwnerAddr: "127.0.0.1:1", NATS: tc.nats}
-			svc, err := startReplication(cfg, dir, l, zerolog.Nop())
-			if !tc.ok {
-				if err == nil {
-					_ = svc.Close()
-					t.Fatal("started on a port in use")
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer svc.Close()
-			if svc.Server == nil || svc.Server.Port() == port || svc.Server.Port() == 0 || svc.URL != svc.Server.ClientURL() {
-				t.Fatalf("embedded server %v at %s (port %d was taken)", svc.Server, svc.URL, port)
-			}
-		})
+		r := replicationConfig(Config{Listen: "127.0.0.1:7777", NATS: tc.nats}, zerolog.Nop())
+		if r.Options.Port != tc.port || r.RetryFreePort != tc.retry {
+			t.Errorf("%s: port %d retry %v, want %d %v", tc.name, r.Options.Port, r.RetryFreePort, tc.port, tc.retry)
+		}
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/fsm"
-	"github.com/sbxlog/sbxlog/projections/api/apitest"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
 
@@ -22,9 +22,9 @@ var defaultKey = fsm.PoolKey{Template: "default", Net: "none", Size: "small"}
 
 // startNode runs an in-process node (hypervisor faked) with a "default"
 // pool of warm VMs and points the commands at it through the environment.
-func startNode(t *testing.T, warm int) *apitest.Node {
+func startNode(t *testing.T, warm int) *nodetest.Node {
 	t.Helper()
-	n, err := apitest.Start(apitest.Options{
+	n, err := nodetest.Start(nodetest.Options{
 		Dir:       t.TempDir(),
 		RootToken: rootToken,
 		Tenants:   []auth.TenantConfig{{Name: "acme", TokenSHA256: auth.HashToken("acme-token")}},
@@ -42,7 +42,7 @@ func startNode(t *testing.T, warm int) *apitest.Node {
 }
 
 // settle waits until the node has nothing left to do and all is durable.
-func settle(t *testing.T, n *apitest.Node) {
+func settle(t *testing.T, n *nodetest.Node) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -76,7 +76,7 @@ func mustJSON(t *testing.T, v any, args ...string) {
 	}
 }
 
-func claimRec(n *apitest.Node, id string) fsm.ClaimRec {
+func claimRec(n *nodetest.Node, id string) fsm.ClaimRec {
 	var c fsm.ClaimRec
 	n.Engine.View(func(st *fsm.State) { c, _ = st.Claim(id) })
 	return c

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/projections/api"
-	"github.com/sbxlog/sbxlog/projections/api/apitest"
 )
 
 // Caller kinds of the auth matrix.
@@ -122,7 +122,7 @@ func authHeader(c string, sb, other api.ClaimResponse) string {
 	panic("unknown caller " + c)
 }
 
-func do(t *testing.T, n *apitest.Node, method, path, header string, body []byte) (int, http.Header, []byte) {
+func do(t *testing.T, n *nodetest.Node, method, path, header string, body []byte) (int, http.Header, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, n.URL+path, bytesOrNil(body))
 	if err != nil {
@@ -196,7 +196,7 @@ func TestAuthMatrix(t *testing.T) {
 	}
 }
 
-func getSandbox(t *testing.T, n *apitest.Node, id string) api.Sandbox {
+func getSandbox(t *testing.T, n *nodetest.Node, id string) api.Sandbox {
 	t.Helper()
 	st, b := call(t, n, "GET", "/v1/sandboxes/"+id, rootTok, nil)
 	var sb api.Sandbox

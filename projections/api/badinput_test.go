@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/projections/api"
-	"github.com/sbxlog/sbxlog/projections/api/apitest"
 )
 
 // badInput is one row of the bad-input table.
@@ -189,7 +189,7 @@ func checkError(t *testing.T, status int, hdr http.Header, body []byte, r badInp
 // authentication, so an anonymous bad body is a 401, not a 400 that would
 // tell a stranger how the API parses.
 func TestBadInputUnauthenticated(t *testing.T) {
-	n := newNode(t, 0, func(o *apitest.Options) { o.NoExecutors = true })
+	n := newNode(t, 0, func(o *nodetest.Options) { o.NoExecutors = true })
 	for _, r := range append(claimRows(), poolsRows()...) {
 		rec := httptest.NewRecorder()
 		n.Server.ServeHTTP(rec, httptest.NewRequest(r.method, r.path, strings.NewReader(r.body)))

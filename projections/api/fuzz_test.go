@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/projections/api"
-	"github.com/sbxlog/sbxlog/projections/api/apitest"
 )
 
 // The fuzz targets feed arbitrary bodies to the claim and pools handlers of
@@ -35,7 +35,7 @@ func addSeeds(f *testing.F, rows []badInput, valid ...string) {
 
 // serve runs one request through the handler and checks the invariants
 // every reply must hold: no 5xx, a JSON {"error": ...} body on 4xx.
-func serve(t *testing.T, n *apitest.Node, method, path string, body []byte) *httptest.ResponseRecorder {
+func serve(t *testing.T, n *nodetest.Node, method, path string, body []byte) *httptest.ResponseRecorder {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(method, path, bytes.NewReader(body))
@@ -86,7 +86,7 @@ func FuzzPutPools(f *testing.F) {
 	)
 	// No executors: an accepted body may ask for thousands of warm VMs, and
 	// filling them is not what this target tests.
-	n := newNode(f, 0, func(o *apitest.Options) { o.NoExecutors = true })
+	n := newNode(f, 0, func(o *nodetest.Options) { o.NoExecutors = true })
 	f.Fuzz(func(t *testing.T, body []byte) {
 		rec := serve(t, n, "PUT", "/v1/pools", body)
 		if rec.Code != http.StatusOK {

@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
-	"github.com/sbxlog/sbxlog/projections/api/apitest"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
 
@@ -33,22 +33,21 @@ var defKey = fsm.PoolKey{Template: "default", Net: "none", Size: "small"}
 
 // newNode starts an in-process node (hypervisor faked) with tenants a and b
 // and one pool of warm VMs, and waits until the pool is warm.
-func newNode(t testing.TB, warm int, mod func(*apitest.Options)) *apitest.Node {
+func newNode(t testing.TB, warm int, mod func(*nodetest.Options)) *nodetest.Node {
 	t.Helper()
-	opts := apitest.Options{
+	opts := nodetest.Options{
 		Dir:       t.TempDir(),
 		RootToken: rootTok,
 		Tenants: []auth.TenantConfig{
 			{Name: "a", TokenSHA256: auth.HashToken(tokA)},
 			{Name: "b", TokenSHA256: auth.HashToken(tokB)},
 		},
-		Pools:   []fsm.PoolSpec{{PoolKey: defKey, Warm: warm}},
-		Metrics: true,
+		Pools: []fsm.PoolSpec{{PoolKey: defKey, Warm: warm}},
 	}
 	if mod != nil {
 		mod(&opts)
 	}
-	n, err := apitest.Start(opts)
+	n, err := nodetest.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +68,7 @@ func newNode(t testing.TB, warm int, mod func(*apitest.Options)) *apitest.Node {
 
 // settle waits until the node's executors and refills are done, so the log
 // only grows by what the test does next.
-func settle(t testing.TB, n *apitest.Node) {
+func settle(t testing.TB, n *nodetest.Node) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -80,7 +79,7 @@ func settle(t testing.TB, n *apitest.Node) {
 
 // call sends a request and returns its status and body; a text/event-stream
 // response is not read (it never ends), only its status is returned.
-func call(t testing.TB, n *apitest.Node, method, path, token string, body []byte) (int, []byte) {
+func call(t testing.TB, n *nodetest.Node, method, path, token string, body []byte) (int, []byte) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -115,7 +114,7 @@ func bytesOrNil(b []byte) io.Reader {
 
 // claimAs claims a sandbox of the default pool with token and returns the
 // reply.
-func claimAs(t testing.TB, n *apitest.Node, token, extra string) api.ClaimResponse {
+func claimAs(t testing.TB, n *nodetest.Node, token, extra string) api.ClaimResponse {
 	t.Helper()
 	body := `{"template":"default"` + extra + `}`
 	st, b := call(t, n, "POST", "/v1/claim", token, []byte(body))
@@ -131,7 +130,7 @@ func claimAs(t testing.TB, n *apitest.Node, token, extra string) api.ClaimRespon
 
 // waitState polls GET /v1/sandboxes/{id} (as root) until the sandbox is in
 // state want: the executors answer asynchronously.
-func waitState(t testing.TB, n *apitest.Node, id, want string) {
+func waitState(t testing.TB, n *nodetest.Node, id, want string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -156,7 +155,7 @@ type sseEvent struct {
 
 // stream opens GET path as SSE with token and delivers its events on the
 // returned channel until the test ends.
-func stream(t testing.TB, n *apitest.Node, path, token string) <-chan sseEvent {
+func stream(t testing.TB, n *nodetest.Node, path, token string) <-chan sseEvent {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, "GET", n.URL+path, nil)

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
-	"github.com/sbxlog/sbxlog/projections/api/apitest"
 )
 
 // otherNode is a cluster view that knows one sandbox owned by another node
@@ -33,7 +33,7 @@ func (o otherNode) OwnerOf(id string) (string, bool) { return o.addr, id == o.id
 // names it too; never a 5xx.
 func TestSandboxOwnedElsewhere(t *testing.T) {
 	other := otherNode{id: "sb_00000000000000ee", addr: "10.0.0.2:7777", warmKey: defKey}
-	n := newNode(t, 0, func(o *apitest.Options) { o.Redirector = other; o.NoExecutors = true })
+	n := newNode(t, 0, func(o *nodetest.Options) { o.Redirector = other; o.NoExecutors = true })
 	path := "/v1/sandboxes/" + other.id
 	for _, r := range []struct {
 		method, suffix, body string
@@ -68,7 +68,7 @@ func TestSandboxOwnedElsewhere(t *testing.T) {
 // redirected there instead of cloning.
 func TestClaimRedirectsToWarmNode(t *testing.T) {
 	other := otherNode{addr: "10.0.0.3:7777", warmKey: defKey}
-	n := newNode(t, 0, func(o *apitest.Options) { o.Redirector = other; o.NoExecutors = true })
+	n := newNode(t, 0, func(o *nodetest.Options) { o.Redirector = other; o.NoExecutors = true })
 	seq := n.Log.LastSeq()
 	st, b := call(t, n, "POST", "/v1/claim", rootTok, []byte(`{"template":"default"}`))
 	var red struct{ Redirect []string }
@@ -85,7 +85,7 @@ func TestClaimRedirectsToWarmNode(t *testing.T) {
 // lagging views cannot bounce it between them.
 func TestClaimNoRedirectIsServedHere(t *testing.T) {
 	other := otherNode{addr: "10.0.0.3:7777", warmKey: defKey}
-	n := newNode(t, 0, func(o *apitest.Options) { o.Redirector = other })
+	n := newNode(t, 0, func(o *nodetest.Options) { o.Redirector = other })
 	st, b := call(t, n, "POST", "/v1/claim", rootTok, []byte(`{"template":"default","no_redirect":true}`))
 	var cr api.ClaimResponse
 	if st != http.StatusOK || json.Unmarshal(b, &cr) != nil || cr.ID == "" || cr.Tier == "warm" {

@@ -11,10 +11,10 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
-	"github.com/sbxlog/sbxlog/projections/api/apitest"
 )
 
 // unconfirmed is an engine whose writes commit but cannot be confirmed, as
@@ -34,7 +34,7 @@ func (u unconfirmed) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Co
 }
 
 // serveOver puts a second server over n's engine, log and tokens.
-func serveOver(t *testing.T, n *apitest.Node, eng api.Engine, opts api.Options) *httptest.Server {
+func serveOver(t *testing.T, n *nodetest.Node, eng api.Engine, opts api.Options) *httptest.Server {
 	t.Helper()
 	srv := api.New(api.Config{Node: "n1", OwnerAddr: "127.0.0.1:1"}, eng, n.Log, n.Auth, opts)
 	srv.SetReady()
@@ -65,7 +65,7 @@ func doRoot(t *testing.T, base, method, path, body string) (int, []byte) {
 // GET /v1/info carries Options.Replication's value as "replication", and
 // nothing when it is unset.
 func TestInfoReplication(t *testing.T) {
-	n := newNode(t, 0, func(o *apitest.Options) { o.NoExecutors = true })
+	n := newNode(t, 0, func(o *nodetest.Options) { o.NoExecutors = true })
 	type repl struct {
 		URL        string `json:"url"`
 		Replicated uint64 `json:"replicated"`

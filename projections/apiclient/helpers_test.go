@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/fsm"
-	"github.com/sbxlog/sbxlog/projections/api/apitest"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
@@ -20,17 +20,16 @@ var defaultKey = fsm.PoolKey{Template: "default", Net: "none", Size: "small"}
 
 // startNode runs an in-process node (hypervisor faked) with a "default"
 // pool of warm VMs, tenants acme and other, and returns a root client.
-func startNode(t *testing.T, warm int) (*apitest.Node, *apiclient.Client) {
+func startNode(t *testing.T, warm int) (*nodetest.Node, *apiclient.Client) {
 	t.Helper()
-	n, err := apitest.Start(apitest.Options{
+	n, err := nodetest.Start(nodetest.Options{
 		Dir:       t.TempDir(),
 		RootToken: rootToken,
 		Tenants: []auth.TenantConfig{
 			{Name: "acme", TokenSHA256: auth.HashToken("acme-token")},
 			{Name: "other", TokenSHA256: auth.HashToken("other-token")},
 		},
-		Pools:   []fsm.PoolSpec{{PoolKey: defaultKey, Warm: warm}},
-		Metrics: true,
+		Pools: []fsm.PoolSpec{{PoolKey: defaultKey, Warm: warm}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +50,7 @@ func ctxT(t *testing.T) context.Context {
 }
 
 // settle waits until the node has nothing left to do and all is durable.
-func settle(t *testing.T, n *apitest.Node) {
+func settle(t *testing.T, n *nodetest.Node) {
 	t.Helper()
 	if err := n.Settle(ctxT(t)); err != nil {
 		t.Fatal(err)
@@ -59,7 +58,7 @@ func settle(t *testing.T, n *apitest.Node) {
 }
 
 // waitClaim polls the state until the claim has status want.
-func waitClaim(t *testing.T, n *apitest.Node, id string, want fsm.ClaimStatus) {
+func waitClaim(t *testing.T, n *nodetest.Node, id string, want fsm.ClaimStatus) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for claimStatus(n, id) != want.String() {
@@ -70,7 +69,7 @@ func waitClaim(t *testing.T, n *apitest.Node, id string, want fsm.ClaimStatus) {
 	}
 }
 
-func claimStatus(n *apitest.Node, id string) string {
+func claimStatus(n *nodetest.Node, id string) string {
 	var s string
 	n.Engine.View(func(st *fsm.State) {
 		if c, ok := st.Claim(id); ok {

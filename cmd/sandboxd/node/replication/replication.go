@@ -1,4 +1,4 @@
-// Package service runs one node's replication the way sandboxd needs it:
+// Package replication runs one node's replication the way sandboxd needs it:
 // the embedded NATS server (unless an external URL is given), the
 // replicator of the node's log, the audit and usage journals of the node,
 // the node-address heartbeat and the cluster view. It is the wiring of the
@@ -15,7 +15,7 @@
 //     Status; the others keep running.
 //   - Close stops the components, then the client connection, then the
 //     embedded server, and waits for all of them.
-package service
+package replication
 
 import (
 	"context"
@@ -106,15 +106,15 @@ type Status struct {
 func Start(o Options) (*Service, error) {
 	switch {
 	case o.Log == nil:
-		return nil, errors.New("service: Options.Log is required")
+		return nil, errors.New("replication: Options.Log is required")
 	case o.DataDir == "":
-		return nil, errors.New("service: Options.DataDir is required")
+		return nil, errors.New("replication: Options.DataDir is required")
 	case o.OwnerAddr == "":
-		return nil, errors.New("service: Options.OwnerAddr is required")
+		return nil, errors.New("replication: Options.OwnerAddr is required")
 	}
 	node := o.Log.NodeID()
 	if err := stream.CheckNodeID(node); err != nil {
-		return nil, fmt.Errorf("service: %w", err)
+		return nil, fmt.Errorf("replication: %w", err)
 	}
 	if o.Replicas == 0 {
 		o.Replicas = 1
@@ -131,7 +131,7 @@ func Start(o Options) (*Service, error) {
 		}
 		srv, err := natsembed.Start(natsembed.Options{StoreDir: natsembed.DefaultStoreDir(o.DataDir), Port: o.Port, ServerName: node, Logger: slog})
 		if err != nil {
-			return nil, fmt.Errorf("service: embedded NATS: %w", err)
+			return nil, fmt.Errorf("replication: embedded NATS: %w", err)
 		}
 		s.Server, s.URL = srv, srv.ClientURL()
 	}
@@ -160,7 +160,7 @@ func Start(o Options) (*Service, error) {
 		if s.Server != nil {
 			s.Server.Shutdown()
 		}
-		return nil, fmt.Errorf("service: %w", err)
+		return nil, fmt.Errorf("replication: %w", err)
 	}
 	s.View = cluster.NewView(s.Directory, o.Logger)
 

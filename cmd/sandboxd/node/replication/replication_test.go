@@ -1,4 +1,4 @@
-package service_test
+package replication_test
 
 import (
 	"bufio"
@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbxlog/sbxlog/cmd/sandboxd/replservice"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed/natstest"
 	"github.com/sbxlog/sbxlog/eventlog/replication/replicator"
@@ -25,11 +25,11 @@ var (
 	k2 = event.PoolKey{Template: "tpl", Net: "none", Size: "medium"}
 )
 
-func start(t *testing.T, o service.Options) *service.Service {
+func start(t *testing.T, o replication.Options) *replication.Service {
 	t.Helper()
 	o.TTL = 3 * time.Second
 	o.Logger = natstest.Logger()
-	s, err := service.Start(o)
+	s, err := replication.Start(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func lines(t *testing.T, path string) []string {
 	return out
 }
 
-func waitReplicated(t *testing.T, s *service.Service, seq uint64) {
+func waitReplicated(t *testing.T, s *replication.Service, seq uint64) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -68,7 +68,7 @@ func TestEmbeddedNodeRestarts(t *testing.T) {
 	dir := t.TempDir()
 	l := repltest.OpenLogAt(t, filepath.Join(dir, "log"), "n1")
 	n := fsmtest.NewNode(t, l, fsm.PoolSpec{PoolKey: k1, Warm: 2})
-	s := start(t, service.Options{Log: l, DataDir: dir, OwnerAddr: "127.0.0.1:7777"})
+	s := start(t, replication.Options{Log: l, DataDir: dir, OwnerAddr: "127.0.0.1:7777"})
 	if s.Server == nil || !strings.HasPrefix(s.URL, "nats://127.0.0.1:") {
 		t.Fatalf("embedded server %v at %s", s.Server, s.URL)
 	}
@@ -90,7 +90,7 @@ func TestEmbeddedNodeRestarts(t *testing.T) {
 
 	c = n.Claim(k1)
 	n.Release(c)
-	s2 := start(t, service.Options{Log: l, DataDir: dir, OwnerAddr: "127.0.0.1:7777"})
+	s2 := start(t, replication.Options{Log: l, DataDir: dir, OwnerAddr: "127.0.0.1:7777"})
 	waitReplicated(t, s2, l.LastSeq())
 	natstest.Eventually(t, 10*time.Second, "journals after restart", func() bool {
 		return fileLines(filepath.Join(dir, "audit.jsonl")) == int(l.LastSeq()) &&
@@ -121,8 +121,8 @@ func TestSharedNATSRedirectAndSecondWriter(t *testing.T) {
 	url := srv.ClientURL()
 	a := fsmtest.NewNode(t, repltest.OpenLog(t, "node-a"), fsm.PoolSpec{PoolKey: k1, Warm: 0}, fsm.PoolSpec{PoolKey: k2, Warm: 1})
 	b := fsmtest.NewNode(t, repltest.OpenLog(t, "node-b"), fsm.PoolSpec{PoolKey: k1, Warm: 2})
-	sa := start(t, service.Options{Log: a.Log, DataDir: t.TempDir(), OwnerAddr: "a.example:7777", URL: url, Replicas: 1})
-	sb := start(t, service.Options{Log: b.Log, DataDir: t.TempDir(), OwnerAddr: "b.example:7777", URL: url, Replicas: 1})
+	sa := start(t, replication.Options{Log: a.Log, DataDir: t.TempDir(), OwnerAddr: "a.example:7777", URL: url, Replicas: 1})
+	sb := start(t, replication.Options{Log: b.Log, DataDir: t.TempDir(), OwnerAddr: "b.example:7777", URL: url, Replicas: 1})
 	onB := b.Claim(k1)
 
 	natstest.Eventually(t, 15*time.Second, "a's view of b", func() bool {
@@ -142,7 +142,7 @@ func TestSharedNATSRedirectAndSecondWriter(t *testing.T) {
 
 	// An impostor of node-b with its own log.
 	imp := fsmtest.NewNode(t, repltest.OpenLog(t, "node-b"), fsm.PoolSpec{PoolKey: k1, Warm: 1})
-	si := start(t, service.Options{Log: imp.Log, DataDir: t.TempDir(), OwnerAddr: "imp.example:7777", URL: url, Replicas: 1, NoAudit: true, NoUsage: true})
+	si := start(t, replication.Options{Log: imp.Log, DataDir: t.TempDir(), OwnerAddr: "imp.example:7777", URL: url, Replicas: 1, NoAudit: true, NoUsage: true})
 	natstest.Eventually(t, 15*time.Second, "impostor refused", func() bool {
 		return si.Status().Stopped["replicator"] != ""
 	})
@@ -157,19 +157,19 @@ func TestSharedNATSRedirectAndSecondWriter(t *testing.T) {
 
 func TestStartRejectsBadOptions(t *testing.T) {
 	l := repltest.OpenLog(t, "n1")
-	for name, o := range map[string]service.Options{
+	for name, o := range map[string]replication.Options{
 		"no log":     {DataDir: t.TempDir(), OwnerAddr: "x:1"},
 		"no dir":     {Log: l, OwnerAddr: "x:1"},
 		"no address": {Log: l, DataDir: t.TempDir()},
 	} {
-		if s, err := service.Start(o); err == nil {
+		if s, err := replication.Start(o); err == nil {
 			_ = s.Close()
 			t.Errorf("%s: accepted", name)
 		}
 	}
 	// The embedded port is taken.
 	srv := natstest.Single(t)
-	if s, err := service.Start(service.Options{Log: l, DataDir: t.TempDir(), OwnerAddr: "x:1", Port: srv.Port()}); err == nil {
+	if s, err := replication.Start(replication.Options{Log: l, DataDir: t.TempDir(), OwnerAddr: "x:1", Port: srv.Port()}); err == nil {
 		_ = s.Close()
 		t.Fatal("started on a taken port")
 	}

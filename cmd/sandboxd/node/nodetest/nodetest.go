@@ -1,0 +1,305 @@
+// Package nodetest runs a real sandboxd node in-process for tests and
+// benchmarks, started by the one composition root (node.Start) exactly as
+// sandboxd starts: a real Pebble op log on disk, the state rebuilt from it,
+// the engine, the start-up reconcile, the API served by a real net/http
+// server on loopback, the executors. Only the hypervisor is replaced, by an
+// IN-PROCESS HYPERVISOR FAKE (FakeDriver): it answers every intent at once
+// without starting any VMM (and, for the reconcile, finds every VM alive),
+// so pools fill and claims are served without chsim or Cloud Hypervisor.
+//
+// Claims are decided by the fsm, made durable by the eventlog (fsync
+// included) and answered by the api handlers; executor results travel
+// through the executors' Propose path with Meta.Cause = the intent's op id,
+// as with a real driver. Figures taken with this package must say that the
+// hypervisor was faked.
+package nodetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/reconcile"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/auth"
+)
+
+// FakeHypervisor is the fake's name in /v1/info and the log.
+const FakeHypervisor = "in-process-fake"
+
+// FakeDriver is the in-process hypervisor fake: every intent succeeds at
+// once, unless FailClones is set (or it holds intents, Options.NoExecutors).
+// It keeps per-kind call counts so tests can check what ran. It is its own
+// node.Hypervisor, and a reconcile.Driver that finds every VM alive and no
+// run dir.
+type FakeDriver struct {
+	goldens, clones, hibernates, wakes, destroys atomic.Int64
+	// FailClones makes every clone fail for good (an unrecoverable error).
+	FailClones atomic.Bool
+	hold       atomic.Bool
+	instance   string
+}
+
+var (
+	_ node.Driver      = (*FakeDriver)(nil)
+	_ node.Hypervisor  = (*FakeDriver)(nil)
+	_ reconcile.Driver = (*FakeDriver)(nil)
+)
+
+// Name implements node.Hypervisor.
+func (f *FakeDriver) Name() string { return FakeHypervisor }
+
+// Open implements node.Hypervisor: the fake is its own driver.
+func (f *FakeDriver) Open(_ executors.Roots, instance string) (node.Driver, error) {
+	f.instance = instance
+	return f, nil
+}
+
+// Prepare implements node.Driver: there is nothing on disk to prepare.
+func (f *FakeDriver) Prepare(context.Context) (node.Prepared, error) { return node.Prepared{}, nil }
+
+// OnExit implements node.Driver: fake VMs never exit.
+func (f *FakeDriver) OnExit(func(vm, detail string)) {}
+
+// Close implements node.Driver.
+func (f *FakeDriver) Close() {}
+
+// Instance, VMMBinary, InstanceRoot, RunDirs, GoldenRunDir, AdoptVM and
+// RemoveRunDir implement reconcile.Driver: every VM the state says runs is
+// alive, and there are no run dirs.
+func (f *FakeDriver) Instance() string                           { return f.instance }
+func (f *FakeDriver) VMMBinary() string                          { return "/nonexistent/fake-vmm" }
+func (f *FakeDriver) InstanceRoot() string                       { return "/nonexistent/run/" + f.instance }
+func (f *FakeDriver) RunDirs() ([]string, error)                 { return nil, nil }
+func (f *FakeDriver) GoldenRunDir(op event.OpID) string          { return "golden-" + op.String() }
+func (f *FakeDriver) RemoveRunDir(context.Context, string) error { return nil }
+func (f *FakeDriver) AdoptVM(context.Context, string, string) (reconcile.Liveness, error) {
+	return reconcile.Liveness{Alive: true}, nil
+}
+
+// held makes a call wait until the node stops when the fake holds intents.
+func (f *FakeDriver) held(ctx context.Context) error {
+	if !f.hold.Load() {
+		return nil
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// BuildGolden implements executors.Driver: the golden "exists" at once.
+func (f *FakeDriver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors.Result, error) {
+	if err := f.held(ctx); err != nil {
+		return executors.Result{}, err
+	}
+	f.goldens.Add(1)
+	return executors.Result{SnapshotDir: "golden/" + in.OpID.String()}, nil
+}
+
+// Clone implements executors.Driver: the VM is "running" at once.
+func (f *FakeDriver) Clone(ctx context.Context, _ fsm.CloneVM) (executors.Result, error) {
+	if err := f.held(ctx); err != nil {
+		return executors.Result{}, err
+	}
+	f.clones.Add(1)
+	if f.FailClones.Load() {
+		return executors.Result{}, executors.Unrecoverablef("nodetest: clone failed as asked")
+	}
+	return executors.Result{}, nil
+}
+
+// Hibernate implements executors.Driver.
+func (f *FakeDriver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.Result, error) {
+	if err := f.held(ctx); err != nil {
+		return executors.Result{}, err
+	}
+	f.hibernates.Add(1)
+	return executors.Result{SnapshotDir: "hibernate/" + in.VM}, nil
+}
+
+// Wake implements executors.Driver.
+func (f *FakeDriver) Wake(ctx context.Context, _ fsm.WakeVM) (executors.Result, error) {
+	if err := f.held(ctx); err != nil {
+		return executors.Result{}, err
+	}
+	f.wakes.Add(1)
+	return executors.Result{}, nil
+}
+
+// Destroy implements executors.Driver.
+func (f *FakeDriver) Destroy(ctx context.Context, _ fsm.DestroyVM) (executors.Result, error) {
+	if err := f.held(ctx); err != nil {
+		return executors.Result{}, err
+	}
+	f.destroys.Add(1)
+	return executors.Result{}, nil
+}
+
+// Calls returns how many calls of each kind the fake answered.
+func (f *FakeDriver) Calls() map[executors.Kind]int64 {
+	return map[executors.Kind]int64{
+		executors.KindGolden: f.goldens.Load(), executors.KindClone: f.clones.Load(),
+		executors.KindHibernate: f.hibernates.Load(), executors.KindWake: f.wakes.Load(),
+		executors.KindDestroy: f.destroys.Load(),
+	}
+}
+
+// Options configure a Node. Dir is required.
+type Options struct {
+	// Dir is the node's data directory (the op log goes in Dir/log); it
+	// should be on a real disk when latencies matter.
+	Dir string
+	// NodeID defaults to "n1".
+	NodeID string
+	// RootToken is the root token ("" disables root).
+	RootToken string
+	Tenants   []auth.TenantConfig
+	// Pools are configured on the node's first start.
+	Pools []fsm.PoolSpec
+	// MaxClaims is the node's max_claims (0 = unlimited).
+	MaxClaims int
+	// Concurrency bounds the executors (default 64: the fake is instant).
+	Concurrency int
+	// Config is passed to api.New; OwnerAddr defaults to the listen address.
+	Config api.Config
+	// Redirector replaces the node's (the cluster view in sandboxd).
+	Redirector api.Redirector
+	// RefillDelay is passed to the engine (0: its default).
+	RefillDelay time.Duration
+	// NoExecutors makes the fake hold every intent (each call waits until
+	// the node stops): pools never fill and clone-tier claims wait. For
+	// handler tests that must not pay for the executors' background work.
+	NoExecutors bool
+	Log         zerolog.Logger
+}
+
+// Node is a running in-process node. Close it when done.
+type Node struct {
+	*node.Node
+	Driver *FakeDriver
+	// URL is the loopback base URL, e.g. http://127.0.0.1:40123.
+	URL string
+}
+
+// Start brings a node up through node.Start and serves HTTP on a fresh
+// loopback port.
+func Start(opts Options) (*Node, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("nodetest: Options.Dir is required")
+	}
+	if opts.NodeID == "" {
+		opts.NodeID = "n1"
+	}
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = 64
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	drv := &FakeDriver{}
+	drv.hold.Store(opts.NoExecutors)
+	cfg := opts.Config
+	if cfg.Hypervisor == "" {
+		cfg.Hypervisor = FakeHypervisor
+	}
+	n, err := node.Start(context.Background(), node.Config{
+		DataDir: opts.Dir, NodeID: opts.NodeID, Listener: ln, Instance: "i-nodetest",
+		RootToken: opts.RootToken, Tenants: opts.Tenants, MaxClaims: opts.MaxClaims, Pools: opts.Pools,
+		RestartPolicy: fsm.DefaultRestartPolicy, Concurrency: opts.Concurrency, RefillDelay: opts.RefillDelay,
+		Redirector: opts.Redirector, API: cfg, Log: opts.Log,
+	}, drv)
+	if err != nil {
+		return nil, err
+	}
+	return &Node{Node: n, Driver: drv, URL: n.URL()}, nil
+}
+
+// Close stops the node as SIGTERM stops sandboxd (node.Stop).
+func (n *Node) Close() error { return n.Stop() }
+
+// WaitWarm waits until pool key has at least want warm VMs, polling the
+// state (the fake answers at once, so this is bounded by the log's fsyncs).
+func (n *Node) WaitWarm(ctx context.Context, key fsm.PoolKey, want int) error {
+	for {
+		warm := 0
+		n.Engine.View(func(st *fsm.State) {
+			if p, ok := st.Pool(key); ok {
+				warm = len(p.WarmVMs())
+			}
+		})
+		if warm >= want {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("nodetest: pool %s has %d warm VMs, want %d: %w", key, warm, want, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// Settle waits until the node has nothing left to do: no intent pending, no
+// pool short of its warm target, and everything applied also durable (the
+// state runs ahead of the log by the fsync in flight). Needs the executors.
+func (n *Node) Settle(ctx context.Context) error {
+	for {
+		var busy bool
+		var applied uint64
+		n.Engine.View(func(st *fsm.State) {
+			busy = len(fsm.Intents(st)) > 0 || len(fsm.RefillsNeeded(st)) > 0
+			applied = st.Applied()
+		})
+		if !busy && n.Log.LastSeq() >= applied {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("nodetest: node did not settle: %w", ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// LiveClaims returns the number of live claims in the state.
+func (n *Node) LiveClaims() int {
+	var live int
+	n.Engine.View(func(st *fsm.State) { live = st.LiveClaims() })
+	return live
+}
+
+// Do sends one request to the node; token "" sends no Authorization header.
+func (n *Node) Do(ctx context.Context, method, path, token string, body []byte) (status int, resp []byte, err error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, n.URL+path, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer r.Body.Close()
+	resp, err = io.ReadAll(r.Body)
+	return r.StatusCode, resp, err
+}

@@ -1,0 +1,162 @@
+package node
+
+// The claim path's replication-dependent parts: the replication service
+// started next to the op log (step 3), the API's view of other nodes
+// (redirects, owners) over its cluster view, /v1/info's replication line and
+// the synchronous mode.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
+	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
+	"github.com/sbxlog/sbxlog/projections/api"
+)
+
+// DefaultSyncTimeout bounds an API write's wait for the JetStream ack in
+// synchronous mode.
+const DefaultSyncTimeout = 5 * time.Second
+
+// DefaultShutdownFlush bounds how long a stopping node waits for the
+// replicator to publish the log's tail, so a clean stop leaves the stream
+// complete when NATS is reachable and is not held up when it is not.
+const DefaultShutdownFlush = 5 * time.Second
+
+func (r Replication) syncTimeout() time.Duration {
+	if r.SyncTimeout <= 0 {
+		return DefaultSyncTimeout
+	}
+	return r.SyncTimeout
+}
+
+// startReplication starts the replication service of the node's log. With
+// RetryFreePort, an embedded server whose port is taken (a second local
+// daemon on the default port) falls back to a free one instead of failing.
+func (n *Node) startReplication(r Replication) (*replication.Service, error) {
+	o := r.Options
+	o.Log, o.DataDir = n.Log, n.cfg.DataDir
+	if o.OwnerAddr == "" {
+		o.OwnerAddr = n.cfg.OwnerAddr
+	}
+	if o.OwnerAddr == "" {
+		o.OwnerAddr = n.listenAddr()
+	}
+	svc, err := replication.Start(o)
+	if err != nil && r.RetryFreePort && o.URL == "" && o.Port != 0 && errors.Is(err, natsembed.ErrNotReady) {
+		n.zl.Warn().Err(err).Int("port", o.Port).Msg("embedded NATS: default port unavailable, using a free one (set nats.port to fix it)")
+		o.Port = 0
+		svc, err = replication.Start(o)
+	}
+	if err != nil {
+		return nil, err
+	}
+	ev := n.zl.Info().Str("nats_url", svc.URL).Bool("embedded", svc.Server != nil).Bool("sync", r.Sync)
+	if svc.Server != nil {
+		ev = ev.Str("store", filepath.Join(n.cfg.DataDir, "nats"))
+	}
+	if !o.NoAudit {
+		ev = ev.Str("audit", filepath.Join(n.cfg.DataDir, "audit.jsonl"))
+	}
+	if !o.NoUsage {
+		ev = ev.Str("usage", filepath.Join(n.cfg.DataDir, "usage.jsonl"))
+	}
+	ev.Msg("replication started")
+	return svc, nil
+}
+
+// flushReplication waits (bounded) until JetStream holds the whole log:
+// called by Stop after the engine stopped and before the service closes.
+func (n *Node) flushReplication() {
+	last := n.Log.LastSeq()
+	d := n.cfg.Replication.ShutdownFlush
+	if d <= 0 {
+		d = DefaultShutdownFlush
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if err := n.Repl.WaitReplicated(ctx, last); err != nil {
+		st := n.Repl.Status().Replicator
+		n.zl.Warn().Err(err).Uint64("log_seq", last).Uint64("replicated", st.Replicated).
+			Msg("replication: the log's tail is not in the stream yet; it is published at the next start")
+	}
+}
+
+// replicatedGauge keeps /metrics' sbx_replicated_seq current until stop.
+func replicatedGauge(stop <-chan struct{}, svc *replication.Service, m *api.Metrics) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		m.SetReplicated(svc.Replicator.Replicated())
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// redirector answers the API's questions about other nodes from the
+// service's cluster view.
+type redirector struct {
+	svc  *replication.Service
+	self string
+}
+
+var _ api.Redirector = redirector{}
+
+func (r redirector) WarmElsewhere(key fsm.PoolKey) []string {
+	return r.svc.Redirect(key).Redirect
+}
+
+// OwnerOf names a sandbox's owner only when it is another node with a live
+// address: a sandbox this node once held but forgot stays a plain 404.
+func (r redirector) OwnerOf(id string) (string, bool) {
+	node, addr, ok, err := r.svc.View.OwnerAddr(id)
+	if !ok || err != nil || node == r.self {
+		return "", false
+	}
+	return addr, true
+}
+
+// syncEngine is the engine as the API sees it in synchronous mode: a write
+// answers only once JetStream acknowledged its last event. The events are
+// durable and applied locally either way; a missing ack is a 503 (the
+// client may retry or look the result up), never a rollback. The engine is
+// a field, not embedded, so no write method of the engine reaches the API
+// without the wait.
+type syncEngine struct {
+	eng     *engine.Engine
+	svc     *replication.Service
+	timeout time.Duration
+}
+
+var _ api.Engine = syncEngine{}
+
+func (s syncEngine) View(fn func(st *fsm.State)) { s.eng.View(fn) }
+
+func (s syncEngine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, hooks engine.Hooks) (engine.Result, error) {
+	// Durable means confirmed here: it runs once JetStream acknowledged.
+	res, err := s.eng.ProposeNew(ctx, build, engine.Hooks{Prepare: hooks.Prepare})
+	if err != nil || len(res.Events) == 0 {
+		return res, err
+	}
+	seq := res.Events[len(res.Events)-1].Seq
+	wctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.svc.WaitReplicated(wctx, seq); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no acknowledgement within %s", s.timeout)
+		}
+		return res, fmt.Errorf("%w: event %d is committed on this node but not replicated: %v", api.ErrUnavailable, seq, err)
+	}
+	if hooks.Durable != nil {
+		hooks.Durable()
+	}
+	return res, nil
+}
