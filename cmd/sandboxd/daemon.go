@@ -22,7 +22,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/chdriver"
 	"github.com/sbxlog/sbxlog/executors/fsx"
-	"github.com/sbxlog/sbxlog/executors/qemudriver"
+	"github.com/sbxlog/sbxlog/executors/qemu"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -204,7 +204,7 @@ func start(ctx context.Context, cfg Config) (*daemon, error) {
 			return nil, err
 		}
 		d.driver, drv = q, q
-		q.OnExit(func(e qemudriver.Exit) { d.vmExited(e.VM, fmt.Sprintf("QEMU (pid %d) exited", e.Pid)) })
+		q.OnExit(func(e qemu.Exit) { d.vmExited(e.VM, fmt.Sprintf("QEMU (pid %d) exited", e.Pid)) })
 		prep, err := q.Prepare(ctx)
 		if err != nil {
 			return nil, err
