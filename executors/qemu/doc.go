@@ -110,11 +110,13 @@
 // missing kernel or initrd fails golden builds and cold boots with an
 // *executors.Unrecoverable saying to run `make guest`.
 //
-// Sizes: a pool's size names memory and vCPUs through Config.Sizes
-// (DefaultSizes: small 256 MiB, medium 512 MiB, large 1 GiB, xlarge 2 GiB,
-// 2xlarge 4 GiB). Under TCG memory is capped at Config.TCGMaxMemoryMiB
-// (default 1 GiB): an emulated guest gains nothing from more, and every VM's
-// RAM file is as large as its memory. Restores take memory from the snapshot.
+// Sizes: a pool's size names vCPUs and memory in the one size table,
+// fsm.Sizes (Config.Sizes overrides it). Under KVM a VM gets them as they are,
+// as under Cloud Hypervisor. Under TCG it gets half of each (at least one
+// vCPU), its memory capped at Config.TCGMaxMemoryMiB (default 1 GiB): small
+// 256 MiB, medium 512 MiB, larger sizes 1 GiB. An emulated guest gains little
+// from more, and every VM's RAM file is as large as its memory. Restores take
+// memory and vCPUs from the snapshot.
 // Pools with net "egress" are refused (Unrecoverable): the guest has no NIC.
 //
 // Errors: the recipes return ErrInvalidSpec, ErrNotRunning, ErrNoSnapshot,

@@ -28,15 +28,30 @@ type Size struct {
 // Sizes maps a pool size name to a Size.
 type Sizes map[string]Size
 
-// DefaultSizes are the QEMU driver's sizes: a quarter to half of CH's
-// (templates.DefaultSizes), since the guest is a test guest and, under TCG, an
-// emulated one.
-var DefaultSizes = Sizes{
-	"small":   {MemoryMiB: 256, CPUs: 1},
-	"medium":  {MemoryMiB: 512, CPUs: 1},
-	"large":   {MemoryMiB: 1024, CPUs: 2},
-	"xlarge":  {MemoryMiB: 2048, CPUs: 2},
-	"2xlarge": {MemoryMiB: 4096, CPUs: 4},
+// DefaultSizes are the one size table, fsm.Sizes: what a VM gets under KVM,
+// the same as under Cloud Hypervisor. Under TCG it gets less (underTCG).
+var DefaultSizes = sizesOf(fsm.Sizes)
+
+func sizesOf(table []fsm.Size) Sizes {
+	s := make(Sizes, len(table))
+	for _, z := range table {
+		s[z.Name] = Size{MemoryMiB: z.MemoryMiB, CPUs: z.VCPUs}
+	}
+	return s
+}
+
+// underTCG is what a VM of size z gets under TCG: half the vCPUs (at least
+// one) and half the memory, at most maxMiB of it when maxMiB is positive. An
+// emulated guest gains little from more: each vCPU is a host thread
+// translating guest code, and every VM's RAM file is as large as its memory.
+// It reports whether maxMiB cut the memory.
+func (z Size) underTCG(maxMiB int) (Size, bool) {
+	t := Size{MemoryMiB: z.MemoryMiB / 2, CPUs: max(z.CPUs/2, 1)}
+	if maxMiB > 0 && t.MemoryMiB > maxMiB {
+		t.MemoryMiB = maxMiB
+		return t, true
+	}
+	return t, false
 }
 
 // Lookup returns the Size of name; an unknown name is an error listing the
@@ -54,7 +69,8 @@ func (s Sizes) Lookup(name string) (Size, error) {
 	return z, nil
 }
 
-// DefaultTCGMaxMemoryMiB caps a VM's memory under TCG (Config.TCGMaxMemoryMiB).
+// DefaultTCGMaxMemoryMiB caps a VM's memory under TCG (Config.TCGMaxMemoryMiB),
+// after the halving of underTCG.
 const DefaultTCGMaxMemoryMiB = 1024
 
 // NetEgress is the pool net this driver refuses: the guest has no NIC.
@@ -76,10 +92,12 @@ type Config struct {
 	// build or cold boot needs them, not by New, so a daemon without a guest
 	// still starts and reports why its pools stay empty.
 	Kernel, Initrd string
-	// Sizes maps pool sizes to memory and vCPUs (default DefaultSizes).
+	// Sizes maps pool sizes to memory and vCPUs as under KVM (default
+	// DefaultSizes, the size table fsm.Sizes); under TCG a VM gets half of
+	// each (at least one vCPU), memory capped at TCGMaxMemoryMiB.
 	Sizes Sizes
-	// TCGMaxMemoryMiB caps memory under TCG (default DefaultTCGMaxMemoryMiB;
-	// negative: no cap).
+	// TCGMaxMemoryMiB caps memory under TCG after the halving (default
+	// DefaultTCGMaxMemoryMiB; negative: no cap).
 	TCGMaxMemoryMiB int
 	// FS performs every filesystem side effect (default fsx.NewOS(Log)); tests
 	// wrap it in an fsx.Recorder.
@@ -269,11 +287,14 @@ func (d *Driver) bootSpec(ctx context.Context, runDir, storeDir string, k fsm.Po
 		return Spec{}, err
 	}
 	spec := Spec{RunDir: runDir, StoreDir: storeDir, MemoryMiB: z.MemoryMiB, CPUs: z.CPUs, Kernel: d.kernel, Initrd: d.initrd}
-	if accel, _ := d.q.Accel(ctx, spec); accel == AccelTCG && d.tcgMax > 0 && spec.MemoryMiB > d.tcgMax {
-		if _, logged := d.capped.LoadOrStore(k.Size, struct{}{}); !logged {
-			d.log.Info().Str("size", k.Size).Int("memory_mib", spec.MemoryMiB).Int("cap_mib", d.tcgMax).Msg("TCG: memory capped")
+	if accel, _ := d.q.Accel(ctx, spec); accel == AccelTCG {
+		t, capped := z.underTCG(d.tcgMax)
+		if capped {
+			if _, logged := d.capped.LoadOrStore(k.Size, struct{}{}); !logged {
+				d.log.Info().Str("size", k.Size).Int("memory_mib", z.MemoryMiB/2).Int("cap_mib", d.tcgMax).Msg("TCG: memory capped")
+			}
 		}
-		spec.MemoryMiB = d.tcgMax
+		spec.MemoryMiB, spec.CPUs = t.MemoryMiB, t.CPUs
 	}
 	return spec, nil
 }

@@ -103,13 +103,18 @@ func TestSizesAndTCGCap(t *testing.T) {
 		wantMiB int
 		wantCPU int
 	}{
+		// TCG: half of fsm.Sizes' vCPUs (at least one) and memory, memory
+		// capped at TCGMaxMemoryMiB.
 		{"small", AccelTCG, 0, "small", 256, 1},
-		{"large under the cap", AccelTCG, 0, "large", 1024, 2},
+		{"medium under the cap", AccelTCG, 0, "medium", 512, 1},
+		{"large capped under TCG", AccelTCG, 0, "large", DefaultTCGMaxMemoryMiB, 2},
 		{"2xlarge capped under TCG", AccelTCG, 0, "2xlarge", DefaultTCGMaxMemoryMiB, 4},
 		{"custom cap", AccelTCG, 512, "large", 512, 2},
-		{"no cap", AccelTCG, -1, "2xlarge", 4096, 4},
-		// KVM is configured, so nothing probes or boots it here.
-		{"KVM is not capped", AccelKVM, 0, "2xlarge", 4096, 4},
+		{"no cap", AccelTCG, -1, "2xlarge", 8192, 4},
+		// KVM is configured, so nothing probes or boots it here. KVM takes
+		// fsm.Sizes as they are.
+		{"KVM is not capped", AccelKVM, 0, "2xlarge", 16384, 8},
+		{"KVM small", AccelKVM, 0, "small", 512, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
