@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 )
@@ -13,11 +14,54 @@ var (
 	nameRE     = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$`)
 )
 
-// Nets and sizes of the old daemon's API.
-var (
-	Nets  = []string{"none", "egress"}
-	Sizes = []string{"small", "medium", "large", "xlarge", "2xlarge"}
-)
+// Nets are the pool nets of the old daemon's API.
+var Nets = []string{"none", "egress"}
+
+// Size is a pool size: its name in pool keys and the vCPUs and memory a VM of
+// that size gets.
+type Size struct {
+	Name      string
+	VCPUs     int
+	MemoryMiB int
+}
+
+// Sizes is the size table of the old daemon's API, smallest first, and the
+// only place sizes are defined: ValidKey accepts exactly its names, and the
+// drivers take a VM's vCPUs and memory from it (the Cloud Hypervisor driver
+// as they are; the QEMU driver scales them down under TCG emulation).
+var Sizes = []Size{
+	{Name: "small", VCPUs: 1, MemoryMiB: 512},
+	{Name: "medium", VCPUs: 2, MemoryMiB: 1 << 10},
+	{Name: "large", VCPUs: 4, MemoryMiB: 4 << 10},
+	{Name: "xlarge", VCPUs: 4, MemoryMiB: 8 << 10},
+	{Name: "2xlarge", VCPUs: 8, MemoryMiB: 16 << 10},
+}
+
+// SizeNamed returns the row of Sizes called name.
+func SizeNamed(name string) (Size, bool) {
+	for _, z := range Sizes {
+		if z.Name == name {
+			return z, true
+		}
+	}
+	return Size{}, false
+}
+
+// sizeNames lists the names of Sizes as a sentence: "a, b or c".
+func sizeNames() string {
+	var b strings.Builder
+	for i, z := range Sizes {
+		switch {
+		case i == 0:
+		case i == len(Sizes)-1:
+			b.WriteString(" or ")
+		default:
+			b.WriteString(", ")
+		}
+		b.WriteString(z.Name)
+	}
+	return b.String()
+}
 
 // ValidKey checks a pool key's template name, net and size.
 func ValidKey(k PoolKey) error {
@@ -27,8 +71,8 @@ func ValidKey(k PoolKey) error {
 	if !contains(Nets, k.Net) {
 		return reject(Invalid, "invalid net %q: want none or egress", k.Net)
 	}
-	if !contains(Sizes, k.Size) {
-		return reject(Invalid, "invalid size %q: want small, medium, large, xlarge or 2xlarge", k.Size)
+	if _, ok := SizeNamed(k.Size); !ok {
+		return reject(Invalid, "invalid size %q: want %s", k.Size, sizeNames())
 	}
 	return nil
 }

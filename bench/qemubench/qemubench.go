@@ -58,8 +58,8 @@ const (
 type fsRun struct {
 	label     string // "XFS (reflink)"
 	method    fsx.Method
-	hibernate []qemu.Result
-	wake      []qemu.Result
+	hibernate []qemu.RecipeResult
+	wake      []qemu.RecipeResult
 	ramAlloc  int64 // allocated bytes of the guest's RAM file at the last hibernate
 	stateSize int64
 }
@@ -80,7 +80,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		return nil, fmt.Errorf("qemubench: guest: %w", err)
 	}
 
-	d, err := qemu.New(qemu.Config{Accel: qemu.AccelTCG})
+	d, err := qemu.NewRecipes(qemu.RecipesConfig{Accel: qemu.AccelTCG})
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +108,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 
 // measureOn runs the cycles on the filesystem mounted at mnt. *golden is the
 // golden snapshot directory: built here when empty, else copied into this store.
-func measureOn(ctx context.Context, cfg config, d *qemu.Driver, g guesttest.Guest, mnt, label string, golden *string) (r *fsRun, err error) {
+func measureOn(ctx context.Context, cfg config, d *qemu.Recipes, g guesttest.Guest, mnt, label string, golden *string) (r *fsRun, err error) {
 	store, runRoot := filepath.Join(mnt, "store"), filepath.Join(mnt, "run")
 	for _, dir := range []string{store, runRoot} {
 		if err := os.Mkdir(dir, 0o700); err != nil {
@@ -198,7 +198,7 @@ type stepSplit struct {
 	qmp, fsync, proc []string
 }
 
-func sum(r qemu.Result, steps []string) time.Duration {
+func sum(r qemu.RecipeResult, steps []string) time.Duration {
 	var d time.Duration
 	for _, n := range steps {
 		d += r.Dur(n)
@@ -206,7 +206,7 @@ func sum(r qemu.Result, steps []string) time.Duration {
 	return d
 }
 
-func split(rs []qemu.Result, s stepSplit) parts {
+func split(rs []qemu.RecipeResult, s stepSplit) parts {
 	var p parts
 	for _, r := range rs {
 		q, f, pr := sum(r, s.qmp), sum(r, s.fsync), sum(r, s.proc)

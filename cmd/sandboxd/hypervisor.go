@@ -14,7 +14,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/chdriver"
-	"github.com/sbxlog/sbxlog/executors/qemudriver"
+	"github.com/sbxlog/sbxlog/executors/qemu"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 )
 
@@ -68,7 +68,7 @@ func qemuHypervisor(cfg Config, bin string, zl zerolog.Logger) node.Hypervisor {
 	}}
 }
 
-type qemuNode struct{ *qemudriver.Driver }
+type qemuNode struct{ *qemu.Driver }
 
 func (q qemuNode) Prepare(ctx context.Context) (node.Prepared, error) {
 	p, err := q.Driver.Prepare(ctx)
@@ -76,5 +76,5 @@ func (q qemuNode) Prepare(ctx context.Context) (node.Prepared, error) {
 }
 
 func (q qemuNode) OnExit(fn func(vm, detail string)) {
-	q.Driver.OnExit(func(e qemudriver.Exit) { fn(e.VM, fmt.Sprintf("QEMU (pid %d) exited", e.Pid)) })
+	q.Driver.OnExit(func(e qemu.Exit) { fn(e.VM, fmt.Sprintf("QEMU (pid %d) exited", e.Pid)) })
 }

@@ -10,11 +10,10 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/qemu"
-	"github.com/sbxlog/sbxlog/executors/qemudriver"
 )
 
 // QEMUConfig is the "qemu" section of the config, used with hypervisor qemu
-// (executors/qemudriver).
+// (executors/qemu).
 type QEMUConfig struct {
 	// Binary is the emulator (default qemu-system-x86_64 from PATH).
 	Binary string `json:"binary,omitempty"`
@@ -49,10 +48,10 @@ func resolveQEMU(cfg Config) (string, error) {
 
 // newQEMUDriver builds the QEMU driver; the guest defaults to the newest
 // cached `make guest` build.
-func newQEMUDriver(cfg Config, bin string, roots executors.Roots, instance string, zl zerolog.Logger) (*qemudriver.Driver, error) {
+func newQEMUDriver(cfg Config, bin string, roots executors.Roots, instance string, zl zerolog.Logger) (*qemu.Driver, error) {
 	kernel, initrd := cfg.QEMU.Kernel, cfg.QEMU.Initrd
 	if kernel == "" && initrd == "" {
-		if g, ok := qemudriver.CachedGuest(""); ok {
+		if g, ok := qemu.CachedGuest(""); ok {
 			kernel, initrd = g.Kernel, g.Initrd
 		}
 	}
@@ -65,7 +64,7 @@ func newQEMUDriver(cfg Config, bin string, roots executors.Roots, instance strin
 			*p = abs
 		}
 	}
-	return qemudriver.New(qemudriver.Config{
+	return qemu.New(qemu.Config{
 		Roots: roots, Instance: instance, QEMU: bin, Accel: qemu.Accel(cfg.QEMU.Accel),
 		Kernel: kernel, Initrd: initrd, Log: zl,
 	})

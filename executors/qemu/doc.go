@@ -1,43 +1,129 @@
-// Package qemu is the QEMU executor driver: it runs the project's test guest (or any
-// kernel+initrd with the executors/guest/agent protocol on ttyS1) under qemu-system-x86_64
-// and implements the recipes of DESIGN §3 with QEMU's mechanisms, for machines where
-// Cloud Hypervisor cannot run.
+// Package qemu runs sandbox VMs under qemu-system-x86_64, for machines where
+// Cloud Hypervisor cannot run (`hypervisor: qemu`): the project's test guest,
+// or any kernel+initrd that speaks the executors/guest/agent protocol on ttyS1.
+// It has two layers:
 //
-// Process model: one QEMU per VM, in its own process group, started with the guest
-// RAM in a memory-backend-file (share=on) at <run dir>/ram, a QMP socket, the
-// console (ttyS0) in console.log and the agent (ttyS1) on agent.sock. The pid is
-// recorded in qemu.pid and the launch parameters in vm.json; after a daemon restart
-// a pid is trusted only if /proc/<pid>/cmdline names the QEMU binary and this run
-// dir's QMP socket (Adopt); a QEMU started just before a crash, with vm.json but no
-// pid file yet, is found by the same check over /proc.
+//   - Driver (Config, New) is the executors.Driver: it maps the state
+//     machine's intents to recipes with the same contracts as the Cloud
+//     Hypervisor driver (executors/chdriver), and implements the start-up
+//     reconcile's view (executors/reconcile.Driver), executors.Restarter and
+//     exit watching (OnExit).
+//   - Recipes (RecipesConfig, NewRecipes) runs the recipes on one VM described
+//     by a Spec: Boot, Golden, Clone, Hibernate, Wake, Resume, Destroy, each
+//     returning per-step timings in a RecipeResult and which clone path ran.
+//     QMP goes through the subpackage qmp.
+//
+// Process model: one QEMU per VM, in its own process group, started with the
+// guest RAM in a memory-backend-file (share=on) at <run dir>/ram, a QMP socket,
+// the console (ttyS0) in console.log and the agent (ttyS1) on agent.sock. The
+// pid is recorded in qemu.pid and the launch parameters in vm.json; after a
+// daemon restart a pid is trusted only if /proc/<pid>/cmdline names the QEMU
+// binary and this run dir's QMP socket (Recipes.Adopt); a QEMU started just
+// before a crash, with vm.json but no pid file yet, is found by the same check
+// over /proc.
 //
 // Snapshots live in the store as directories holding ram (a reflink of the RAM
-// file), state (the migration stream, saved with x-ignore-shared so it holds only
-// device state and firmware RAM, ~0.5 MB), disk.raw when the VM has a disk, and
-// meta.json (what a restore needs to start a matching QEMU).
+// file), state (the migration stream, saved with x-ignore-shared so it holds
+// only device state and firmware RAM, ~0.5 MB), disk.raw when the VM has a
+// disk, and meta.json (what a restore needs to start a matching QEMU).
 //
-// Recipes (each a method taking a context and a Spec, returning per-step timings
-// in a Result and which clone path ran):
+// Recipes:
 //
 //   - Boot: cold boot until the agent answers.
 //   - Golden: Boot; stop; migrate the state into a temp dir inside the store;
-//     clone RAM and disk next to it; meta.json; SyncTree; rename into place; quit.
-//   - Clone / Wake: clone RAM and disk from the snapshot into the run dir; launch
-//     with -incoming defer -S; migrate-incoming from the state file; cont; agent
-//     ready. The snapshot is only read, so it can be removed right after.
-//   - Hibernate: stop; as Golden from the migration on; then quit and remove the
-//     run dir. A failure before the rename removes the temp dir and resumes the VM.
-//   - Destroy: quit, SIGTERM, SIGKILL (each after checking the cmdline), remove the
-//     run dir.
-//   - Resume: cont a VM left stopped by a hibernate that a crash cut short before
-//     its rename (reconcile decides between this and re-running Hibernate).
+//     clone RAM and disk next to it; meta.json; SyncTree; rename into place;
+//     quit. A snapshot is therefore visible under its name only when complete.
+//   - Clone / Wake: clone RAM and disk from the snapshot into the run dir;
+//     launch with -incoming defer -S; migrate-incoming from the state file;
+//     cont; agent ready. The snapshot is only read, so it can be removed right
+//     after.
+//   - Hibernate: stop; as Golden from the migration on; then quit and remove
+//     the run dir. A failure before the rename removes the temp dir and resumes
+//     the VM.
+//   - Destroy: quit, SIGTERM, SIGKILL (each after checking the cmdline), remove
+//     the run dir.
+//   - Resume: cont a VM left stopped by a hibernate that a crash cut short
+//     before its rename (reconcile decides between this and re-running
+//     Hibernate).
 //
-// Every recipe can be re-run after a crash: Golden and Hibernate find a complete
-// snapshot (one with meta.json; SyncTree runs before the rename) and only finish
-// the teardown; Boot, Clone and Wake find a running VM and report Already; Destroy
-// of nothing succeeds. Temp dirs left in the store by a crash are removed by
-// fsx.SweepTemp at start-up.
+// Every recipe can be re-run after a crash: Golden and Hibernate find a
+// complete snapshot (one with meta.json; SyncTree runs before the rename) and
+// only finish the teardown; Boot, Clone and Wake find a running VM and report
+// Already; Destroy of nothing succeeds. Temp dirs left in the store by a crash
+// are removed by fsx.SweepTemp (Driver.Prepare, at start-up).
 //
-// Errors: ErrInvalidSpec, ErrNotRunning, ErrNoSnapshot, ErrExited, ErrMigration,
-// ErrSnapshotExists (all wrapped with detail); QMP failures are *qmp.Error.
+// Driver layout (see executors.Roots):
+//
+//	<runs>/<instance>/<vm>/           one VM's run dir (intent RunDir): ram,
+//	                                  qmp.sock, agent.sock, console.log,
+//	                                  qemu.log, qemu.pid, vm.json
+//	<runs>/<instance>/golden-<h>/     a golden build's VM (h derived from the op)
+//	<store>/golden/<key>-<op>/        a golden: ram state meta.json
+//	<store>/hibernate/<vm>-<op>/      a hibernated VM, same files
+//	<store>/{,golden/,hibernate/}.sbx-tmp-*
+//	                                  snapshots being assembled (swept by Prepare)
+//
+// Snapshot dirs in intents and results are relative to the store. Their names
+// carry the op id, so a re-run of an operation finds its own result and never
+// takes another operation's for it. Every run dir an intent names must start
+// with the driver's instance id; a destroy of another instance's VM is refused
+// (Unrecoverable) and nothing of it is touched.
+//
+// Intent mapping and re-runs (each recipe is idempotent under its op id):
+//
+//   - BuildGolden: Golden into golden/<key>-<op> from a run dir derived from
+//     the op. A re-run finds a complete golden and only stops a build VM a
+//     crash left behind; a build VM without a golden is adopted if it answers,
+//     else restarted.
+//   - CloneVM: Clone from in.GoldenDir (must be under golden/), or Boot of the
+//     configured guest when in.Cold. A re-run finds the running VM (pid file +
+//     cmdline, QMP status running) and reports it. On error the VM's QEMU and
+//     run dir are gone.
+//   - HibernateVM: Hibernate into hibernate/<vm>-<op>. A re-run after a daemon
+//     crash adopts the QEMU (pid file + cmdline): past the rename it only quits
+//     it; before it (QEMU stopped or in postmigrate, the temp dir swept) it
+//     snapshots afresh. A failure before the rename leaves no snapshot and the
+//     VM running (Resume makes sure of it, since a crash can leave it paused);
+//     no QEMU and no snapshot means the VM is lost (Unrecoverable, Lost).
+//   - WakeVM: Wake from in.SnapshotDir (must be under hibernate/). The run dir
+//     gets its own clone of the RAM file, so Result.AfterCommit removes the
+//     snapshot. A missing or damaged snapshot (meta.json unreadable, RAM or
+//     state file not the recorded size) is Lost.
+//   - DestroyVM: Destroy, then the snapshot when in.SnapshotDir is set.
+//   - RestartVM (executors.Restarter): the VM whose QEMU died boots again,
+//     cold, in its run dir; the guest has no disk, so it starts empty.
+//
+// Start-up reconcile (AdoptVM, RemoveRunDir, RunDirs, ...): a warm or claimed
+// VM's QEMU is adopted (resumed if a crash left it stopped) or reported dead;
+// run dirs no state owns are destroyed. OnExit reports a watched QEMU (every VM
+// after Clone, Wake, Restart or AdoptVM, until Hibernate or Destroy stops it)
+// that exits on its own. A QEMU whose launch a crash cut short before its pid
+// file is found by its cmdline (Recipes.Adopt), so every path above also stops
+// or adopts those.
+//
+// Results carry an event.ExecReport: the recipe's steps (the Step* names plus
+// StepRemoveSnapshot) and the copy mode of the RAM clones, "reflink" or "copy"
+// (for a re-run that found its result in place: the mode Prepare detected).
+//
+// Guest: every template boots the one configured guest (Config.Kernel,
+// Config.Initrd, built by `make guest`; CachedGuest finds the newest build). A
+// missing kernel or initrd fails golden builds and cold boots with an
+// *executors.Unrecoverable saying to run `make guest`.
+//
+// Sizes: a pool's size names vCPUs and memory in the one size table,
+// fsm.Sizes (Config.Sizes overrides it). Under KVM a VM gets them as they are,
+// as under Cloud Hypervisor. Under TCG it gets half of each (at least one
+// vCPU), its memory capped at Config.TCGMaxMemoryMiB (default 1 GiB): small
+// 256 MiB, medium 512 MiB, larger sizes 1 GiB. An emulated guest gains little
+// from more, and every VM's RAM file is as large as its memory. Restores take
+// memory and vCPUs from the snapshot.
+// Pools with net "egress" are refused (Unrecoverable): the guest has no NIC.
+//
+// Errors: the recipes return ErrInvalidSpec, ErrNotRunning, ErrNoSnapshot,
+// ErrExited, ErrMigration, ErrSnapshotExists (all wrapped with detail); QMP
+// failures are *qmp.Error. Driver turns them into the executors' classes:
+// *executors.Unrecoverable for bad intents (paths outside the roots or of
+// another instance, unknown sizes, egress, a missing guest, a missing golden,
+// ErrInvalidSpec, ErrSnapshotExists), Lost for a VM or snapshot gone for good,
+// executors.ErrCapacity for ENOSPC/EDQUOT; anything else is retryable.
 package qemu

@@ -2,294 +2,364 @@ package qemu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
-	"github.com/sbxlog/sbxlog/executors/guest/agent"
+	"github.com/sbxlog/sbxlog/fsm"
 )
 
-// Config configures a Driver. Zero values take the defaults named per field.
-type Config struct {
-	// QEMU is the emulator binary (default "qemu-system-x86_64").
-	QEMU string
-	// Accel is the accelerator for cold boots (default AccelAuto). Restores use the
-	// accelerator recorded in the snapshot.
-	Accel Accel
-	// Machine is QEMU's machine type (default "pc").
-	Machine string
-	// FS performs every side effect on the run dir and the store (default
-	// fsx.NewOS(Log)); tests wrap it in an fsx.Recorder.
-	FS  fsx.FS
-	Log zerolog.Logger
-	// Now is the clock for step timings and snapshot metadata (default time.Now).
-	Now func() time.Time
-
-	// BootTimeout bounds a cold boot up to the agent's first answer (default 2 min:
-	// TCG under load is slow).
-	BootTimeout time.Duration
-	// ReadyTimeout bounds the wait for the agent after a restore (default 30 s).
-	ReadyTimeout time.Duration
-	// StartTimeout bounds the wait for QMP after launching QEMU (default 30 s).
-	StartTimeout time.Duration
-	// MigrateTimeout bounds saving or loading the device state (default 2 min).
-	MigrateTimeout time.Duration
-	// StopGrace is how long each of quit, SIGTERM and SIGKILL is given (default 5 s).
-	StopGrace time.Duration
-
-	// ProbeTimeout bounds AccelAuto's KVM probe boot (default 10 s). Nested KVM
-	// can hang forever, so the probe must give up fast and fall back to TCG.
-	ProbeTimeout time.Duration
-	// KVMDevice is checked before probing (default "/dev/kvm").
-	KVMDevice string
-	// Probe replaces the KVM probe boot (tests); nil means a real boot of the
-	// spec's kernel and initrd under KVM that must reach agent ready.
-	Probe func(ctx context.Context, spec Spec) error
+// Size is what a pool size gives a VM.
+type Size struct {
+	MemoryMiB int
+	CPUs      int
 }
 
-// Driver runs VMs with QEMU. Its methods are safe for concurrent use on different
-// VMs; calls for the same VM must not overlap (the state machine serialises them).
-type Driver struct {
-	qemu, machine string
-	fs            fsx.FS
-	log           zerolog.Logger
-	now           func() time.Time
+// Sizes maps a pool size name to a Size.
+type Sizes map[string]Size
 
-	bootTimeout, readyTimeout, startTimeout, migrateTimeout, stopGrace time.Duration
-	probeTimeout                                                       time.Duration
-	kvmDevice                                                          string
-	probe                                                              func(ctx context.Context, spec Spec) error
+// DefaultSizes are the one size table, fsm.Sizes: what a VM gets under KVM,
+// the same as under Cloud Hypervisor. Under TCG it gets less (underTCG).
+var DefaultSizes = sizesOf(fsm.Sizes)
 
-	accelMu  sync.Mutex
-	accel    Accel // AccelAuto until resolved
-	accelWhy string
-}
-
-// children are the QEMU processes started by any Driver of this process, each with
-// a channel closed once reaped. Process-wide, because a child outlives the Driver
-// value that started it (a second Driver adopting it must still wait for the reap,
-// or it would report a zombie as gone).
-var children = struct {
-	sync.Mutex
-	m map[int]chan struct{}
-}{m: make(map[int]chan struct{})}
-
-// New returns a Driver.
-func New(cfg Config) (*Driver, error) {
-	accel, err := ParseAccel(string(cfg.Accel))
-	if err != nil {
-		return nil, err
-	}
-	d := &Driver{
-		qemu:           or(cfg.QEMU, "qemu-system-x86_64"),
-		machine:        or(cfg.Machine, "pc"),
-		fs:             cfg.FS,
-		log:            cfg.Log,
-		now:            cfg.Now,
-		bootTimeout:    orDur(cfg.BootTimeout, 2*time.Minute),
-		readyTimeout:   orDur(cfg.ReadyTimeout, 30*time.Second),
-		startTimeout:   orDur(cfg.StartTimeout, 30*time.Second),
-		migrateTimeout: orDur(cfg.MigrateTimeout, 2*time.Minute),
-		stopGrace:      orDur(cfg.StopGrace, 5*time.Second),
-		probeTimeout:   orDur(cfg.ProbeTimeout, 10*time.Second),
-		kvmDevice:      or(cfg.KVMDevice, "/dev/kvm"),
-		probe:          cfg.Probe,
-		accel:          accel,
-	}
-	if d.fs == nil {
-		d.fs = fsx.NewOS(cfg.Log)
-	}
-	if d.now == nil {
-		d.now = time.Now
-	}
-	if d.probe == nil {
-		d.probe = d.probeBoot
-	}
-	return d, nil
-}
-
-func or(s, def string) string {
-	if s == "" {
-		return def
+func sizesOf(table []fsm.Size) Sizes {
+	s := make(Sizes, len(table))
+	for _, z := range table {
+		s[z.Name] = Size{MemoryMiB: z.MemoryMiB, CPUs: z.VCPUs}
 	}
 	return s
 }
 
-func orDur(v, def time.Duration) time.Duration {
-	if v <= 0 {
-		return def
+// underTCG is what a VM of size z gets under TCG: half the vCPUs (at least
+// one) and half the memory, at most maxMiB of it when maxMiB is positive. An
+// emulated guest gains little from more: each vCPU is a host thread
+// translating guest code, and every VM's RAM file is as large as its memory.
+// It reports whether maxMiB cut the memory.
+func (z Size) underTCG(maxMiB int) (Size, bool) {
+	t := Size{MemoryMiB: z.MemoryMiB / 2, CPUs: max(z.CPUs/2, 1)}
+	if maxMiB > 0 && t.MemoryMiB > maxMiB {
+		t.MemoryMiB = maxMiB
+		return t, true
 	}
-	return v
+	return t, false
 }
 
-// Accel returns the accelerator cold boots use, resolving AccelAuto on first use
-// (with spec's kernel and initrd for the probe boot) and remembering the outcome,
-// and a sentence saying why.
-func (d *Driver) Accel(ctx context.Context, spec Spec) (Accel, string) {
-	d.accelMu.Lock()
-	defer d.accelMu.Unlock()
-	if d.accel != AccelAuto {
-		if d.accelWhy == "" {
-			d.accelWhy = "configured"
+// Lookup returns the Size of name; an unknown name is an error listing the
+// known ones.
+func (s Sizes) Lookup(name string) (Size, error) {
+	z, ok := s[name]
+	if !ok || z.MemoryMiB <= 0 || z.CPUs <= 0 {
+		names := make([]string, 0, len(s))
+		for k := range s {
+			names = append(names, k)
 		}
-		return d.accel, d.accelWhy
+		sort.Strings(names)
+		return Size{}, fmt.Errorf("qemu: unknown size %q (have %v)", name, names)
 	}
-	d.accel, d.accelWhy = d.resolveAuto(ctx, spec)
-	d.log.Info().Str("accel", string(d.accel)).Str("why", d.accelWhy).Msg("qemu accelerator chosen")
-	return d.accel, d.accelWhy
+	return z, nil
 }
 
-func (d *Driver) resolveAuto(ctx context.Context, spec Spec) (Accel, string) {
-	f, err := os.OpenFile(d.kvmDevice, os.O_RDWR, 0)
-	if err != nil {
-		return AccelTCG, fmt.Sprintf("auto: %s unusable (%v)", d.kvmDevice, err)
-	}
-	f.Close()
-	pctx, cancel := context.WithTimeout(ctx, d.probeTimeout)
-	defer cancel()
-	start := d.now()
-	if err := d.probe(pctx, spec); err != nil {
-		return AccelTCG, fmt.Sprintf("auto: KVM probe boot failed after %s (%v)", d.now().Sub(start).Round(time.Millisecond), err)
-	}
-	return AccelKVM, fmt.Sprintf("auto: KVM probe boot answered in %s", d.now().Sub(start).Round(time.Millisecond))
-}
+// DefaultTCGMaxMemoryMiB caps a VM's memory under TCG (Config.TCGMaxMemoryMiB),
+// after the halving of underTCG.
+const DefaultTCGMaxMemoryMiB = 1024
 
-// ProbeDirPrefix starts the name of the scratch run dir of a KVM probe boot, made
-// next to the run dir of the boot that needed the probe. A crash can leave one
-// behind (with its QEMU); Destroy of it cleans up.
-const ProbeDirPrefix = ".kvm-probe-"
+// NetEgress is the pool net this driver refuses: the guest has no NIC.
+const NetEgress = "egress"
 
-// probeBoot cold-boots spec's guest under KVM in a scratch run dir next to
-// spec.RunDir and waits for the agent; the VM is destroyed either way.
-func (d *Driver) probeBoot(ctx context.Context, spec Spec) error {
-	dir, err := os.MkdirTemp(filepath.Dir(spec.RunDir), ProbeDirPrefix)
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	m := d.bootMeta(spec, AccelKVM)
-	m.MemoryMiB = min(m.MemoryMiB, 256)
-	pid, c, err := d.launch(ctx, dir, m, false)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		// The probe's context may be what expired; stopping needs its own.
-		sctx, cancel := context.WithTimeout(context.Background(), 3*d.stopGrace)
-		defer cancel()
-		_ = d.terminate(sctx, pid, dir, c)
-		c.Close()
-	}()
-	a, err := agent.WaitReady(ctx, AgentSocket(dir), 200*time.Millisecond)
-	if err != nil {
-		return err
-	}
-	return a.Close()
-}
-
-func (d *Driver) bootMeta(spec Spec, accel Accel) Meta {
-	return Meta{
-		Format:    MetaFormat,
-		Machine:   d.machine,
-		Accel:     accel,
-		MemoryMiB: spec.MemoryMiB,
-		CPUs:      max(spec.CPUs, 1),
-		Kernel:    spec.Kernel,
-		Initrd:    spec.Initrd,
-		Append:    spec.Append,
-		Disk:      spec.Disk != "",
-	}
-}
-
-// Step is one named step of a recipe and how long it took.
-type Step struct {
-	Name string
-	Dur  time.Duration
-}
-
-// Step names.
-const (
-	StepPrepare  = "prepare"  // run dir created/cleared, disk cloned for a cold boot
-	StepLaunch   = "launch"   // QEMU started, until QMP answered
-	StepReady    = "ready"    // until the guest agent answered
-	StepStop     = "stop"     // QMP stop (vCPUs paused)
-	StepMigrate  = "migrate"  // device state saved to the snapshot's state file
-	StepClone    = "clone"    // FICLONE (or copy) of RAM and disk
-	StepMeta     = "meta"     // meta.json written
-	StepSync     = "sync"     // SyncTree of the snapshot
-	StepRename   = "rename"   // snapshot moved into place
-	StepQuit     = "quit"     // QEMU told to quit, until the process was gone
-	StepCleanup  = "cleanup"  // run dir removed
-	StepIncoming = "incoming" // device state loaded with migrate-incoming
-	StepCont     = "cont"     // QMP cont (vCPUs running)
-)
-
-// Result is what a recipe did.
-type Result struct {
-	Steps []Step
-	// Method says how RAM (and disk) reached their destination: fsx.Reflink or
-	// fsx.Copy; zero when the recipe cloned nothing.
-	Method fsx.Method
-	// CopiedBytes is how much data the clones physically copied (0 for reflinks).
-	CopiedBytes int64
-	// StateBytes is the size of the migration stream written or read.
-	StateBytes int64
-	// PID is the QEMU process after Boot, Clone and Wake.
-	PID int
-	// Already is set when the recipe found its effect in place and did nothing
-	// (a re-run after a crash).
-	Already bool
-	// Accel is the accelerator the VM runs with (Boot, Clone, Wake).
+// Config configures a Driver. Zero values take the defaults named per field.
+type Config struct {
+	Roots executors.Roots
+	// Instance is this daemon's instance id: every run dir the driver acts on
+	// must start with it.
+	Instance string
+	// QEMU is the emulator binary (default "qemu-system-x86_64" from PATH).
+	QEMU string
+	// Accel is tcg, kvm or auto (default auto: KVM only if a short probe boot
+	// answers; see RecipesConfig).
 	Accel Accel
+	// Kernel and Initrd are the guest every template boots (`make guest`
+	// builds it; CachedGuest finds the newest build). Checked when a golden
+	// build or cold boot needs them, not by New, so a daemon without a guest
+	// still starts and reports why its pools stay empty.
+	Kernel, Initrd string
+	// Sizes maps pool sizes to memory and vCPUs as under KVM (default
+	// DefaultSizes, the size table fsm.Sizes); under TCG a VM gets half of
+	// each (at least one vCPU), memory capped at TCGMaxMemoryMiB.
+	Sizes Sizes
+	// TCGMaxMemoryMiB caps memory under TCG after the halving (default
+	// DefaultTCGMaxMemoryMiB; negative: no cap).
+	TCGMaxMemoryMiB int
+	// FS performs every filesystem side effect (default fsx.NewOS(Log)); tests
+	// wrap it in an fsx.Recorder.
+	FS fsx.FS
+	// Now is the clock for step timings and snapshot metadata (default
+	// time.Now).
+	Now func() time.Time
+	// BootTimeout, ReadyTimeout and StopGrace are RecipesConfig's (defaults
+	// 2 min, 30 s, 5 s).
+	BootTimeout, ReadyTimeout, StopGrace time.Duration
+	// ResumeTimeout bounds making a VM run again after a failed hibernate
+	// (default 30 s).
+	ResumeTimeout time.Duration
+	Log           zerolog.Logger
 }
 
-// Dur returns the duration of the named step (0 if it did not run).
-func (r *Result) Dur(name string) time.Duration {
-	var t time.Duration
-	for _, s := range r.Steps {
-		if s.Name == name {
-			t += s.Dur
+// Driver is the QEMU executors.Driver.
+type Driver struct {
+	roots          executors.Roots
+	instance       string
+	kernel, initrd string
+	sizes          Sizes
+	tcgMax         int
+	fs             fsx.FS
+	now            func() time.Time
+	resumeTO       time.Duration
+	log            zerolog.Logger
+	qemuBin        string
+	q              *Recipes
+
+	copyMode atomic.Int64 // fsx.Method detected by Prepare
+	capped   sync.Map     // size name -> struct{}: the TCG cap was logged
+
+	wmu     sync.Mutex // guards onExit and watched
+	onExit  func(Exit)
+	watched map[string]*watcher // by run dir
+}
+
+var _ executors.Driver = (*Driver)(nil)
+
+// New checks cfg and returns a Driver. Call Prepare once before the first
+// recipe.
+func New(cfg Config) (*Driver, error) {
+	if err := cfg.Roots.Validate(); err != nil {
+		return nil, err
+	}
+	if err := executors.ValidInstance(cfg.Instance); err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
+	for what, p := range map[string]string{"kernel": cfg.Kernel, "initrd": cfg.Initrd} {
+		if p != "" && !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("qemu: guest %s %q is not an absolute path", what, p)
 		}
 	}
-	return t
+	if cfg.Sizes == nil {
+		cfg.Sizes = DefaultSizes
+	}
+	for name, z := range cfg.Sizes {
+		if z.MemoryMiB < 16 || z.CPUs < 1 {
+			return nil, fmt.Errorf("qemu: size %q: %d MiB, %d CPUs (want >= 16 MiB, >= 1 CPU)", name, z.MemoryMiB, z.CPUs)
+		}
+	}
+	if cfg.TCGMaxMemoryMiB == 0 {
+		cfg.TCGMaxMemoryMiB = DefaultTCGMaxMemoryMiB
+	}
+	if cfg.FS == nil {
+		cfg.FS = fsx.NewOS(cfg.Log)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.ResumeTimeout <= 0 {
+		cfg.ResumeTimeout = 30 * time.Second
+	}
+	if cfg.QEMU == "" {
+		cfg.QEMU = "qemu-system-x86_64"
+	}
+	log := cfg.Log.With().Str("component", "qemu").Logger()
+	q, err := NewRecipes(RecipesConfig{
+		QEMU: cfg.QEMU, Accel: cfg.Accel, FS: cfg.FS, Log: log, Now: cfg.Now,
+		BootTimeout: cfg.BootTimeout, ReadyTimeout: cfg.ReadyTimeout, StopGrace: cfg.StopGrace,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{
+		roots: cfg.Roots, instance: cfg.Instance, kernel: cfg.Kernel, initrd: cfg.Initrd,
+		sizes: cfg.Sizes, tcgMax: cfg.TCGMaxMemoryMiB, fs: cfg.FS, now: cfg.Now,
+		resumeTO: cfg.ResumeTimeout, log: log, qemuBin: cfg.QEMU, q: q,
+	}, nil
 }
 
-// Total is the sum of all steps.
-func (r *Result) Total() time.Duration {
-	var t time.Duration
+// Recipes returns the recipe runner underneath (benchmarks, tests).
+func (d *Driver) Recipes() *Recipes { return d.q }
+
+// PrepareReport says what Prepare found.
+type PrepareReport struct {
+	// CopyMode is how RAM files clone in the store: fsx.Reflink or fsx.Copy.
+	CopyMode fsx.Method
+	// Swept lists the temp dirs of interrupted recipes (and run dirs of
+	// interrupted KVM probes) that were removed.
+	Swept []string
+}
+
+// Prepare makes the roots, checks that runs and store share a filesystem and
+// that a VM's sockets fit a unix socket path, removes temp dirs and KVM probe
+// VMs left by a crash (it must run before any recipe, at start-up) and
+// detects whether the store can reflink. A missing guest is only logged: BuildGolden reports it.
+func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
+	var rep PrepareReport
+	stores := []string{d.roots.Store, filepath.Join(d.roots.Store, executors.GoldenStore), filepath.Join(d.roots.Store, executors.HibernateStore)}
+	if err := d.roots.Make(d.instance, executors.GoldenStore, executors.HibernateStore); err != nil {
+		return rep, fmt.Errorf("qemu: %w", err)
+	}
+	// agent.sock is the longest socket name.
+	if err := d.roots.CheckSocketPath(d.instance, FileAgent); err != nil {
+		return rep, fmt.Errorf("qemu: %w", err)
+	}
+	// Recipes assemble snapshots next to their final place (golden/,
+	// hibernate/); the top level is swept as well, where executors.Roots
+	// documents temp dirs.
+	for _, dir := range stores {
+		swept, err := fsx.SweepTemp(dir)
+		rep.Swept = append(rep.Swept, swept...)
+		if err != nil {
+			return rep, err
+		}
+	}
+	// KVM probe boots (accel auto) run next to the VM that needed them.
+	probes, _ := filepath.Glob(filepath.Join(d.roots.Runs, d.instance, ProbeDirPrefix+"*"))
+	for _, dir := range probes {
+		if _, err := d.q.Destroy(ctx, Spec{RunDir: dir, StoreDir: d.roots.Store}); err != nil {
+			return rep, fmt.Errorf("qemu: removing KVM probe %s: %w", dir, err)
+		}
+		rep.Swept = append(rep.Swept, dir)
+	}
+	for _, p := range rep.Swept {
+		d.log.Info().Str("path", p).Msg("removed a temp dir left by an interrupted recipe")
+	}
+	m, err := fsx.ClonerOf(d.fs, d.log).Detect(d.roots.Store)
+	if err != nil {
+		return rep, err
+	}
+	rep.CopyMode = m
+	d.copyMode.Store(int64(m))
+	if m == fsx.Reflink {
+		d.log.Info().Str("store", d.roots.Store).Msg("store filesystem reflinks: clones and hibernates share RAM file extents")
+	} else {
+		d.log.Warn().Str("store", d.roots.Store).Msg("store filesystem cannot reflink: every clone, hibernate and wake copies the RAM file (sparse copy)")
+	}
+	if err := d.checkGuest(); err != nil {
+		d.log.Warn().Err(err).Msg("no guest: golden builds and cold boots will fail")
+	} else {
+		d.log.Info().Str("kernel", d.kernel).Str("initrd", d.initrd).Msg("qemu guest")
+	}
+	return rep, ctx.Err()
+}
+
+// Close ends the exit watches and leaves the VMs alone: they outlive the
+// daemon, and the next start adopts them by pid file and cmdline.
+func (d *Driver) Close() { d.unwatchAll() }
+
+// checkGuest reports a missing guest as an *executors.Unrecoverable naming
+// what to run.
+func (d *Driver) checkGuest() error {
+	for _, f := range []struct{ what, path string }{{"kernel", d.kernel}, {"initrd", d.initrd}} {
+		if f.path == "" {
+			return executors.Unrecoverablef("qemu guest %s not configured and no built guest found: run `make guest` (or set qemu.kernel and qemu.initrd)", f.what)
+		}
+		if st, err := os.Stat(f.path); err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
+			return executors.Unrecoverablef("qemu guest %s %s is missing or empty (%v): run `make guest` (or set qemu.kernel and qemu.initrd)", f.what, f.path, err)
+		}
+	}
+	return nil
+}
+
+// bootSpec is the spec of a cold boot (golden build or cold clone) of pool k.
+func (d *Driver) bootSpec(ctx context.Context, runDir, storeDir string, k fsm.PoolKey) (Spec, error) {
+	if k.Net == NetEgress {
+		return Spec{}, executors.Unrecoverablef("pool %s: net egress is not supported by the QEMU driver (the guest has no NIC)", k)
+	}
+	z, err := d.sizes.Lookup(k.Size)
+	if err != nil {
+		return Spec{}, executors.AsUnrecoverable(err)
+	}
+	if err := d.checkGuest(); err != nil {
+		return Spec{}, err
+	}
+	spec := Spec{RunDir: runDir, StoreDir: storeDir, MemoryMiB: z.MemoryMiB, CPUs: z.CPUs, Kernel: d.kernel, Initrd: d.initrd}
+	if accel, _ := d.q.Accel(ctx, spec); accel == AccelTCG {
+		t, capped := z.underTCG(d.tcgMax)
+		if capped {
+			if _, logged := d.capped.LoadOrStore(k.Size, struct{}{}); !logged {
+				d.log.Info().Str("size", k.Size).Int("memory_mib", z.MemoryMiB/2).Int("cap_mib", d.tcgMax).Msg("TCG: memory capped")
+			}
+		}
+		spec.MemoryMiB, spec.CPUs = t.MemoryMiB, t.CPUs
+	}
+	return spec, nil
+}
+
+// report turns a recipe's result into the result event's report.
+func (d *Driver) report(r RecipeResult, extra ...event.Step) event.ExecReport {
+	var rep event.ExecReport
 	for _, s := range r.Steps {
-		t += s.Dur
+		rep.Steps = append(rep.Steps, event.Step{Name: s.Name, NS: int64(s.Dur)})
 	}
-	return t
-}
-
-// timer appends timed steps to a Result.
-type timer struct {
-	d    *Driver
-	r    *Result
-	last time.Time
-}
-
-func (d *Driver) timer(r *Result) *timer { return &timer{d: d, r: r, last: d.now()} }
-
-// mark ends the current step: it lasted from the previous mark until now.
-func (t *timer) mark(name string) {
-	now := t.d.now()
-	t.r.Steps = append(t.r.Steps, Step{Name: name, Dur: now.Sub(t.last)})
-	t.last = now
-}
-
-// skip restarts the clock without recording (time spent outside any step).
-func (t *timer) skip() { t.last = t.d.now() }
-
-func (r *Result) addClone(res fsx.CloneResult) {
-	if r.Method == 0 || res.Method == fsx.Copy {
-		r.Method = res.Method
+	rep.Steps = append(rep.Steps, extra...)
+	switch {
+	case r.Method != 0:
+		rep.CopyMode = r.Method.String()
+	case r.Already:
+		// The attempt that did the work cloned on this same store.
+		if m := fsx.Method(d.copyMode.Load()); m != 0 {
+			rep.CopyMode = m.String()
+		}
 	}
-	r.CopiedBytes += res.Bytes
+	return rep
+}
+
+// classify maps the recipes' errors to the executors' classes.
+func classify(err error) error {
+	switch {
+	case err == nil, executors.IsUnrecoverable(err):
+		return err
+	case executors.IsCapacity(err):
+		return executors.Capacity(err)
+	case errors.Is(err, ErrInvalidSpec), errors.Is(err, ErrSnapshotExists):
+		return executors.AsUnrecoverable(err)
+	}
+	return err
+}
+
+// checkSnapshot reports whether dir holds a complete snapshot: meta.json
+// readable, the RAM file as large as the memory it records, the state file
+// as large as the migration stream it records.
+func checkSnapshot(dir string) (Meta, error) {
+	m, err := ReadMeta(dir)
+	if err != nil {
+		return m, err
+	}
+	for _, f := range []struct {
+		name string
+		size int64
+	}{{FileRAM, int64(m.MemoryMiB) << 20}, {FileState, m.StateBytes}} {
+		st, err := os.Stat(filepath.Join(dir, f.name))
+		if err != nil {
+			return m, fmt.Errorf("%w: %s: %v", ErrNoSnapshot, dir, err)
+		}
+		if st.Size() != f.size {
+			return m, fmt.Errorf("%w: %s/%s is %d bytes, meta.json says %d", ErrNoSnapshot, dir, f.name, st.Size(), f.size)
+		}
+	}
+	return m, nil
+}
+
+// cleanup runs rollback work on a context that survives the recipe's
+// cancellation (a timeout or shutdown mid-recipe still rolls back).
+func (d *Driver) cleanup(ctx context.Context, what string, fn func(ctx context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.resumeTO)
+	defer cancel()
+	if err := fn(ctx); err != nil {
+		d.log.Warn().Err(err).Str("action", what).Msg("rollback action failed; a re-run or the start-up sweep finishes it")
+	}
 }

@@ -5,424 +5,533 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
+	"github.com/sbxlog/sbxlog/fsm"
 )
 
-func TestCmdline(t *testing.T) {
-	m := Meta{Machine: "pc", Accel: AccelTCG, MemoryMiB: 256, CPUs: 2, Kernel: "/k", Initrd: "/i", Append: "sbx.x=1"}
-	run := "/r/vm,1"
-	tests := []struct {
-		name     string
-		m        Meta
-		incoming bool
-		want     []string // consecutive pairs that must appear
-		absent   []string
-	}{
-		{"cold boot", m, false, []string{
-			"-machine", "pc,accel=tcg,memory-backend=mem",
-			"-m", "256M",
-			"-smp", "2",
-			"-object", "memory-backend-file,id=mem,size=256M,mem-path=/r/vm,,1/ram,share=on",
-			"-append", DefaultAppend + " sbx.x=1",
-			"-chardev", "socket,id=qmp,path=/r/vm,,1/qmp.sock,server=on,wait=off",
-			"-chardev", "socket,id=agent,path=/r/vm,,1/agent.sock,server=on,wait=off",
-		}, []string{"-incoming", "-S", "-cpu", "-drive"}},
-		{"restore", m, true, []string{"-S", "-incoming", "-incoming", "defer"}, []string{"-cpu"}},
-		{"kvm with disk", func() Meta { k := m; k.Accel, k.Disk = AccelKVM, true; return k }(), false, []string{
-			"-machine", "pc,accel=kvm,memory-backend=mem",
-			"-cpu", "host",
-			"-drive", "file=/r/vm,,1/disk.raw,format=raw,if=none,id=disk0",
-			"-device", "virtio-blk-pci,drive=disk0",
-		}, []string{"-incoming"}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			args := cmdline(run, tc.m, tc.incoming)
-			for i := 0; i < len(tc.want); i += 2 {
-				found := false
-				for j := 0; j+1 < len(args); j++ {
-					if args[j] == tc.want[i] && args[j+1] == tc.want[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					t.Errorf("args lack %q %q: %q", tc.want[i], tc.want[i+1], args)
-				}
-			}
-			for _, a := range tc.absent {
-				if slices.Contains(args, a) {
-					t.Errorf("args contain %q: %q", a, args)
-				}
-			}
-		})
-	}
+const testInstance = "i-test"
+
+var (
+	testKey   = fsm.PoolKey{Template: "default", Net: "none", Size: "small"}
+	opCounter atomic.Uint64
+)
+
+func newOp() event.OpID {
+	return event.OpIDFromUint(uint64(time.Now().UnixMilli()), opCounter.Add(1))
 }
 
-func TestSpecValidation(t *testing.T) {
+// fakeGuest writes a kernel and initrd that exist (enough for every check
+// short of booting them).
+func fakeGuest(t *testing.T) (kernel, initrd string) {
+	t.Helper()
 	dir := t.TempDir()
-	k := filepath.Join(dir, "vmlinuz")
-	if err := os.WriteFile(k, []byte("k"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	good := Spec{RunDir: filepath.Join(dir, "run"), StoreDir: filepath.Join(dir, "store"), MemoryMiB: 256, Kernel: k, Initrd: k}
-	tests := []struct {
-		name   string
-		mutate func(*Spec)
-		want   string
-	}{
-		{"good", func(*Spec) {}, ""},
-		{"relative run dir", func(s *Spec) { s.RunDir = "run" }, "run dir"},
-		{"no store", func(s *Spec) { s.StoreDir = "" }, "store dir"},
-		{"socket too long", func(s *Spec) { s.RunDir = "/" + strings.Repeat("x", 100) }, "socket path"},
-		{"tiny memory", func(s *Spec) { s.MemoryMiB = 1 }, "memory"},
-		{"negative cpus", func(s *Spec) { s.CPUs = -1 }, "CPUs"},
-		{"no kernel", func(s *Spec) { s.Kernel = "" }, "no kernel"},
-		{"missing initrd", func(s *Spec) { s.Initrd = filepath.Join(dir, "absent") }, "initrd"},
-		{"disk is a dir", func(s *Spec) { s.Disk = dir }, "disk"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			s := good
-			tc.mutate(&s)
-			err := s.validateBoot()
-			if tc.want == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("err = %v, want ErrInvalidSpec mentioning %q", err, tc.want)
-			}
-		})
-	}
-	for _, name := range []string{"", ".", "..", "a/b", ".sbx-tmp-x", "nul\x00"} {
-		if err := validateName(name); !errors.Is(err, ErrInvalidSpec) {
-			t.Errorf("validateName(%q) = %v", name, err)
+	kernel, initrd = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.img")
+	for _, p := range []string{kernel, initrd} {
+		if err := os.WriteFile(p, []byte("not a kernel"), 0o600); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if err := validateName("hib-1"); err != nil {
-		t.Error(err)
-	}
+	return kernel, initrd
 }
 
-func TestRecipesRejectBadInputWithoutSideEffects(t *testing.T) {
-	d, err := New(Config{Accel: AccelTCG})
+func newDriver(t *testing.T, root string, mutate func(*Config)) *Driver {
+	t.Helper()
+	cfg := Config{Roots: executors.RootsIn(root), Instance: testInstance, Accel: AccelTCG, Log: zerolog.Nop()}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	spec := Spec{RunDir: filepath.Join(dir, "run"), StoreDir: filepath.Join(dir, "store")}
-	ctx := context.Background()
-	if _, err := d.Boot(ctx, spec); !errors.Is(err, ErrInvalidSpec) {
-		t.Errorf("Boot without kernel = %v", err)
-	}
-	if _, err := d.Golden(ctx, spec, "a/b"); !errors.Is(err, ErrInvalidSpec) {
-		t.Errorf("Golden with bad name = %v", err)
-	}
-	if _, err := d.Wake(ctx, spec, "missing"); !errors.Is(err, ErrNoSnapshot) {
-		t.Errorf("Wake of missing snapshot = %v", err)
-	}
-	if _, err := d.Clone(ctx, spec, "missing"); !errors.Is(err, ErrNoSnapshot) {
-		t.Errorf("Clone of missing golden = %v", err)
-	}
-	if _, err := d.Hibernate(ctx, spec, "h"); !errors.Is(err, ErrNotRunning) {
-		t.Errorf("Hibernate of no VM = %v", err)
-	}
-	if _, err := d.Status(ctx, spec); !errors.Is(err, ErrNotRunning) {
-		t.Errorf("Status of no VM = %v", err)
-	}
-	if _, err := New(Config{Accel: "hvf"}); !errors.Is(err, ErrInvalidSpec) {
-		t.Errorf("New with accel hvf = %v", err)
-	}
-	if _, err := os.Stat(spec.RunDir); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("a rejected recipe created the run dir: %v", err)
-	}
+	return d
 }
 
-func TestReadMeta(t *testing.T) {
-	good := Meta{Format: MetaFormat, Machine: "pc", Accel: AccelTCG, MemoryMiB: 256, Kernel: "/k", Initrd: "/i"}
+func TestNewRejectsBadConfig(t *testing.T) {
+	root := t.TempDir()
+	good := Config{Roots: executors.RootsIn(root), Instance: testInstance}
 	tests := []struct {
-		name string
-		body func() []byte
-		want error // nil: must succeed; errAny: must fail somehow; else the errors.Is target
+		name   string
+		mutate func(*Config)
+		want   string
 	}{
-		{"good", func() []byte { b, _ := json.Marshal(good); return b }, nil},
-		{"missing", nil, ErrNoSnapshot},
-		{"garbage", func() []byte { return []byte("{") }, errAny},
-		{"future format", func() []byte { m := good; m.Format = 2; b, _ := json.Marshal(m); return b }, errAny},
-		{"no kernel", func() []byte { m := good; m.Kernel = ""; b, _ := json.Marshal(m); return b }, errAny},
-		{"auto accel", func() []byte { m := good; m.Accel = AccelAuto; b, _ := json.Marshal(m); return b }, errAny},
+		{"relative roots", func(c *Config) { c.Roots.Store = "store" }, "store root"},
+		{"no instance", func(c *Config) { c.Instance = "" }, "instance"},
+		{"instance with slash", func(c *Config) { c.Instance = "a/b" }, "instance"},
+		{"relative kernel", func(c *Config) { c.Kernel = "vmlinuz" }, "kernel"},
+		{"tiny size", func(c *Config) { c.Sizes = Sizes{"small": {MemoryMiB: 8, CPUs: 1}} }, "size \"small\""},
+		{"no cpus", func(c *Config) { c.Sizes = Sizes{"small": {MemoryMiB: 256}} }, "size \"small\""},
+		{"bad accel", func(c *Config) { c.Accel = "hvf" }, "accelerator"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			if tc.body != nil {
-				if err := os.WriteFile(filepath.Join(dir, FileMeta), tc.body(), 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
-			m, err := ReadMeta(dir)
-			switch {
-			case tc.want == nil && (err != nil || m != good):
-				t.Fatalf("ReadMeta = %+v, %v", m, err)
-			case tc.want == errAny && err == nil:
-				t.Fatalf("ReadMeta accepted %s", tc.name)
-			case tc.want != nil && tc.want != errAny && !errors.Is(err, tc.want):
-				t.Fatalf("ReadMeta = %v, want %v", err, tc.want)
+			cfg := good
+			tc.mutate(&cfg)
+			_, err := New(cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New = %v, want an error mentioning %q", err, tc.want)
 			}
 		})
 	}
+	if _, err := New(good); err != nil {
+		t.Fatalf("New(good) = %v", err)
+	}
 }
 
-var errAny = errors.New("any error")
-
-func TestAccelAuto(t *testing.T) {
-	dir := t.TempDir()
-	dev := filepath.Join(dir, "kvm")
-	if err := os.WriteFile(dev, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	hang := func(ctx context.Context, _ Spec) error { <-ctx.Done(); return ctx.Err() }
+func TestSizesAndTCGCap(t *testing.T) {
+	kernel, initrd := fakeGuest(t)
+	root := t.TempDir()
 	tests := []struct {
-		name   string
-		cfg    Config
-		want   Accel
-		probed bool
+		name    string
+		accel   Accel
+		cap     int
+		size    string
+		wantMiB int
+		wantCPU int
 	}{
-		{"configured tcg never probes", Config{Accel: AccelTCG}, AccelTCG, false},
-		{"configured kvm never probes", Config{Accel: AccelKVM}, AccelKVM, false},
-		{"no kvm device", Config{Accel: AccelAuto, KVMDevice: filepath.Join(dir, "absent")}, AccelTCG, false},
-		{"probe answers", Config{KVMDevice: dev, Probe: func(context.Context, Spec) error { return nil }}, AccelKVM, true},
-		{"probe fails", Config{KVMDevice: dev, Probe: func(context.Context, Spec) error { return errors.New("no") }}, AccelTCG, true},
-		// Nested KVM hangs; the probe must be cut off after ProbeTimeout.
-		{"probe hangs", Config{KVMDevice: dev, ProbeTimeout: 50 * time.Millisecond, Probe: hang}, AccelTCG, true},
+		// TCG: half of fsm.Sizes' vCPUs (at least one) and memory, memory
+		// capped at TCGMaxMemoryMiB.
+		{"small", AccelTCG, 0, "small", 256, 1},
+		{"medium under the cap", AccelTCG, 0, "medium", 512, 1},
+		{"large capped under TCG", AccelTCG, 0, "large", DefaultTCGMaxMemoryMiB, 2},
+		{"2xlarge capped under TCG", AccelTCG, 0, "2xlarge", DefaultTCGMaxMemoryMiB, 4},
+		{"custom cap", AccelTCG, 512, "large", 512, 2},
+		{"no cap", AccelTCG, -1, "2xlarge", 8192, 4},
+		// KVM is configured, so nothing probes or boots it here. KVM takes
+		// fsm.Sizes as they are.
+		{"KVM is not capped", AccelKVM, 0, "2xlarge", 16384, 8},
+		{"KVM small", AccelKVM, 0, "small", 512, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			probes := 0
-			if p := tc.cfg.Probe; p != nil {
-				tc.cfg.Probe = func(ctx context.Context, s Spec) error { probes++; return p(ctx, s) }
-			} else {
-				tc.cfg.Probe = func(context.Context, Spec) error { probes++; return nil }
-			}
-			d, err := New(tc.cfg)
+			d := newDriver(t, root, func(c *Config) {
+				c.Accel, c.TCGMaxMemoryMiB, c.Kernel, c.Initrd = tc.accel, tc.cap, kernel, initrd
+			})
+			k := testKey
+			k.Size = tc.size
+			spec, err := d.bootSpec(context.Background(), "/r/vm", "/s", k)
 			if err != nil {
 				t.Fatal(err)
 			}
-			start := time.Now()
-			got, why := d.Accel(context.Background(), Spec{})
-			if got != tc.want || why == "" {
-				t.Fatalf("Accel = %s (%s), want %s", got, why, tc.want)
+			if spec.MemoryMiB != tc.wantMiB || spec.CPUs != tc.wantCPU || spec.Kernel != kernel || spec.Initrd != initrd {
+				t.Fatalf("spec %+v, want %d MiB %d CPUs", spec, tc.wantMiB, tc.wantCPU)
 			}
-			if time.Since(start) > 5*time.Second {
-				t.Fatalf("resolving took %v", time.Since(start))
+		})
+	}
+	d := newDriver(t, root, func(c *Config) { c.Kernel, c.Initrd = kernel, initrd })
+	k := testKey
+	k.Size = "huge"
+	if _, err := d.bootSpec(context.Background(), "/r/vm", "/s", k); !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), "small") {
+		t.Fatalf("unknown size: %v (want Unrecoverable listing the known sizes)", err)
+	}
+}
+
+// A golden build or cold boot without a guest fails for good, says what to
+// run, and leaves nothing behind.
+func TestMissingGuest(t *testing.T) {
+	root := t.TempDir()
+	for _, tc := range []struct {
+		name           string
+		kernel, initrd string
+	}{
+		{"not configured", "", ""},
+		{"file gone", filepath.Join(root, "gone", "vmlinuz"), filepath.Join(root, "gone", "initrd.img")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDriver(t, root, func(c *Config) { c.Kernel, c.Initrd = tc.kernel, tc.initrd })
+			if _, err := d.Prepare(context.Background()); err != nil {
+				t.Fatalf("Prepare without a guest = %v (it must only warn)", err)
 			}
-			// The decision is remembered: no second probe.
-			if again, _ := d.Accel(context.Background(), Spec{}); again != got {
-				t.Fatalf("second Accel = %s, first %s", again, got)
+			_, err := d.BuildGolden(context.Background(), fsm.BuildGolden{OpID: newOp(), Key: testKey})
+			if !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), "make guest") {
+				t.Fatalf("BuildGolden = %v, want Unrecoverable naming `make guest`", err)
 			}
-			if (probes > 0) != tc.probed || probes > 1 {
-				t.Fatalf("probed %d times, want probed=%v once", probes, tc.probed)
+			vm := "vm-0000000000000001"
+			_, err = d.Clone(context.Background(), fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, Instance: testInstance,
+				RunDir: testInstance + "/" + vm, Cold: true})
+			if !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), "make guest") {
+				t.Fatalf("cold Clone = %v, want Unrecoverable naming `make guest`", err)
+			}
+			ents, err := os.ReadDir(filepath.Join(root, "run", testInstance))
+			if err != nil || len(ents) != 0 {
+				t.Fatalf("run dirs left: %v, %v", ents, err)
 			}
 		})
 	}
 }
 
-// A pid file naming a process that is not this VM's QEMU (a recycled pid) must
-// neither be adopted nor signalled.
-func TestAdoptChecksCmdline(t *testing.T) {
-	d, err := New(Config{Accel: AccelTCG, StopGrace: 100 * time.Millisecond})
-	if err != nil {
+// Intents naming paths outside the roots, another instance's VMs, the wrong
+// kind of snapshot or unsupported pools fail for good without side effects.
+func TestBadIntents(t *testing.T) {
+	kernel, initrd := fakeGuest(t)
+	root := t.TempDir()
+	d := newDriver(t, root, func(c *Config) { c.Kernel, c.Initrd = kernel, initrd })
+	if _, err := d.Prepare(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	spec := Spec{RunDir: filepath.Join(dir, "run"), StoreDir: filepath.Join(dir, "store")}
-	if err := os.MkdirAll(spec.RunDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	sleeper := exec.Command("sleep", "60")
-	if err := sleeper.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() })
-	pidFile := filepath.Join(spec.RunDir, FilePID)
-	for _, content := range []string{strconv.Itoa(sleeper.Process.Pid), "garbage", "-5"} {
-		if err := os.WriteFile(pidFile, []byte(content+"\n"), 0o600); err != nil {
+	vm := "vm-00000000000000aa"
+	run := testInstance + "/" + vm
+	// Files that a wrong destroy would remove.
+	foreign := filepath.Join(root, "run", "i-other", vm)
+	golden := filepath.Join(root, "store", "golden", "g1")
+	for _, dir := range []string{foreign, golden} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := d.Adopt(spec); !errors.Is(err, ErrNotRunning) {
-			t.Fatalf("Adopt with pid file %q = %v", content, err)
+		if err := os.WriteFile(filepath.Join(dir, "keep"), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(sleeper.Process.Pid)), 0o600); err != nil {
-		t.Fatal(err)
+	egress := testKey
+	egress.Net = NetEgress
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"clone into another instance", func() error {
+			_, err := d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: "i-other/" + vm, GoldenDir: "golden/g1"})
+			return err
+		}, "not under this instance"},
+		{"clone climbing out", func() error {
+			_, err := d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: testInstance + "/../../x", GoldenDir: "golden/g1"})
+			return err
+		}, "run dir"},
+		{"clone without golden", func() error {
+			_, err := d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run})
+			return err
+		}, "no golden"},
+		{"clone from a hibernate snapshot", func() error {
+			_, err := d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run, GoldenDir: "hibernate/x"})
+			return err
+		}, "not a golden snapshot"},
+		{"clone of an egress pool", func() error {
+			_, err := d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: egress, RunDir: run, GoldenDir: "golden/g1"})
+			return err
+		}, "egress"},
+		{"golden of an egress pool", func() error {
+			_, err := d.BuildGolden(ctx, fsm.BuildGolden{OpID: newOp(), Key: egress})
+			return err
+		}, "egress"},
+		{"wake from a golden", func() error {
+			_, err := d.Wake(ctx, fsm.WakeVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run, SnapshotDir: "golden/g1"})
+			return err
+		}, "not a hibernate snapshot"},
+		{"wake from a nested dir", func() error {
+			_, err := d.Wake(ctx, fsm.WakeVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run, SnapshotDir: "hibernate/a/b"})
+			return err
+		}, "not a hibernate snapshot"},
+		{"destroy of another instance's VM", func() error {
+			_, err := d.Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm, Key: testKey, Instance: "i-other", RunDir: "i-other/" + vm})
+			return err
+		}, "belongs to instance"},
+		{"destroy removing a golden", func() error {
+			_, err := d.Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm, Key: testKey, Instance: testInstance, RunDir: run, SnapshotDir: "golden/g1"})
+			return err
+		}, "not a hibernate snapshot"},
+		{"hibernate in another instance", func() error {
+			_, err := d.Hibernate(ctx, fsm.HibernateVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: "i-other/" + vm})
+			return err
+		}, "not under this instance"},
 	}
-	if _, err := d.Destroy(context.Background(), spec); err != nil {
-		t.Fatal(err)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			if !executors.IsUnrecoverable(err) || executors.IsLost(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want Unrecoverable (not lost) mentioning %q", err, tc.want)
+			}
+		})
 	}
-	if err := sleeper.Process.Signal(syscall.Signal(0)); err != nil {
-		t.Fatalf("Destroy signalled a process that is not its QEMU: %v", err)
+	for _, dir := range []string{foreign, golden} {
+		if _, err := os.Stat(filepath.Join(dir, "keep")); err != nil {
+			t.Fatalf("a refused intent touched %s: %v", dir, err)
+		}
 	}
-	if _, err := os.Stat(spec.RunDir); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("run dir not removed: %v", err)
+	if _, err := os.Stat(filepath.Join(root, "run", testInstance, vm)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a refused intent created the run dir: %v", err)
 	}
 }
 
-func TestResultDurations(t *testing.T) {
-	r := Result{Steps: []Step{{StepClone, 2 * time.Millisecond}, {StepSync, 3 * time.Millisecond}, {StepClone, time.Millisecond}}}
-	if r.Dur(StepClone) != 3*time.Millisecond || r.Dur(StepQuit) != 0 || r.Total() != 6*time.Millisecond {
-		t.Fatalf("Dur/Total wrong: %v %v %v", r.Dur(StepClone), r.Dur(StepQuit), r.Total())
+// writeSnapshot makes a snapshot dir that checkSnapshot accepts (ramMiB of
+// sparse RAM), then applies damage.
+func writeSnapshot(t *testing.T, dir string, ramMiB int, damage func(dir string)) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
 	}
-	// Steps are timed by the injected clock.
-	now := time.Unix(100, 0)
-	d, err := New(Config{Accel: AccelTCG, Now: func() time.Time { return now }})
+	state := []byte("device state")
+	m := Meta{Format: MetaFormat, Source: "hibernate", Machine: "pc", Accel: AccelTCG, MemoryMiB: ramMiB,
+		CPUs: 1, Kernel: "/k", Initrd: "/i", StateBytes: int64(len(state))}
+	b, err := json.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var res Result
-	tm := d.timer(&res)
-	now = now.Add(7 * time.Millisecond)
-	tm.mark(StepStop)
-	now = now.Add(time.Second)
-	tm.skip()
-	now = now.Add(2 * time.Millisecond)
-	tm.mark(StepMigrate)
-	if res.Dur(StepStop) != 7*time.Millisecond || res.Dur(StepMigrate) != 2*time.Millisecond {
-		t.Fatalf("timer steps %v", res.Steps)
+	for name, data := range map[string][]byte{FileMeta: b, FileState: state} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, FileRAM), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(dir, FileRAM), int64(ramMiB)<<20); err != nil {
+		t.Fatal(err)
+	}
+	if damage != nil {
+		damage(dir)
 	}
 }
 
-// A QEMU that answers neither quit nor SIGTERM is killed with SIGKILL; the
-// pid is checked against the cmdline before each signal.
-func TestDestroyEscalatesToSIGKILL(t *testing.T) {
-	d, err := New(Config{Accel: AccelTCG, StopGrace: 200 * time.Millisecond})
+func TestCheckSnapshot(t *testing.T) {
+	tests := []struct {
+		name   string
+		damage func(dir string)
+		ok     bool
+	}{
+		{"complete", nil, true},
+		{"no meta", func(dir string) { os.Remove(filepath.Join(dir, FileMeta)) }, false},
+		{"garbage meta", func(dir string) { os.WriteFile(filepath.Join(dir, FileMeta), []byte("{"), 0o600) }, false},
+		{"RAM truncated", func(dir string) { os.Truncate(filepath.Join(dir, FileRAM), 1<<20) }, false},
+		{"no RAM", func(dir string) { os.Remove(filepath.Join(dir, FileRAM)) }, false},
+		{"state short", func(dir string) { os.Truncate(filepath.Join(dir, FileState), 3) }, false},
+		{"dir missing", func(dir string) { os.RemoveAll(dir) }, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "snap")
+			writeSnapshot(t, dir, 16, tc.damage)
+			_, err := checkSnapshot(dir)
+			if (err == nil) != tc.ok {
+				t.Fatalf("checkSnapshot = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+// Without a QEMU there is nothing to hibernate: the VM is lost. A missing or
+// damaged snapshot makes a wake lost, and leaves no run dir. A destroy of
+// nothing succeeds and removes the snapshot it names. A clone from a missing
+// golden fails for good but the VM is not "lost".
+func TestNothingRunning(t *testing.T) {
+	root := t.TempDir()
+	d := newDriver(t, root, nil)
+	ctx := context.Background()
+	if _, err := d.Prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	vm := "vm-00000000000000bb"
+	run := testInstance + "/" + vm
+	runDir := filepath.Join(root, "run", run)
+
+	_, err := d.Hibernate(ctx, fsm.HibernateVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run})
+	if !executors.IsLost(err) {
+		t.Fatalf("Hibernate without QEMU = %v, want Lost", err)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		damage func(string)
+	}{
+		{"missing", func(dir string) { os.RemoveAll(dir) }},
+		{"RAM truncated", func(dir string) { os.Truncate(filepath.Join(dir, FileRAM), 0) }},
+	} {
+		snap := "hibernate/" + vm + "-" + strings.ReplaceAll(tc.name, " ", "-")
+		writeSnapshot(t, filepath.Join(root, "store", snap), 16, tc.damage)
+		if err := os.MkdirAll(runDir, 0o700); err != nil { // leftovers of an earlier attempt
+			t.Fatal(err)
+		}
+		_, err := d.Wake(ctx, fsm.WakeVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run, SnapshotDir: snap})
+		if !executors.IsLost(err) {
+			t.Fatalf("Wake from %s snapshot = %v, want Lost", tc.name, err)
+		}
+		if _, err := os.Stat(runDir); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("Wake from %s snapshot left the run dir: %v", tc.name, err)
+		}
+	}
+
+	snap := "hibernate/" + vm + "-x"
+	writeSnapshot(t, filepath.Join(root, "store", snap), 16, nil)
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	res, err := d.Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm, Key: testKey, Instance: testInstance, RunDir: run, SnapshotDir: snap})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	spec := Spec{RunDir: filepath.Join(dir, "run"), StoreDir: filepath.Join(dir, "store")}
-	if err := os.MkdirAll(spec.RunDir, 0o700); err != nil {
-		t.Fatal(err)
+	for _, p := range []string{runDir, filepath.Join(root, "store", snap)} {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("Destroy left %s: %v", p, err)
+		}
 	}
-	fake, waited := startFakeQEMU(t, spec.RunDir)
-	if err := os.WriteFile(filepath.Join(spec.RunDir, FilePID), []byte(strconv.Itoa(fake.Process.Pid)), 0o600); err != nil {
-		t.Fatal(err)
+	if n := len(res.Report.Steps); n == 0 || res.Report.Steps[n-1].Name != StepRemoveSnapshot {
+		t.Fatalf("Destroy report %+v, want steps ending in %s", res.Report, StepRemoveSnapshot)
 	}
-	// The fake must have ignored SIGTERM before Destroy sends it.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(fake.Process.Pid), "status"))
-		if i := strings.Index(string(b), "SigIgn:"); i >= 0 {
-			var mask uint64
-			if _, err := fmt.Sscanf(string(b[i+len("SigIgn:"):]), "%x", &mask); err == nil && mask&(1<<(uint(syscall.SIGTERM)-1)) != 0 {
-				break
+	if _, err := d.Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm, Key: testKey, Instance: testInstance, RunDir: run, SnapshotDir: snap}); err != nil {
+		t.Fatalf("second Destroy = %v", err)
+	}
+
+	_, err = d.Clone(ctx, fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: run, GoldenDir: "golden/missing"})
+	if !executors.IsUnrecoverable(err) || executors.IsLost(err) || !errors.Is(err, ErrNoSnapshot) {
+		t.Fatalf("Clone from a missing golden = %v, want Unrecoverable ErrNoSnapshot", err)
+	}
+	if _, err := os.Stat(runDir); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("failed Clone left the run dir: %v", err)
+	}
+}
+
+func TestPrepare(t *testing.T) {
+	t.Run("layout and sweep", func(t *testing.T) {
+		root := t.TempDir()
+		var temps []string
+		for _, sub := range []string{"", "golden", "hibernate"} {
+			dir := filepath.Join(root, "store", sub)
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			tmp, err := fsx.MkTempDir(dir, "crashed")
+			if err != nil {
+				t.Fatal(err)
+			}
+			temps = append(temps, tmp)
+		}
+		probe := filepath.Join(root, "run", testInstance, ProbeDirPrefix+"123")
+		if err := os.MkdirAll(probe, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		temps = append(temps, probe)
+		keep := filepath.Join(root, "store", "hibernate", "vm-1-op")
+		if err := os.Mkdir(keep, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		d := newDriver(t, root, nil)
+		rep, err := d.Prepare(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Swept) != len(temps) {
+			t.Fatalf("swept %v, want %v", rep.Swept, temps)
+		}
+		for _, p := range temps {
+			if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("temp dir %s survived: %v", p, err)
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("fake QEMU never ignored SIGTERM")
+		for _, p := range []string{keep, filepath.Join(root, "run", testInstance)} {
+			if st, err := os.Stat(p); err != nil || !st.IsDir() {
+				t.Fatalf("%s: %v", p, err)
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if pid, err := d.Adopt(spec); err != nil || pid != fake.Process.Pid {
-		t.Fatalf("Adopt(fake) = %d, %v", pid, err)
-	}
-	start := time.Now()
-	if _, err := d.Destroy(context.Background(), spec); err != nil {
-		t.Fatal(err)
-	}
-	// quit (no QMP: fails at once) and SIGTERM (ignored) each get the grace.
-	if el := time.Since(start); el < 200*time.Millisecond {
-		t.Fatalf("Destroy took %v: it cannot have waited out SIGTERM", el)
-	}
-	select {
-	case err := <-waited:
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-			t.Fatalf("fake QEMU ended with %v, want SIGKILL", err)
+		if rep.CopyMode != fsx.Reflink && rep.CopyMode != fsx.Copy {
+			t.Fatalf("copy mode %v", rep.CopyMode)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("fake QEMU still running after Destroy")
+	})
+	t.Run("socket path too long", func(t *testing.T) {
+		root := filepath.Join(t.TempDir(), strings.Repeat("d", 80))
+		d := newDriver(t, root, nil)
+		if _, err := d.Prepare(context.Background()); err == nil || !strings.Contains(err.Error(), "socket") {
+			t.Fatalf("Prepare = %v, want a socket path error", err)
+		}
+	})
+	t.Run("XFS reflinks", func(t *testing.T) {
+		root := xfstest.Mount(t, 0)
+		d := newDriver(t, root, nil)
+		rep, err := d.Prepare(context.Background())
+		if err != nil || rep.CopyMode != fsx.Reflink {
+			t.Fatalf("Prepare on XFS = %+v, %v", rep, err)
+		}
+		// A re-run that found its work done reports the detected mode.
+		if got := d.report(RecipeResult{Already: true}).CopyMode; got != "reflink" {
+			t.Fatalf("report of a re-run: copy mode %q", got)
+		}
+	})
+	t.Run("runs and store on different filesystems", func(t *testing.T) {
+		store := xfstest.MountNoReflink(t, 64<<20, xfstest.Tmpfs)
+		roots := executors.RootsIn(t.TempDir())
+		roots.Store = store
+		d, err := New(Config{Roots: roots, Instance: testInstance, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Prepare(context.Background()); err == nil || !strings.Contains(err.Error(), "different filesystems") {
+			t.Fatalf("Prepare = %v", err)
+		}
+	})
+}
+
+func TestClassify(t *testing.T) {
+	tests := []struct {
+		name          string
+		err           error
+		unrecoverable bool
+		capacity      bool
+	}{
+		{"plain", errors.New("qmp: timeout"), false, false},
+		{"invalid spec", fmt.Errorf("x: %w", ErrInvalidSpec), true, false},
+		{"snapshot name taken", ErrSnapshotExists, true, false},
+		{"ENOSPC", &fs.PathError{Op: "write", Path: "/s/ram", Err: syscall.ENOSPC}, false, true},
+		{"already unrecoverable", executors.Unrecoverablef("x"), true, false},
 	}
-	if _, err := os.Stat(spec.RunDir); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("run dir left: %v", err)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := classify(tc.err)
+			if executors.IsUnrecoverable(got) != tc.unrecoverable || errors.Is(got, executors.ErrCapacity) != tc.capacity {
+				t.Fatalf("classify(%v) = %v", tc.err, got)
+			}
+			if !errors.Is(got, tc.err) {
+				t.Fatalf("classify lost the cause: %v", got)
+			}
+		})
 	}
 }
 
-// A daemon killed between starting QEMU and writing its pid file leaves a QEMU
-// only its cmdline names. With vm.json in the run dir (a launch began) Adopt
-// finds it over /proc and writes the pid file, so Destroy stops it; without
-// vm.json nothing is scanned for.
-func TestAdoptWithoutPidFile(t *testing.T) {
-	d, err := New(Config{Accel: AccelTCG, StopGrace: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	spec := Spec{RunDir: filepath.Join(dir, "run"), StoreDir: filepath.Join(dir, "store")}
-	if err := os.MkdirAll(spec.RunDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	fake, waited := startFakeQEMU(t, spec.RunDir)
-	// The exec must have happened before /proc shows the fake's cmdline.
-	deadline := time.Now().Add(5 * time.Second)
-	for !d.isOurs(fake.Process.Pid, spec.RunDir) {
-		if time.Now().After(deadline) {
-			t.Fatal("fake QEMU's cmdline never appeared")
+func TestCachedGuest(t *testing.T) {
+	cache := t.TempDir()
+	mk := func(name string, files []string, age time.Duration) string {
+		dir := filepath.Join(cache, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		for _, f := range files {
+			p := filepath.Join(dir, f)
+			if err := os.WriteFile(p, []byte(f), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			mt := time.Now().Add(-age)
+			if err := os.Chtimes(p, mt, mt); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
 	}
-	if _, err := d.Adopt(spec); !errors.Is(err, ErrNotRunning) {
-		t.Fatalf("Adopt without vm.json = %v, want ErrNotRunning", err)
+	all := []string{"vmlinuz", "initrd.img", "manifest"}
+	if _, ok := CachedGuest(cache); ok {
+		t.Fatal("empty cache gave a guest")
 	}
-	if err := os.WriteFile(filepath.Join(spec.RunDir, FileVM), []byte("{}"), 0o600); err != nil {
-		t.Fatal(err)
+	mk("old", all, 2*time.Hour)
+	want := mk("new", all, time.Hour)
+	mk("incomplete", []string{"vmlinuz", "manifest"}, 0)
+	mk(".build-x", all, 0)
+	g, ok := CachedGuest(cache)
+	if !ok || g.Dir != want || g.Kernel != filepath.Join(want, "vmlinuz") || g.Initrd != filepath.Join(want, "initrd.img") {
+		t.Fatalf("CachedGuest = %+v, %v; want %s", g, ok, want)
 	}
-	pid, err := d.Adopt(spec)
-	if err != nil || pid != fake.Process.Pid {
-		t.Fatalf("Adopt = %d, %v; want %d", pid, err, fake.Process.Pid)
+	t.Setenv("SBX_CACHE", "/sbx-cache")
+	if got := GuestCacheDir(); got != "/sbx-cache/guest" {
+		t.Fatalf("GuestCacheDir with SBX_CACHE = %s", got)
 	}
-	if b, err := os.ReadFile(filepath.Join(spec.RunDir, FilePID)); err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(pid) {
-		t.Fatalf("pid file after Adopt: %q, %v", b, err)
-	}
-	if _, err := d.Destroy(context.Background(), spec); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-waited:
-	case <-time.After(5 * time.Second):
-		t.Fatal("fake QEMU still running after Destroy")
-	}
-}
-
-// startFakeQEMU starts the test binary as a QEMU of runDir (argv[0]
-// qemu-system-x86_64 and runDir's QMP socket in its cmdline, so the driver's
-// cmdline check accepts it) that ignores quit and SIGTERM. The channel yields
-// its Wait error; t.Cleanup kills it.
-func startFakeQEMU(t *testing.T, runDir string) (*exec.Cmd, <-chan error) {
-	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fake := &exec.Cmd{
-		Path: self,
-		Args: []string{"qemu-system-x86_64", "-chardev", "socket,id=qmp,path=" + QMPSocket(runDir) + ",server=on,wait=off"},
-		Env:  append(os.Environ(), fakeQEMUEnv+"=stubborn"),
-	}
-	if err := fake.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- fake.Wait() }()
-	t.Cleanup(func() { _ = fake.Process.Kill() })
-	return fake, waited
 }

@@ -22,7 +22,7 @@ import (
 // launch starts QEMU for m in runDir and returns its pid and a QMP connection.
 // QEMU runs in its own process group with its output in qemu.log, so neither a
 // signal to the daemon's group nor the daemon's exit reaches it.
-func (d *Driver) launch(ctx context.Context, runDir string, m Meta, incoming bool) (int, *qmp.Client, error) {
+func (q *Recipes) launch(ctx context.Context, runDir string, m Meta, incoming bool) (int, *qmp.Client, error) {
 	// vm.json first: whoever finds the pid file can then always learn how the VM
 	// was started, even after a daemon restart.
 	vm, err := json.Marshal(m)
@@ -41,14 +41,14 @@ func (d *Driver) launch(ctx context.Context, runDir string, m Meta, incoming boo
 	if err != nil {
 		return 0, nil, fmt.Errorf("qemu: launch: %w", err)
 	}
-	cmd := exec.Command(d.qemu, cmdline(runDir, m, incoming)...)
+	cmd := exec.Command(q.qemu, cmdline(runDir, m, incoming)...)
 	cmd.Dir = runDir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	err = cmd.Start()
 	logf.Close()
 	if err != nil {
-		return 0, nil, fmt.Errorf("qemu: launch %s: %w", d.qemu, err)
+		return 0, nil, fmt.Errorf("qemu: launch %s: %w", q.qemu, err)
 	}
 	pid := cmd.Process.Pid
 	exited := make(chan struct{})
@@ -70,7 +70,7 @@ func (d *Driver) launch(ctx context.Context, runDir string, m Meta, incoming boo
 	if err := fsx.WriteFileAtomic(filepath.Join(runDir, FilePID), []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
 		return fail(fmt.Errorf("qemu: pid file: %w", err))
 	}
-	c, err := d.dialQMP(ctx, runDir, exited)
+	c, err := q.dialQMP(ctx, runDir, exited)
 	if err != nil {
 		return fail(err)
 	}
@@ -79,8 +79,8 @@ func (d *Driver) launch(ctx context.Context, runDir string, m Meta, incoming boo
 
 // dialQMP connects to the QMP socket of runDir, retrying while QEMU starts up.
 // exited, if not nil, ends the wait early when the process is gone.
-func (d *Driver) dialQMP(ctx context.Context, runDir string, exited <-chan struct{}) (*qmp.Client, error) {
-	ctx, cancel := context.WithTimeout(ctx, d.startTimeout)
+func (q *Recipes) dialQMP(ctx context.Context, runDir string, exited <-chan struct{}) (*qmp.Client, error) {
+	ctx, cancel := context.WithTimeout(ctx, q.startTimeout)
 	defer cancel()
 	var last error
 	for {
@@ -120,25 +120,25 @@ func logTail(runDir string) string {
 // A QEMU whose launch a crash cut short before its pid file was written (vm.json
 // is there, qemu.pid is not) is found by that same cmdline check over /proc and
 // gets its pid file.
-func (d *Driver) Adopt(spec Spec) (int, error) {
+func (q *Recipes) Adopt(spec Spec) (int, error) {
 	if err := spec.validateDirs(); err != nil {
 		return 0, err
 	}
-	return d.adopt(spec.RunDir)
+	return q.adopt(spec.RunDir)
 }
 
-func (d *Driver) adopt(runDir string) (int, error) {
+func (q *Recipes) adopt(runDir string) (int, error) {
 	b, err := os.ReadFile(filepath.Join(runDir, FilePID))
 	if errors.Is(err, os.ErrNotExist) {
 		// launch writes vm.json before it starts QEMU and the pid file after: a
 		// daemon killed in between leaves a QEMU that only its cmdline names.
 		// Without vm.json no launch began, so the scan is skipped.
 		if _, serr := os.Stat(filepath.Join(runDir, FileVM)); serr == nil {
-			if pid := d.findByCmdline(runDir); pid > 0 {
+			if pid := q.findByCmdline(runDir); pid > 0 {
 				if err := fsx.WriteFileAtomic(filepath.Join(runDir, FilePID), []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
 					return 0, fmt.Errorf("qemu: adopt: pid file: %w", err)
 				}
-				d.log.Warn().Int("pid", pid).Str("run_dir", runDir).Msg("qemu: adopted a QEMU that had no pid file (daemon died while launching it)")
+				q.log.Warn().Int("pid", pid).Str("run_dir", runDir).Msg("qemu: adopted a QEMU that had no pid file (daemon died while launching it)")
 				return pid, nil
 			}
 		}
@@ -151,21 +151,21 @@ func (d *Driver) adopt(runDir string) (int, error) {
 	if err != nil || pid <= 0 {
 		return 0, fmt.Errorf("%w: bad pid file %s: %q", ErrNotRunning, runDir, b)
 	}
-	if !d.isOurs(pid, runDir) {
+	if !q.isOurs(pid, runDir) {
 		return 0, fmt.Errorf("%w: pid %d is not the QEMU of %s", ErrNotRunning, pid, runDir)
 	}
 	return pid, nil
 }
 
 // findByCmdline returns the live QEMU of runDir found by scanning /proc, or 0.
-func (d *Driver) findByCmdline(runDir string) int {
+func (q *Recipes) findByCmdline(runDir string) int {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0
 	}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err == nil && pid > 0 && d.isOurs(pid, runDir) {
+		if err == nil && pid > 0 && q.isOurs(pid, runDir) {
 			return pid
 		}
 	}
@@ -174,13 +174,13 @@ func (d *Driver) findByCmdline(runDir string) int {
 
 // isOurs reports whether pid is alive and is the QEMU of runDir. A zombie has an
 // empty cmdline, so an exited but unreaped process counts as gone.
-func (d *Driver) isOurs(pid int, runDir string) bool {
+func (q *Recipes) isOurs(pid int, runDir string) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil || len(b) == 0 {
 		return false
 	}
 	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-	if filepath.Base(args[0]) != filepath.Base(d.qemu) {
+	if filepath.Base(args[0]) != filepath.Base(q.qemu) {
 		return false
 	}
 	want := "path=" + escape(QMPSocket(runDir)) + ","
@@ -193,7 +193,7 @@ func (d *Driver) isOurs(pid int, runDir string) bool {
 }
 
 // waitGone waits until pid is no longer the QEMU of runDir, or timeout.
-func (d *Driver) waitGone(ctx context.Context, pid int, runDir string, timeout time.Duration) bool {
+func (q *Recipes) waitGone(ctx context.Context, pid int, runDir string, timeout time.Duration) bool {
 	children.Lock()
 	exited := children.m[pid]
 	children.Unlock()
@@ -212,11 +212,11 @@ func (d *Driver) waitGone(ctx context.Context, pid int, runDir string, timeout t
 	}
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	for d.isOurs(pid, runDir) {
+	for q.isOurs(pid, runDir) {
 		select {
 		case <-tick.C:
 		case <-t.C:
-			return !d.isOurs(pid, runDir)
+			return !q.isOurs(pid, runDir)
 		case <-ctx.Done():
 			return false
 		}
@@ -227,11 +227,11 @@ func (d *Driver) waitGone(ctx context.Context, pid int, runDir string, timeout t
 // terminate ends the VM's QEMU: QMP quit (through c when given, else a fresh
 // connection), then SIGTERM, then SIGKILL, each after a grace period and each only
 // after checking that pid still is this VM's QEMU.
-func (d *Driver) terminate(ctx context.Context, pid int, runDir string, c *qmp.Client) error {
-	if !d.isOurs(pid, runDir) {
+func (q *Recipes) terminate(ctx context.Context, pid int, runDir string, c *qmp.Client) error {
+	if !q.isOurs(pid, runDir) {
 		return nil
 	}
-	qctx, cancel := context.WithTimeout(ctx, d.stopGrace)
+	qctx, cancel := context.WithTimeout(ctx, q.stopGrace)
 	if c == nil {
 		if nc, err := qmp.Dial(qctx, QMPSocket(runDir)); err == nil {
 			c = nc
@@ -243,7 +243,7 @@ func (d *Driver) terminate(ctx context.Context, pid int, runDir string, c *qmp.C
 		_ = c.Execute(qctx, "quit", nil, nil)
 	}
 	cancel()
-	if d.waitGone(ctx, pid, runDir, d.stopGrace) {
+	if q.waitGone(ctx, pid, runDir, q.stopGrace) {
 		return nil
 	}
 	// Signals go through a pidfd opened before the cmdline check, so the checked
@@ -258,10 +258,10 @@ func (d *Driver) terminate(ctx context.Context, pid int, runDir string, c *qmp.C
 		defer unix.Close(pidfd)
 	}
 	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGKILL} {
-		if !d.isOurs(pid, runDir) {
+		if !q.isOurs(pid, runDir) {
 			return nil
 		}
-		d.log.Warn().Int("pid", pid).Str("run_dir", runDir).Stringer("signal", sig).Msg("qemu did not exit; signalling")
+		q.log.Warn().Int("pid", pid).Str("run_dir", runDir).Stringer("signal", sig).Msg("qemu did not exit; signalling")
 		if pidfd >= 0 {
 			err = unix.PidfdSendSignal(pidfd, sig, nil, 0)
 		} else {
@@ -270,11 +270,11 @@ func (d *Driver) terminate(ctx context.Context, pid int, runDir string, c *qmp.C
 		if err != nil && !errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("qemu: signal %d: %w", pid, err)
 		}
-		if d.waitGone(ctx, pid, runDir, d.stopGrace) {
+		if q.waitGone(ctx, pid, runDir, q.stopGrace) {
 			return nil
 		}
 	}
-	return fmt.Errorf("qemu: pid %d survived SIGKILL for %s", pid, d.stopGrace)
+	return fmt.Errorf("qemu: pid %d survived SIGKILL for %s", pid, q.stopGrace)
 }
 
 // launchedMeta reads the Meta the VM in runDir was launched with.

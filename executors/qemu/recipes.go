@@ -2,613 +2,296 @@ package qemu
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+	"sync"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/guest/agent"
-	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
 )
 
-// migration capabilities on both ends: x-ignore-shared leaves RAM blocks backed by
-// shared memory (our RAM file) out of the stream, since the file itself is the
-// snapshot; events makes QEMU send MIGRATION events.
-var migrationCaps = []string{"x-ignore-shared", "events"}
+// RecipesConfig configures Recipes. Zero values take the defaults named per field.
+type RecipesConfig struct {
+	// QEMU is the emulator binary (default "qemu-system-x86_64").
+	QEMU string
+	// Accel is the accelerator for cold boots (default AccelAuto). Restores use the
+	// accelerator recorded in the snapshot.
+	Accel Accel
+	// Machine is QEMU's machine type (default "pc").
+	Machine string
+	// FS performs every side effect on the run dir and the store (default
+	// fsx.NewOS(Log)); tests wrap it in an fsx.Recorder.
+	FS  fsx.FS
+	Log zerolog.Logger
+	// Now is the clock for step timings and snapshot metadata (default time.Now).
+	Now func() time.Time
 
-// migrationFD is the name under which the state file's descriptor is passed.
-const migrationFD = "sbx-state"
+	// BootTimeout bounds a cold boot up to the agent's first answer (default 2 min:
+	// TCG under load is slow).
+	BootTimeout time.Duration
+	// ReadyTimeout bounds the wait for the agent after a restore (default 30 s).
+	ReadyTimeout time.Duration
+	// StartTimeout bounds the wait for QMP after launching QEMU (default 30 s).
+	StartTimeout time.Duration
+	// MigrateTimeout bounds saving or loading the device state (default 2 min).
+	MigrateTimeout time.Duration
+	// StopGrace is how long each of quit, SIGTERM and SIGKILL is given (default 5 s).
+	StopGrace time.Duration
 
-// Boot cold-boots the VM of spec in spec.RunDir and waits until the guest agent
-// answers; the VM keeps running. If the run dir already holds this VM's live QEMU,
-// Boot does nothing and reports Already.
-func (d *Driver) Boot(ctx context.Context, spec Spec) (Result, error) {
-	var r Result
-	if err := spec.validateBoot(); err != nil {
-		return r, err
-	}
-	if pid, err := d.adopt(spec.RunDir); err == nil {
-		// A boot cut short by a crash: its VM counts once its agent answers.
-		m, merr := launchedMeta(spec.RunDir)
-		if merr == nil && d.waitAgent(ctx, spec.RunDir, d.bootTimeout) == nil {
-			r.PID, r.Already, r.Accel = pid, true, m.Accel
-			return r, nil
-		}
-		if err := d.terminate(ctx, pid, spec.RunDir, nil); err != nil {
-			return r, err
-		}
-	}
-	accel, _ := d.Accel(ctx, spec)
-	r.Accel = accel
-	t := d.timer(&r)
-	if err := d.fs.RemoveAll(spec.RunDir); err != nil {
-		return r, err
-	}
-	if err := d.fs.MkdirAll(spec.RunDir, 0o700); err != nil {
-		return r, err
-	}
-	if spec.Disk != "" {
-		res, err := d.fs.Clone(filepath.Join(spec.RunDir, FileDisk), spec.Disk)
-		if err != nil {
-			return r, err
-		}
-		r.addClone(res)
-	}
-	t.mark(StepPrepare)
-	pid, c, err := d.launch(ctx, spec.RunDir, d.bootMeta(spec, accel), false)
-	if err != nil {
-		return r, err
-	}
-	c.Close()
-	r.PID = pid
-	t.mark(StepLaunch)
-	if err := d.waitAgent(ctx, spec.RunDir, d.bootTimeout); err != nil {
-		d.abandon(pid, spec.RunDir)
-		return r, err
-	}
-	t.mark(StepReady)
-	return r, nil
+	// ProbeTimeout bounds AccelAuto's KVM probe boot (default 10 s). Nested KVM
+	// can hang forever, so the probe must give up fast and fall back to TCG.
+	ProbeTimeout time.Duration
+	// KVMDevice is checked before probing (default "/dev/kvm").
+	KVMDevice string
+	// Probe replaces the KVM probe boot (tests); nil means a real boot of the
+	// spec's kernel and initrd under KVM that must reach agent ready.
+	Probe func(ctx context.Context, spec Spec) error
 }
 
-// waitAgent waits up to timeout for the guest agent to answer "ready".
-func (d *Driver) waitAgent(ctx context.Context, runDir string, timeout time.Duration) error {
-	actx, cancel := context.WithTimeout(ctx, timeout)
+// Recipes runs the recipes (Boot, Golden, Clone, Hibernate, Wake, Resume,
+// Destroy) on VMs described by a Spec, one QEMU process per VM. Its methods are
+// safe for concurrent use on different VMs; calls for the same VM must not
+// overlap (the state machine serialises them, through Driver).
+type Recipes struct {
+	qemu, machine string
+	fs            fsx.FS
+	log           zerolog.Logger
+	now           func() time.Time
+
+	bootTimeout, readyTimeout, startTimeout, migrateTimeout, stopGrace time.Duration
+	probeTimeout                                                       time.Duration
+	kvmDevice                                                          string
+	probe                                                              func(ctx context.Context, spec Spec) error
+
+	accelMu  sync.Mutex
+	accel    Accel // AccelAuto until resolved
+	accelWhy string
+}
+
+// children are the QEMU processes started by any Recipes of this process, each
+// with a channel closed once reaped. Process-wide, because a child outlives the
+// Recipes value that started it (a second one adopting it must still wait for the reap,
+// or it would report a zombie as gone).
+var children = struct {
+	sync.Mutex
+	m map[int]chan struct{}
+}{m: make(map[int]chan struct{})}
+
+// NewRecipes returns a Recipes.
+func NewRecipes(cfg RecipesConfig) (*Recipes, error) {
+	accel, err := ParseAccel(string(cfg.Accel))
+	if err != nil {
+		return nil, err
+	}
+	q := &Recipes{
+		qemu:           or(cfg.QEMU, "qemu-system-x86_64"),
+		machine:        or(cfg.Machine, "pc"),
+		fs:             cfg.FS,
+		log:            cfg.Log,
+		now:            cfg.Now,
+		bootTimeout:    orDur(cfg.BootTimeout, 2*time.Minute),
+		readyTimeout:   orDur(cfg.ReadyTimeout, 30*time.Second),
+		startTimeout:   orDur(cfg.StartTimeout, 30*time.Second),
+		migrateTimeout: orDur(cfg.MigrateTimeout, 2*time.Minute),
+		stopGrace:      orDur(cfg.StopGrace, 5*time.Second),
+		probeTimeout:   orDur(cfg.ProbeTimeout, 10*time.Second),
+		kvmDevice:      or(cfg.KVMDevice, "/dev/kvm"),
+		probe:          cfg.Probe,
+		accel:          accel,
+	}
+	if q.fs == nil {
+		q.fs = fsx.NewOS(cfg.Log)
+	}
+	if q.now == nil {
+		q.now = time.Now
+	}
+	if q.probe == nil {
+		q.probe = q.probeBoot
+	}
+	return q, nil
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func orDur(v, def time.Duration) time.Duration {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// Accel returns the accelerator cold boots use, resolving AccelAuto on first use
+// (with spec's kernel and initrd for the probe boot) and remembering the outcome,
+// and a sentence saying why.
+func (q *Recipes) Accel(ctx context.Context, spec Spec) (Accel, string) {
+	q.accelMu.Lock()
+	defer q.accelMu.Unlock()
+	if q.accel != AccelAuto {
+		if q.accelWhy == "" {
+			q.accelWhy = "configured"
+		}
+		return q.accel, q.accelWhy
+	}
+	q.accel, q.accelWhy = q.resolveAuto(ctx, spec)
+	q.log.Info().Str("accel", string(q.accel)).Str("why", q.accelWhy).Msg("qemu accelerator chosen")
+	return q.accel, q.accelWhy
+}
+
+func (q *Recipes) resolveAuto(ctx context.Context, spec Spec) (Accel, string) {
+	f, err := os.OpenFile(q.kvmDevice, os.O_RDWR, 0)
+	if err != nil {
+		return AccelTCG, fmt.Sprintf("auto: %s unusable (%v)", q.kvmDevice, err)
+	}
+	f.Close()
+	pctx, cancel := context.WithTimeout(ctx, q.probeTimeout)
 	defer cancel()
-	a, err := agent.WaitReady(actx, AgentSocket(runDir), 100*time.Millisecond)
-	if err != nil {
-		return fmt.Errorf("qemu: guest agent in %s: %w (console: %s)", runDir, err, consoleTail(runDir))
+	start := q.now()
+	if err := q.probe(pctx, spec); err != nil {
+		return AccelTCG, fmt.Sprintf("auto: KVM probe boot failed after %s (%v)", q.now().Sub(start).Round(time.Millisecond), err)
 	}
-	return a.Close()
+	return AccelKVM, fmt.Sprintf("auto: KVM probe boot answered in %s", q.now().Sub(start).Round(time.Millisecond))
 }
 
-func consoleTail(runDir string) string {
-	b, err := os.ReadFile(filepath.Join(runDir, FileConsole))
-	if err != nil {
-		return "none"
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 3 {
-		lines = lines[len(lines)-3:]
-	}
-	return strings.Join(lines, " | ")
-}
+// ProbeDirPrefix starts the name of the scratch run dir of a KVM probe boot, made
+// next to the run dir of the boot that needed the probe. A crash can leave one
+// behind (with its QEMU); Destroy of it cleans up.
+const ProbeDirPrefix = ".kvm-probe-"
 
-// abandon stops a VM whose recipe failed and removes its run dir; it has its own
-// deadline because the recipe's context may be what ended.
-func (d *Driver) abandon(pid int, runDir string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*d.stopGrace)
-	defer cancel()
-	if err := d.terminate(ctx, pid, runDir, nil); err != nil {
-		d.log.Error().Err(err).Str("run_dir", runDir).Msg("qemu: stopping a failed VM")
-		return
-	}
-	if err := d.fs.RemoveAll(runDir); err != nil {
-		d.log.Error().Err(err).Str("run_dir", runDir).Msg("qemu: removing a failed VM's run dir")
-	}
-}
-
-// Golden builds the snapshot name in the store: cold boot, agent ready, stop, save
-// the device state, clone RAM (and disk) into a temp dir of the store, SyncTree,
-// rename into place; then the VM is stopped and its run dir removed. If the snapshot
-// already exists, Golden does nothing and reports Already.
-func (d *Driver) Golden(ctx context.Context, spec Spec, name string) (Result, error) {
-	if err := validateName(name); err != nil {
-		return Result{}, err
-	}
-	if err := spec.validateBoot(); err != nil {
-		return Result{}, err
-	}
-	if _, err := ReadMeta(spec.SnapshotDir(name)); err == nil {
-		return Result{Already: true}, nil
-	}
-	r, err := d.Boot(ctx, spec)
+// probeBoot cold-boots spec's guest under KVM in a scratch run dir next to
+// spec.RunDir and waits for the agent; the VM is destroyed either way.
+func (q *Recipes) probeBoot(ctx context.Context, spec Spec) error {
+	dir, err := os.MkdirTemp(filepath.Dir(spec.RunDir), ProbeDirPrefix)
 	if err != nil {
-		return r, err
-	}
-	pid := r.PID
-	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
-	if err != nil {
-		d.abandon(pid, spec.RunDir)
-		return r, fmt.Errorf("qemu: golden: %w", err)
-	}
-	defer c.Close()
-	m, err := launchedMeta(spec.RunDir)
-	if err != nil {
-		d.abandon(pid, spec.RunDir)
-		return r, err
-	}
-	m.Source = "golden"
-	m.QEMUVersion = c.Version().String()
-	if err := d.snapshot(ctx, c, spec, name, m, &r); err != nil {
-		d.abandon(pid, spec.RunDir)
-		return r, err
-	}
-	err = d.finish(ctx, c, pid, spec.RunDir, &r)
-	return r, err
-}
-
-// finish quits QEMU after a snapshot and removes the run dir.
-func (d *Driver) finish(ctx context.Context, c *qmp.Client, pid int, runDir string, r *Result) error {
-	t := d.timer(r)
-	if err := d.terminate(ctx, pid, runDir, c); err != nil {
 		return err
 	}
-	t.mark(StepQuit)
-	if err := d.fs.RemoveAll(runDir); err != nil {
-		return err
-	}
-	t.mark(StepCleanup)
-	return nil
-}
-
-// snapshot saves the running or paused VM behind c into the store as name, in the
-// order DESIGN §3 requires: stop; state into a fresh temp dir inside the store;
-// clone RAM and disk next to it; meta.json; SyncTree; rename into place. A failure
-// removes the temp dir, so no half snapshot is ever visible under name; resuming
-// the VM is the caller's decision.
-func (d *Driver) snapshot(ctx context.Context, c *qmp.Client, spec Spec, name string, m Meta, r *Result) (err error) {
-	t := d.timer(r)
-	// QEMU refuses to migrate a VM again from postmigrate (where a hibernate cut
-	// short after its migration leaves it); running it for a moment first is as if
-	// this hibernate had started a little later.
-	if st, err := c.QueryStatus(ctx); err != nil {
-		return fmt.Errorf("qemu: snapshot: %w", err)
-	} else if st.Status == "postmigrate" {
-		if err := c.Execute(ctx, "cont", nil, nil); err != nil {
-			return fmt.Errorf("qemu: snapshot: cont from postmigrate: %w", err)
-		}
-	}
-	if err := c.Execute(ctx, "stop", nil, nil); err != nil {
-		return fmt.Errorf("qemu: snapshot: %w", err)
-	}
-	t.mark(StepStop)
-
-	tmp, err := d.fs.MkTempDir(spec.StoreDir, name)
+	defer os.RemoveAll(dir)
+	m := q.bootMeta(spec, AccelKVM)
+	m.MemoryMiB = min(m.MemoryMiB, 256)
+	pid, c, err := q.launch(ctx, dir, m, false)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if err != nil {
-			if rerr := d.fs.RemoveAll(tmp); rerr != nil {
-				d.log.Error().Err(rerr).Str("dir", tmp).Msg("qemu: removing a failed snapshot's temp dir")
-			}
-		}
+		// The probe's context may be what expired; stopping needs its own.
+		sctx, cancel := context.WithTimeout(context.Background(), 3*q.stopGrace)
+		defer cancel()
+		_ = q.terminate(sctx, pid, dir, c)
+		c.Close()
 	}()
-	if m.StateBytes, err = d.saveState(ctx, c, filepath.Join(tmp, FileState)); err != nil {
-		return err
-	}
-	r.StateBytes = m.StateBytes
-	t.mark(StepMigrate)
-
-	res, err := d.fs.Clone(filepath.Join(tmp, FileRAM), filepath.Join(spec.RunDir, FileRAM))
+	a, err := agent.WaitReady(ctx, AgentSocket(dir), 200*time.Millisecond)
 	if err != nil {
 		return err
 	}
-	r.addClone(res)
-	if m.Disk {
-		res, err := d.fs.Clone(filepath.Join(tmp, FileDisk), filepath.Join(spec.RunDir, FileDisk))
-		if err != nil {
-			return err
-		}
-		r.addClone(res)
-	}
-	t.mark(StepClone)
-
-	m.Created = d.now().UTC()
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := d.fs.WriteFileAtomic(filepath.Join(tmp, FileMeta), append(b, '\n'), 0o600); err != nil {
-		return err
-	}
-	t.mark(StepMeta)
-	if err := d.fs.SyncTree(tmp); err != nil {
-		return err
-	}
-	t.mark(StepSync)
-	if err := d.fs.RenameDir(tmp, spec.SnapshotDir(name)); err != nil {
-		return err
-	}
-	t.mark(StepRename)
-	return nil
+	return a.Close()
 }
 
-// saveState migrates the (stopped) VM's device state into a new file at path and
-// returns the file's size.
-func (d *Driver) saveState(ctx context.Context, c *qmp.Client, path string) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, d.migrateTimeout)
-	defer cancel()
-	if err := c.SetMigrationCapabilities(ctx, migrationCaps...); err != nil {
-		return 0, fmt.Errorf("qemu: save state: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return 0, fmt.Errorf("qemu: save state: %w", err)
-	}
-	err = c.GetFD(ctx, migrationFD, int(f.Fd()))
-	f.Close()
-	if err != nil {
-		return 0, fmt.Errorf("qemu: save state: %w", err)
-	}
-	sub := c.Subscribe("MIGRATION")
-	defer sub.Close()
-	if err := c.Execute(ctx, "migrate", map[string]any{"uri": "fd:" + migrationFD}, nil); err != nil {
-		return 0, fmt.Errorf("qemu: save state: %w", err)
-	}
-	if err := waitMigration(ctx, c, sub); err != nil {
-		return 0, fmt.Errorf("qemu: save state: %w", err)
-	}
-	// The migration thread reports "completed" a moment before it moves the run
-	// state to postmigrate; a cont in between (resuming after a failed hibernate)
-	// would be overridden and leave the VM stopped. Wait for postmigrate.
-	for {
-		st, err := c.QueryStatus(ctx)
-		if err != nil {
-			return 0, fmt.Errorf("qemu: save state: %w", err)
-		}
-		if st.Status == "postmigrate" {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return 0, fmt.Errorf("qemu: save state: run state still %q: %w", st.Status, ctx.Err())
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
-	st, err := os.Stat(path)
-	if err != nil {
-		return 0, fmt.Errorf("qemu: save state: %w", err)
-	}
-	return st.Size(), nil
-}
-
-// waitMigration waits until the current migration (either direction) completes,
-// woken by MIGRATION events and, in case one is missed, polling query-migrate.
-func waitMigration(ctx context.Context, c *qmp.Client, sub *qmp.Subscription) error {
-	for {
-		mi, err := c.QueryMigrate(ctx)
-		if err != nil {
-			return err
-		}
-		switch mi.Status {
-		case "completed":
-			return nil
-		case "failed", "cancelled":
-			return fmt.Errorf("%w: %s: %s", ErrMigration, mi.Status, mi.ErrorDesc)
-		}
-		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		_, err = sub.Next(wctx)
-		cancel()
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w: still %q: %w", ErrMigration, mi.Status, ctx.Err())
-		}
-		if errors.Is(err, qmp.ErrClosed) {
-			return fmt.Errorf("%w: %w", ErrMigration, err)
-		}
+func (q *Recipes) bootMeta(spec Spec, accel Accel) Meta {
+	return Meta{
+		Format:    MetaFormat,
+		Machine:   q.machine,
+		Accel:     accel,
+		MemoryMiB: spec.MemoryMiB,
+		CPUs:      max(spec.CPUs, 1),
+		Kernel:    spec.Kernel,
+		Initrd:    spec.Initrd,
+		Append:    spec.Append,
+		Disk:      spec.Disk != "",
 	}
 }
 
-// Hibernate saves the running VM of spec as snapshot name and stops it: stop, state
-// into a temp dir in the store, clone RAM and disk, meta.json, SyncTree, rename,
-// then quit QEMU and remove the run dir. If anything before the rename fails, the
-// temp dir is removed and a VM that was running (or in postmigrate, left by an
-// earlier hibernate cut short) is resumed; a paused one stays paused. If the snapshot
-// already exists (a re-run after a crash past the rename), Hibernate only makes
-// sure QEMU is gone and the run dir removed, and reports Already.
-func (d *Driver) Hibernate(ctx context.Context, spec Spec, name string) (Result, error) {
-	var r Result
-	if err := validateName(name); err != nil {
-		return r, err
-	}
-	if err := spec.validateDirs(); err != nil {
-		return r, err
-	}
-	if _, err := ReadMeta(spec.SnapshotDir(name)); err == nil {
-		pid, err := d.adopt(spec.RunDir)
-		if err != nil {
-			r.Already = true
-			return r, d.fs.RemoveAll(spec.RunDir)
-		}
-		// A live VM and a snapshot of that name: the snapshot is this hibernate's
-		// only if it is newer than the VM's launch. Otherwise the name is reused
-		// (the VM may even have been woken from it), and quitting would lose the VM.
-		if !newerThanLaunch(spec.SnapshotDir(name), spec.RunDir) {
-			return r, fmt.Errorf("%w: %s predates the VM in %s", ErrSnapshotExists, name, spec.RunDir)
-		}
-		r.Already = true
-		return r, d.finish(ctx, nil, pid, spec.RunDir, &r)
-	}
-	pid, err := d.adopt(spec.RunDir)
-	if err != nil {
-		return r, err
-	}
-	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
-	if err != nil {
-		return r, fmt.Errorf("qemu: hibernate: %w", err)
-	}
-	defer c.Close()
-	st, err := c.QueryStatus(ctx)
-	if err != nil {
-		return r, fmt.Errorf("qemu: hibernate: %w", err)
-	}
-	m, err := launchedMeta(spec.RunDir)
-	if err != nil {
-		return r, err
-	}
-	m.StateBytes, m.Created = 0, time.Time{}
-	m.Source = "hibernate"
-	m.QEMUVersion = c.Version().String()
-	if err := d.snapshot(ctx, c, spec, name, m, &r); err != nil {
-		// Postmigrate: an earlier hibernate stopped it, and snapshot ran it again.
-		if st.Running || st.Status == "postmigrate" {
-			rctx, cancel := context.WithTimeout(context.Background(), d.stopGrace)
-			defer cancel()
-			if cerr := c.Execute(rctx, "cont", nil, nil); cerr != nil {
-				err = errors.Join(err, fmt.Errorf("qemu: resuming after a failed hibernate: %w", cerr))
-			}
-		}
-		return r, err
-	}
-	err = d.finish(ctx, c, pid, spec.RunDir, &r)
-	return r, err
+// Step is one named step of a recipe and how long it took.
+type Step struct {
+	Name string
+	Dur  time.Duration
 }
 
-// Clone starts a new VM in spec.RunDir from the golden snapshot: clone RAM (and
-// disk) from the golden into the run dir, launch QEMU with -incoming defer, load the
-// device state, cont, wait for the agent. See restore for re-runs.
-func (d *Driver) Clone(ctx context.Context, spec Spec, golden string) (Result, error) {
-	return d.restore(ctx, spec, golden)
+// Step names.
+const (
+	StepPrepare  = "prepare"  // run dir created/cleared, disk cloned for a cold boot
+	StepLaunch   = "launch"   // QEMU started, until QMP answered
+	StepReady    = "ready"    // until the guest agent answered
+	StepStop     = "stop"     // QMP stop (vCPUs paused)
+	StepMigrate  = "migrate"  // device state saved to the snapshot's state file
+	StepClone    = "clone"    // FICLONE (or copy) of RAM and disk
+	StepMeta     = "meta"     // meta.json written
+	StepSync     = "sync"     // SyncTree of the snapshot
+	StepRename   = "rename"   // snapshot moved into place
+	StepQuit     = "quit"     // QEMU told to quit, until the process was gone
+	StepCleanup  = "cleanup"  // run dir removed
+	StepIncoming = "incoming" // device state loaded with migrate-incoming
+	StepCont     = "cont"     // QMP cont (vCPUs running)
+)
+
+// RecipeResult is what a recipe did.
+type RecipeResult struct {
+	Steps []Step
+	// Method says how RAM (and disk) reached their destination: fsx.Reflink or
+	// fsx.Copy; zero when the recipe cloned nothing.
+	Method fsx.Method
+	// CopiedBytes is how much data the clones physically copied (0 for reflinks).
+	CopiedBytes int64
+	// StateBytes is the size of the migration stream written or read.
+	StateBytes int64
+	// PID is the QEMU process after Boot, Clone and Wake.
+	PID int
+	// Already is set when the recipe found its effect in place and did nothing
+	// (a re-run after a crash).
+	Already bool
+	// Accel is the accelerator the VM runs with (Boot, Clone, Wake).
+	Accel Accel
 }
 
-// Wake restarts the hibernated VM of spec from snapshot name, like Clone. The
-// snapshot is left in the store: it no longer backs anything once Wake returns (the
-// run dir holds clones), so the caller may remove it at once.
-func (d *Driver) Wake(ctx context.Context, spec Spec, name string) (Result, error) {
-	return d.restore(ctx, spec, name)
-}
-
-// restore runs the VM of spec from snapshot name. A live QEMU of this VM that is
-// running already makes it a no-op (Already); one in any other state (a restore cut
-// short) is stopped and the restore starts over. On failure QEMU is stopped and the
-// run dir removed; the snapshot is never modified.
-func (d *Driver) restore(ctx context.Context, spec Spec, name string) (Result, error) {
-	var r Result
-	if err := validateName(name); err != nil {
-		return r, err
-	}
-	if err := spec.validateDirs(); err != nil {
-		return r, err
-	}
-	snap := spec.SnapshotDir(name)
-	m, err := ReadMeta(snap)
-	if err != nil {
-		return r, err
-	}
-	r.Accel = m.Accel
-	if pid, err := d.adopt(spec.RunDir); err == nil {
-		if d.isRunning(ctx, spec.RunDir) {
-			r.PID, r.Already = pid, true
-			return r, nil
-		}
-		if err := d.terminate(ctx, pid, spec.RunDir, nil); err != nil {
-			return r, err
+// Dur returns the duration of the named step (0 if it did not run).
+func (r *RecipeResult) Dur(name string) time.Duration {
+	var t time.Duration
+	for _, s := range r.Steps {
+		if s.Name == name {
+			t += s.Dur
 		}
 	}
-
-	t := d.timer(&r)
-	if err := d.fs.RemoveAll(spec.RunDir); err != nil {
-		return r, err
-	}
-	if err := d.fs.MkdirAll(spec.RunDir, 0o700); err != nil {
-		return r, err
-	}
-	t.mark(StepPrepare)
-	files := []string{FileRAM}
-	if m.Disk {
-		files = append(files, FileDisk)
-	}
-	for _, f := range files {
-		res, err := d.fs.Clone(filepath.Join(spec.RunDir, f), filepath.Join(snap, f))
-		if err != nil {
-			_ = d.fs.RemoveAll(spec.RunDir)
-			return r, err
-		}
-		r.addClone(res)
-	}
-	t.mark(StepClone)
-
-	pid, c, err := d.launch(ctx, spec.RunDir, m, true)
-	if err != nil {
-		_ = d.fs.RemoveAll(spec.RunDir)
-		return r, err
-	}
-	defer c.Close()
-	r.PID = pid
-	t.mark(StepLaunch)
-	if r.StateBytes, err = d.loadState(ctx, c, filepath.Join(snap, FileState)); err != nil {
-		d.abandon(pid, spec.RunDir)
-		return r, err
-	}
-	t.mark(StepIncoming)
-	if err := c.Execute(ctx, "cont", nil, nil); err != nil {
-		d.abandon(pid, spec.RunDir)
-		return r, fmt.Errorf("qemu: restore: %w", err)
-	}
-	t.mark(StepCont)
-	if err := d.waitAgent(ctx, spec.RunDir, d.readyTimeout); err != nil {
-		d.abandon(pid, spec.RunDir)
-		return r, err
-	}
-	t.mark(StepReady)
-	return r, nil
+	return t
 }
 
-// loadState feeds the state file at path to a QEMU started with -incoming defer.
-func (d *Driver) loadState(ctx context.Context, c *qmp.Client, path string) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, d.migrateTimeout)
-	defer cancel()
-	if err := c.SetMigrationCapabilities(ctx, migrationCaps...); err != nil {
-		return 0, fmt.Errorf("qemu: load state: %w", err)
+// Total is the sum of all steps.
+func (r *RecipeResult) Total() time.Duration {
+	var t time.Duration
+	for _, s := range r.Steps {
+		t += s.Dur
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, fmt.Errorf("qemu: load state: %w", err)
-	}
-	st, err := f.Stat()
-	if err == nil {
-		err = c.GetFD(ctx, migrationFD, int(f.Fd()))
-	}
-	f.Close()
-	if err != nil {
-		return 0, fmt.Errorf("qemu: load state: %w", err)
-	}
-	sub := c.Subscribe("MIGRATION")
-	defer sub.Close()
-	if err := c.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:" + migrationFD}, nil); err != nil {
-		return 0, fmt.Errorf("qemu: load state: %w", err)
-	}
-	if err := waitMigration(ctx, c, sub); err != nil {
-		return 0, fmt.Errorf("qemu: load state: %w", err)
-	}
-	return st.Size(), nil
+	return t
 }
 
-// isRunning reports whether the VM in runDir answers QMP with status running.
-func (d *Driver) isRunning(ctx context.Context, runDir string) bool {
-	ctx, cancel := context.WithTimeout(ctx, d.stopGrace)
-	defer cancel()
-	c, err := qmp.Dial(ctx, QMPSocket(runDir))
-	if err != nil {
-		return false
-	}
-	defer c.Close()
-	st, err := c.QueryStatus(ctx)
-	return err == nil && st.Running
+// timer appends timed steps to a RecipeResult.
+type timer struct {
+	q    *Recipes
+	r    *RecipeResult
+	last time.Time
 }
 
-// Resume makes the VM of spec run again after it was left stopped (a hibernate cut
-// short by a crash before its rename leaves QEMU paused or in postmigrate): cont,
-// then wait for the agent. A running VM is left alone (Already).
-func (d *Driver) Resume(ctx context.Context, spec Spec) (Result, error) {
-	var r Result
-	if err := spec.validateDirs(); err != nil {
-		return r, err
-	}
-	pid, err := d.adopt(spec.RunDir)
-	if err != nil {
-		return r, err
-	}
-	r.PID = pid
-	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
-	if err != nil {
-		return r, fmt.Errorf("qemu: resume: %w", err)
-	}
-	defer c.Close()
-	st, err := c.QueryStatus(ctx)
-	if err != nil {
-		return r, fmt.Errorf("qemu: resume: %w", err)
-	}
-	if st.Running {
-		r.Already = true
-		return r, nil
-	}
-	t := d.timer(&r)
-	if err := c.Execute(ctx, "cont", nil, nil); err != nil {
-		return r, fmt.Errorf("qemu: resume from %q: %w", st.Status, err)
-	}
-	t.mark(StepCont)
-	if err := d.waitAgent(ctx, spec.RunDir, d.readyTimeout); err != nil {
-		return r, err
-	}
-	t.mark(StepReady)
-	return r, nil
+func (q *Recipes) timer(r *RecipeResult) *timer { return &timer{q: q, r: r, last: q.now()} }
+
+// mark ends the current step: it lasted from the previous mark until now.
+func (t *timer) mark(name string) {
+	now := t.q.now()
+	t.r.Steps = append(t.r.Steps, Step{Name: name, Dur: now.Sub(t.last)})
+	t.last = now
 }
 
-// Destroy stops the VM of spec (QMP quit, then SIGTERM, then SIGKILL, each checked
-// against the pid's cmdline) and removes its run dir. It succeeds when there is
-// nothing to stop, so it can be re-run; snapshots in the store are not touched.
-func (d *Driver) Destroy(ctx context.Context, spec Spec) (Result, error) {
-	var r Result
-	if err := spec.validateDirs(); err != nil {
-		return r, err
-	}
-	t := d.timer(&r)
-	if pid, err := d.adopt(spec.RunDir); err == nil {
-		if err := d.terminate(ctx, pid, spec.RunDir, nil); err != nil {
-			return r, err
-		}
-		t.mark(StepQuit)
-	} else if !errors.Is(err, ErrNotRunning) {
-		return r, err
-	}
-	t.skip()
-	if err := d.fs.RemoveAll(spec.RunDir); err != nil {
-		return r, err
-	}
-	t.mark(StepCleanup)
-	return r, nil
-}
+// skip restarts the clock without recording (time spent outside any step).
+func (t *timer) skip() { t.last = t.q.now() }
 
-// Stop ends the VM's QEMU like Destroy (quit, SIGTERM, SIGKILL, each after the
-// cmdline check) but keeps the run dir, whose logs tell why the VM was found not
-// running. Nothing running is success.
-func (d *Driver) Stop(ctx context.Context, spec Spec) error {
-	if err := spec.validateDirs(); err != nil {
-		return err
+func (r *RecipeResult) addClone(res fsx.CloneResult) {
+	if r.Method == 0 || res.Method == fsx.Copy {
+		r.Method = res.Method
 	}
-	pid, err := d.adopt(spec.RunDir)
-	if errors.Is(err, ErrNotRunning) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return d.terminate(ctx, pid, spec.RunDir, nil)
-}
-
-// Status returns QEMU's run state of the VM of spec ("running", "paused", ...), or
-// an error wrapping ErrNotRunning when there is no process.
-func (d *Driver) Status(ctx context.Context, spec Spec) (string, error) {
-	if _, err := d.Adopt(spec); err != nil {
-		return "", err
-	}
-	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
-	if err != nil {
-		return "", fmt.Errorf("qemu: status: %w", err)
-	}
-	defer c.Close()
-	st, err := c.QueryStatus(ctx)
-	return st.Status, err
-}
-
-// newerThanLaunch reports whether the snapshot in snap was written after the VM in
-// runDir was launched (its meta.json is younger than the run dir's vm.json).
-func newerThanLaunch(snap, runDir string) bool {
-	ms, err1 := os.Stat(filepath.Join(snap, FileMeta))
-	vs, err2 := os.Stat(filepath.Join(runDir, FileVM))
-	return err1 == nil && err2 == nil && !ms.ModTime().Before(vs.ModTime())
+	r.CopiedBytes += res.Bytes
 }

@@ -15,6 +15,9 @@ import (
 	"github.com/sbxlog/sbxlog/executors/vmm"
 )
 
+// The orphan scan (step 1 of Run) is the Cloud Hypervisor-only part of this
+// package: it reads CH's command line (vmm.APISocket) and pid file.
+
 // pidFile is the VMM's pid file in its run dir.
 const pidFile = vmm.PidFile
 

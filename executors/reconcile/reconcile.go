@@ -1,12 +1,22 @@
 // Package reconcile brings a restarting daemon's VMs in line with its state
 // before any executor runs, and reports VMMs that die later.
 //
+// It is generic over hypervisors: a driver implements Driver, and both
+// executors/chdriver and executors/qemu do (chdriver also SnapshotSweeper).
+// One part is Cloud Hypervisor's only: the orphan scan of step 1 recognises a
+// VMM by CH's command line (executors/vmm.APISocket: an --api-socket under the
+// instance root) and its pid file (executors/vmm.PidFile). A QEMU command
+// line has no --api-socket, so under the QEMU driver step 1 finds nothing;
+// that driver finds a QEMU launched without a pid file by its own cmdline
+// check, whenever AdoptVM, RemoveRunDir or a re-run intent looks at the run
+// dir.
+//
 // Run, once, after the log is replayed and the executors' Prepare swept the
 // store's temp dirs, and before the executor pool starts:
 //
-//  1. Every live VMM process of this instance (its command line names the
-//     VMM binary and an API socket under <runs>/<instance>/) that no run
-//     dir's pid file records is killed: it was being launched when the
+//  1. Every live Cloud Hypervisor process of this instance (its command line
+//     names the VMM binary and an API socket under <runs>/<instance>/) that
+//     no run dir's pid file records is killed: it was being launched when the
 //     daemon died, and nothing else would ever stop it.
 //  2. Every VM the state says runs (warm, claimed) is adopted through the
 //     driver (pid file and cmdline checked, then watched for exit). One whose
@@ -19,7 +29,7 @@
 //     re-run under the same op id: a half clone is torn down and cloned
 //     again (or adopted and finished when its vm.restore had completed), a
 //     hibernate finishes (snapshot complete in the store) or rolls back,
-//     and so on (see executors/chdriver).
+//     and so on (see the drivers' docs).
 //  4. Every other entry under <runs>/<instance>/ (no VM and no golden build
 //     of the state owns it) is removed, its VMM stopped first; a hibernated
 //     VM's leftover run dir likewise.
@@ -66,12 +76,13 @@ type Liveness struct {
 	Detail string
 }
 
-// Driver is what Run needs of a hypervisor driver (executors/chdriver
-// implements it).
+// Driver is what Run needs of a hypervisor driver (executors/chdriver and
+// executors/qemu implement it).
 type Driver interface {
 	// Instance is the instance id whose run dirs the driver owns.
 	Instance() string
-	// VMMBinary is the VMM executable's absolute path.
+	// VMMBinary is the VMM executable's absolute path. Only the orphan scan
+	// (step 1) reads it, matching it against Cloud Hypervisor command lines.
 	VMMBinary() string
 	// InstanceRoot is <runs>/<instance>.
 	InstanceRoot() string

@@ -9,7 +9,7 @@
 //     firmware) and exactly one disk is ErrInvalid. Relative payload and disk
 //     paths are resolved against the template directory.
 //   - VMConfig derives the config of one VM: vCPUs and memory from the pool
-//     size (Sizes), the disk, vsock socket and console/serial files moved to
+//     size (Sizes; DefaultSizes is the one size table, fsm.Sizes), the disk, vsock socket and console/serial files moved to
 //     the VM's run dir, network devices dropped (goldens are built without
 //     NICs; a clone gets its own NIC after restore). Every key this package
 //     does not know is kept, so a template can carry any CH option.
@@ -32,6 +32,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/fsm"
 )
 
 // File names inside a template directory.
@@ -61,13 +62,17 @@ type Resources struct {
 // Sizes maps a pool size to its resources.
 type Sizes map[string]Resources
 
-// DefaultSizes are the old daemon's sizes.
-var DefaultSizes = Sizes{
-	"small":   {VCPUs: 1, MemoryBytes: 512 << 20},
-	"medium":  {VCPUs: 2, MemoryBytes: 1 << 30},
-	"large":   {VCPUs: 4, MemoryBytes: 4 << 30},
-	"xlarge":  {VCPUs: 4, MemoryBytes: 8 << 30},
-	"2xlarge": {VCPUs: 8, MemoryBytes: 16 << 30},
+// DefaultSizes are the sizes of the one size table, fsm.Sizes.
+var DefaultSizes = sizesOf(fsm.Sizes)
+
+// sizesOf maps each row of table to its resources, unchanged: a CH VM gets
+// exactly what the size table says.
+func sizesOf(table []fsm.Size) Sizes {
+	s := make(Sizes, len(table))
+	for _, z := range table {
+		s[z.Name] = Resources{VCPUs: z.VCPUs, MemoryBytes: int64(z.MemoryMiB) << 20}
+	}
+	return s
 }
 
 // Lookup returns the resources of size.

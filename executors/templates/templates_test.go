@@ -146,3 +146,27 @@ func TestSynthesize(t *testing.T) {
 		t.Fatalf("temp dirs left beside the template: %v", ents)
 	}
 }
+
+// A CH VM gets exactly the size table's vCPUs and memory.
+func TestDefaultSizes(t *testing.T) {
+	tests := []struct {
+		size  string
+		vcpus int
+		mem   int64
+	}{
+		{"small", 1, 512 << 20},
+		{"medium", 2, 1 << 30},
+		{"large", 4, 4 << 30},
+		{"xlarge", 4, 8 << 30},
+		{"2xlarge", 8, 16 << 30},
+	}
+	if len(DefaultSizes) != len(tests) {
+		t.Fatalf("DefaultSizes has %d sizes, want %d", len(DefaultSizes), len(tests))
+	}
+	for _, tc := range tests {
+		r, err := DefaultSizes.Lookup(tc.size)
+		if err != nil || r.VCPUs != tc.vcpus || r.MemoryBytes != tc.mem {
+			t.Errorf("%s: %+v, %v; want %d vCPUs, %d bytes", tc.size, r, err, tc.vcpus, tc.mem)
+		}
+	}
+}

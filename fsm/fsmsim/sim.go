@@ -64,7 +64,7 @@ func New(seed uint64, opt Options) *Sim {
 	for t := range opt.Templates {
 		for _, n := range fsm.Nets {
 			for _, z := range fsm.Sizes[:2] {
-				s.keys = append(s.keys, fsm.PoolKey{Template: fmt.Sprintf("tpl-%d", t), Net: n, Size: z})
+				s.keys = append(s.keys, fsm.PoolKey{Template: fmt.Sprintf("tpl-%d", t), Net: n, Size: z.Name})
 			}
 		}
 	}

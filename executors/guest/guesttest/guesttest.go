@@ -90,7 +90,7 @@ func Build(ctx context.Context) (Guest, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "guest", "build.sh"))
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "executors", "guest", "build.sh"))
 	cmd.Dir = root
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

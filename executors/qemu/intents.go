@@ -1,4 +1,4 @@
-package qemudriver
+package qemu
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
-	"github.com/sbxlog/sbxlog/executors/qemu"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -16,7 +15,7 @@ import (
 // the VM's hibernate snapshot.
 const StepRemoveSnapshot = "remove_snap"
 
-// BuildGolden implements executors.Driver: qemu.Golden of the configured guest
+// BuildGolden implements executors.Driver: Recipes.Golden of the configured guest
 // at the pool size's memory into golden/<key>-<op>.
 func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors.Result, error) {
 	rel := executors.GoldenRel(in.Key, in.OpID)
@@ -25,7 +24,7 @@ func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors
 	if _, err := checkSnapshot(final); err == nil {
 		// A re-run after a crash past the rename: keep the golden, stop the
 		// build VM if it outlived the crash.
-		r, err := d.q.Destroy(ctx, qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(final)})
+		r, err := d.q.Destroy(ctx, Spec{RunDir: runDir, StoreDir: filepath.Dir(final)})
 		if err != nil {
 			return executors.Result{}, fmt.Errorf("golden %s: stopping the build VM: %w", in.Key, classify(err))
 		}
@@ -49,7 +48,7 @@ func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors
 
 // teardown stops whatever QEMU runs in spec's run dir and removes the run dir,
 // after a failed recipe.
-func (d *Driver) teardown(ctx context.Context, spec qemu.Spec) {
+func (d *Driver) teardown(ctx context.Context, spec Spec) {
 	d.unwatch(spec.RunDir)
 	d.cleanup(ctx, "tear down "+spec.RunDir, func(ctx context.Context) error {
 		_, err := d.q.Destroy(ctx, spec)
@@ -57,8 +56,8 @@ func (d *Driver) teardown(ctx context.Context, spec qemu.Spec) {
 	})
 }
 
-// Clone implements executors.Driver: qemu.Clone from the golden in.GoldenDir,
-// or qemu.Boot of the configured guest when in.Cold.
+// Clone implements executors.Driver: Recipes.Clone from the golden
+// in.GoldenDir, or Recipes.Boot of the configured guest when in.Cold.
 func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, error) {
 	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {
@@ -67,8 +66,8 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 	if in.Key.Net == NetEgress {
 		return executors.Result{}, executors.Unrecoverablef("clone %s: pool %s: net egress is not supported by the QEMU driver", in.VM, in.Key)
 	}
-	var spec qemu.Spec
-	var r qemu.Result
+	var spec Spec
+	var r RecipeResult
 	if in.Cold {
 		// Boot clones nothing from the store; StoreDir only has to be valid.
 		if spec, err = d.bootSpec(ctx, runDir, d.roots.Store, in.Key); err != nil {
@@ -83,14 +82,14 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 		if gerr != nil {
 			return executors.Result{}, gerr
 		}
-		spec = qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(golden)}
+		spec = Spec{RunDir: runDir, StoreDir: filepath.Dir(golden)}
 		if _, err = checkSnapshot(golden); err == nil {
 			r, err = d.q.Clone(ctx, spec, filepath.Base(golden))
 		}
 	}
 	if err != nil {
 		d.teardown(ctx, spec)
-		if errors.Is(err, qemu.ErrNoSnapshot) {
+		if errors.Is(err, ErrNoSnapshot) {
 			err = executors.AsUnrecoverable(err)
 		}
 		return executors.Result{}, fmt.Errorf("clone %s: %w", in.VM, classify(err))
@@ -99,7 +98,7 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 	return executors.Result{Report: d.report(r)}, nil
 }
 
-// Hibernate implements executors.Driver: qemu.Hibernate into
+// Hibernate implements executors.Driver: Recipes.Hibernate into
 // hibernate/<vm>-<op>.
 func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.Result, error) {
 	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
@@ -108,7 +107,7 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	}
 	rel := executors.HibernateRel(in.VM, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
-	spec := qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(final)}
+	spec := Spec{RunDir: runDir, StoreDir: filepath.Dir(final)}
 	// The hibernate stops QEMU itself; a failure hands it back (hibernateFailed).
 	d.unwatch(runDir)
 	r, err := d.q.Hibernate(ctx, spec, filepath.Base(final))
@@ -121,20 +120,20 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 // hibernateFailed classifies a failed hibernate and restores the contract:
 // before the rename the VM runs again (or is lost), after it the snapshot
 // stands and a re-run finishes stopping the VM.
-func (d *Driver) hibernateFailed(ctx context.Context, vm string, spec qemu.Spec, final string, err error) error {
-	if errors.Is(err, qemu.ErrInvalidSpec) {
+func (d *Driver) hibernateFailed(ctx context.Context, vm string, spec Spec, final string, err error) error {
+	if errors.Is(err, ErrInvalidSpec) {
 		return classify(err)
 	}
 	if _, serr := checkSnapshot(final); serr == nil {
 		return classify(err)
 	}
 	pid, aerr := d.q.Adopt(spec)
-	if errors.Is(aerr, qemu.ErrNotRunning) {
+	if errors.Is(aerr, ErrNotRunning) {
 		// Its memory existed only in that QEMU's RAM file, which no snapshot holds.
 		return &executors.Unrecoverable{Err: fmt.Errorf("%w; VM %s has no QEMU and no snapshot was taken", err, vm), Lost: true}
 	}
 	defer d.watch(spec.RunDir, pid)
-	// qemu.Hibernate resumes a VM it stopped, but one stopped by a daemon that
+	// Recipes.Hibernate resumes a VM it stopped, but one stopped by a daemon that
 	// crashed mid-hibernate (paused, or in postmigrate) it leaves as found.
 	d.cleanup(ctx, "resume "+vm+" after a failed hibernate", func(ctx context.Context) error {
 		_, rerr := d.q.Resume(ctx, spec)
@@ -143,7 +142,7 @@ func (d *Driver) hibernateFailed(ctx context.Context, vm string, spec qemu.Spec,
 	return classify(err)
 }
 
-// Wake implements executors.Driver: qemu.Wake from in.SnapshotDir. The run
+// Wake implements executors.Driver: Recipes.Wake from in.SnapshotDir. The run
 // dir gets its own clone of the RAM file, so the snapshot backs nothing once
 // the wake is durable: Result.AfterCommit removes it.
 func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, error) {
@@ -155,7 +154,7 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 	if err != nil {
 		return executors.Result{}, err
 	}
-	spec := qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(src)}
+	spec := Spec{RunDir: runDir, StoreDir: filepath.Dir(src)}
 	if _, err := checkSnapshot(src); err != nil {
 		d.teardown(ctx, spec)
 		return executors.Result{}, &executors.Unrecoverable{Err: fmt.Errorf("wake %s: %w", in.VM, err), Lost: true}
@@ -163,7 +162,7 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 	r, err := d.q.Wake(ctx, spec, filepath.Base(src))
 	if err != nil {
 		d.teardown(ctx, spec)
-		if errors.Is(err, qemu.ErrNoSnapshot) {
+		if errors.Is(err, ErrNoSnapshot) {
 			return executors.Result{}, &executors.Unrecoverable{Err: fmt.Errorf("wake %s: %w", in.VM, err), Lost: true}
 		}
 		return executors.Result{}, fmt.Errorf("wake %s: %w", in.VM, classify(err))
@@ -180,7 +179,7 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 	return res, nil
 }
 
-// Destroy implements executors.Driver: qemu.Destroy, then the VM's hibernate
+// Destroy implements executors.Driver: Recipes.Destroy, then the VM's hibernate
 // snapshot when in.SnapshotDir is set. Everything tolerates what is already
 // gone, so a re-run finishes the job.
 func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
@@ -195,7 +194,7 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 		}
 	}
 	d.unwatch(runDir)
-	r, err := d.q.Destroy(ctx, qemu.Spec{RunDir: runDir, StoreDir: d.roots.Store})
+	r, err := d.q.Destroy(ctx, Spec{RunDir: runDir, StoreDir: d.roots.Store})
 	if err != nil {
 		return executors.Result{}, fmt.Errorf("destroy %s: %w", in.VM, classify(err))
 	}

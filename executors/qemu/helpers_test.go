@@ -1,4 +1,4 @@
-package qemudriver
+package qemu
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/guest/agent"
-	"github.com/sbxlog/sbxlog/executors/qemu"
 	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
 )
 
@@ -104,7 +103,7 @@ func tempDirs(t testing.TB, dir string) []string {
 // socket takes one client at a time, so the connection is closed after).
 func guestDo[T any](t testing.TB, ctx context.Context, runDir string, f func(a *agent.Client) (T, error)) T {
 	t.Helper()
-	a, err := agent.Dial(ctx, qemu.AgentSocket(runDir))
+	a, err := agent.Dial(ctx, AgentSocket(runDir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +129,7 @@ func crashAfterMigrate(t testing.TB, ctx context.Context, runDir, store string) 
 	if err := c.SetMigrationCapabilities(ctx, "x-ignore-shared", "events"); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.OpenFile(filepath.Join(tmp, qemu.FileState), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(filepath.Join(tmp, FileState), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +160,7 @@ func crashAfterMigrate(t testing.TB, ctx context.Context, runDir, store string) 
 // the QMP connection.
 func qmpStop(t testing.TB, ctx context.Context, runDir string) *qmp.Client {
 	t.Helper()
-	c, err := qmp.Dial(ctx, qemu.QMPSocket(runDir))
+	c, err := qmp.Dial(ctx, QMPSocket(runDir))
 	if err != nil {
 		t.Fatal(err)
 	}

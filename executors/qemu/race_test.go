@@ -1,6 +1,6 @@
 //go:build race
 
-package qemudriver
+package qemu
 
 // raceEnabled: the test binary runs with -race, so the sandboxd the end-to-end
 // test builds gets it too.

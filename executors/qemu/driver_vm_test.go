@@ -1,4 +1,4 @@
-package qemudriver
+package qemu
 
 import (
 	"context"
@@ -17,7 +17,6 @@ import (
 	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
 	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
-	"github.com/sbxlog/sbxlog/executors/qemu"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -59,10 +58,10 @@ func TestIntentsWithQEMU(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("golden: %+v", gres.Report)
-	if gres.SnapshotDir != executors.GoldenRel(testKey, gop) || gres.Report.CopyMode != "reflink" || !slices.Contains(stepNames(gres), qemu.StepMigrate) {
+	if gres.SnapshotDir != executors.GoldenRel(testKey, gop) || gres.Report.CopyMode != "reflink" || !slices.Contains(stepNames(gres), StepMigrate) {
 		t.Fatalf("golden result %+v", gres)
 	}
-	if m, err := checkSnapshot(filepath.Join(store, gres.SnapshotDir)); err != nil || m.MemoryMiB != 256 || m.Accel != qemu.AccelTCG {
+	if m, err := checkSnapshot(filepath.Join(store, gres.SnapshotDir)); err != nil || m.MemoryMiB != 256 || m.Accel != AccelTCG {
 		t.Fatalf("golden snapshot: %+v, %v", m, err)
 	}
 	noEntry(t, d.roots.GoldenRunDir(d.instance, gop))
@@ -76,23 +75,23 @@ func TestIntentsWithQEMU(t *testing.T) {
 	vm := "vm-00000000000000c1"
 	run := testInstance + "/" + vm
 	runDir := filepath.Join(root, "run", run)
-	spec := qemu.Spec{RunDir: runDir, StoreDir: store}
+	spec := Spec{RunDir: runDir, StoreDir: store}
 	cin := fsm.CloneVM{OpID: newOp(), VM: vm, Key: testKey, Instance: testInstance, RunDir: run, GoldenDir: gres.SnapshotDir}
 	cres, err := d.Clone(ctx, cin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cres.Report.CopyMode != "reflink" || !slices.Contains(stepNames(cres), qemu.StepIncoming) {
+	if cres.Report.CopyMode != "reflink" || !slices.Contains(stepNames(cres), StepIncoming) {
 		t.Fatalf("clone result %+v", cres)
 	}
-	pid, err := d.QEMU().Adopt(spec)
+	pid, err := d.Recipes().Adopt(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if again, err := d.Clone(ctx, cin); err != nil || again.Report.CopyMode != "reflink" {
 		t.Fatalf("re-run Clone = %+v, %v", again, err)
 	}
-	if p, err := d.QEMU().Adopt(spec); err != nil || p != pid {
+	if p, err := d.Recipes().Adopt(spec); err != nil || p != pid {
 		t.Fatalf("after re-run Clone: pid %d, %v; want %d", p, err, pid)
 	}
 	sum := guestDo(t, ctx, runDir, func(a *agent.Client) (string, error) { return a.Write(ctx, 8<<20) })
@@ -117,7 +116,7 @@ func TestIntentsWithQEMU(t *testing.T) {
 	if !errors.Is(err, failing) || executors.IsUnrecoverable(err) {
 		t.Fatalf("failing hibernate = %v, want the retryable injected error", err)
 	}
-	if st, err := d.QEMU().Status(ctx, spec); err != nil || st != "running" {
+	if st, err := d.Recipes().Status(ctx, spec); err != nil || st != "running" {
 		t.Fatalf("after the failed hibernate: %q, %v; want running", st, err)
 	}
 	noEntry(t, filepath.Join(store, executors.HibernateRel(vm, hin.OpID)))
@@ -162,14 +161,14 @@ func TestIntentsWithQEMU(t *testing.T) {
 	if wres.Report.CopyMode != "reflink" || wres.AfterCommit == nil {
 		t.Fatalf("wake result %+v", wres)
 	}
-	pid, err = d.QEMU().Adopt(spec)
+	pid, err = d.Recipes().Adopt(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := restart().Wake(ctx, win); err != nil {
 		t.Fatalf("re-run Wake: %v", err)
 	}
-	if p, err := d.QEMU().Adopt(spec); err != nil || p != pid {
+	if p, err := d.Recipes().Adopt(spec); err != nil || p != pid {
 		t.Fatalf("after re-run Wake: pid %d, %v; want %d", p, err, pid)
 	}
 	if got := guestDo(t, ctx, runDir, func(a *agent.Client) (string, error) { return a.Sha(ctx) }); got != sum {
@@ -206,10 +205,10 @@ func TestIntentsWithQEMU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(stepNames(coldRes), qemu.StepReady) || slices.Contains(stepNames(coldRes), qemu.StepIncoming) {
+	if !slices.Contains(stepNames(coldRes), StepReady) || slices.Contains(stepNames(coldRes), StepIncoming) {
 		t.Fatalf("cold boot steps %v", stepNames(coldRes))
 	}
-	if m, err := os.Stat(filepath.Join(run2Dir, qemu.FileRAM)); err != nil || m.Size() != 256<<20 {
+	if m, err := os.Stat(filepath.Join(run2Dir, FileRAM)); err != nil || m.Size() != 256<<20 {
 		t.Fatalf("cold boot RAM file: %v", err)
 	}
 	boot1 := guestDo(t, ctx, run2Dir, func(a *agent.Client) (agent.Uptime, error) { return a.Uptime(ctx) })
@@ -234,7 +233,7 @@ func TestIntentsWithQEMU(t *testing.T) {
 	if err != nil || !l.Alive || l.Detail != "resumed from paused" {
 		t.Fatalf("AdoptVM of a paused VM = %+v, %v", l, err)
 	}
-	if st, err := d.QEMU().Status(ctx, qemu.Spec{RunDir: run2Dir, StoreDir: store}); err != nil || st != "running" {
+	if st, err := d.Recipes().Status(ctx, Spec{RunDir: run2Dir, StoreDir: store}); err != nil || st != "running" {
 		t.Fatalf("after AdoptVM: %q, %v", st, err)
 	}
 
@@ -289,7 +288,7 @@ func TestIntentsWithQEMU(t *testing.T) {
 
 func vmPID(t *testing.T, d *Driver, runDir string) int {
 	t.Helper()
-	pid, err := d.QEMU().Adopt(qemu.Spec{RunDir: runDir, StoreDir: filepath.Dir(runDir)})
+	pid, err := d.Recipes().Adopt(Spec{RunDir: runDir, StoreDir: filepath.Dir(runDir)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,5 @@
 //go:build !race
 
-package qemudriver
+package qemu
 
 const raceEnabled = false

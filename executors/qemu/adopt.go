@@ -1,4 +1,4 @@
-package qemudriver
+package qemu
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
-	"github.com/sbxlog/sbxlog/executors/qemu"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -17,7 +16,7 @@ import (
 // The start-up reconcile's view of the driver (executors/reconcile). Its
 // orphan scan parses Cloud Hypervisor's --api-socket and finds no QEMU; a
 // QEMU whose launch a crash cut short before its pid file is found instead
-// by qemu.Driver.Adopt's cmdline scan, whenever AdoptVM, RemoveRunDir or a
+// by Recipes.Adopt's cmdline scan, whenever AdoptVM, RemoveRunDir or a
 // re-run intent looks at its run dir.
 var _ reconcile.Driver = (*Driver)(nil)
 
@@ -55,9 +54,9 @@ func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Livenes
 	if filepath.Base(runDir) != vm {
 		return reconcile.Liveness{}, executors.Unrecoverablef("run dir %q is not VM %s's", rel, vm)
 	}
-	spec := qemu.Spec{RunDir: runDir, StoreDir: d.roots.Store}
+	spec := Spec{RunDir: runDir, StoreDir: d.roots.Store}
 	pid, err := d.q.Adopt(spec)
-	if errors.Is(err, qemu.ErrNotRunning) {
+	if errors.Is(err, ErrNotRunning) {
 		return reconcile.Liveness{Detail: "no QEMU process"}, nil
 	}
 	if err != nil {
@@ -65,7 +64,7 @@ func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Livenes
 	}
 	st, err := d.q.Status(ctx, spec)
 	switch {
-	case errors.Is(err, qemu.ErrNotRunning):
+	case errors.Is(err, ErrNotRunning):
 		return reconcile.Liveness{Detail: "QEMU exited during adoption"}, nil
 	case err != nil:
 		d.log.Warn().Err(err).Str("run_dir", runDir).Msg("adopted a QEMU whose QMP does not answer; watching it")
@@ -98,7 +97,7 @@ func (d *Driver) RemoveRunDir(ctx context.Context, name string) error {
 	}
 	runDir := filepath.Join(d.InstanceRoot(), name)
 	d.unwatch(runDir)
-	_, err := d.q.Destroy(ctx, qemu.Spec{RunDir: runDir, StoreDir: d.roots.Store})
+	_, err := d.q.Destroy(ctx, Spec{RunDir: runDir, StoreDir: d.roots.Store})
 	return err
 }
 

@@ -1,4 +1,4 @@
-package qemudriver
+package qemu
 
 import (
 	"bufio"

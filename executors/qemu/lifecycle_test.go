@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,13 +23,13 @@ import (
 
 const testMemMiB = 256
 
-// vmEnv is a store and a run root on one filesystem, and a TCG driver whose FS
+// vmEnv is a store and a run root on one filesystem, and TCG Recipes whose FS
 // records every step.
 type vmEnv struct {
 	t     *testing.T
 	root  string
 	rec   *fsx.Recorder
-	d     *Driver
+	q     *Recipes
 	guest guesttest.Guest
 }
 
@@ -45,16 +44,16 @@ func newEnv(t *testing.T, mount func(t testing.TB) string) *vmEnv {
 	}
 	e := &vmEnv{t: t, root: root, guest: g}
 	e.rec = fsx.NewRecorder(fsx.NewOS(zerolog.Nop()))
-	e.d = e.driver()
+	e.q = e.recipes()
 	return e
 }
 
-func (e *vmEnv) driver() *Driver {
-	d, err := New(Config{Accel: AccelTCG, FS: e.rec, StopGrace: 3 * time.Second})
+func (e *vmEnv) recipes() *Recipes {
+	q, err := NewRecipes(RecipesConfig{Accel: AccelTCG, FS: e.rec, StopGrace: 3 * time.Second})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return d
+	return q
 }
 
 func mountXFS(t testing.TB) string { return xfstest.Mount(t, 4<<30) }
@@ -92,7 +91,7 @@ func (e *vmEnv) destroyOnCleanup(spec Spec) {
 	e.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := e.d.Destroy(ctx, spec); err != nil {
+		if _, err := e.q.Destroy(ctx, spec); err != nil {
 			e.t.Errorf("cleanup destroy: %v", err)
 		}
 	})
@@ -115,13 +114,6 @@ func processGone(t *testing.T, pid int) {
 	t.Helper()
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Fatalf("QEMU pid %d still exists (kill 0: %v)", pid, err)
-	}
-}
-
-func noEntry(t *testing.T, path string) {
-	t.Helper()
-	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("%s exists (%v)", path, err)
 	}
 }
 
@@ -155,7 +147,7 @@ func TestBootAgentDestroy(t *testing.T) {
 	}
 	e.destroyOnCleanup(spec)
 
-	r, err := e.d.Boot(ctx, spec)
+	r, err := e.q.Boot(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,10 +155,10 @@ func TestBootAgentDestroy(t *testing.T) {
 	if r.Accel != AccelTCG || r.PID <= 0 || r.Dur(StepReady) <= 0 {
 		t.Fatalf("result %+v", r)
 	}
-	if pid, err := e.d.Adopt(spec); err != nil || pid != r.PID {
+	if pid, err := e.q.Adopt(spec); err != nil || pid != r.PID {
 		t.Fatalf("Adopt = %d, %v; want %d", pid, err, r.PID)
 	}
-	if st, err := e.d.Status(ctx, spec); err != nil || st != "running" {
+	if st, err := e.q.Status(ctx, spec); err != nil || st != "running" {
 		t.Fatalf("Status = %q, %v", st, err)
 	}
 	a := dialAgent(t, ctx, spec)
@@ -180,7 +172,7 @@ func TestBootAgentDestroy(t *testing.T) {
 	a.Close()
 
 	// Boot again finds the running VM.
-	if r2, err := e.d.Boot(ctx, spec); err != nil || !r2.Already || r2.PID != r.PID || r2.Accel != AccelTCG {
+	if r2, err := e.q.Boot(ctx, spec); err != nil || !r2.Already || r2.PID != r.PID || r2.Accel != AccelTCG {
 		t.Fatalf("second Boot = %+v, %v", r2, err)
 	}
 
@@ -192,15 +184,15 @@ func TestBootAgentDestroy(t *testing.T) {
 		}
 		return nil
 	}
-	_, err = e.d.Hibernate(ctx, spec, "disk")
+	_, err = e.q.Hibernate(ctx, spec, "disk")
 	e.rec.Before = nil
 	if err == nil {
 		t.Fatal("hibernate with injected failure succeeded")
 	}
-	if st, err := e.d.Status(ctx, spec); err != nil || st != "running" {
+	if st, err := e.q.Status(ctx, spec); err != nil || st != "running" {
 		t.Fatalf("after failed hibernate with disk: %q, %v", st, err)
 	}
-	hr, err := e.d.Hibernate(ctx, spec, "disk")
+	hr, err := e.q.Hibernate(ctx, spec, "disk")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +204,7 @@ func TestBootAgentDestroy(t *testing.T) {
 	if shared, err := fsx.AllExtentsShared(snapDisk); err != nil || !shared || hr.Method != fsx.Reflink {
 		t.Fatalf("snapshot disk not reflinked: shared %v (%v), method %v", shared, err, hr.Method)
 	}
-	wr, err := e.d.Wake(ctx, spec, "disk")
+	wr, err := e.q.Wake(ctx, spec, "disk")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,15 +220,15 @@ func TestBootAgentDestroy(t *testing.T) {
 		a.Close()
 	}
 
-	if _, err := e.d.Destroy(ctx, spec); err != nil {
+	if _, err := e.q.Destroy(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	processGone(t, r.PID)
 	noEntry(t, spec.RunDir)
-	if _, err := e.d.Adopt(spec); !errors.Is(err, ErrNotRunning) {
+	if _, err := e.q.Adopt(spec); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("Adopt after Destroy = %v", err)
 	}
-	if _, err := e.d.Destroy(ctx, spec); err != nil {
+	if _, err := e.q.Destroy(ctx, spec); err != nil {
 		t.Fatalf("second Destroy = %v", err)
 	}
 }
@@ -259,7 +251,7 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 	ctx := ctxT(t, 5*time.Minute)
 
 	gspec := e.spec("golden-build")
-	gr, err := e.d.Golden(ctx, gspec, "golden")
+	gr, err := e.q.Golden(ctx, gspec, "golden")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,13 +265,13 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 	if gm.Source != "golden" || gm.Accel != AccelTCG || gm.MemoryMiB != testMemMiB || gm.StateBytes <= 0 {
 		t.Fatalf("golden meta %+v", gm)
 	}
-	if again, err := e.d.Golden(ctx, gspec, "golden"); err != nil || !again.Already {
+	if again, err := e.q.Golden(ctx, gspec, "golden"); err != nil || !again.Already {
 		t.Fatalf("second Golden = %+v, %v", again, err)
 	}
 
 	spec := e.spec("vm1")
 	e.destroyOnCleanup(spec)
-	cr, err := e.d.Clone(ctx, spec, "golden")
+	cr, err := e.q.Clone(ctx, spec, "golden")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,14 +304,14 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 			}
 			return nil
 		}
-		_, err := e.d.Hibernate(ctx, spec, "failed")
+		_, err := e.q.Hibernate(ctx, spec, "failed")
 		e.rec.Before = nil
 		if !errors.Is(err, errInjected) {
 			t.Fatalf("hibernate failing at %s = %v", failAt, err)
 		}
 		noEntry(t, spec.SnapshotDir("failed"))
 		noTemp(t, spec.StoreDir)
-		if st, err := e.d.Status(ctx, spec); err != nil || st != "running" {
+		if st, err := e.q.Status(ctx, spec); err != nil || st != "running" {
 			t.Fatalf("after failure at %s: status %q, %v; want running", failAt, st, err)
 		}
 		a := dialAgent(t, ctx, spec)
@@ -328,37 +320,37 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 		}
 		a.Close()
 	}
-	if pid, err := e.d.Adopt(spec); err != nil || pid != cr.PID {
+	if pid, err := e.q.Adopt(spec); err != nil || pid != cr.PID {
 		t.Fatalf("after failed hibernates: pid %d, %v; want %d", pid, err, cr.PID)
 	}
 
 	// A daemon killed in the middle of a hibernate, after the migration and before
 	// the rename, leaves QEMU in postmigrate and a temp dir in the store. After the
-	// restart (a new Driver, SweepTemp) reconcile either resumes the VM or re-runs
+	// restart (a new Recipes, SweepTemp) reconcile either resumes the VM or re-runs
 	// the hibernate; both must work and keep the guest's memory.
 	for _, then := range []string{"resume", "hibernate again"} {
-		crashMidHibernate(t, ctx, e.d, spec)
+		crashMidHibernate(t, ctx, e.q, spec)
 		if _, err := fsx.SweepTemp(spec.StoreDir); err != nil {
 			t.Fatal(err)
 		}
 		noTemp(t, spec.StoreDir)
-		d := e.driver()
-		if st, err := d.Status(ctx, spec); err != nil || st != "postmigrate" {
+		q := e.recipes()
+		if st, err := q.Status(ctx, spec); err != nil || st != "postmigrate" {
 			t.Fatalf("after the crash: status %q, %v", st, err)
 		}
 		switch then {
 		case "resume":
-			if _, err := d.Resume(ctx, spec); err != nil {
+			if _, err := q.Resume(ctx, spec); err != nil {
 				t.Fatalf("resume after crash: %v", err)
 			}
-			if again, err := d.Resume(ctx, spec); err != nil || !again.Already {
+			if again, err := q.Resume(ctx, spec); err != nil || !again.Already {
 				t.Fatalf("second Resume = %+v, %v", again, err)
 			}
 		case "hibernate again":
-			if _, err := d.Hibernate(ctx, spec, "after-crash"); err != nil {
+			if _, err := q.Hibernate(ctx, spec, "after-crash"); err != nil {
 				t.Fatalf("hibernate after crash: %v", err)
 			}
-			wr, err := d.Wake(ctx, spec, "after-crash")
+			wr, err := q.Wake(ctx, spec, "after-crash")
 			if err != nil {
 				t.Fatalf("wake after crash: %v", err)
 			}
@@ -377,14 +369,14 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 	pid := cr.PID
 	for gen := 1; gen <= 3; gen++ {
 		name := "hib-" + string(rune('0'+gen))
-		// The second generation hibernates through a fresh Driver, as after a
+		// The second generation hibernates through a fresh Recipes, as after a
 		// daemon restart: the VM is found through its pid file and cmdline.
-		d := e.d
+		q := e.q
 		if gen == 2 {
-			d = e.driver()
+			q = e.recipes()
 		}
 		mark := len(e.rec.Steps())
-		hr, err := d.Hibernate(ctx, spec, name)
+		hr, err := q.Hibernate(ctx, spec, name)
 		if err != nil {
 			t.Fatalf("gen %d: hibernate: %v", gen, err)
 		}
@@ -401,7 +393,7 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 				t.Fatalf("gen %d: snapshot: %v", gen, err)
 			}
 		}
-		// DESIGN §3 order: temp dir in the store, clone, meta, SyncTree, rename,
+		// The snapshot order: temp dir in the store, clone, meta, SyncTree, rename,
 		// and only then the run dir goes.
 		steps := e.stepsAfter(mark)
 		var ops []string
@@ -415,11 +407,11 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 		if !strings.HasSuffix(steps[4], "store/"+name) || !strings.HasSuffix(steps[5], "run/vm1") {
 			t.Fatalf("gen %d: rename/remove paths %q", gen, steps)
 		}
-		if again, err := d.Hibernate(ctx, spec, name); err != nil || !again.Already {
+		if again, err := q.Hibernate(ctx, spec, name); err != nil || !again.Already {
 			t.Fatalf("gen %d: second Hibernate = %+v, %v", gen, again, err)
 		}
 
-		wr, err := d.Wake(ctx, spec, name)
+		wr, err := q.Wake(ctx, spec, name)
 		if err != nil {
 			t.Fatalf("gen %d: wake: %v", gen, err)
 		}
@@ -428,7 +420,7 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 			t.Fatalf("gen %d: wake cloned by %v", gen, wr.Method)
 		}
 		pid = wr.PID
-		if again, err := d.Wake(ctx, spec, name); err != nil || !again.Already || again.PID != pid {
+		if again, err := q.Wake(ctx, spec, name); err != nil || !again.Already || again.PID != pid {
 			t.Fatalf("gen %d: second Wake = %+v, %v", gen, again, err)
 		}
 		a := dialAgent(t, ctx, spec)
@@ -456,10 +448,10 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 		before = after
 		// The snapshot still exists and the VM was woken from it: hibernating
 		// under the same name must refuse rather than take it for done.
-		if _, err := d.Hibernate(ctx, spec, name); !errors.Is(err, ErrSnapshotExists) {
+		if _, err := q.Hibernate(ctx, spec, name); !errors.Is(err, ErrSnapshotExists) {
 			t.Fatalf("gen %d: Hibernate onto the snapshot it was woken from = %v", gen, err)
 		}
-		if st, err := d.Status(ctx, spec); err != nil || st != "running" {
+		if st, err := q.Status(ctx, spec); err != nil || st != "running" {
 			t.Fatalf("gen %d: after refused hibernate: %q, %v", gen, st, err)
 		}
 		if err := os.RemoveAll(snap); err != nil {
@@ -467,7 +459,7 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 		}
 	}
 
-	if _, err := e.d.Destroy(ctx, spec); err != nil {
+	if _, err := e.q.Destroy(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	processGone(t, pid)
@@ -481,7 +473,7 @@ func TestCopyFallbackWithoutReflink(t *testing.T) {
 	e := newEnv(t, mountExt4)
 	ctx := ctxT(t, 5*time.Minute)
 	gspec := e.spec("golden-build")
-	gr, err := e.d.Golden(ctx, gspec, "golden")
+	gr, err := e.q.Golden(ctx, gspec, "golden")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,7 +482,7 @@ func TestCopyFallbackWithoutReflink(t *testing.T) {
 	}
 	spec := e.spec("vm1")
 	e.destroyOnCleanup(spec)
-	cr, err := e.d.Clone(ctx, spec, "golden")
+	cr, err := e.q.Clone(ctx, spec, "golden")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,17 +492,17 @@ func TestCopyFallbackWithoutReflink(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Close()
-	hr, err := e.d.Hibernate(ctx, spec, "hib")
+	hr, err := e.q.Hibernate(ctx, spec, "hib")
 	if err != nil {
 		t.Fatal(err)
 	}
 	processGone(t, cr.PID)
-	wr, err := e.d.Wake(ctx, spec, "hib")
+	wr, err := e.q.Wake(ctx, spec, "hib")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("ext4: clone %v; hibernate %v; wake %v", cr.Steps, hr.Steps, wr.Steps)
-	for what, r := range map[string]Result{"clone": cr, "hibernate": hr, "wake": wr} {
+	for what, r := range map[string]RecipeResult{"clone": cr, "hibernate": hr, "wake": wr} {
 		if r.Method != fsx.Copy || r.CopiedBytes <= 0 {
 			t.Fatalf("%s on ext4: method %v, copied %d", what, r.Method, r.CopiedBytes)
 		}
@@ -523,7 +515,7 @@ func TestCopyFallbackWithoutReflink(t *testing.T) {
 
 // crashMidHibernate does what Hibernate does up to the end of the migration, into a
 // temp dir of the store, and stops there as a killed daemon would.
-func crashMidHibernate(t *testing.T, ctx context.Context, d *Driver, spec Spec) {
+func crashMidHibernate(t *testing.T, ctx context.Context, q *Recipes, spec Spec) {
 	t.Helper()
 	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
 	if err != nil {
@@ -537,7 +529,7 @@ func crashMidHibernate(t *testing.T, ctx context.Context, d *Driver, spec Spec) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.saveState(ctx, c, filepath.Join(tmp, FileState)); err != nil {
+	if _, err := q.saveState(ctx, c, filepath.Join(tmp, FileState)); err != nil {
 		t.Fatal(err)
 	}
 }
