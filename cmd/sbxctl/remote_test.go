@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
+	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
 
