@@ -63,10 +63,32 @@ func sizeNames() string {
 	return b.String()
 }
 
-// ValidKey checks a pool key's template name, net and size.
+// ValidRelPath is the one rule for a name that becomes a path below a root
+// of the data dir (a template name under templates/, run and snapshot dirs
+// under their roots): relative, '/'-separated segments that are all
+// non-empty, none "." or "..", and none hidden (a leading '.': the
+// executors' temp dirs are dot-named). Such a name, joined to its root,
+// is already clean and stays inside the root.
+func ValidRelPath(p string) bool {
+	if p == "" || p[0] == '/' {
+		return false
+	}
+	for seg := range strings.SplitSeq(p, "/") {
+		if seg == "" || seg[0] == '.' {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidKey checks a pool key's template name, net and size. A template
+// name becomes a directory name (ValidRelPath).
 func ValidKey(k PoolKey) error {
 	if !templateRE.MatchString(k.Template) {
 		return reject(Invalid, "invalid template name %q", k.Template)
+	}
+	if !ValidRelPath(k.Template) {
+		return reject(Invalid, "invalid template name %q: each '/'-separated part must be non-empty and not start with '.'", k.Template)
 	}
 	if !contains(Nets, k.Net) {
 		return reject(Invalid, "invalid net %q: want none or egress", k.Net)

@@ -58,6 +58,8 @@ type Config struct {
 	Bridge string `json:"bridge,omitempty"`
 	// NATS configures replication.
 	NATS NATSConfig `json:"nats"`
+	// HTTP bounds the API's connections.
+	HTTP HTTPConfig `json:"http"`
 	// LogLevel: debug, info, warn, error.
 	LogLevel string `json:"log_level,omitempty"`
 	// VMRestart is the policy for claimed VMs whose VMM dies: cold restarts
@@ -65,6 +67,29 @@ type Config struct {
 	// claim fails. Default 3 per 600 s; max 0 turns restarts off.
 	VMRestart *RestartConfig `json:"vm_restart,omitempty"`
 }
+
+// HTTPConfig is the http section: how long a client may take to send a
+// request's headers and its body, and how long a keep-alive connection may
+// stay idle, in milliseconds (0: the defaults, 10 s, 15 s and 30 s).
+type HTTPConfig struct {
+	ReadHeaderTimeoutMS int `json:"read_header_timeout_ms,omitempty"`
+	BodyTimeoutMS       int `json:"body_timeout_ms,omitempty"`
+	IdleTimeoutMS       int `json:"idle_timeout_ms,omitempty"`
+}
+
+func (h HTTPConfig) validate() error {
+	for _, f := range []struct {
+		name string
+		ms   int
+	}{{"read_header_timeout_ms", h.ReadHeaderTimeoutMS}, {"body_timeout_ms", h.BodyTimeoutMS}, {"idle_timeout_ms", h.IdleTimeoutMS}} {
+		if f.ms < 0 || f.ms > 3_600_000 {
+			return fmt.Errorf("http.%s %d out of [0, 3600000]", f.name, f.ms)
+		}
+	}
+	return nil
+}
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 
 // RestartConfig is the vm_restart section.
 type RestartConfig struct {
@@ -208,6 +233,9 @@ func (c *Config) finish() error {
 		errs = append(errs, fmt.Errorf("hypervisor %q: want auto, cloud-hypervisor, chsim or qemu", c.Hypervisor))
 	}
 	if err := c.QEMU.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.HTTP.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.NATS.validate(); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/projections/api"
 )
 
 func newLogger(level string) zerolog.Logger {
@@ -57,6 +58,8 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 		DataDir: cfg.DataDir, NodeID: cfg.NodeID, Listen: cfg.Listen, OwnerAddr: cfg.OwnerAddr,
 		RootToken: rootToken, Tenants: cfg.Tenants, MaxClaims: cfg.MaxClaims, Pools: pools,
 		RestartPolicy: cfg.restartPolicy(), Concurrency: cfg.RefillConcurrency,
+		ReadHeaderTimeout: ms(cfg.HTTP.ReadHeaderTimeoutMS), IdleTimeout: ms(cfg.HTTP.IdleTimeoutMS),
+		API: api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS)},
 		Log: zl,
 	}
 	if !cfg.NATS.Disabled {

@@ -88,7 +88,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, id auth.Id
 	// and the subscription waits for them.
 	s.eng.View(func(st *fsm.State) { last = max(last, st.Applied()) })
 	if first := s.log.FirstSeq(); from < max(first, 1) || from > last+1 {
-		msg := fmt.Sprintf("cursor %d cannot be served: the log holds %d..%d", from, first, last)
+		msg := fmt.Sprintf("cursor %d is beyond the head of the log (last event %d); resume from at most %d", from, last, last+1)
 		if from < first {
 			msg = fmt.Sprintf("cursor %d is older than the retained log (first retained %d); resync from a snapshot or start at %d", from, first, first)
 		}

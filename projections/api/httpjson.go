@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
 )
 
@@ -86,22 +87,23 @@ func writeError(w http.ResponseWriter, err error) {
 	writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
 }
 
-// decodeBody strictly decodes a JSON body of at most MaxBody bytes into v:
-// unknown fields, trailing data and oversize bodies are all 400 with the old
+// decodeBody strictly decodes the request's JSON body (dispatch has read it,
+// at most MaxBody bytes) into v: unknown fields, fields named in another
+// case, duplicate fields and trailing data are all 400 with the old
 // daemon's message, with the reason appended for people.
 func decodeBody(r *http.Request, v any, allowEmpty bool) error {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		return errorf(http.StatusBadRequest, "%s: %v", errInvalidBody, err)
-	}
-	if len(body) > MaxBody {
-		return errorf(http.StatusBadRequest, "%s: body over %d bytes", errInvalidBody, MaxBody)
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		if allowEmpty {
 			return nil
 		}
 		return errorf(http.StatusBadRequest, "%s: empty body", errInvalidBody)
+	}
+	if err := checkStrictJSON(body, reflect.TypeOf(v)); err != nil {
+		return errorf(http.StatusBadRequest, "%s: %v", errInvalidBody, err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

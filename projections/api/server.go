@@ -1,10 +1,13 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 	"sort"
 	"strings"
@@ -65,7 +68,15 @@ type Config struct {
 	// ClaimWait bounds how long a clone/cold claim's request waits for its
 	// VM (default 2 min; the state fails the claim earlier).
 	ClaimWait time.Duration
+	// BodyTimeout bounds reading a request's body (default
+	// DefaultBodyTimeout); a stalled body is answered 408 and its
+	// connection closed.
+	BodyTimeout time.Duration
 }
+
+// DefaultBodyTimeout is Config.BodyTimeout's default: a 1 MiB body at a
+// slow client's pace, far from what holding connections open costs.
+const DefaultBodyTimeout = 15 * time.Second
 
 // Server serves the API. Create with New; feed it commits with OnCommit.
 type Server struct {
@@ -112,6 +123,9 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	}
 	if cfg.ClaimWait <= 0 {
 		cfg.ClaimWait = 2 * time.Minute
+	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -211,12 +225,15 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 			writeError(w, errorf(http.StatusMethodNotAllowed, "method %s not allowed on %s (allowed: %s)", r.Method, path, allow))
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, MaxBody+1)
+		hasBody := r.ContentLength > 0 || (r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody)
+		// Authentication before the body: a caller without a valid token
+		// gets its 401/403 at once, and the connection is closed rather
+		// than drained, so a stalled body holds nothing.
 		var id auth.Identity
 		if len(entry.allow) > 0 {
 			id = s.auth.Identify(auth.Bearer(r), r.PathValue("id"), s.tokenGen)
 			if id.Kind == auth.Anonymous {
-				writeError(w, errorf(http.StatusUnauthorized, "missing or invalid token"))
+				refuseBodyIf(hasBody, w, errorf(http.StatusUnauthorized, "missing or invalid token"))
 				return
 			}
 			permitted := false
@@ -224,14 +241,76 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 				permitted = permitted || k == id.Kind
 			}
 			if !permitted {
-				writeError(w, errorf(http.StatusForbidden, "a %s token may not call %s %s", id.Kind, r.Method, path))
+				refuseBodyIf(hasBody, w, errorf(http.StatusForbidden, "a %s token may not call %s %s", id.Kind, r.Method, path))
 				return
 			}
+		}
+		if hasBody {
+			// A body declared too large is refused before any of it is read.
+			if r.ContentLength > MaxBody {
+				refuseBody(w, errorf(http.StatusBadRequest, "%s: body over %d bytes (declared %d)", errInvalidBody, MaxBody, r.ContentLength))
+				return
+			}
+			if !bodyMethods[r.Method] {
+				refuseBody(w, errorf(http.StatusBadRequest, "%s %s takes no request body", r.Method, path))
+				return
+			}
+			body, err := s.readBody(w, r)
+			if err != nil {
+				refuseBody(w, err)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
 		if err := entry.h(w, r, id); err != nil {
 			s.writeErr(w, r, err)
 		}
 	}
+}
+
+// bodyMethods are the methods whose requests may carry a body.
+var bodyMethods = map[string]bool{http.MethodPost: true, http.MethodPut: true, http.MethodPatch: true}
+
+// readBody reads the whole request body, at most MaxBody bytes, within
+// Config.BodyTimeout: a client that declares a body and stalls is answered
+// 408 and disconnected instead of holding a connection and a goroutine.
+// The read deadline is cleared afterwards, so a long handler (a claim
+// waiting for its VM) is not cut off by it.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	rc := http.NewResponseController(w)
+	// A socket deadline: the real clock, not the injectable one.
+	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	_ = rc.SetReadDeadline(time.Time{})
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		return nil, errorf(http.StatusRequestTimeout, "request body not received within %s", s.cfg.BodyTimeout)
+	case err != nil:
+		return nil, errorf(http.StatusBadRequest, "%s: %v", errInvalidBody, err)
+	case len(body) > MaxBody:
+		return nil, errorf(http.StatusBadRequest, "%s: body over %d bytes", errInvalidBody, MaxBody)
+	}
+	return body, nil
+}
+
+// refuseBody answers err and closes the connection: what is left of the
+// request body is never read. Connection: close alone is not enough:
+// net/http still drains up to 256 KiB of an unread body after the handler
+// (blocking on a client that stalls), so the read deadline is moved to now
+// and that drain fails at once.
+func refuseBody(w http.ResponseWriter, err error) {
+	w.Header().Set("Connection", "close")
+	writeError(w, err)
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+}
+
+func refuseBodyIf(hasBody bool, w http.ResponseWriter, err error) {
+	if hasBody {
+		refuseBody(w, err)
+		return
+	}
+	writeError(w, err)
 }
 
 // writeErr maps engine and state errors to statuses and logs server faults.

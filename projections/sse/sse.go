@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -90,7 +91,10 @@ func Cursor(r *http.Request) (from uint64, ok bool, err error) {
 		if err != nil {
 			return 0, false, fmt.Errorf("invalid Last-Event-ID %q", v)
 		}
-		return n + 1, true, nil
+		// The largest id has no successor: saturate rather than wrap to 0,
+		// which would read as the oldest cursor instead of one beyond the
+		// head of any log.
+		return n + min(1, math.MaxUint64-n), true, nil
 	}
 	if v := r.URL.Query().Get("from"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)

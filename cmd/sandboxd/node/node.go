@@ -66,6 +66,14 @@ import (
 // taken once this many events were applied since the last one.
 const DefaultSnapshotEvery = 50_000
 
+// HTTP connection bounds' defaults (Config.ReadHeaderTimeout and
+// IdleTimeout): a client that opens connections and sends nothing, or keeps
+// them idle, holds a file descriptor and a goroutine each until then.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultIdleTimeout       = 30 * time.Second
+)
+
 // startGCPercent is the GC target while a node starts. Rebuilding the state
 // and reconciling allocate it all at once; collecting while it grows only
 // re-marks what stays live, and at 100k live claims the default target
@@ -149,8 +157,12 @@ type Config struct {
 	// looked at (default 10 s).
 	SnapshotEvery uint64
 	SnapshotCheck time.Duration
-	// ReadHeaderTimeout bounds reading a request's headers (default 10 s).
+	// ReadHeaderTimeout bounds reading a request's headers (default
+	// DefaultReadHeaderTimeout); IdleTimeout closes a keep-alive connection
+	// idle that long (default DefaultIdleTimeout). The body's bound is
+	// API.BodyTimeout.
 	ReadHeaderTimeout time.Duration
+	IdleTimeout       time.Duration
 	// Replication, when set, runs the node's replication (step 3).
 	Replication *Replication
 	// Redirector, when set, replaces the redirector replication provides
@@ -259,7 +271,10 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		cfg.SnapshotCheck = 10 * time.Second
 	}
 	if cfg.ReadHeaderTimeout <= 0 {
-		cfg.ReadHeaderTimeout = 10 * time.Second
+		cfg.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -412,7 +427,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		}
 	}
 	streams, endStreams := context.WithCancel(context.Background())
-	n.http = &http.Server{Handler: endStreamsOn(streams, n.Server), ReadHeaderTimeout: cfg.ReadHeaderTimeout}
+	n.http = &http.Server{Handler: endStreamsOn(streams, n.Server), ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout}
 	n.http.RegisterOnShutdown(endStreams)
 	n.spawn(func() {
 		err := n.http.Serve(n.ln)

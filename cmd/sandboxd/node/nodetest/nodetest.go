@@ -182,6 +182,9 @@ type Options struct {
 	// handler tests that must not pay for the executors' background work.
 	NoExecutors bool
 	Log         zerolog.Logger
+	// Tune, when set, adjusts the node's configuration before it starts
+	// (connection timeouts, snapshot cadence, ...).
+	Tune func(*node.Config)
 }
 
 // Node is a running in-process node. Close it when done.
@@ -214,12 +217,16 @@ func Start(opts Options) (*Node, error) {
 	if cfg.Hypervisor == "" {
 		cfg.Hypervisor = FakeHypervisor
 	}
-	n, err := node.Start(context.Background(), node.Config{
+	nc := node.Config{
 		DataDir: opts.Dir, NodeID: opts.NodeID, Listener: ln, Instance: "i-nodetest",
 		RootToken: opts.RootToken, Tenants: opts.Tenants, MaxClaims: opts.MaxClaims, Pools: opts.Pools,
 		RestartPolicy: fsm.DefaultRestartPolicy, Concurrency: opts.Concurrency, RefillDelay: opts.RefillDelay,
 		Redirector: opts.Redirector, API: cfg, Log: opts.Log,
-	}, drv)
+	}
+	if opts.Tune != nil {
+		opts.Tune(&nc)
+	}
+	n, err := node.Start(context.Background(), nc, drv)
 	if err != nil {
 		return nil, err
 	}
