@@ -30,8 +30,8 @@ import (
 // Targets the verdicts check.
 const (
 	// OldDirectClonesPerSec is the old daemon's clone rate without its CLI
-	// (DESIGN §7: 257–274/s); the CH boundary alone must sustain at least
-	// that, or the control plane above it cannot.
+	// (257–274/s measured on its host); the CH boundary alone must sustain
+	// at least that, or the control plane above it cannot.
 	OldDirectClonesPerSec = 274
 	// LaunchOverFloor bounds launch-to-ping against a bare fork+exec+exit of
 	// the binary: the socket setup and our polling may add at most this

@@ -47,7 +47,8 @@ func configFor(quick bool) config {
 	return config{cycles: 10, resident: 96 << 20, dirty: 8 << 20, memoryMiB: 256}
 }
 
-// The seeds' Cloud Hypervisor figures (../shared/seeds), for reference.
+// The Cloud Hypervisor anchors measured on the replaced system (8 GiB guest,
+// XFS with reflink): hibernate ~0.3 s, wake 0.4–0.7 s.
 const (
 	seedXFSHibernate = 300 * time.Millisecond
 	seedXFSWakeLo    = 400 * time.Millisecond
@@ -274,14 +275,14 @@ the cost a copy path pays.`,
 		sec.AddRow(label, "hibernate", cell(h.total), cell(h.qmp), cell(h.clone), cell(h.fsync), cell(h.proc), cell(h.rest), alloc, state)
 		sec.AddRow(label, "wake", cell(w.total), cell(w.qmp), cell(w.clone), "-", cell(w.proc), cell(w.rest), alloc, state)
 	}
-	// The seeds' traces (000_a0db892d2475094f.txt), split into the same
+	// The replaced system's production traces (the seeds), split into the same
 	// columns where they give the parts: QMP is CH's API (vm.info, vm.pause,
 	// vm.snapshot), clone the FICLONE, fsync the memory file's (and, dense,
 	// every) fsync, QEMU process the vm.shutdown.
-	sec.AddRow("CH seeds, 8 GiB, XFS, reflink snapshot (f1dcd9900, gen 2)", "hibernate", "0.30 – 0.35 s (DESIGN: ~"+report.Fmt(seedXFSHibernate)+")",
+	sec.AddRow("CH seeds, 8 GiB, XFS, reflink snapshot (f1dcd9900, gen 2)", "hibernate", "0.30 – 0.35 s (anchor: ~"+report.Fmt(seedXFSHibernate)+")",
 		"0.22 – 0.27 s", "106 – 107 ms (memory-ranges)", "19 – 21 µs (memory-ranges)", "", "", "", "")
 	sec.AddRow("CH seeds, 8 GiB, XFS, reflink snapshot (f1dcd9900, gen 2)", "wake",
-		"0.41 – 0.77 s (DESIGN: "+report.Fmt(seedXFSWakeLo)+" – "+report.Fmt(seedXFSWakeHi)+")", "", "", "", "", "", "", "")
+		"0.41 – 0.77 s (anchor: "+report.Fmt(seedXFSWakeLo)+" – "+report.Fmt(seedXFSWakeHi)+")", "", "", "", "", "", "", "")
 	sec.AddRow("CH seeds, 8 GiB, XFS, dense snapshot (traced run 2)", "hibernate", "22.73 s",
 		"2.03 s", "~1 ms (cow.raw)", "20.56 s (15.23 s memory-ranges writeback)", "0.13 s", "", "8 GiB", "")
 

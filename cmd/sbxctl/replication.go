@@ -1,6 +1,6 @@
 package main
 
-// The replication consumers (DESIGN.md §6) as standalone commands, reading
+// The replication consumers as standalone commands, reading
 // the nodes' op logs from a NATS JetStream stream: follow keeps a verified
 // replica of one node's log, usage and audit write the billing and audit
 // journals of any number of nodes. sandboxd runs usage and audit for its own

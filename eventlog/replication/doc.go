@@ -1,5 +1,5 @@
 // Package replication is the home of the op log's replication over NATS
-// JetStream (DESIGN.md §6, issue 7). It holds no code itself; the parts are:
+// JetStream. It holds no code itself; the parts are:
 //
 //   - natsembed: the embedded NATS server with JetStream (and loopback
 //     clusters for tests and benchmarks);

@@ -14,9 +14,9 @@ import (
 	"github.com/sbxlog/sbxlog/executors/ch"
 )
 
-// Tests for every place ../shared/spec/README.md lists where the real server
-// differs from its OpenAPI file, run against chsim, and for how the client
-// classifies each answer.
+// Tests for every known place where the real CH server differs from its
+// OpenAPI description (listed in testdata/ch-api-subset.yaml and at specQuirk),
+// run against chsim, and for how the client classifies each answer.
 
 // bootedSim starts chsim and brings a VM to Running.
 func bootedSim(t *testing.T) (dir string, c *ch.Client, cfg *ch.VmConfig) {

@@ -1,5 +1,5 @@
-// Package chdriver is the Cloud Hypervisor executors.Driver: the recipes of
-// DESIGN §3 (clone from golden, hibernate, wake, destroy, golden build) over
+// Package chdriver is the Cloud Hypervisor executors.Driver: the side-effect
+// recipes (clone from golden, hibernate, wake, destroy, golden build) over
 // the CH REST API, run against cloud-hypervisor or the chsim simulator (the
 // binary is injected; the recipes do not know which).
 //
@@ -51,8 +51,9 @@
 // FICLONE cow.raw into it; SyncTree the temp dir (every file fsynced before
 // the rename, as the issue asks); meta.json (temp, fsync, rename, fsync dir);
 // rename into the store (fsyncs both parents); SyncTree the final dir (the
-// DESIGN's order; nearly free after the first); only then vm.shutdown and
-// terminate the VMM.
+// order the recipe requires: every file, the dir and its parent durable
+// before the VM stops; nearly free after the first); only then vm.shutdown
+// and terminate the VMM.
 //
 // Templates: a missing template directory is synthesized when the
 // hypervisor is chsim (templates.Synthesize); with cloud-hypervisor it is an

@@ -13,8 +13,8 @@ import (
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
-// Hibernate implements executors.Driver; the order of its steps is DESIGN
-// §3's (see the package doc).
+// Hibernate implements executors.Driver; the order of its steps is the
+// package doc's durability order.
 func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.Result, error) {
 	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
 	if err != nil {

@@ -118,7 +118,7 @@ func TestHibernateOrder(t *testing.T) {
 }
 
 // TestRecipeOrders checks the side-effect order of clone, wake, golden
-// build and destroy against DESIGN §3.
+// build and destroy against the recipes' required order.
 func TestRecipeOrders(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")

@@ -20,7 +20,8 @@
 // The engine also runs the two loops every node needs: a timer loop that
 // proposes fsm.Tick when the state's next timer is due, and a refill loop
 // that proposes fsm.Refill once a pool has been short of its warm target for
-// Options.RefillDelay (so one Refill answers a burst of claims).
+// Options.RefillDelay (so one Refill answers a burst of claims). Both loops,
+// like every time the engine stamps or measures, read Options.Clock.
 package engine
 
 import (
@@ -74,8 +75,9 @@ type Commit struct {
 // Options configure an Engine.
 type Options struct {
 	Log zerolog.Logger
-	// Now is the clock stamped into commands (default time.Now).
-	Now func() time.Time
+	// Clock is the time stamped into commands and the loops' schedule
+	// (default: the system clock).
+	Clock Clock
 	// OnCommit, if set, is called after every durable commit, in log order,
 	// outside the engine's lock. It must not block for long.
 	OnCommit func(Commit)
@@ -120,7 +122,7 @@ type Engine struct {
 	// a commit pokes the loop only when the plan no longer holds: an
 	// earlier timer, or a pool short with no refill planned. A poke per
 	// commit would wake the loop's goroutine on every claim.
-	planTimer  atomic.Int64 // Now-clock ns by which the loop looks at timers
+	planTimer  atomic.Int64 // Clock ns by which the loop looks at timers
 	planRefill atomic.Bool  // a refill is planned
 	stop       chan struct{}
 	wg         sync.WaitGroup
@@ -134,8 +136,8 @@ type Engine struct {
 // New wraps a state rebuilt from log (see Rebuild). The
 // engine owns st from now on.
 func New(log Log, st *fsm.State, opts Options) *Engine {
-	if opts.Now == nil {
-		opts.Now = time.Now
+	if opts.Clock == nil {
+		opts.Clock = systemClock{}
 	}
 	if opts.TickEvery <= 0 {
 		opts.TickEvery = time.Second
@@ -162,12 +164,12 @@ func New(log Log, st *fsm.State, opts Options) *Engine {
 func (e *Engine) NewOpID() event.OpID {
 	e.entMu.Lock()
 	defer e.entMu.Unlock()
-	return ulid.MustNew(ulid.Timestamp(e.opts.Now()), e.entropy)
+	return ulid.MustNew(ulid.Timestamp(e.opts.Clock.Now()), e.entropy)
 }
 
 // Meta stamps a new command: a fresh op id and the current time.
 func (e *Engine) Meta() fsm.Meta {
-	return fsm.Meta{Op: e.NewOpID(), Now: e.opts.Now().UnixNano()}
+	return fsm.Meta{Op: e.NewOpID(), Now: e.opts.Clock.Now().UnixNano()}
 }
 
 // Result is what a proposal did.
@@ -229,7 +231,7 @@ func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool, hooks
 		e.mu.Unlock()
 		return Result{}, err
 	}
-	began := time.Now()
+	began := e.opts.Clock.Now()
 	var p *eventlog.Pending
 	if fresh {
 		p, err = e.log.BeginNew(evs)
@@ -279,7 +281,7 @@ func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool, hooks
 	// of ctx; an fsync is bounded by the disk.
 	res, err := p.Wait(context.Background())
 	if e.opts.OnAppend != nil {
-		e.opts.OnAppend(time.Since(began))
+		e.opts.OnAppend(e.opts.Clock.Now().Sub(began))
 	}
 	if err == nil && (res.Duplicate || len(res.Events) != len(evs) || res.Events[0].Seq != evs[0].Seq) {
 		err = fmt.Errorf("log stored op %s at seq %d (duplicate=%v), state applied it at %d", evs[0].OpID, firstSeq(res.Events), res.Duplicate, evs[0].Seq)
@@ -441,18 +443,18 @@ func (e *Engine) Shutdown() {
 // read lock and publishes the plan before releasing it, so every commit
 // either is seen by the plan or sees the plan (and pokes if it is stale).
 func (e *Engine) loop() {
-	t := time.NewTimer(0)
+	t := e.opts.Clock.NewTimer(0)
 	defer t.Stop()
 	var refillAt time.Time // when a short pool is refilled; zero: none planned
 	for {
 		select {
 		case <-e.stop:
 			return
-		case <-t.C:
+		case <-t.C():
 		case <-e.wake:
 		}
 		e.tickIfDue()
-		if !refillAt.IsZero() && !time.Now().Before(refillAt) {
+		if !refillAt.IsZero() && !e.opts.Clock.Now().Before(refillAt) {
 			refillAt = time.Time{}
 			e.refill()
 		}
@@ -460,7 +462,7 @@ func (e *Engine) loop() {
 		refillAt, d = e.replan(refillAt)
 		if !t.Stop() {
 			select {
-			case <-t.C:
+			case <-t.C():
 			default:
 			}
 		}
@@ -474,7 +476,8 @@ func (e *Engine) loop() {
 func (e *Engine) replan(refillAt time.Time) (time.Time, time.Duration) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
-	now, clock := time.Now(), e.opts.Now().UnixNano()
+	now := e.opts.Clock.Now()
+	clock := now.UnixNano()
 	switch short := fsm.NeedsRefill(e.st); {
 	case !short:
 		refillAt = time.Time{}
@@ -497,7 +500,7 @@ func (e *Engine) replan(refillAt time.Time) (time.Time, time.Duration) {
 }
 
 func (e *Engine) tickIfDue() {
-	now := e.opts.Now().UnixNano()
+	now := e.opts.Clock.Now().UnixNano()
 	e.mu.RLock()
 	at, ok := e.st.NextTimer()
 	e.mu.RUnlock()

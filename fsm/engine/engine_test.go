@@ -165,29 +165,17 @@ func TestAppendFailureStopsEngine(t *testing.T) {
 
 // The timer loop proposes a Tick when a lease expires: the claim is reaped.
 func TestTimerLoopReaps(t *testing.T) {
-	var mu sync.Mutex
-	now := time.Unix(1_800_000_000, 0)
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	e, _ := newEngine(t, t.TempDir(), Options{Now: clock, TickEvery: 5 * time.Millisecond})
+	clock := newFakeClock(time.Unix(1_800_000_000, 0))
+	e, _ := newEngine(t, t.TempDir(), Options{Clock: clock})
 	setup(t, e, 1)
 	fillWarm(t, e)
 	mustPropose(t, e, fsm.Claim{Meta: e.Meta(), ID: "sb_00000000000000aa", Key: key, TTLSeconds: 10})
 	e.Start()
-	mu.Lock()
-	now = now.Add(11 * time.Second)
-	mu.Unlock()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		var st fsm.ClaimStatus
-		e.View(func(s *fsm.State) { c, _ := s.Claim("sb_00000000000000aa"); st = c.Status })
-		if st == fsm.ClaimExpired {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("claim status %v after the lease ended, want expired", st)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	clock.advance(11 * time.Second)
+	awaitState(t, e, "claim expired after its lease ended", func(s *fsm.State) bool {
+		c, _ := s.Claim("sb_00000000000000aa")
+		return c.Status == fsm.ClaimExpired
+	})
 }
 
 func TestShutdownIsIdempotentAndRefuses(t *testing.T) {
@@ -204,33 +192,30 @@ func TestShutdownIsIdempotentAndRefuses(t *testing.T) {
 // meanwhile are answered by one Refill op, and then refills them all.
 func TestRefillDelayCoalescesClaims(t *testing.T) {
 	const delay = time.Second
-	e, l := newEngine(t, t.TempDir(), Options{RefillDelay: delay})
+	clock := newFakeClock(time.Unix(1_800_000_000, 0))
+	e, l := newEngine(t, t.TempDir(), Options{Clock: clock, RefillDelay: delay})
 	setup(t, e, 3)
 	fillWarm(t, e)
 	e.Start()
 	from := l.LastSeq() + 1
-	began := time.Now()
+	began := clock.Now()
 	for _, id := range []string{"sb_00000000000000a1", "sb_00000000000000a2", "sb_00000000000000a3"} {
 		mustPropose(t, e, fsm.Claim{Meta: e.Meta(), ID: id, Key: key})
 	}
-	claimed := time.Since(began)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		// Views may run ahead of the log by the fsync in flight.
-		var refilling int
-		var applied uint64
-		e.View(func(st *fsm.State) { refilling, applied = st.Info().Pools[0].Refilling, st.Applied() })
-		if refilling == 3 && l.LastSeq() >= applied {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("refilling = %d after the delay, want 3", refilling)
-		}
-		time.Sleep(5 * time.Millisecond)
+	refilling := func(st *fsm.State) int { return st.Info().Pools[0].Refilling }
+	// The loop noticed the short pool and planned its refill before the
+	// clock moves: the delay runs from there.
+	clock.awaitArmed(t, "refill planned", e.planRefill.Load)
+	// Just short of the delay no pass of the loop can refill: the clock
+	// reads less than RefillDelay since the first claim.
+	clock.advance(delay - time.Nanosecond)
+	var early int
+	e.View(func(st *fsm.State) { early = refilling(st) })
+	if early != 0 {
+		t.Fatalf("refilling = %d before RefillDelay %s had passed since the first claim", early, delay)
 	}
-	if waited := time.Since(began); waited < delay {
-		t.Fatalf("refill proposed %s after the first claim, before RefillDelay %s", waited, delay)
-	}
+	clock.advance(time.Nanosecond)
+	awaitState(t, e, "refilling = 3 after the delay", func(st *fsm.State) bool { return refilling(st) == 3 })
 	evs, err := l.Read(from, 1000)
 	if err != nil {
 		t.Fatal(err)
@@ -239,9 +224,12 @@ func TestRefillDelayCoalescesClaims(t *testing.T) {
 	for _, ev := range evs {
 		if ev.Type == event.TypeVMCloneRequested {
 			ops[ev.OpID.String()]++
+			if waited := time.Duration(ev.Time - began.UnixNano()); waited < delay {
+				t.Fatalf("refill proposed %s after the first claim, before RefillDelay %s", waited, delay)
+			}
 		}
 	}
-	if claimed < delay/2 && len(ops) != 1 {
+	if len(ops) != 1 {
 		t.Fatalf("clone requests in %d ops (%v), want one Refill for the three claims", len(ops), ops)
 	}
 }

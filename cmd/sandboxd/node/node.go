@@ -171,8 +171,10 @@ type Config struct {
 	// API is passed to api.New; OwnerAddr, Node and Hypervisor are filled
 	// in from the node when empty.
 	API api.Config
-	// Now is the clock stamped into commands (default time.Now).
-	Now func() time.Time
+	// Clock is the time the node's logic reads (the engine's stamps and
+	// timers, the API's answers); default the system clock. Durations of
+	// I/O (start phases, snapshot timing) are measured on the real clock.
+	Clock engine.Clock
 	Log zerolog.Logger
 }
 
@@ -276,8 +278,8 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = engine.SystemClock()
 	}
 	n = &Node{cfg: cfg, zl: cfg.Log, stopped: make(chan struct{}), serveErr: make(chan error, 1), ln: cfg.Listener}
 	defer func() {
@@ -339,7 +341,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	ev.Msg("state rebuilt from the op log")
 	var metrics *api.Metrics
 	n.Engine = engine.New(n.Log, res.State, engine.Options{
-		Log: zl, Now: cfg.Now, RefillDelay: cfg.RefillDelay,
+		Log: zl, Clock: cfg.Clock, RefillDelay: cfg.RefillDelay,
 		OnAppend: func(d time.Duration) { metrics.ObserveAppend(d) },
 	})
 	metrics = api.NewMetrics(n.Engine)
@@ -395,7 +397,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if apiCfg.Hypervisor == "" {
 		apiCfg.Hypervisor = hv.Name()
 	}
-	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector}
+	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now}
 	var apiEng api.Engine = n.Engine
 	if n.Repl != nil {
 		if apiOpts.Redirector == nil {
