@@ -175,7 +175,7 @@ type Config struct {
 	// timers, the API's answers); default the system clock. Durations of
 	// I/O (start phases, snapshot timing) are measured on the real clock.
 	Clock engine.Clock
-	Log zerolog.Logger
+	Log   zerolog.Logger
 }
 
 // Replication configures step 3.
