@@ -513,7 +513,7 @@ func (l *Log) syncAndPublish(g *group) {
 		}
 	}
 	var answered []*request
-	published := false
+	published, failed := false, l.failErr != nil
 	for len(l.syncing) > 0 && l.syncing[0].synced {
 		h := l.syncing[0]
 		l.syncing[0] = nil
@@ -546,7 +546,9 @@ func (l *Log) syncAndPublish(g *group) {
 			published = true
 		}
 	}
-	if published {
+	// Waiters wake on progress, and once on the failure: what they wait
+	// for will then never be durable.
+	if published || (!failed && l.failErr != nil) {
 		ch := make(chan struct{})
 		close(*l.notify.Swap(&ch))
 	}

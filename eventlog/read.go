@@ -1,6 +1,7 @@
 package eventlog
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -16,6 +17,33 @@ func (l *Log) FirstSeq() uint64 { return l.first.Load() }
 
 // LastSeq returns the newest durable sequence, 0 when the log is empty.
 func (l *Log) LastSeq() uint64 { return l.durable.Load() }
+
+// WaitDurable returns once every event up to seq is durable, at once when
+// it already is. It returns the log's failure (ErrFailed) when a WAL sync
+// failed first (what was applied after it will never be durable),
+// ErrClosed when the log closes first, or ctx's error. An answer that
+// reports a state (an idempotent no-op: "already released") waits here
+// for the sequence that state reflects, so it never acknowledges what a
+// crash could still take back.
+func (l *Log) WaitDurable(ctx context.Context, seq uint64) error {
+	for {
+		// The wake-up channel before the watermark, as Subscription.Next.
+		wake := *l.notify.Load()
+		if l.durable.Load() >= seq {
+			return nil
+		}
+		if l.poisoned.Load() {
+			return l.failure()
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-l.closeCh:
+			return ErrClosed
+		}
+	}
+}
 
 // Read returns up to limit durable events starting at from (0 means
 // FirstSeq); limit <= 0 means up to LastSeq. The events are copies the caller

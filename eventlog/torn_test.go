@@ -12,83 +12,9 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/sbxlog/sbxlog/eventlog/eventlogtest"
 )
-
-// syncGateFS wraps a filesystem so that, while armed, syncs of WAL files
-// block until released. Data written before the sync stays unsynced, which
-// is exactly the window a power cut can tear.
-type syncGateFS struct {
-	vfs.FS
-	mu      sync.Mutex
-	armed   bool
-	release chan struct{}
-	blocked chan struct{} // receives once per blocked sync
-}
-
-func newSyncGateFS(fs vfs.FS) *syncGateFS {
-	return &syncGateFS{FS: fs, blocked: make(chan struct{}, 64)}
-}
-
-// arm makes WAL syncs block until the returned release func is called.
-func (g *syncGateFS) arm() (release func()) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.armed, g.release = true, make(chan struct{})
-	ch := g.release
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			g.mu.Lock()
-			g.armed = false
-			g.mu.Unlock()
-			close(ch)
-		})
-	}
-}
-
-func (g *syncGateFS) wait() {
-	g.mu.Lock()
-	armed, ch := g.armed, g.release
-	g.mu.Unlock()
-	if armed {
-		g.blocked <- struct{}{}
-		<-ch
-	}
-}
-
-func (g *syncGateFS) wrap(name string, f vfs.File, err error) (vfs.File, error) {
-	if err != nil || !strings.HasSuffix(name, ".log") {
-		return f, err
-	}
-	return &gatedFile{File: f, g: g}, nil
-}
-
-func (g *syncGateFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := g.FS.Create(name, c)
-	return g.wrap(name, f, err)
-}
-
-func (g *syncGateFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := g.FS.ReuseForWrite(oldname, newname, c)
-	return g.wrap(newname, f, err)
-}
-
-func (g *syncGateFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
-	f, err := g.FS.OpenReadWrite(name, c, opts...)
-	return g.wrap(name, f, err)
-}
-
-type gatedFile struct {
-	vfs.File
-	g *syncGateFS
-}
-
-func (f *gatedFile) Sync() error     { f.g.wait(); return f.File.Sync() }
-func (f *gatedFile) SyncData() error { f.g.wait(); return f.File.SyncData() }
-func (f *gatedFile) SyncTo(n int64) (bool, error) {
-	f.g.wait()
-	return f.File.SyncTo(n)
-}
 
 // TestTornTailRecoversToLastDurable holds WAL syncs while appends are in
 // flight, takes crash images of the filesystem at that moment (keeping none,
@@ -98,7 +24,7 @@ func (f *gatedFile) SyncTo(n int64) (bool, error) {
 // appends to readers or subscribers, then lets them finish.
 func TestTornTailRecoversToLastDurable(t *testing.T) {
 	mem := vfs.NewCrashableMem()
-	gfs := newSyncGateFS(mem)
+	gfs := eventlogtest.NewSyncGateFS(mem)
 	l := openTest(t, "/log", Options{FS: gfs})
 	const durable = 5
 	for i := range durable {
@@ -121,7 +47,7 @@ func TestTornTailRecoversToLastDurable(t *testing.T) {
 			}
 		})
 		if i == 0 {
-			<-gfs.blocked // the first op is in the WAL file, its sync held
+			<-gfs.Blocked // the first op is in the WAL file, its sync held
 		}
 	}
 	// The later ops are in Pebble (or its WAL buffer) but not synced.
@@ -201,8 +127,8 @@ func TestTornTailRecoversToLastDurable(t *testing.T) {
 
 // arm arms the gate and makes sure a failing test does not leave appends
 // blocked (Close waits for them).
-func arm(t *testing.T, g *syncGateFS) func() {
-	release := g.arm()
+func arm(t *testing.T, g *eventlogtest.SyncGateFS) func() {
+	release := g.Arm()
 	t.Cleanup(release)
 	return release
 }
@@ -245,7 +171,6 @@ func TestSyncFailurePoisonsLog(t *testing.T) {
 	mustAppend(t, cl, mkEvents(testOp(4), 1, "recovered"))
 }
 
-var _ vfs.FS = (*syncGateFS)(nil)
 var _ vfs.FS = (*failSyncFS)(nil)
 
 // failSyncFS fails WAL syncs while fail is set.

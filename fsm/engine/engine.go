@@ -50,6 +50,9 @@ type Log interface {
 	// appended before: the log may skip its duplicate check.
 	BeginNew(evs []event.Event) (*eventlog.Pending, error)
 	LastSeq() uint64
+	// WaitDurable returns once every event up to seq is durable, or the
+	// log failed or closed first (see eventlog.WaitDurable).
+	WaitDurable(ctx context.Context, seq uint64) error
 }
 
 var _ Log = (*eventlog.Log)(nil)
@@ -177,6 +180,12 @@ type Result struct {
 	// Events are the durable events, with sequences; none when the command
 	// was already satisfied (an idempotent no-op).
 	Events []event.Event
+	// Seq is the log sequence the outcome reflects: the last event's, or,
+	// for a no-op, the last one applied when the command was decided (the
+	// change that already satisfied it). It is durable when Propose
+	// returns without error, so an answer built from the state at Seq
+	// acknowledges nothing a crash could take back.
+	Seq uint64
 }
 
 // Propose decides cmd, makes its events durable and applies them. It returns
@@ -227,9 +236,24 @@ func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool, hooks
 		return Result{}, err
 	}
 	evs, payloads, err := fsm.DecidePayloads(e.st, cmd)
-	if err != nil || len(evs) == 0 {
+	if err != nil {
 		e.mu.Unlock()
 		return Result{}, err
+	}
+	if len(evs) == 0 {
+		// Already satisfied, by events that are applied but may still be
+		// in their fsync: the answer waits for them, so a duplicate
+		// request is never acknowledged before the change it reports is
+		// durable (a crash could otherwise take back what it confirmed).
+		applied := e.st.Applied()
+		e.mu.Unlock()
+		if err := e.log.WaitDurable(ctx, applied); err != nil {
+			if ctx.Err() != nil {
+				return Result{}, ctx.Err()
+			}
+			return Result{}, &AppendError{Err: err}
+		}
+		return Result{Seq: applied}, nil
 	}
 	began := e.opts.Clock.Now()
 	var p *eventlog.Pending
@@ -303,7 +327,7 @@ func (e *Engine) propose(ctx context.Context, cmd fsm.Command, fresh bool, hooks
 	if wake {
 		e.poke()
 	}
-	return Result{Events: res.Events}, ctx.Err()
+	return Result{Events: res.Events, Seq: res.Events[len(res.Events)-1].Seq}, ctx.Err()
 }
 
 // planStale reports whether the state, just changed, needs the loop sooner

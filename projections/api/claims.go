@@ -133,7 +133,8 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return err
 	}
 	// Not answered from Durable (a warm claim behind an Engine that never
-	// calls it, or a claim still pending): answer from the state.
+	// calls it, or a claim still pending): answer from the state, once the
+	// log is durable up to what the answer reports.
 	c, _ = s.claim(claimID)
 	if c.Status == fsm.ClaimPending {
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClaimWait)
@@ -142,7 +143,9 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		case <-served:
 		case <-ctx.Done():
 		}
-		c, _ = s.claim(claimID)
+		if c, err = s.durableClaim(r.Context(), claimID); err != nil {
+			return err
+		}
 	}
 	switch c.Status {
 	case fsm.ClaimRunning:
@@ -175,6 +178,19 @@ func outcomeOf(err error) string {
 		return rej.Code.String()
 	}
 	return "error"
+}
+
+// durableClaim reads claim id once the log is durable up to the state it
+// was read from: an answer built from it acknowledges nothing a crash could
+// take back (the state runs ahead of the log by the fsync in flight).
+func (s *Server) durableClaim(ctx context.Context, id string) (fsm.ClaimRec, error) {
+	var c fsm.ClaimRec
+	var applied uint64
+	s.eng.View(func(st *fsm.State) { c, _ = st.Claim(id); applied = st.Applied() })
+	if err := s.log.WaitDurable(ctx, applied); err != nil {
+		return c, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return c, nil
 }
 
 func (s *Server) claim(id string) (fsm.ClaimRec, bool) {
@@ -270,14 +286,34 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Ide
 	if err != nil {
 		return err
 	}
-	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
+	res, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
 		return fsm.Renew{Meta: m, Claim: c.ID, TTLSeconds: req.TTLSeconds}
-	}, engine.Hooks{}); err != nil {
+	}, engine.Hooks{})
+	if err != nil {
 		return err
 	}
-	c, _ = s.claim(c.ID)
-	writeJSON(w, http.StatusOK, map[string]string{"deadline": rfc3339(c.Deadline)})
+	// The answer is this renew's own deadline, from its own event: the
+	// state may already hold a concurrent renew's, not yet durable.
+	deadline, ok := renewedDeadline(res.Events)
+	if !ok {
+		return fmt.Errorf("renew of %s made no ClaimRenewed event", c.ID)
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"deadline": rfc3339(deadline)})
 	return nil
+}
+
+// renewedDeadline is the deadline a renew's events set.
+func renewedDeadline(evs []event.Event) (int64, bool) {
+	for i := range evs {
+		if evs[i].Type != event.TypeClaimRenewed {
+			continue
+		}
+		p, err := evs[i].Decode()
+		if r, ok := p.(event.ClaimRenewed); err == nil && ok {
+			return r.DeadlineNS, true
+		}
+	}
+	return 0, false
 }
 
 // handleList answers GET /v1/sandboxes[?claim_ref=&metadata=k=v&state=]:

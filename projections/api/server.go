@@ -35,11 +35,13 @@ type Engine interface {
 
 var _ Engine = (*engine.Engine)(nil)
 
-// Log is what /v1/events needs of the op log.
+// Log is what the API needs of the op log: /v1/events reads it, and
+// answers built from the state wait for it to be durable (WaitDurable).
 type Log interface {
 	Subscribe(from uint64) (*eventlog.Subscription, error)
 	FirstSeq() uint64
 	LastSeq() uint64
+	WaitDurable(ctx context.Context, seq uint64) error
 }
 
 var _ Log = (*eventlog.Log)(nil)

@@ -49,6 +49,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/rs/zerolog"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
@@ -149,6 +150,9 @@ type Config struct {
 	ReconcileConcurrency int
 	// RefillDelay is passed to the engine (0: its default).
 	RefillDelay time.Duration
+	// LogFS is the filesystem the op log lives on (nil: the real disk). A
+	// test seam: tests hold its syncs or take crash images of it.
+	LogFS vfs.FS
 	// FullReplay rebuilds the state from the log's first event, ignoring
 	// state snapshots (to measure or check a full replay).
 	FullReplay bool
@@ -311,7 +315,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	defer startGC()()
 
 	// 2. The log.
-	if n.Log, err = eventlog.Open(filepath.Join(dataDir, "log"), eventlog.Options{NodeID: cfg.NodeID, Logger: zl}); err != nil {
+	if n.Log, err = eventlog.Open(filepath.Join(dataDir, "log"), eventlog.Options{NodeID: cfg.NodeID, Logger: zl, FS: cfg.LogFS}); err != nil {
 		return nil, err
 	}
 	firstStart := n.Log.LastSeq() == 0

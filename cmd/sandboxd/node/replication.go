@@ -143,10 +143,12 @@ func (s syncEngine) View(fn func(st *fsm.State)) { s.eng.View(fn) }
 func (s syncEngine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, hooks engine.Hooks) (engine.Result, error) {
 	// Durable means confirmed here: it runs once JetStream acknowledged.
 	res, err := s.eng.ProposeNew(ctx, build, engine.Hooks{Prepare: hooks.Prepare})
-	if err != nil || len(res.Events) == 0 {
+	if err != nil {
 		return res, err
 	}
-	seq := res.Events[len(res.Events)-1].Seq
+	// A no-op reports the state at res.Seq: it is confirmed only once that
+	// is replicated too.
+	seq := res.Seq
 	wctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if err := s.svc.WaitReplicated(wctx, seq); err != nil {
@@ -155,7 +157,7 @@ func (s syncEngine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Com
 		}
 		return res, fmt.Errorf("%w: event %d is committed on this node but not replicated: %v", api.ErrUnavailable, seq, err)
 	}
-	if hooks.Durable != nil {
+	if hooks.Durable != nil && len(res.Events) > 0 {
 		hooks.Durable()
 	}
 	return res, nil
