@@ -1,6 +1,7 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
 
 	"github.com/sbxlog/sbxlog/fsm"
@@ -113,7 +114,13 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, _ auth.I
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.ConfigurePools{Meta: m, Pools: specs} }, engine.Hooks{}); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.info())
+	// The answer reports the state at its log_seq: it acknowledges the
+	// change, so it goes out once the log is durable up to there.
+	out := s.info()
+	if err := s.log.WaitDurable(r.Context(), out.LogSeq); err != nil {
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
