@@ -30,10 +30,5 @@
 // ErrCapacity (ENOSPC and friends), which reports the failure and parks
 // refills for CapacityPark through an fsm.CapacityFull command.
 //
-// Roots lays out the data directory: <data>/run holds one run dir per VM
-// (intent RunDir is relative to it and led by the instance id), <data>/store
-// holds golden and hibernate snapshots (same filesystem as the runs, so
-// FICLONE and hard links work between them), <data>/templates holds the
-// templates golden builds and cold boots start from. Snapshot dirs in
-// results and intents are relative to the store.
+// Package executors/layout lays out the data directory the drivers share.
 package executors

@@ -2,12 +2,6 @@ package executors
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
-	"syscall"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -108,105 +102,4 @@ func KindOf(in fsm.Intent) Kind {
 		return KindRestart
 	}
 	return ""
-}
-
-// Roots are the data directory's parts the executors use.
-type Roots struct {
-	// Runs holds one run dir per VM: <Runs>/<instance>/<vm>.
-	Runs string
-	// Store holds golden and hibernate snapshots; it must be on the same
-	// filesystem as Runs (memory-ranges is hard-linked into run dirs, cow.raw
-	// is reflinked). Temp dirs (fsx.TempPrefix) live at its top level.
-	Store string
-	// Templates holds one directory per template name.
-	Templates string
-}
-
-// RootsIn returns the standard layout under dataDir: run, store, templates.
-func RootsIn(dataDir string) Roots {
-	return Roots{
-		Runs:      filepath.Join(dataDir, "run"),
-		Store:     filepath.Join(dataDir, "store"),
-		Templates: filepath.Join(dataDir, "templates"),
-	}
-}
-
-// Validate checks that every root is set and absolute.
-func (r Roots) Validate() error {
-	for _, p := range []struct{ name, dir string }{{"runs", r.Runs}, {"store", r.Store}, {"templates", r.Templates}} {
-		if p.dir == "" || !filepath.IsAbs(p.dir) {
-			return fmt.Errorf("executors: %s root %q is not an absolute path", p.name, p.dir)
-		}
-	}
-	return nil
-}
-
-// InstanceRoot returns <Runs>/<instance>, the parent of every run dir an
-// instance owns.
-func (r Roots) InstanceRoot(instance string) string { return filepath.Join(r.Runs, instance) }
-
-// InstanceRunDirs lists the names of the entries under InstanceRoot(instance);
-// none when it does not exist yet.
-func (r Roots) InstanceRunDirs(instance string) ([]string, error) {
-	ents, err := os.ReadDir(r.InstanceRoot(instance))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("executors: %w", err)
-	}
-	out := make([]string, 0, len(ents))
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	return out, nil
-}
-
-// Make creates the roots, the instance's run dir parent and the given
-// subdirs of the store, and checks that Runs and Store share a filesystem:
-// drivers hard-link and reflink between them, which fails across
-// filesystems, so a daemon must refuse to start rather than fail per VM.
-func (r Roots) Make(instance string, storeSubdirs ...string) error {
-	dirs := []string{r.Runs, r.InstanceRoot(instance), r.Store, r.Templates}
-	for _, sub := range storeSubdirs {
-		dirs = append(dirs, filepath.Join(r.Store, sub))
-	}
-	for _, dir := range dirs {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("executors: %w", err)
-		}
-	}
-	var rs, ss syscall.Stat_t
-	if err := syscall.Stat(r.Runs, &rs); err != nil {
-		return fmt.Errorf("executors: %w", err)
-	}
-	if err := syscall.Stat(r.Store, &ss); err != nil {
-		return fmt.Errorf("executors: %w", err)
-	}
-	if rs.Dev != ss.Dev {
-		return fmt.Errorf("executors: runs root %s and store %s are on different filesystems; VM files are hard-linked and reflinked between them", r.Runs, r.Store)
-	}
-	return nil
-}
-
-// RunDir resolves a run dir relative to Runs. A path that is empty,
-// absolute or climbs out of the root is an *Unrecoverable error: it can only
-// come from a corrupt intent, and acting on it could touch foreign files.
-func (r Roots) RunDir(rel string) (string, error) { return within(r.Runs, rel, "run dir") }
-
-// SnapshotDir resolves a snapshot dir relative to Store, with RunDir's checks.
-func (r Roots) SnapshotDir(rel string) (string, error) { return within(r.Store, rel, "snapshot dir") }
-
-// TemplateDir resolves a template name under Templates, with RunDir's checks.
-func (r Roots) TemplateDir(name string) (string, error) { return within(r.Templates, name, "template") }
-
-func within(root, rel, what string) (string, error) {
-	if rel == "" || filepath.IsAbs(rel) {
-		return "", Unrecoverablef("%s %q: want a non-empty relative path", what, rel)
-	}
-	clean := filepath.Clean(rel)
-	if clean == "." || clean == ".." || strings.HasPrefix(clean, "../") || clean != rel || strings.HasPrefix(filepath.Base(clean), ".") {
-		return "", Unrecoverablef("%s %q: not a clean path inside %s", what, rel, root)
-	}
-	return filepath.Join(root, clean), nil
 }

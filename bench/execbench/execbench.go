@@ -37,6 +37,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/ch/chsimbin"
 	"github.com/sbxlog/sbxlog/executors/chdriver"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -217,7 +218,7 @@ type bench struct {
 
 func newBench(ctx context.Context, data, chsim string) (*bench, error) {
 	drv, err := chdriver.New(chdriver.Config{
-		Roots: executors.RootsIn(data), Instance: instance, VMM: chsim, Hypervisor: chdriver.CHSim,
+		Roots: layout.RootsIn(data), Instance: instance, VMM: chsim, Hypervisor: chdriver.CHSim,
 		VMMEnv: []string{fmt.Sprintf("SBX_CHSIM_DIRTY_BYTES=%d", chsimDirty)},
 		Log:    zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
 	})

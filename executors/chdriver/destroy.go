@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -17,7 +18,7 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 	}
 	var snap string
 	if in.SnapshotDir != "" {
-		if snap, err = d.roots.SnapshotIn(executors.HibernateStore, in.SnapshotDir); err != nil {
+		if snap, err = d.roots.SnapshotIn(layout.HibernateStore, in.SnapshotDir); err != nil {
 			return executors.Result{}, err
 		}
 	}

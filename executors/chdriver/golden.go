@@ -7,6 +7,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -17,7 +18,7 @@ func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors
 	runDir := d.roots.GoldenRunDir(d.instance, in.OpID)
 	id := filepath.Base(runDir)
 	r := d.begin(ctx, RecipeGolden, in.OpID, runDir)
-	rel := executors.GoldenRel(in.Key, in.OpID)
+	rel := layout.GoldenRel(in.Key, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
 	if res, done, err := d.finishStored(r, rel, id, runDir, false); done || err != nil {
 		return res, err

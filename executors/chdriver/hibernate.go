@@ -9,6 +9,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -25,7 +26,7 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 		return executors.Result{}, err
 	}
 	r := d.begin(ctx, RecipeHibernate, in.OpID, runDir)
-	rel := executors.HibernateRel(in.VM, in.OpID)
+	rel := layout.HibernateRel(in.VM, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
 
 	if res, done, err := d.finishStored(r, rel, in.VM, runDir, egress); done || err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -17,7 +18,7 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 	if err != nil {
 		return executors.Result{}, err
 	}
-	src, err := d.roots.SnapshotIn(executors.HibernateStore, in.SnapshotDir)
+	src, err := d.roots.SnapshotIn(layout.HibernateStore, in.SnapshotDir)
 	if err != nil {
 		return executors.Result{}, err
 	}

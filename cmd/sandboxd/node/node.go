@@ -55,6 +55,7 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
@@ -103,7 +104,7 @@ type Hypervisor interface {
 	Name() string
 	// Open returns the driver owning instance's run dirs under roots (the
 	// node's data dir layout).
-	Open(roots executors.Roots, instance string) (Driver, error)
+	Open(roots layout.Roots, instance string) (Driver, error)
 }
 
 // Config configures a node. DataDir, NodeID and Hypervisor are required.
@@ -341,7 +342,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	// 6. The driver.
 	t0 = time.Now()
 	zl.Info().Str("hypervisor", hv.Name()).Msg("hypervisor selected")
-	if n.Driver, err = hv.Open(executors.RootsIn(dataDir), n.Instance); err != nil {
+	if n.Driver, err = hv.Open(layout.RootsIn(dataDir), n.Instance); err != nil {
 		return nil, err
 	}
 	// VMMs that die on their own from now on (adopted by the reconcile

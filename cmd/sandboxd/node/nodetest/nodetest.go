@@ -30,6 +30,7 @@ import (
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
@@ -62,7 +63,7 @@ var (
 func (f *FakeDriver) Name() string { return FakeHypervisor }
 
 // Open implements node.Hypervisor: the fake is its own driver.
-func (f *FakeDriver) Open(_ executors.Roots, instance string) (node.Driver, error) {
+func (f *FakeDriver) Open(_ layout.Roots, instance string) (node.Driver, error) {
 	f.instance = instance
 	return f, nil
 }
