@@ -2,6 +2,7 @@ package executors
 
 import (
 	"context"
+	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -52,8 +53,8 @@ type Driver interface {
 // Restarter is implemented by drivers that can boot a claimed VM again,
 // cold, from the disk in its run dir after its VMM died (fsm.RestartVM).
 // Restart is idempotent under the op id like every Driver method; on error
-// no VMM of the VM is left running and its disk is kept. The Pool fails the
-// restart intents of a driver without it (the claim then fails).
+// no VMM of the VM is left running and its disk is kept. The dispatch table
+// fails the restart intents of a driver without it (the claim then fails).
 type Restarter interface {
 	Restart(ctx context.Context, in fsm.RestartVM) (Result, error)
 }
@@ -66,40 +67,56 @@ type Result struct {
 	// store root.
 	SnapshotDir string
 	// AfterCommit, if set, is work that may only run once the result is
-	// durable in the log (Wake: drop the snapshot it restored from). The pool
-	// runs it in the background after a successful Propose, and never when
-	// the result was rejected.
+	// durable in the log (Wake: drop the snapshot it restored from). The
+	// scheduler runs it in the background after a successful Propose, and
+	// never when the result was rejected.
 	AfterCommit func(ctx context.Context) error
 }
 
-// Kind names an intent kind, for logs and metrics.
-type Kind string
+// Method is how the executors perform one intent kind: the Driver method
+// that does it, and the default bound of one call.
+type Method struct {
+	// Call runs the Driver method for in, an intent of the method's kind.
+	Call func(ctx context.Context, d Driver, in fsm.Intent) (Result, error)
+	// Timeout is the default bound of one attempt.
+	Timeout time.Duration
+}
 
-// Intent kinds.
-const (
-	KindGolden    Kind = "golden"
-	KindClone     Kind = "clone"
-	KindHibernate Kind = "hibernate"
-	KindWake      Kind = "wake"
-	KindDestroy   Kind = "destroy"
-	KindRestart   Kind = "restart"
-)
+// methods is the dispatch table: for every intent kind, the Driver method
+// performing it. A new intent kind is one Driver method (or an optional
+// interface, as Restarter) and one entry here.
+var methods = map[fsm.IntentKind]Method{
+	fsm.KindGolden:    method(Driver.BuildGolden, 10*time.Minute),
+	fsm.KindClone:     method(Driver.Clone, 2*time.Minute),
+	fsm.KindHibernate: method(Driver.Hibernate, 10*time.Minute),
+	fsm.KindWake:      method(Driver.Wake, 2*time.Minute),
+	fsm.KindDestroy:   method(Driver.Destroy, time.Minute),
+	fsm.KindRestart:   method(restart, 2*time.Minute),
+}
 
-// KindOf returns the kind of an intent ("" for an unknown type).
-func KindOf(in fsm.Intent) Kind {
-	switch in.(type) {
-	case fsm.BuildGolden:
-		return KindGolden
-	case fsm.CloneVM:
-		return KindClone
-	case fsm.HibernateVM:
-		return KindHibernate
-	case fsm.WakeVM:
-		return KindWake
-	case fsm.DestroyVM:
-		return KindDestroy
-	case fsm.RestartVM:
-		return KindRestart
+// MethodFor returns the Driver method performing intents of kind k; false
+// for a kind no driver performs.
+func MethodFor(k fsm.IntentKind) (Method, bool) {
+	m, ok := methods[k]
+	return m, ok
+}
+
+// method adapts a Driver method taking the concrete intent type I.
+func method[I fsm.Intent](call func(Driver, context.Context, I) (Result, error), timeout time.Duration) Method {
+	return Method{Timeout: timeout, Call: func(ctx context.Context, d Driver, in fsm.Intent) (Result, error) {
+		t, ok := in.(I)
+		if !ok {
+			return Result{}, Unrecoverablef("intent %T is not a %T", in, t)
+		}
+		return call(d, ctx, t)
+	}}
+}
+
+// restart runs a Restarter's Restart; a driver without one fails the
+// intent at once (the claim then fails rather than waiting for ever).
+func restart(d Driver, ctx context.Context, in fsm.RestartVM) (Result, error) {
+	if r, ok := d.(Restarter); ok {
+		return r.Restart(ctx, in)
 	}
-	return ""
+	return Result{}, Unrecoverablef("restart %s: this hypervisor driver cannot restart VMs", in.VM)
 }

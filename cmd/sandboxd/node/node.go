@@ -57,6 +57,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
+	"github.com/sbxlog/sbxlog/executors/scheduler"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
@@ -136,7 +137,7 @@ type Config struct {
 	// RestartPolicy is stamped into VMExited commands (the zero policy
 	// never restarts; sandboxd passes its configured or default policy).
 	RestartPolicy fsm.RestartPolicy
-	// Concurrency bounds executor operations (executors.DefaultConcurrency).
+	// Concurrency bounds executor operations (scheduler.DefaultConcurrency).
 	Concurrency int
 	// ReconcileConcurrency bounds the reconcile's adoptions (its default).
 	ReconcileConcurrency int
@@ -199,7 +200,7 @@ type Node struct {
 	// Engine is the single writer; Server the API; Executors run intents.
 	Engine    *engine.Engine
 	Server    *api.Server
-	Executors *executors.Pool
+	Executors *scheduler.Scheduler
 	Driver    Driver
 	Auth      *auth.Authenticator
 	Metrics   *api.Metrics
@@ -393,7 +394,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		}
 	}
 	n.Server = api.New(apiCfg, apiEng, n.Log, n.Auth, apiOpts)
-	n.Executors = executors.NewPool(n.Driver, proposer{n.Engine}, executors.PoolOptions{Concurrency: cfg.Concurrency, Log: zl, Observer: metrics})
+	n.Executors = scheduler.New(n.Driver, proposer{n.Engine}, scheduler.Options{Concurrency: cfg.Concurrency, Log: zl, Observer: metrics})
 	n.Engine.SetOnCommit(func(c engine.Commit) {
 		n.Server.OnCommit(c.Events)
 		if len(c.Intents) > 0 {

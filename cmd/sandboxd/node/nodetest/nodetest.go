@@ -148,11 +148,11 @@ func (f *FakeDriver) Destroy(ctx context.Context, _ fsm.DestroyVM) (executors.Re
 }
 
 // Calls returns how many calls of each kind the fake answered.
-func (f *FakeDriver) Calls() map[executors.Kind]int64 {
-	return map[executors.Kind]int64{
-		executors.KindGolden: f.goldens.Load(), executors.KindClone: f.clones.Load(),
-		executors.KindHibernate: f.hibernates.Load(), executors.KindWake: f.wakes.Load(),
-		executors.KindDestroy: f.destroys.Load(),
+func (f *FakeDriver) Calls() map[fsm.IntentKind]int64 {
+	return map[fsm.IntentKind]int64{
+		fsm.KindGolden: f.goldens.Load(), fsm.KindClone: f.clones.Load(),
+		fsm.KindHibernate: f.hibernates.Load(), fsm.KindWake: f.wakes.Load(),
+		fsm.KindDestroy: f.destroys.Load(),
 	}
 }
 
