@@ -14,6 +14,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
+	"github.com/sbxlog/sbxlog/fsm"
 )
 
 // The start-up reconcile's view of the driver (executors/reconcile).
@@ -115,7 +116,7 @@ func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) (
 		}
 		rel := filepath.Join(layout.HibernateStore, e.Name())
 		m, err := ReadMeta(filepath.Join(d.roots.Store, rel))
-		if err != nil || m.Kind != KindHibernate || !strings.HasPrefix(e.Name(), layout.HibernatePrefix(m.VM)) {
+		if err != nil || m.Kind != fsm.KindHibernate || !strings.HasPrefix(e.Name(), layout.HibernatePrefix(m.VM)) {
 			continue
 		}
 		kept, known := keep[m.VM]

@@ -24,7 +24,7 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 	if in.Cold {
 		return d.coldBoot(ctx, in, runDir)
 	}
-	r := d.begin(ctx, RecipeClone, in.OpID, runDir)
+	r := d.begin(ctx, string(fsm.KindClone), in.OpID, runDir)
 	if in.GoldenDir == "" {
 		return executors.Result{}, executors.Unrecoverablef("clone %s: no golden to clone from", in.VM)
 	}

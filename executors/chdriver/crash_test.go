@@ -48,9 +48,9 @@ var (
 )
 
 // inject arms one failure of mode m before step of recipe.
-func (h *harness) inject(recipe, step string, m crashMode) {
+func (h *harness) inject(recipe fsm.IntentKind, step string, m crashMode) {
 	var fired, dead atomic.Bool
-	match := func(s StepCall) bool { return s.Recipe == recipe && s.Step == step && !s.Undo }
+	match := func(s StepCall) bool { return s.Recipe == string(recipe) && s.Step == step && !s.Undo }
 	switch m {
 	case modeAbort:
 		h.setHook(func(_ context.Context, s StepCall) error {
@@ -263,7 +263,7 @@ func TestCrashClone(t *testing.T) {
 			h := newHarness(t, "")
 			in := cloneIntent(vm, h.seed(golden), testKey)
 			ctx := context.Background()
-			h.inject(RecipeClone, step, m)
+			h.inject(fsm.KindClone, step, m)
 			_, err := h.d.Clone(ctx, in)
 			if m != modeKill && err == nil {
 				t.Fatal("clone succeeded through an injected failure")
@@ -324,7 +324,7 @@ func TestCrashWake(t *testing.T) {
 				}
 			}
 			op := newOp()
-			h.inject(RecipeWake, step, m)
+			h.inject(fsm.KindWake, step, m)
 			_, err := wake(h, op)
 			if m != modeKill && err == nil {
 				t.Fatal("wake succeeded through an injected failure")
@@ -404,7 +404,7 @@ func TestCrashHibernate(t *testing.T) {
 			op := newOp()
 			final := h.store(layout.HibernateRel(vm, op))
 			mem, disk := h.pauseAndRef(vm)
-			h.inject(RecipeHibernate, step, m)
+			h.inject(fsm.KindHibernate, step, m)
 			_, err := hib(h, op)
 			if m != modeKill && err == nil {
 				t.Fatal("hibernate succeeded through an injected failure")
@@ -494,7 +494,7 @@ func TestCrashGolden(t *testing.T) {
 			op := newOp()
 			final := h.store(layout.GoldenRel(testKey, op))
 			buildDir := h.d.roots.GoldenRunDir(h.d.instance, op)
-			h.inject(RecipeGolden, step, m)
+			h.inject(fsm.KindGolden, step, m)
 			_, err := build(h, op)
 			if m != modeKill && err == nil {
 				t.Fatal("golden build succeeded through an injected failure")

@@ -12,7 +12,7 @@ import (
 // Destroy implements executors.Driver. Every step tolerates what is already
 // gone, so a re-run after a crash finishes the job.
 func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
-	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, "destroy")
+	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, string(in.Kind()))
 	if err != nil {
 		return executors.Result{}, err
 	}
@@ -23,7 +23,7 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 		}
 	}
 	egress := in.Key.Net == NetEgress
-	r := d.begin(ctx, RecipeDestroy, in.OpID, runDir)
+	r := d.begin(ctx, string(fsm.KindDestroy), in.OpID, runDir)
 	var proc *vmm.Process
 	if err := r.step(StepAdopt, func() error {
 		var err error

@@ -32,7 +32,7 @@ func TestLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Kind != KindGolden || m.Key != testKey {
+	if m.Kind != fsm.KindGolden || m.Key != testKey {
 		t.Fatalf("golden meta %+v", m)
 	}
 	if got := h.storeEntries(layout.GoldenStore); len(got) != 1 {

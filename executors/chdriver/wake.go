@@ -22,7 +22,7 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 	if err != nil {
 		return executors.Result{}, err
 	}
-	r := d.begin(ctx, RecipeWake, in.OpID, runDir)
+	r := d.begin(ctx, string(fsm.KindWake), in.OpID, runDir)
 	if err := d.restoreInto(r, in.VM, in.Key, runDir, src, false); err != nil {
 		if errors.Is(err, ErrNoSnapshot) {
 			err = &executors.Unrecoverable{Err: err, Lost: true}

@@ -48,7 +48,7 @@ func TestXFSReflink(t *testing.T) {
 	var checkErr error
 	h.tr.reset()
 	h.setHook(func(_ context.Context, s StepCall) error {
-		if s.Recipe == RecipeHibernate && s.Step == StepSyncFiles && !s.Undo {
+		if s.Recipe == string(fsm.KindHibernate) && s.Step == StepSyncFiles && !s.Undo {
 			tmp := tempOf(t, effects(h.tr.snapshot()))
 			shared, total, checkErr = fsx.SharedBytes(filepath.Join(tmp, DiskFile), disk)
 		}
