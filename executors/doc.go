@@ -1,39 +1,25 @@
-// Package executors turns the state machine's intents into side effects and
-// reports their outcome back to the single writer.
-//
-// Two halves:
+// Package executors is the port between the state machine's intents and the
+// hypervisor backends that perform them.
 //
 //   - Driver is what a hypervisor backend implements: one method per intent
 //     kind (BuildGolden, Clone, Hibernate, Wake, Destroy; Restart through the
-//     optional Restarter interface). Each method is a
-//     recipe of named, idempotent steps keyed by the intent's op id, so a
-//     call repeated after a crash at any step either completes the operation
-//     or rolls it back; see the Driver doc for the per-method contract. The
-//     Cloud Hypervisor driver is package executors/chdriver.
-//   - Pool runs drivers for intents: Offer(fsm.Intents or fsm.NewIntents)
-//     dedupes by op id, starts at most Concurrency operations at a time in
-//     the fsm's priority order (claim clones, wakes, hibernates, destroys,
-//     goldens, refills), retries retryable errors with backoff, stops on
-//     *Unrecoverable ones, bounds every attempt by a per-kind timeout, parks
-//     refills after ErrCapacity, and proposes exactly one result command per
-//     intent through a Proposer (Meta.Op = event.DeriveOpID(intent, "result"),
-//     Meta.Cause = the intent's op id, so a re-run after a daemon crash
-//     proposes the same op and the log dedupes it). A *fsm.Rejection of a
-//     result means it is stale; it is logged and dropped, and nothing the
-//     operation made is removed here: a rejection can also mean an earlier
-//     run's identical result was applied, and orphan VMs are the start-up
-//     reconcile's to remove, never a guess's.
+//     optional Restarter interface). Each method is a recipe of named,
+//     idempotent steps keyed by the intent's op id, so a call repeated after
+//     a crash at any step either completes the operation or rolls it back;
+//     see the Driver doc for the per-method contract. The Cloud Hypervisor
+//     driver is package executors/chdriver, the QEMU one executors/qemu.
+//   - The dispatch table (MethodFor) maps every fsm.IntentKind to the Driver
+//     method performing it and the default bound of one call. It is the one
+//     place that knows which method serves which kind: everything else about
+//     an intent (its subject, priority, result and failure commands) is the
+//     fsm intent's own.
+//   - Error classes (errors.go): any error is retryable unless it is (or
+//     wraps) an *Unrecoverable, which aborts the operation and is reported
+//     as a failure at once (Lost on it says the VM or snapshot is gone for
+//     good), or ErrCapacity (ENOSPC and friends), which reports the failure
+//     and parks refills through an fsm.CapacityFull command.
 //
-// Error classes (see errors.go): any error is retryable unless it is (or
-// wraps) an *Unrecoverable, which aborts the operation and is reported as a
-// failure at once (Lost on it says the VM or snapshot is gone for good), or
-// ErrCapacity (ENOSPC and friends), which reports the failure and parks
-// refills for CapacityPark through an fsm.CapacityFull command.
-//
-// Roots lays out the data directory: <data>/run holds one run dir per VM
-// (intent RunDir is relative to it and led by the instance id), <data>/store
-// holds golden and hibernate snapshots (same filesystem as the runs, so
-// FICLONE and hard links work between them), <data>/templates holds the
-// templates golden builds and cold boots start from. Snapshot dirs in
-// results and intents are relative to the store.
+// Package executors/scheduler runs a Driver for intents and proposes their
+// results; package executors/layout lays out the data directory the drivers
+// share.
 package executors

@@ -2,12 +2,7 @@ package executors
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
-	"syscall"
+	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -58,8 +53,8 @@ type Driver interface {
 // Restarter is implemented by drivers that can boot a claimed VM again,
 // cold, from the disk in its run dir after its VMM died (fsm.RestartVM).
 // Restart is idempotent under the op id like every Driver method; on error
-// no VMM of the VM is left running and its disk is kept. The Pool fails the
-// restart intents of a driver without it (the claim then fails).
+// no VMM of the VM is left running and its disk is kept. The dispatch table
+// fails the restart intents of a driver without it (the claim then fails).
 type Restarter interface {
 	Restart(ctx context.Context, in fsm.RestartVM) (Result, error)
 }
@@ -72,141 +67,56 @@ type Result struct {
 	// store root.
 	SnapshotDir string
 	// AfterCommit, if set, is work that may only run once the result is
-	// durable in the log (Wake: drop the snapshot it restored from). The pool
-	// runs it in the background after a successful Propose, and never when
-	// the result was rejected.
+	// durable in the log (Wake: drop the snapshot it restored from). The
+	// scheduler runs it in the background after a successful Propose, and
+	// never when the result was rejected.
 	AfterCommit func(ctx context.Context) error
 }
 
-// Kind names an intent kind, for logs and metrics.
-type Kind string
-
-// Intent kinds.
-const (
-	KindGolden    Kind = "golden"
-	KindClone     Kind = "clone"
-	KindHibernate Kind = "hibernate"
-	KindWake      Kind = "wake"
-	KindDestroy   Kind = "destroy"
-	KindRestart   Kind = "restart"
-)
-
-// KindOf returns the kind of an intent ("" for an unknown type).
-func KindOf(in fsm.Intent) Kind {
-	switch in.(type) {
-	case fsm.BuildGolden:
-		return KindGolden
-	case fsm.CloneVM:
-		return KindClone
-	case fsm.HibernateVM:
-		return KindHibernate
-	case fsm.WakeVM:
-		return KindWake
-	case fsm.DestroyVM:
-		return KindDestroy
-	case fsm.RestartVM:
-		return KindRestart
-	}
-	return ""
+// Method is how the executors perform one intent kind: the Driver method
+// that does it, and the default bound of one call.
+type Method struct {
+	// Call runs the Driver method for in, an intent of the method's kind.
+	Call func(ctx context.Context, d Driver, in fsm.Intent) (Result, error)
+	// Timeout is the default bound of one attempt.
+	Timeout time.Duration
 }
 
-// Roots are the data directory's parts the executors use.
-type Roots struct {
-	// Runs holds one run dir per VM: <Runs>/<instance>/<vm>.
-	Runs string
-	// Store holds golden and hibernate snapshots; it must be on the same
-	// filesystem as Runs (memory-ranges is hard-linked into run dirs, cow.raw
-	// is reflinked). Temp dirs (fsx.TempPrefix) live at its top level.
-	Store string
-	// Templates holds one directory per template name.
-	Templates string
+// methods is the dispatch table: for every intent kind, the Driver method
+// performing it. A new intent kind is one Driver method (or an optional
+// interface, as Restarter) and one entry here.
+var methods = map[fsm.IntentKind]Method{
+	fsm.KindGolden:    method(Driver.BuildGolden, 10*time.Minute),
+	fsm.KindClone:     method(Driver.Clone, 2*time.Minute),
+	fsm.KindHibernate: method(Driver.Hibernate, 10*time.Minute),
+	fsm.KindWake:      method(Driver.Wake, 2*time.Minute),
+	fsm.KindDestroy:   method(Driver.Destroy, time.Minute),
+	fsm.KindRestart:   method(restart, 2*time.Minute),
 }
 
-// RootsIn returns the standard layout under dataDir: run, store, templates.
-func RootsIn(dataDir string) Roots {
-	return Roots{
-		Runs:      filepath.Join(dataDir, "run"),
-		Store:     filepath.Join(dataDir, "store"),
-		Templates: filepath.Join(dataDir, "templates"),
-	}
+// MethodFor returns the Driver method performing intents of kind k; false
+// for a kind no driver performs.
+func MethodFor(k fsm.IntentKind) (Method, bool) {
+	m, ok := methods[k]
+	return m, ok
 }
 
-// Validate checks that every root is set and absolute.
-func (r Roots) Validate() error {
-	for _, p := range []struct{ name, dir string }{{"runs", r.Runs}, {"store", r.Store}, {"templates", r.Templates}} {
-		if p.dir == "" || !filepath.IsAbs(p.dir) {
-			return fmt.Errorf("executors: %s root %q is not an absolute path", p.name, p.dir)
+// method adapts a Driver method taking the concrete intent type I.
+func method[I fsm.Intent](call func(Driver, context.Context, I) (Result, error), timeout time.Duration) Method {
+	return Method{Timeout: timeout, Call: func(ctx context.Context, d Driver, in fsm.Intent) (Result, error) {
+		t, ok := in.(I)
+		if !ok {
+			return Result{}, Unrecoverablef("intent %T is not a %T", in, t)
 		}
-	}
-	return nil
+		return call(d, ctx, t)
+	}}
 }
 
-// InstanceRoot returns <Runs>/<instance>, the parent of every run dir an
-// instance owns.
-func (r Roots) InstanceRoot(instance string) string { return filepath.Join(r.Runs, instance) }
-
-// InstanceRunDirs lists the names of the entries under InstanceRoot(instance);
-// none when it does not exist yet.
-func (r Roots) InstanceRunDirs(instance string) ([]string, error) {
-	ents, err := os.ReadDir(r.InstanceRoot(instance))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+// restart runs a Restarter's Restart; a driver without one fails the
+// intent at once (the claim then fails rather than waiting for ever).
+func restart(d Driver, ctx context.Context, in fsm.RestartVM) (Result, error) {
+	if r, ok := d.(Restarter); ok {
+		return r.Restart(ctx, in)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("executors: %w", err)
-	}
-	out := make([]string, 0, len(ents))
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	return out, nil
-}
-
-// Make creates the roots, the instance's run dir parent and the given
-// subdirs of the store, and checks that Runs and Store share a filesystem:
-// drivers hard-link and reflink between them, which fails across
-// filesystems, so a daemon must refuse to start rather than fail per VM.
-func (r Roots) Make(instance string, storeSubdirs ...string) error {
-	dirs := []string{r.Runs, r.InstanceRoot(instance), r.Store, r.Templates}
-	for _, sub := range storeSubdirs {
-		dirs = append(dirs, filepath.Join(r.Store, sub))
-	}
-	for _, dir := range dirs {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("executors: %w", err)
-		}
-	}
-	var rs, ss syscall.Stat_t
-	if err := syscall.Stat(r.Runs, &rs); err != nil {
-		return fmt.Errorf("executors: %w", err)
-	}
-	if err := syscall.Stat(r.Store, &ss); err != nil {
-		return fmt.Errorf("executors: %w", err)
-	}
-	if rs.Dev != ss.Dev {
-		return fmt.Errorf("executors: runs root %s and store %s are on different filesystems; VM files are hard-linked and reflinked between them", r.Runs, r.Store)
-	}
-	return nil
-}
-
-// RunDir resolves a run dir relative to Runs. A path that is empty,
-// absolute or climbs out of the root is an *Unrecoverable error: it can only
-// come from a corrupt intent, and acting on it could touch foreign files.
-func (r Roots) RunDir(rel string) (string, error) { return within(r.Runs, rel, "run dir") }
-
-// SnapshotDir resolves a snapshot dir relative to Store, with RunDir's checks.
-func (r Roots) SnapshotDir(rel string) (string, error) { return within(r.Store, rel, "snapshot dir") }
-
-// TemplateDir resolves a template name under Templates, with RunDir's checks.
-func (r Roots) TemplateDir(name string) (string, error) { return within(r.Templates, name, "template") }
-
-func within(root, rel, what string) (string, error) {
-	if rel == "" || filepath.IsAbs(rel) {
-		return "", Unrecoverablef("%s %q: want a non-empty relative path", what, rel)
-	}
-	clean := filepath.Clean(rel)
-	if clean == "." || clean == ".." || strings.HasPrefix(clean, "../") || clean != rel || strings.HasPrefix(filepath.Base(clean), ".") {
-		return "", Unrecoverablef("%s %q: not a clean path inside %s", what, rel, root)
-	}
-	return filepath.Join(root, clean), nil
+	return Result{}, Unrecoverablef("restart %s: this hypervisor driver cannot restart VMs", in.VM)
 }

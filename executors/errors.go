@@ -9,7 +9,8 @@ import (
 
 // Unrecoverable marks a failure that retrying cannot fix (a missing golden or
 // template, an intent naming paths outside the roots, a VMM that died with
-// the VM's only copy of its memory). The pool reports the failure at once.
+// the VM's only copy of its memory). The scheduler reports the failure at
+// once.
 type Unrecoverable struct {
 	Err error
 	// Lost says the VM (Hibernate) or its snapshot (Wake) is gone for good;
@@ -58,7 +59,7 @@ func IsLost(err error) bool {
 
 // ErrCapacity marks a failure caused by the node being full: no space in the
 // store or run filesystem (ENOSPC, EDQUOT), or a hypervisor reporting the
-// same. The pool reports the operation's failure and proposes
+// same. The scheduler reports the operation's failure and proposes
 // fsm.CapacityFull, which parks refills for fsm.CapacityParkNS.
 var ErrCapacity = errors.New("executors: node at capacity")
 

@@ -17,8 +17,14 @@ type Meta struct {
 
 func (m Meta) meta() Meta { return m }
 
-// Command is one of the command structs below.
-type Command interface{ meta() Meta }
+// Command is one of the command structs below, as a value or a pointer. The
+// interface is sealed: each command carries its own decision (its decide
+// method, in decide.go), so a new command is one struct and one method.
+type Command interface {
+	meta() Meta
+	// decide checks the command against d's state and emits its events.
+	decide(d *decider) error
+}
 
 // ConfigureNode records the node id and the instance id owning the VMs this
 // log creates. It must come before any command that creates a VM.

@@ -3,6 +3,7 @@ package fsm
 import (
 	"bytes"
 	"fmt"
+	"reflect"
 	"slices"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
@@ -32,107 +33,11 @@ func DecidePayloads(s *State, cmd Command) (evs []event.Event, ps []event.Payloa
 	if m.Now <= 0 {
 		return nil, nil, reject(Invalid, "command without a time")
 	}
-	d := &decider{s: s, m: m}
-	switch c := cmd.(type) {
-	case ConfigureNode:
-		err = d.configureNode(&c)
-	case *ConfigureNode:
-		err = d.configureNode(c)
-	case ConfigurePools:
-		err = d.configurePools(&c)
-	case *ConfigurePools:
-		err = d.configurePools(c)
-	case ConfigureLimits:
-		err = d.configureLimits(&c)
-	case *ConfigureLimits:
-		err = d.configureLimits(c)
-	case Claim:
-		err = d.claim(&c)
-	case *Claim:
-		err = d.claim(c)
-	case Refill:
-		err = d.refill(&c)
-	case *Refill:
-		err = d.refill(c)
-	case Hibernate:
-		err = d.hibernate(c.Claim)
-	case *Hibernate:
-		err = d.hibernate(c.Claim)
-	case Wake:
-		err = d.wake(c.Claim)
-	case *Wake:
-		err = d.wake(c.Claim)
-	case Release:
-		err = d.release(c.Claim)
-	case *Release:
-		err = d.release(c.Claim)
-	case Renew:
-		err = d.renew(&c)
-	case *Renew:
-		err = d.renew(c)
-	case Touch:
-		err = d.touch(c.Claim)
-	case *Touch:
-		err = d.touch(c.Claim)
-	case Tick:
-		err = d.tick()
-	case *Tick:
-		err = d.tick()
-	case GoldenBuilt:
-		err = d.goldenBuilt(&c)
-	case *GoldenBuilt:
-		err = d.goldenBuilt(c)
-	case GoldenFailed:
-		err = d.goldenFailed(&c)
-	case *GoldenFailed:
-		err = d.goldenFailed(c)
-	case VMCloned:
-		err = d.vmCloned(&c)
-	case *VMCloned:
-		err = d.vmCloned(c)
-	case VMCloneFailed:
-		err = d.vmCloneFailed(&c)
-	case *VMCloneFailed:
-		err = d.vmCloneFailed(c)
-	case HibernateDone:
-		err = d.hibernateDone(&c)
-	case *HibernateDone:
-		err = d.hibernateDone(c)
-	case HibernateFailed:
-		err = d.hibernateFailed(&c)
-	case *HibernateFailed:
-		err = d.hibernateFailed(c)
-	case WakeDone:
-		err = d.wakeDone(&c)
-	case *WakeDone:
-		err = d.wakeDone(c)
-	case WakeFailed:
-		err = d.wakeFailed(&c)
-	case *WakeFailed:
-		err = d.wakeFailed(c)
-	case VMDestroyed:
-		err = d.vmDestroyed(&c)
-	case *VMDestroyed:
-		err = d.vmDestroyed(c)
-	case VMExited:
-		err = d.vmExited(&c)
-	case *VMExited:
-		err = d.vmExited(c)
-	case VMRestarted:
-		err = d.vmRestarted(&c)
-	case *VMRestarted:
-		err = d.vmRestarted(c)
-	case VMRestartFailed:
-		err = d.vmRestartFailed(&c)
-	case *VMRestartFailed:
-		err = d.vmRestartFailed(c)
-	case CapacityFull:
-		err = d.capacityFull(&c)
-	case *CapacityFull:
-		err = d.capacityFull(c)
-	default:
+	if !ownCommand(cmd) {
 		return nil, nil, reject(Invalid, "unknown command %T", cmd)
 	}
+	d := &decider{s: s, m: m}
+	err = cmd.decide(d)
 	if err == nil {
 		err = d.err
 	}
@@ -142,6 +47,23 @@ func DecidePayloads(s *State, cmd Command) (evs []event.Event, ps []event.Payloa
 	return d.evs, d.ps, nil
 }
 
+// fsmPkg is this package's import path.
+var fsmPkg = reflect.TypeFor[Meta]().PkgPath()
+
+// ownCommand reports whether cmd's type is one of this package's commands
+// (T or *T). Command is sealed, but a type elsewhere that embeds a command
+// struct would inherit its decide method; it is refused rather than decided
+// as the command it wraps, which it may not mean to be.
+func ownCommand(cmd Command) bool {
+	t := reflect.TypeOf(cmd)
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.PkgPath() == fsmPkg
+}
+
+// decider is the state of one decision: each command's decide method checks
+// the command against s and emits its events here.
 type decider struct {
 	s   *State
 	m   Meta
@@ -226,7 +148,7 @@ func (d *decider) needInstance() error {
 
 // --- configuration -----------------------------------------------------------
 
-func (d *decider) configureNode(c *ConfigureNode) error {
+func (c ConfigureNode) decide(d *decider) error {
 	if !nameRE.MatchString(c.Node) {
 		return reject(Invalid, "invalid node id %q", c.Node)
 	}
@@ -244,7 +166,7 @@ func sortSpecs(specs []PoolSpec) {
 	slices.SortFunc(specs, func(a, b PoolSpec) int { return a.PoolKey.Compare(b.PoolKey) })
 }
 
-func (d *decider) configurePools(c *ConfigurePools) error {
+func (c ConfigurePools) decide(d *decider) error {
 	specs, err := normSpecs(c.Pools)
 	if err != nil {
 		return err
@@ -294,7 +216,7 @@ func (d *decider) configurePools(c *ConfigurePools) error {
 	return nil
 }
 
-func (d *decider) configureLimits(c *ConfigureLimits) error {
+func (c ConfigureLimits) decide(d *decider) error {
 	if c.MaxClaims < 0 || c.DefaultTenantCap < 0 {
 		return reject(Invalid, "limits must not be negative")
 	}
@@ -330,7 +252,7 @@ func (d *decider) configureLimits(c *ConfigureLimits) error {
 
 // --- claims ------------------------------------------------------------------
 
-func (d *decider) claim(c *Claim) error {
+func (c Claim) decide(d *decider) error {
 	s := d.s
 	if !ValidClaimID(c.ID) {
 		return reject(Invalid, "invalid claim id %q: want sb_ and 16 lowercase hex digits", c.ID)
@@ -406,7 +328,7 @@ func (d *decider) claim(c *Claim) error {
 	return nil
 }
 
-func (d *decider) refill(c *Refill) error {
+func (c Refill) decide(d *decider) error {
 	s := d.s
 	var keys []PoolKey
 	if c.Key == (PoolKey{}) {
@@ -443,7 +365,8 @@ func (d *decider) liveClaim(id string) (*ClaimRec, error) {
 	return c, nil
 }
 
-func (d *decider) hibernate(id string) error {
+func (cmd Hibernate) decide(d *decider) error {
+	id := cmd.Claim
 	c, err := d.liveClaim(id)
 	if err != nil {
 		return err
@@ -461,7 +384,8 @@ func (d *decider) hibernate(id string) error {
 	return reject(InvalidTransition, "sandbox %s is %s, cannot hibernate", id, c.Status)
 }
 
-func (d *decider) wake(id string) error {
+func (cmd Wake) decide(d *decider) error {
+	id := cmd.Claim
 	c, err := d.liveClaim(id)
 	if err != nil {
 		return err
@@ -480,7 +404,8 @@ func (d *decider) wake(id string) error {
 	return reject(InvalidTransition, "sandbox %s is %s, cannot wake", id, c.Status)
 }
 
-func (d *decider) release(id string) error {
+func (cmd Release) decide(d *decider) error {
+	id := cmd.Claim
 	c, err := d.liveClaim(id)
 	if err != nil {
 		return err
@@ -493,7 +418,7 @@ func (d *decider) release(id string) error {
 	return nil
 }
 
-func (d *decider) renew(r *Renew) error {
+func (r Renew) decide(d *decider) error {
 	c, err := d.liveClaim(r.Claim)
 	if err != nil {
 		return err
@@ -509,7 +434,8 @@ func (d *decider) renew(r *Renew) error {
 	return nil
 }
 
-func (d *decider) touch(id string) error {
+func (cmd Touch) decide(d *decider) error {
+	id := cmd.Claim
 	c, err := d.liveClaim(id)
 	if err != nil {
 		return err
@@ -521,9 +447,9 @@ func (d *decider) touch(id string) error {
 	return nil
 }
 
-// tick fires due timers. Leases and serve deadlines go first, so that a claim
-// both idle and expired is reaped rather than hibernated.
-func (d *decider) tick() error {
+// decide of a Tick fires due timers. Leases and serve deadlines go first, so
+// that a claim both idle and expired is reaped rather than hibernated.
+func (Tick) decide(d *decider) error {
 	s := d.s
 	due := s.timers.due(d.m.Now)
 	if len(due) == 0 {
@@ -623,7 +549,7 @@ func checkDir(dir string) error {
 	return nil
 }
 
-func (d *decider) goldenBuilt(c *GoldenBuilt) error {
+func (c GoldenBuilt) decide(d *decider) error {
 	if _, err := d.building(c.Key); err != nil {
 		return err
 	}
@@ -634,7 +560,7 @@ func (d *decider) goldenBuilt(c *GoldenBuilt) error {
 	return nil
 }
 
-func (d *decider) goldenFailed(c *GoldenFailed) error {
+func (c GoldenFailed) decide(d *decider) error {
 	if _, err := d.building(c.Key); err != nil {
 		return err
 	}
@@ -652,7 +578,7 @@ func (d *decider) claimWaiting(v *VMRec, want ClaimStatus) *ClaimRec {
 	return c
 }
 
-func (d *decider) vmCloned(c *VMCloned) error {
+func (c VMCloned) decide(d *decider) error {
 	v, err := d.inFlight(c.VM, VMCloning)
 	if err != nil {
 		return err
@@ -675,7 +601,7 @@ func (d *decider) vmCloned(c *VMCloned) error {
 	return nil
 }
 
-func (d *decider) vmCloneFailed(c *VMCloneFailed) error {
+func (c VMCloneFailed) decide(d *decider) error {
 	v, err := d.inFlight(c.VM, VMCloning)
 	if err != nil {
 		return err
@@ -698,7 +624,7 @@ func (d *decider) vmCloneFailed(c *VMCloneFailed) error {
 	return nil
 }
 
-func (d *decider) hibernateDone(c *HibernateDone) error {
+func (c HibernateDone) decide(d *decider) error {
 	v, err := d.inFlight(c.VM, VMHibernating)
 	if err != nil {
 		return err
@@ -713,7 +639,7 @@ func (d *decider) hibernateDone(c *HibernateDone) error {
 	return nil
 }
 
-func (d *decider) hibernateFailed(c *HibernateFailed) error {
+func (c HibernateFailed) decide(d *decider) error {
 	v, err := d.inFlight(c.VM, VMHibernating)
 	if err != nil {
 		return err
@@ -723,7 +649,7 @@ func (d *decider) hibernateFailed(c *HibernateFailed) error {
 	return nil
 }
 
-func (d *decider) wakeDone(c *WakeDone) error {
+func (c WakeDone) decide(d *decider) error {
 	v, err := d.inFlight(c.VM, VMWaking)
 	if err != nil {
 		return err
@@ -735,7 +661,7 @@ func (d *decider) wakeDone(c *WakeDone) error {
 	return nil
 }
 
-func (d *decider) wakeFailed(c *WakeFailed) error {
+func (c WakeFailed) decide(d *decider) error {
 	v, err := d.inFlight(c.VM, VMWaking)
 	if err != nil {
 		return err
@@ -758,7 +684,7 @@ func (d *decider) settleFailure(v *VMRec, want ClaimStatus, lost bool, reason, m
 	}
 }
 
-func (d *decider) vmDestroyed(c *VMDestroyed) error {
+func (c VMDestroyed) decide(d *decider) error {
 	v, err := d.inFlight(c.VM, VMDestroying)
 	if err != nil {
 		return err
@@ -767,7 +693,7 @@ func (d *decider) vmDestroyed(c *VMDestroyed) error {
 	return nil
 }
 
-func (d *decider) vmExited(c *VMExited) error {
+func (c VMExited) decide(d *decider) error {
 	v := d.s.vms[c.VM]
 	if v == nil {
 		return reject(NotFound, "no VM %s", c.VM)
@@ -827,7 +753,7 @@ func durationText(ns int64) string {
 	return fmt.Sprintf("%ds", s)
 }
 
-func (d *decider) vmRestarted(c *VMRestarted) error {
+func (c VMRestarted) decide(d *decider) error {
 	v, err := d.inFlight(c.VM, VMRestarting)
 	if err != nil {
 		return err
@@ -839,7 +765,7 @@ func (d *decider) vmRestarted(c *VMRestarted) error {
 	return nil
 }
 
-func (d *decider) vmRestartFailed(c *VMRestartFailed) error {
+func (c VMRestartFailed) decide(d *decider) error {
 	v, err := d.inFlight(c.VM, VMRestarting)
 	if err != nil {
 		return err
@@ -854,7 +780,7 @@ func (d *decider) vmRestartFailed(c *VMRestartFailed) error {
 	return nil
 }
 
-func (d *decider) capacityFull(c *CapacityFull) error {
+func (c CapacityFull) decide(d *decider) error {
 	until := d.m.Now + CapacityParkNS
 	cur := d.s.nodeParkUntil
 	if c.Key != nil {

@@ -27,7 +27,11 @@
 //     is the incremental feed (the intents a just-applied batch created, in
 //     O(batch)). Results come back as commands (VMCloned, HibernateDone...)
 //     whose Meta.Cause is the intent's op id; a result that does not match
-//     the op in flight is refused as a stale InvalidTransition.
+//     the op in flight is refused as a stale InvalidTransition. Each intent
+//     type carries what an executor needs as methods: its IntentKind (the
+//     one set of kind names), its subject, and the result and failure
+//     commands it turns into (Succeeded, Failed), so executors dispatch on
+//     the interface, never on the type.
 //   - RefillsNeeded(s) lists pools short of their warm target that may
 //     refill now; the proposer answers with a Refill command, which creates
 //     the clone requests (refill clones in flight count toward the target).
@@ -37,6 +41,9 @@
 //     claim's serve deadline, a lease, idle hibernation, a failed golden's
 //     retry, parked refills) live in an indexed min-heap, so a Tick costs
 //     O(due timers), and a Tick with nothing due decides nothing.
+//
+// Each command carries its own decision (an unexported decide method next to
+// the others in decide.go), so Decide has no switch over command types.
 //
 // Everything from outside the log is stamped by the caller into commands:
 // op ids, claim ids, token generations and the time (Meta.Now). VM ids are

@@ -131,32 +131,13 @@ func (h *harness) pools(specs ...PoolSpec) []event.Event {
 // intentFor returns the pending intent about vm (or golden key when vm is "").
 func (h *harness) intentFor(vm string, key PoolKey) Intent {
 	h.t.Helper()
+	want := vm
+	if vm == "" {
+		want = key.String()
+	}
 	for _, in := range Intents(h.s) {
-		switch in := in.(type) {
-		case BuildGolden:
-			if vm == "" && in.Key == key {
-				return in
-			}
-		case CloneVM:
-			if in.VM == vm {
-				return in
-			}
-		case HibernateVM:
-			if in.VM == vm {
-				return in
-			}
-		case WakeVM:
-			if in.VM == vm {
-				return in
-			}
-		case DestroyVM:
-			if in.VM == vm {
-				return in
-			}
-		case RestartVM:
-			if in.VM == vm {
-				return in
-			}
+		if in.Subject() == want {
+			return in
 		}
 	}
 	h.t.Fatalf("no intent for VM %q / golden %s in %+v", vm, key, Intents(h.s))

@@ -11,11 +11,60 @@ import (
 // IntentOp (every step idempotent under it), and answer with a result
 // command whose Meta.Cause is IntentOp and whose Meta.Op is derived from it
 // (event.DeriveOpID(IntentOp, "result")), so a re-run after a crash appends
-// nothing new.
+// nothing new. An intent carries everything an executor needs to schedule
+// it and to report its outcome, so the executors dispatch on these methods
+// and need no case per intent type.
 type Intent interface {
+	// Kind names the side effect (the driver method performing it).
+	Kind() IntentKind
 	IntentOp() event.OpID
+	// Subject is what the intent acts on, for logs: the VM id, or the
+	// golden's pool key.
+	Subject() string
+	// Succeeded is the result command of the side effect done, with out.
+	Succeeded(m Meta, out Outcome) Command
+	// Failed is the result command of the side effect failed for good with
+	// error text msg; lost says the VM or its snapshot is gone (it becomes
+	// the Lost of HibernateFailed and WakeFailed, and is ignored by kinds
+	// without one). Nil for a kind without a failure command (a destroy):
+	// the state has no way to give up on it, so it is retried until it
+	// succeeds.
+	Failed(m Meta, msg string, lost bool) Command
 	// order is (priority class, request order, id).
 	order() (int, uint64, string)
+}
+
+// IntentKind names a kind of side effect. These are the one set of names
+// for them: the executors' dispatch, the drivers' recipe names, logs and
+// metric labels all use them.
+type IntentKind string
+
+// Intent kinds.
+const (
+	KindGolden    IntentKind = "golden"
+	KindClone     IntentKind = "clone"
+	KindHibernate IntentKind = "hibernate"
+	KindWake      IntentKind = "wake"
+	KindDestroy   IntentKind = "destroy"
+	KindRestart   IntentKind = "restart"
+)
+
+// Outcome is what a side effect that succeeded reports into its result
+// command.
+type Outcome struct {
+	// SnapshotDir is the snapshot made (golden build, hibernate), relative
+	// to the store; empty for the other kinds.
+	SnapshotDir string
+	// Report carries the per-step timings and the copy mode.
+	Report event.ExecReport
+}
+
+// IsRefill reports whether in is a refill clone: the class capacity parking
+// holds back (see CapacityFull). It is the class Intents lists last, so a
+// scheduler holding refills back never blocks anything else.
+func IsRefill(in Intent) bool {
+	class, _, _ := in.order()
+	return class == classRefill
 }
 
 // Priority classes: an on-demand clone for a waiting claim goes ahead of
@@ -36,6 +85,19 @@ type BuildGolden struct {
 	ReqSeq uint64
 }
 
+func (i BuildGolden) Kind() IntentKind             { return KindGolden }
+func (i BuildGolden) IntentOp() event.OpID         { return i.OpID }
+func (i BuildGolden) Subject() string              { return i.Key.String() }
+func (i BuildGolden) order() (int, uint64, string) { return classGolden, i.ReqSeq, i.Key.String() }
+
+func (i BuildGolden) Succeeded(m Meta, out Outcome) Command {
+	return GoldenBuilt{Meta: m, Key: i.Key, SnapshotDir: out.SnapshotDir, Report: &out.Report}
+}
+
+func (i BuildGolden) Failed(m Meta, msg string, _ bool) Command {
+	return GoldenFailed{Meta: m, Key: i.Key, Error: msg}
+}
+
 // CloneVM: create VM from Key's golden (GoldenDir), or by a cold boot of the
 // template when Cold. ForClaim names the pending claim it serves (empty for a
 // refill). RunDir is relative to the runs root and led by Instance.
@@ -51,6 +113,25 @@ type CloneVM struct {
 	ReqSeq    uint64
 }
 
+func (i CloneVM) Kind() IntentKind     { return KindClone }
+func (i CloneVM) IntentOp() event.OpID { return i.OpID }
+func (i CloneVM) Subject() string      { return i.VM }
+
+func (i CloneVM) order() (int, uint64, string) {
+	if i.ForClaim != "" {
+		return classClaimClone, i.ReqSeq, i.VM
+	}
+	return classRefill, i.ReqSeq, i.VM
+}
+
+func (i CloneVM) Succeeded(m Meta, out Outcome) Command {
+	return VMCloned{Meta: m, VM: i.VM, Report: &out.Report}
+}
+
+func (i CloneVM) Failed(m Meta, msg string, _ bool) Command {
+	return VMCloneFailed{Meta: m, VM: i.VM, Error: msg}
+}
+
 // HibernateVM: snapshot the claimed VM and stop it.
 type HibernateVM struct {
 	OpID   event.OpID
@@ -59,6 +140,19 @@ type HibernateVM struct {
 	Key    PoolKey
 	RunDir string
 	ReqSeq uint64
+}
+
+func (i HibernateVM) Kind() IntentKind             { return KindHibernate }
+func (i HibernateVM) IntentOp() event.OpID         { return i.OpID }
+func (i HibernateVM) Subject() string              { return i.VM }
+func (i HibernateVM) order() (int, uint64, string) { return classHibernate, i.ReqSeq, i.VM }
+
+func (i HibernateVM) Succeeded(m Meta, out Outcome) Command {
+	return HibernateDone{Meta: m, VM: i.VM, SnapshotDir: out.SnapshotDir, Report: &out.Report}
+}
+
+func (i HibernateVM) Failed(m Meta, msg string, lost bool) Command {
+	return HibernateFailed{Meta: m, VM: i.VM, Error: msg, Lost: lost}
 }
 
 // WakeVM: restore VM from SnapshotDir into RunDir and resume it. The VM keeps
@@ -73,6 +167,19 @@ type WakeVM struct {
 	ReqSeq      uint64
 }
 
+func (i WakeVM) Kind() IntentKind             { return KindWake }
+func (i WakeVM) IntentOp() event.OpID         { return i.OpID }
+func (i WakeVM) Subject() string              { return i.VM }
+func (i WakeVM) order() (int, uint64, string) { return classWake, i.ReqSeq, i.VM }
+
+func (i WakeVM) Succeeded(m Meta, out Outcome) Command {
+	return WakeDone{Meta: m, VM: i.VM, Report: &out.Report}
+}
+
+func (i WakeVM) Failed(m Meta, msg string, lost bool) Command {
+	return WakeFailed{Meta: m, VM: i.VM, Error: msg, Lost: lost}
+}
+
 // DestroyVM: stop the VM's VMM and remove its run dir, and its snapshot when
 // SnapshotDir is set.
 type DestroyVM struct {
@@ -84,6 +191,19 @@ type DestroyVM struct {
 	SnapshotDir string
 	ReqSeq      uint64
 }
+
+func (i DestroyVM) Kind() IntentKind             { return KindDestroy }
+func (i DestroyVM) IntentOp() event.OpID         { return i.OpID }
+func (i DestroyVM) Subject() string              { return i.VM }
+func (i DestroyVM) order() (int, uint64, string) { return classDestroy, i.ReqSeq, i.VM }
+
+func (i DestroyVM) Succeeded(m Meta, out Outcome) Command {
+	return VMDestroyed{Meta: m, VM: i.VM, Report: &out.Report}
+}
+
+// Failed is nil: a VM the state asked to destroy has nowhere else to go, so
+// its destroy is retried until it succeeds.
+func (i DestroyVM) Failed(Meta, string, bool) Command { return nil }
 
 // RestartVM: boot the claimed VM again, cold, from the disk in its run dir
 // (its VMM died; its memory is lost). The VM keeps its id, run dir and
@@ -98,26 +218,20 @@ type RestartVM struct {
 	ReqSeq   uint64
 }
 
-func (i BuildGolden) IntentOp() event.OpID { return i.OpID }
-func (i CloneVM) IntentOp() event.OpID     { return i.OpID }
-func (i HibernateVM) IntentOp() event.OpID { return i.OpID }
-func (i WakeVM) IntentOp() event.OpID      { return i.OpID }
-func (i DestroyVM) IntentOp() event.OpID   { return i.OpID }
-func (i RestartVM) IntentOp() event.OpID   { return i.OpID }
-
-func (i BuildGolden) order() (int, uint64, string) { return classGolden, i.ReqSeq, i.Key.String() }
-func (i CloneVM) order() (int, uint64, string) {
-	if i.ForClaim != "" {
-		return classClaimClone, i.ReqSeq, i.VM
-	}
-	return classRefill, i.ReqSeq, i.VM
-}
-func (i HibernateVM) order() (int, uint64, string) { return classHibernate, i.ReqSeq, i.VM }
-func (i WakeVM) order() (int, uint64, string)      { return classWake, i.ReqSeq, i.VM }
-func (i DestroyVM) order() (int, uint64, string)   { return classDestroy, i.ReqSeq, i.VM }
+func (i RestartVM) Kind() IntentKind     { return KindRestart }
+func (i RestartVM) IntentOp() event.OpID { return i.OpID }
+func (i RestartVM) Subject() string      { return i.VM }
 
 // A restart brings a user's running sandbox back: it ranks with wakes.
 func (i RestartVM) order() (int, uint64, string) { return classWake, i.ReqSeq, i.VM }
+
+func (i RestartVM) Succeeded(m Meta, out Outcome) Command {
+	return VMRestarted{Meta: m, VM: i.VM, Report: &out.Report}
+}
+
+func (i RestartVM) Failed(m Meta, msg string, _ bool) Command {
+	return VMRestartFailed{Meta: m, VM: i.VM, Error: msg}
+}
 
 // Intents returns every pending side effect, in the order executors should
 // start them: on-demand clones for waiting claims, wakes and restarts, hibernates,
@@ -163,27 +277,45 @@ func NewIntents(s *State, evs []event.Event) []Intent {
 	var out []Intent
 	for i := range evs {
 		ev := &evs[i]
-		op := IntentOp(ev.OpID, ev.Type, ev.AggID)
-		switch ev.Type {
-		case event.TypeGoldenBuildRequested:
-			k, err := event.ParsePoolKey(ev.AggID)
-			if g := s.goldens[k]; err == nil && g != nil && g.Status == GoldenBuilding && g.Op == op {
-				out = append(out, s.goldenIntent(g))
-			}
-		case event.TypeVMCloneRequested, event.TypeVMDestroyRequested, event.TypeVMRestartRequested:
-			if v := s.vms[ev.AggID]; v != nil && v.Op == op && hasIntent(v.Status) {
-				out = append(out, s.vmIntent(v))
-			}
-		case event.TypeHibernateRequested, event.TypeWakeRequested:
-			if c := s.claims[ev.AggID]; c != nil {
-				if v := s.vms[c.VM]; v != nil && v.Op == op && hasIntent(v.Status) {
-					out = append(out, s.vmIntent(v))
-				}
-			}
+		if in := s.requested(ev.AggID, IntentOp(ev.OpID, ev.Type, ev.AggID)); in != nil {
+			out = append(out, in)
 		}
 	}
 	sortIntents(out)
 	return out
+}
+
+// requested returns the intent pending on aggregate agg if its op id is op,
+// the intent op of an event about agg. Apply sets an intent's op id from its
+// request event (IntentOp of that event's op, type and aggregate), so only
+// the request event that created a still-pending intent matches, whatever
+// its type: no event type needs listing here. The aggregate says which
+// record to check: a VM, a claim (its VM: hibernate and wake requests are
+// claim events) or a golden's pool key.
+func (s *State) requested(agg string, op event.OpID) Intent {
+	v := s.vms[agg]
+	if v == nil {
+		if c := s.claims[agg]; c != nil {
+			v = s.vms[c.VM]
+			if v == nil {
+				return nil
+			}
+		}
+	}
+	if v != nil {
+		if v.Op != op {
+			return nil
+		}
+		return s.vmIntent(v)
+	}
+	k, err := event.ParsePoolKey(agg)
+	if err != nil {
+		return nil
+	}
+	if g := s.goldens[k]; g != nil && g.Status == GoldenBuilding && g.Op == op {
+		return s.goldenIntent(g)
+	}
+	return nil
 }
 
 // RefillsNeeded returns the pools short of their warm target whose refills
@@ -199,22 +331,37 @@ func (s *State) goldenIntent(g *GoldenRec) Intent {
 	return BuildGolden{OpID: g.Op, Key: g.Key, ReqSeq: g.ReqSeq}
 }
 
-func (s *State) vmIntent(v *VMRec) Intent {
-	switch v.Status {
-	case VMCloning:
+// vmIntents builds, for each VM status that has one, the intent of a VM in
+// that status; a status without an entry has no side effect in flight.
+var vmIntents = [numVMStatus]func(s *State, v *VMRec) Intent{
+	VMCloning: func(s *State, v *VMRec) Intent {
 		in := CloneVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ForClaim: v.Claim, Cold: v.Cold, ReqSeq: v.ReqSeq}
 		if g := s.goldens[v.Key]; g != nil && !v.Cold {
 			in.GoldenDir = g.SnapshotDir
 		}
 		return in
-	case VMHibernating:
+	},
+	VMHibernating: func(_ *State, v *VMRec) Intent {
 		return HibernateVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, ReqSeq: v.ReqSeq}
-	case VMWaking:
+	},
+	VMWaking: func(_ *State, v *VMRec) Intent {
 		return WakeVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
-	case VMDestroying:
+	},
+	VMDestroying: func(_ *State, v *VMRec) Intent {
 		return DestroyVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
-	case VMRestarting:
+	},
+	VMRestarting: func(_ *State, v *VMRec) Intent {
 		return RestartVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ReqSeq: v.ReqSeq}
+	},
+}
+
+// hasIntent reports whether a VM in status st has a side effect in flight.
+func hasIntent(st VMStatus) bool { return st < numVMStatus && vmIntents[st] != nil }
+
+// vmIntent returns v's pending intent, nil when its status has none.
+func (s *State) vmIntent(v *VMRec) Intent {
+	if !hasIntent(v.Status) {
+		return nil
 	}
-	return nil
+	return vmIntents[v.Status](s, v)
 }

@@ -246,6 +246,10 @@ func (r *run) step(i int) error {
 	if len(evs) == 0 {
 		r.noops++
 	}
+	pendingBefore := map[event.OpID]bool{}
+	for _, in := range fsm.Intents(r.live) {
+		pendingBefore[in.IntentOp()] = true
+	}
 	for j := range evs {
 		r.types[evs[j].Type]++
 		live := evs[j]
@@ -269,21 +273,32 @@ func (r *run) step(i int) error {
 	if len(evs) > 0 && r.rand(40) == 0 {
 		r.snaps = append(r.snaps, snap{seq: uint64(len(r.log)), data: fsm.Encode(r.live)})
 	}
-	if err := r.newIntents(evs); err != nil {
+	if err := r.newIntents(evs, pendingBefore); err != nil {
 		return err
 	}
 	return r.invariants(cmd, evs)
 }
 
-func (r *run) newIntents(evs []event.Event) error {
+// newIntents checks NewIntents against Intents: it lists exactly the
+// pending intents that were not pending before the batch (pendingBefore
+// holds their op ids), in Intents order.
+func (r *run) newIntents(evs []event.Event, pendingBefore map[event.OpID]bool) error {
 	all := map[event.OpID]bool{}
+	var created []fsm.Intent
 	for _, in := range fsm.Intents(r.live) {
 		all[in.IntentOp()] = true
+		if !pendingBefore[in.IntentOp()] {
+			created = append(created, in)
+		}
 	}
-	for _, in := range fsm.NewIntents(r.live, evs) {
+	got := fsm.NewIntents(r.live, evs)
+	for _, in := range got {
 		if !all[in.IntentOp()] {
 			return fmt.Errorf("NewIntents returned %+v, which Intents does not list", in)
 		}
+	}
+	if !reflect.DeepEqual(got, created) {
+		return fmt.Errorf("NewIntents returned %+v, want the intents the batch created, %+v", got, created)
 	}
 	return nil
 }

@@ -277,10 +277,6 @@ func (s *State) armIf(k timerKey, on bool, at int64) {
 
 func isRefill(v *VMRec) bool { return v.Status == VMCloning && v.Claim == "" }
 
-func hasIntent(st VMStatus) bool {
-	return st == VMCloning || st == VMHibernating || st == VMWaking || st == VMDestroying || st == VMRestarting
-}
-
 func (s *State) addVM(v *VMRec) {
 	s.vms[v.ID] = v
 	s.vmCount[v.Status]++

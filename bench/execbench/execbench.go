@@ -2,8 +2,8 @@
 // -only execbench`), measured on a loop-mounted XFS with reflink, with chsim
 // as the VMM, side by side in one run:
 //
-//   - clones per second through the worker pool (executors.Pool running the
-//     chdriver recipe in-process) against the old daemon's path, one fork+exec
+//   - clones per second through the worker pool (scheduler.Scheduler
+//     running the chdriver recipe in-process) against the old daemon's path, one fork+exec
 //     of a CLI per clone (bench/execbench/cli: the same recipe in a new
 //     process), at the same concurrency, in alternating rounds;
 //   - hibernate and wake through the pool, each split by step category into
@@ -33,10 +33,11 @@ import (
 
 	"github.com/sbxlog/sbxlog/bench/report"
 	"github.com/sbxlog/sbxlog/eventlog/event"
-	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch/chsimbin"
 	"github.com/sbxlog/sbxlog/executors/chdriver"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
+	"github.com/sbxlog/sbxlog/executors/scheduler"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -100,10 +101,10 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 
 	// Warm both paths up (page cache of the binaries, the golden's pages,
 	// the filesystem's allocator), untimed.
-	if _, _, err := b.poolClones(ctx, golden, executors.DefaultConcurrency()); err != nil {
+	if _, _, err := b.poolClones(ctx, golden, scheduler.DefaultConcurrency()); err != nil {
 		return nil, err
 	}
-	if _, _, err := b.cliClones(ctx, cli, golden, executors.DefaultConcurrency()); err != nil {
+	if _, _, err := b.cliClones(ctx, cli, golden, scheduler.DefaultConcurrency()); err != nil {
 		return nil, err
 	}
 	var poolLat, cliLat report.Durations
@@ -127,11 +128,11 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		return nil, err
 	}
 
-	conc := executors.DefaultConcurrency()
+	conc := scheduler.DefaultConcurrency()
 	sec := &report.Section{
 		Title: "Executors: clone throughput (worker pool vs CLI per clone), hibernate and wake split",
 		Method: fmt.Sprintf("chsim VMMs (the CH API simulator; small = 1 vCPU, 512 MiB, %d MiB of guest data) on a 4 GiB "+
-			"loop-mounted XFS with reflink (store copy mode: %s). Clones: %d rounds, each %d clones through executors.Pool "+
+			"loop-mounted XFS with reflink (store copy mode: %s). Clones: %d rounds, each %d clones through scheduler.Scheduler "+
 			"(the chdriver recipe in-process, %d at a time) then %d clones by forking bench/execbench/cli once per clone "+
 			"(the same recipe in a new process: the old daemon's CLI-per-op path), %d at a time, after an untimed warm-up "+
 			"batch of each; clones/s is clones over "+
@@ -177,13 +178,13 @@ func (p proposer) Propose(_ context.Context, cmd fsm.Command) error {
 
 // observer collects per-op durations of clones.
 type observer struct {
-	executors.NopObserver
+	scheduler.NopObserver
 	mu     sync.Mutex
 	clones report.Durations
 }
 
-func (o *observer) OpDone(k executors.Kind, out executors.Outcome, d time.Duration) {
-	if k == executors.KindClone && out == executors.OutcomeDone {
+func (o *observer) OpDone(k fsm.IntentKind, out scheduler.Outcome, d time.Duration) {
+	if k == fsm.KindClone && out == scheduler.OutcomeDone {
 		o.mu.Lock()
 		o.clones = append(o.clones, d)
 		o.mu.Unlock()
@@ -207,7 +208,7 @@ func (o *observer) takeClones() report.Durations {
 type bench struct {
 	data, chsim string
 	drv         *chdriver.Driver
-	pool        *executors.Pool
+	pool        *scheduler.Scheduler
 	props       proposer
 	obs         *observer
 	copyMode    fsx.Method
@@ -217,7 +218,7 @@ type bench struct {
 
 func newBench(ctx context.Context, data, chsim string) (*bench, error) {
 	drv, err := chdriver.New(chdriver.Config{
-		Roots: executors.RootsIn(data), Instance: instance, VMM: chsim, Hypervisor: chdriver.CHSim,
+		Roots: layout.RootsIn(data), Instance: instance, VMM: chsim, Hypervisor: chdriver.CHSim,
 		VMMEnv: []string{fmt.Sprintf("SBX_CHSIM_DIRTY_BYTES=%d", chsimDirty)},
 		Log:    zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
 	})
@@ -229,7 +230,7 @@ func newBench(ctx context.Context, data, chsim string) (*bench, error) {
 		return nil, err
 	}
 	b := &bench{data: data, chsim: chsim, drv: drv, props: make(proposer, 1024), obs: &observer{}, copyMode: rep.CopyMode, live: map[string]bool{}}
-	b.pool = executors.NewPool(drv, b.props, executors.PoolOptions{Observer: b.obs, Log: zerolog.New(os.Stderr).Level(zerolog.WarnLevel)})
+	b.pool = scheduler.New(drv, b.props, scheduler.Options{Observer: b.obs, Log: zerolog.New(os.Stderr).Level(zerolog.WarnLevel)})
 	return b, nil
 }
 
@@ -317,7 +318,7 @@ func (b *bench) poolClones(ctx context.Context, golden string, n int) (report.Du
 
 // cliClones clones n VMs by running the CLI once per clone, conc at a time.
 func (b *bench) cliClones(ctx context.Context, cli, golden string, n int) (report.Durations, time.Duration, error) {
-	conc := executors.DefaultConcurrency()
+	conc := scheduler.DefaultConcurrency()
 	sem := make(chan struct{}, conc)
 	var mu sync.Mutex
 	var lat report.Durations

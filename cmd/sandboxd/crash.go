@@ -41,7 +41,7 @@ func crashHook(zl zerolog.Logger) func(context.Context, chdriver.StepCall) error
 		}
 		zl.Warn().Str("recipe", recipe).Str("step", step).Str("op", c.Op.String()).Msg("SBX_CRASH_AT: crashing now")
 		if panics {
-			// A goroutine's panic is not recovered by the executor pool:
+			// A goroutine's panic is not recovered by the scheduler:
 			// it ends the process like a bug would.
 			go func() { panic("SBX_CRASH_AT " + spec) }()
 			select {}

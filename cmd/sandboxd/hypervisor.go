@@ -11,9 +11,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
-	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/chdriver"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/qemu"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 )
@@ -21,18 +21,18 @@ import (
 // hypervisor is a node.Hypervisor from a name and an open function.
 type hypervisor struct {
 	name string
-	open func(roots executors.Roots, instance string) (node.Driver, error)
+	open func(roots layout.Roots, instance string) (node.Driver, error)
 }
 
 func (h hypervisor) Name() string { return h.name }
-func (h hypervisor) Open(roots executors.Roots, instance string) (node.Driver, error) {
+func (h hypervisor) Open(roots layout.Roots, instance string) (node.Driver, error) {
 	return h.open(roots, instance)
 }
 
 // chHypervisor runs Cloud Hypervisor, or chsim in its place.
 func chHypervisor(cfg Config, name, bin string, zl zerolog.Logger) node.Hypervisor {
 	zl.Info().Str("hypervisor", name).Str("binary", bin).Msg("VMM binary")
-	return hypervisor{name: name, open: func(roots executors.Roots, instance string) (node.Driver, error) {
+	return hypervisor{name: name, open: func(roots layout.Roots, instance string) (node.Driver, error) {
 		d, err := chdriver.New(chdriver.Config{
 			Roots: roots, Instance: instance, VMM: bin, Hypervisor: chdriver.Hypervisor(name),
 			CgroupSlice: vmm.DefaultCgroupSlice(), RestoreMode: ch.MemoryRestoreMode(cfg.RestoreMode),
@@ -59,7 +59,7 @@ func (c chNode) OnExit(fn func(vm, detail string)) {
 // qemuHypervisor runs real guests under QEMU.
 func qemuHypervisor(cfg Config, bin string, zl zerolog.Logger) node.Hypervisor {
 	zl.Info().Str("hypervisor", "qemu").Str("binary", bin).Msg("VMM binary")
-	return hypervisor{name: "qemu", open: func(roots executors.Roots, instance string) (node.Driver, error) {
+	return hypervisor{name: "qemu", open: func(roots layout.Roots, instance string) (node.Driver, error) {
 		d, err := newQEMUDriver(cfg, bin, roots, instance, zl)
 		if err != nil {
 			return nil, err

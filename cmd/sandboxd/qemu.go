@@ -8,7 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/qemu"
 )
 
@@ -48,7 +48,7 @@ func resolveQEMU(cfg Config) (string, error) {
 
 // newQEMUDriver builds the QEMU driver; the guest defaults to the newest
 // cached `make guest` build.
-func newQEMUDriver(cfg Config, bin string, roots executors.Roots, instance string, zl zerolog.Logger) (*qemu.Driver, error) {
+func newQEMUDriver(cfg Config, bin string, roots layout.Roots, instance string, zl zerolog.Logger) (*qemu.Driver, error) {
 	kernel, initrd := cfg.QEMU.Kernel, cfg.QEMU.Initrd
 	if kernel == "" && initrd == "" {
 		if g, ok := qemu.CachedGuest(""); ok {

@@ -12,7 +12,9 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
+	"github.com/sbxlog/sbxlog/fsm"
 )
 
 // The start-up reconcile's view of the driver (executors/reconcile).
@@ -90,7 +92,7 @@ func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Livenes
 // HibernateSnapshotDir names, relative to the store, the snapshot the
 // hibernate of vm with intent op op makes.
 func (d *Driver) HibernateSnapshotDir(vm string, op event.OpID) string {
-	return executors.HibernateRel(vm, op)
+	return layout.HibernateRel(vm, op)
 }
 
 // SweepSnapshots removes the hibernate snapshots of the VMs in keep (VM id
@@ -99,7 +101,7 @@ func (d *Driver) HibernateSnapshotDir(vm string, op event.OpID) string {
 // crash cut short. Snapshots of VMs not in keep are left alone, and so is
 // anything that is not a complete snapshot naming its VM.
 func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) ([]string, error) {
-	dir := filepath.Join(d.roots.Store, executors.HibernateStore)
+	dir := filepath.Join(d.roots.Store, layout.HibernateStore)
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -112,9 +114,9 @@ func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) (
 		if ctx.Err() != nil {
 			return removed, ctx.Err()
 		}
-		rel := filepath.Join(executors.HibernateStore, e.Name())
+		rel := filepath.Join(layout.HibernateStore, e.Name())
 		m, err := ReadMeta(filepath.Join(d.roots.Store, rel))
-		if err != nil || m.Kind != KindHibernate || !strings.HasPrefix(e.Name(), executors.HibernatePrefix(m.VM)) {
+		if err != nil || m.Kind != fsm.KindHibernate || !strings.HasPrefix(e.Name(), layout.HibernatePrefix(m.VM)) {
 			continue
 		}
 		kept, known := keep[m.VM]
@@ -147,7 +149,7 @@ func (d *Driver) RemoveRunDir(ctx context.Context, name string) error {
 	} else if err != nil {
 		return err
 	}
-	if d.bridge != "" && !strings.HasPrefix(name, executors.GoldenRunPrefix) {
+	if d.bridge != "" && !strings.HasPrefix(name, layout.GoldenRunPrefix) {
 		if err := d.taps.Delete(TapName(name)); err != nil {
 			d.log.Warn().Err(err).Str("vm", name).Msg("could not delete the tap of a removed run dir")
 		}

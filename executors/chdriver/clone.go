@@ -8,6 +8,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/templates"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -23,11 +24,11 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 	if in.Cold {
 		return d.coldBoot(ctx, in, runDir)
 	}
-	r := d.begin(ctx, RecipeClone, in.OpID, runDir)
+	r := d.begin(ctx, string(fsm.KindClone), in.OpID, runDir)
 	if in.GoldenDir == "" {
 		return executors.Result{}, executors.Unrecoverablef("clone %s: no golden to clone from", in.VM)
 	}
-	src, err := d.roots.SnapshotIn(executors.GoldenStore, in.GoldenDir)
+	src, err := d.roots.SnapshotIn(layout.GoldenStore, in.GoldenDir)
 	if err != nil {
 		return executors.Result{}, err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/probe"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -47,9 +48,9 @@ var (
 )
 
 // inject arms one failure of mode m before step of recipe.
-func (h *harness) inject(recipe, step string, m crashMode) {
+func (h *harness) inject(recipe fsm.IntentKind, step string, m crashMode) {
 	var fired, dead atomic.Bool
-	match := func(s StepCall) bool { return s.Recipe == recipe && s.Step == step && !s.Undo }
+	match := func(s StepCall) bool { return s.Recipe == string(recipe) && s.Step == step && !s.Undo }
 	switch m {
 	case modeAbort:
 		h.setHook(func(_ context.Context, s StepCall) error {
@@ -136,7 +137,7 @@ func sharedSnapshots(t *testing.T) (dir, golden, hibern string) {
 			return
 		}
 		d, err := New(Config{
-			Roots: executors.RootsIn(shared.dir), Instance: testInstance, VMM: chsimBin, Hypervisor: CHSim,
+			Roots: layout.RootsIn(shared.dir), Instance: testInstance, VMM: chsimBin, Hypervisor: CHSim,
 			VMMEnv: testVMMEnv, Sizes: testSizes, Synth: testSynth, Log: zerolog.Nop(),
 		})
 		if err != nil {
@@ -262,7 +263,7 @@ func TestCrashClone(t *testing.T) {
 			h := newHarness(t, "")
 			in := cloneIntent(vm, h.seed(golden), testKey)
 			ctx := context.Background()
-			h.inject(RecipeClone, step, m)
+			h.inject(fsm.KindClone, step, m)
 			_, err := h.d.Clone(ctx, in)
 			if m != modeKill && err == nil {
 				t.Fatal("clone succeeded through an injected failure")
@@ -323,7 +324,7 @@ func TestCrashWake(t *testing.T) {
 				}
 			}
 			op := newOp()
-			h.inject(RecipeWake, step, m)
+			h.inject(fsm.KindWake, step, m)
 			_, err := wake(h, op)
 			if m != modeKill && err == nil {
 				t.Fatal("wake succeeded through an injected failure")
@@ -401,9 +402,9 @@ func TestCrashHibernate(t *testing.T) {
 			h := newHarness(t, "")
 			h.clone(vm, h.seed(golden))
 			op := newOp()
-			final := h.store(executors.HibernateRel(vm, op))
+			final := h.store(layout.HibernateRel(vm, op))
 			mem, disk := h.pauseAndRef(vm)
-			h.inject(RecipeHibernate, step, m)
+			h.inject(fsm.KindHibernate, step, m)
 			_, err := hib(h, op)
 			if m != modeKill && err == nil {
 				t.Fatal("hibernate succeeded through an injected failure")
@@ -450,7 +451,7 @@ func TestCrashHibernate(t *testing.T) {
 			if err != nil {
 				t.Fatalf("re-run: %v", err)
 			}
-			if res.SnapshotDir != executors.HibernateRel(vm, op) {
+			if res.SnapshotDir != layout.HibernateRel(vm, op) {
 				t.Fatalf("snapshot dir %q", res.SnapshotDir)
 			}
 			if _, err := ReadMeta(final); err != nil {
@@ -464,7 +465,7 @@ func TestCrashHibernate(t *testing.T) {
 				t.Fatalf("%d VMMs left after hibernate", n)
 			}
 			h.checkNoTemps()
-			if got := h.storeEntries(executors.HibernateStore); len(got) != 1 {
+			if got := h.storeEntries(layout.HibernateStore); len(got) != 1 {
 				t.Fatalf("store/hibernate holds %v", got)
 			}
 		})
@@ -491,9 +492,9 @@ func TestCrashGolden(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t, "")
 			op := newOp()
-			final := h.store(executors.GoldenRel(testKey, op))
+			final := h.store(layout.GoldenRel(testKey, op))
 			buildDir := h.d.roots.GoldenRunDir(h.d.instance, op)
-			h.inject(RecipeGolden, step, m)
+			h.inject(fsm.KindGolden, step, m)
 			_, err := build(h, op)
 			if m != modeKill && err == nil {
 				t.Fatal("golden build succeeded through an injected failure")
@@ -515,7 +516,7 @@ func TestCrashGolden(t *testing.T) {
 			if err != nil {
 				t.Fatalf("re-run: %v", err)
 			}
-			if res.SnapshotDir != executors.GoldenRel(testKey, op) {
+			if res.SnapshotDir != layout.GoldenRel(testKey, op) {
 				t.Fatalf("golden dir %q", res.SnapshotDir)
 			}
 			if _, err := ReadMeta(final); err != nil {
@@ -526,7 +527,7 @@ func TestCrashGolden(t *testing.T) {
 				t.Fatalf("%d VMMs left after the build", n)
 			}
 			h.checkNoTemps()
-			if got := h.storeEntries(executors.GoldenStore); len(got) != 1 {
+			if got := h.storeEntries(layout.GoldenStore); len(got) != 1 {
 				t.Fatalf("store/golden holds %v", got)
 			}
 			// The golden works.
@@ -551,7 +552,7 @@ func TestHibernateVMMDiesMidSnapshot(t *testing.T) {
 		t.Fatalf("got %v, want a Lost error", err)
 	}
 	h.checkNoTemps()
-	h.checkGone(h.store(executors.HibernateRel(vm, op)))
+	h.checkGone(h.store(layout.HibernateRel(vm, op)))
 	if n := len(h.liveVMMs()); n != 0 {
 		t.Fatalf("%d VMMs alive", n)
 	}

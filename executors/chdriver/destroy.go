@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -11,18 +12,18 @@ import (
 // Destroy implements executors.Driver. Every step tolerates what is already
 // gone, so a re-run after a crash finishes the job.
 func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
-	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, "destroy")
+	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, string(in.Kind()))
 	if err != nil {
 		return executors.Result{}, err
 	}
 	var snap string
 	if in.SnapshotDir != "" {
-		if snap, err = d.roots.SnapshotIn(executors.HibernateStore, in.SnapshotDir); err != nil {
+		if snap, err = d.roots.SnapshotIn(layout.HibernateStore, in.SnapshotDir); err != nil {
 			return executors.Result{}, err
 		}
 	}
 	egress := in.Key.Net == NetEgress
-	r := d.begin(ctx, RecipeDestroy, in.OpID, runDir)
+	r := d.begin(ctx, string(fsm.KindDestroy), in.OpID, runDir)
 	var proc *vmm.Process
 	if err := r.step(StepAdopt, func() error {
 		var err error

@@ -3,7 +3,7 @@
 // the CH REST API, run against cloud-hypervisor or the chsim simulator (the
 // binary is injected; the recipes do not know which).
 //
-// Layout (see executors.Roots):
+// Layout (see layout.Roots):
 //
 //	<runs>/<instance>/<vm>/        one VM's run dir (intent RunDir)
 //	    api.sock vmm.pid vmm.log   the VMM (package vmm)

@@ -13,6 +13,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/tap"
 	"github.com/sbxlog/sbxlog/executors/templates"
 	"github.com/sbxlog/sbxlog/executors/vmm"
@@ -52,7 +53,7 @@ type Balloon struct {
 
 // Config configures a Driver. Zero values take the defaults named per field.
 type Config struct {
-	Roots executors.Roots
+	Roots layout.Roots
 	// Instance is this daemon's instance id: every run dir the driver acts
 	// on must start with it, and destroys of another instance's VMs are
 	// refused.
@@ -110,7 +111,7 @@ type Config struct {
 
 // Driver is the CH executors.Driver.
 type Driver struct {
-	roots    executors.Roots
+	roots    layout.Roots
 	instance string
 	vmmBin   string
 	hv       Hypervisor
@@ -147,7 +148,7 @@ func New(cfg Config) (*Driver, error) {
 	if err := cfg.Roots.Validate(); err != nil {
 		return nil, err
 	}
-	if err := executors.ValidInstance(cfg.Instance); err != nil {
+	if err := layout.ValidInstance(cfg.Instance); err != nil {
 		return nil, fmt.Errorf("chdriver: %w", err)
 	}
 	if cfg.VMM == "" || !filepath.IsAbs(cfg.VMM) {
@@ -234,7 +235,7 @@ type PrepareReport struct {
 // copy fallback is logged.
 func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	var rep PrepareReport
-	if err := d.roots.Make(d.instance, executors.GoldenStore, executors.HibernateStore); err != nil {
+	if err := d.roots.Make(d.instance, layout.GoldenStore, layout.HibernateStore); err != nil {
 		return rep, fmt.Errorf("chdriver: %w", err)
 	}
 	// vsock.sock is longer than vmm's api.sock.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -16,8 +17,8 @@ import (
 func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors.Result, error) {
 	runDir := d.roots.GoldenRunDir(d.instance, in.OpID)
 	id := filepath.Base(runDir)
-	r := d.begin(ctx, RecipeGolden, in.OpID, runDir)
-	rel := executors.GoldenRel(in.Key, in.OpID)
+	r := d.begin(ctx, string(fsm.KindGolden), in.OpID, runDir)
+	rel := layout.GoldenRel(in.Key, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
 	if res, done, err := d.finishStored(r, rel, id, runDir, false); done || err != nil {
 		return res, err
@@ -67,7 +68,7 @@ func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors
 		}
 		return fail(err)
 	}
-	mode, err := d.snapshotInto(r, api, proc, runDir, final, Meta{Kind: KindGolden, Op: in.OpID.String(), Key: in.Key})
+	mode, err := d.snapshotInto(r, api, proc, runDir, final, Meta{Kind: fsm.KindGolden, Op: in.OpID.String(), Key: in.Key})
 	if err != nil {
 		if executors.IsLost(err) {
 			// Lost means nothing for a golden: the build is simply redone.

@@ -23,6 +23,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/ch/chsimbin"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/templates"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -194,7 +195,7 @@ func newHarness(t *testing.T, dataDir string, opts ...func(*Config)) *harness {
 		h.tr.add("fs " + s.String() + mark)
 	}
 	h.cfg = Config{
-		Roots:        executors.RootsIn(dataDir),
+		Roots:        layout.RootsIn(dataDir),
 		Instance:     testInstance,
 		VMM:          chsimBin,
 		Hypervisor:   CHSim,

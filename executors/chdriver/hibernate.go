@@ -9,6 +9,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -24,8 +25,8 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	if err != nil {
 		return executors.Result{}, err
 	}
-	r := d.begin(ctx, RecipeHibernate, in.OpID, runDir)
-	rel := executors.HibernateRel(in.VM, in.OpID)
+	r := d.begin(ctx, string(fsm.KindHibernate), in.OpID, runDir)
+	rel := layout.HibernateRel(in.VM, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
 
 	if res, done, err := d.finishStored(r, rel, in.VM, runDir, egress); done || err != nil {
@@ -63,7 +64,7 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 		return executors.Result{}, d.resumeAfter(r, api, proc, "", gone(err))
 	}
 	k := in.Key
-	copyMode, err := d.snapshotInto(r, api, proc, runDir, final, Meta{Kind: KindHibernate, Op: in.OpID.String(), VM: in.VM, Key: k})
+	copyMode, err := d.snapshotInto(r, api, proc, runDir, final, Meta{Kind: fsm.KindHibernate, Op: in.OpID.String(), VM: in.VM, Key: k})
 	if err != nil {
 		return executors.Result{}, err
 	}
@@ -113,7 +114,7 @@ func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final 
 	}
 	if err := r.step(StepMkTemp, func() error {
 		var err error
-		tmp, err = d.fs.MkTempDir(d.roots.Store, m.Kind)
+		tmp, err = d.fs.MkTempDir(d.roots.Store, string(m.Kind))
 		return err
 	}); err != nil {
 		return fail(err)

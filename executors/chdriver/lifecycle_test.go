@@ -14,6 +14,7 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/probe"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -31,10 +32,10 @@ func TestLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Kind != KindGolden || m.Key != testKey {
+	if m.Kind != fsm.KindGolden || m.Key != testKey {
 		t.Fatalf("golden meta %+v", m)
 	}
-	if got := h.storeEntries(executors.GoldenStore); len(got) != 1 {
+	if got := h.storeEntries(layout.GoldenStore); len(got) != 1 {
 		t.Fatalf("store/golden: %v", got)
 	}
 	if _, err := os.Stat(h.d.roots.GoldenRunDir(h.d.instance, event0(m))); !os.IsNotExist(err) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
 )
 
 // Files of a snapshot dir (CH's three, the disk, and ours).
@@ -27,24 +28,20 @@ const (
 	SerialFile  = "serial.log"
 )
 
-// Snapshot kinds in Meta.Kind.
-const (
-	KindGolden    = "golden"
-	KindHibernate = "hibernate"
-)
-
 // Meta is a snapshot's meta.json. Its presence, naming the op, marks the
 // snapshot complete: it is written after every other file is fsynced and
 // before the directory is renamed into the store.
 type Meta struct {
-	Version    int           `json:"version"`
-	Kind       string        `json:"kind"`
-	Op         string        `json:"op"`
-	VM         string        `json:"vm,omitempty"`
-	Key        event.PoolKey `json:"key"`
-	CreatedNS  int64         `json:"created_ns"`
-	CopyMode   string        `json:"copy_mode"`
-	Hypervisor Hypervisor    `json:"hypervisor"`
+	Version int `json:"version"`
+	// Kind is the intent kind that made the snapshot: fsm.KindGolden or
+	// fsm.KindHibernate.
+	Kind       fsm.IntentKind `json:"kind"`
+	Op         string         `json:"op"`
+	VM         string         `json:"vm,omitempty"`
+	Key        event.PoolKey  `json:"key"`
+	CreatedNS  int64          `json:"created_ns"`
+	CopyMode   string         `json:"copy_mode"`
+	Hypervisor Hypervisor     `json:"hypervisor"`
 	// Files lists the snapshot's files and their sizes, checked on read so
 	// that a damaged snapshot is refused before a VMM is started on it.
 	Files []MetaFileInfo `json:"files"`

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/layout"
 )
 
 // A data dir too deep for a VM's sockets is refused at start-up, before any
@@ -14,7 +14,7 @@ import (
 func TestPrepareRefusesADataDirTooDeepForSockets(t *testing.T) {
 	h := newHarness(t, "")
 	cfg := h.cfg
-	cfg.Roots = executors.RootsIn(filepath.Join(t.TempDir(), strings.Repeat("d", executors.MaxSocketPath)))
+	cfg.Roots = layout.RootsIn(filepath.Join(t.TempDir(), strings.Repeat("d", layout.MaxSocketPath)))
 	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -13,9 +13,6 @@ import (
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
-// RecipeRestart is the cold restart of a claimed VM whose VMM died.
-const RecipeRestart = "restart"
-
 var _ executors.Restarter = (*Driver)(nil)
 
 // Restart implements executors.Restarter: the VM is booted again from the
@@ -28,7 +25,7 @@ var _ executors.Restarter = (*Driver)(nil)
 // (or Paused) it is adopted and finished (resume, probe); anything else is
 // stopped and the boot starts over.
 func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Result, error) {
-	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, "restart")
+	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, string(in.Kind()))
 	if err != nil {
 		return executors.Result{}, err
 	}
@@ -36,7 +33,7 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 	if err != nil {
 		return executors.Result{}, err
 	}
-	r := d.begin(ctx, RecipeRestart, in.OpID, runDir)
+	r := d.begin(ctx, string(fsm.KindRestart), in.OpID, runDir)
 	stop := func() {
 		r.undo("undo_"+StepTerminate, func(ctx context.Context) error {
 			p, err := d.attach(ctx, runDir, in.VM)

@@ -94,7 +94,7 @@ func TestRestart(t *testing.T) {
 
 	// A failing boot leaves no VMM and keeps the disk; the retry works.
 	killVMM(t, rd)
-	h.inject(RecipeRestart, StepBoot, modeAbort)
+	h.inject(fsm.KindRestart, StepBoot, modeAbort)
 	in2 := restartIntent(vm)
 	if _, err := h.d.Restart(ctx, in2); !errors.Is(err, errAbort) {
 		t.Fatalf("restart with a failing boot: %v", err)

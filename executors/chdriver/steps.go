@@ -13,15 +13,13 @@ import (
 	"github.com/sbxlog/sbxlog/executors/fsx"
 )
 
-// Recipe names.
-const (
-	RecipeGolden    = "golden"
-	RecipeClone     = "clone"
-	RecipeCold      = "cold"
-	RecipeHibernate = "hibernate"
-	RecipeWake      = "wake"
-	RecipeDestroy   = "destroy"
-)
+// A recipe is named by the intent kind it performs (string(fsm.KindClone)
+// and so on), in logs, error texts and StepCall.Recipe, except RecipeCold.
+//
+// RecipeCold is the cold boot of a clone (fsm.CloneVM with Cold set): the
+// same intent kind as a clone from the golden, but a different recipe with
+// other steps, so it has a name of its own that is not an intent kind.
+const RecipeCold = "cold"
 
 // Step names, as they appear in ExecReport.Steps and StepCall.Step.
 const (
@@ -91,6 +89,7 @@ func StepCategory(step string) Category {
 
 // StepCall describes a step about to run, for Config.StepHook.
 type StepCall struct {
+	// Recipe is the recipe's name: its intent kind, or RecipeCold.
 	Recipe string
 	Step   string
 	Op     event.OpID

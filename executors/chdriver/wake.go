@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -17,11 +18,11 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 	if err != nil {
 		return executors.Result{}, err
 	}
-	src, err := d.roots.SnapshotIn(executors.HibernateStore, in.SnapshotDir)
+	src, err := d.roots.SnapshotIn(layout.HibernateStore, in.SnapshotDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
-	r := d.begin(ctx, RecipeWake, in.OpID, runDir)
+	r := d.begin(ctx, string(fsm.KindWake), in.OpID, runDir)
 	if err := d.restoreInto(r, in.VM, in.Key, runDir, src, false); err != nil {
 		if errors.Is(err, ErrNoSnapshot) {
 			err = &executors.Unrecoverable{Err: err, Lost: true}

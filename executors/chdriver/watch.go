@@ -1,10 +1,10 @@
 package chdriver
 
 import (
-	"github.com/sbxlog/sbxlog/executors"
 	"path/filepath"
 	"strings"
 
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 )
 
@@ -94,5 +94,5 @@ func (d *Driver) expectExit(p *vmm.Process) {
 // isVMRunDir reports whether runDir is a VM's run dir of this instance (not
 // a golden build's).
 func (d *Driver) isVMRunDir(runDir string) bool {
-	return filepath.Dir(runDir) == filepath.Join(d.roots.Runs, d.instance) && !strings.HasPrefix(filepath.Base(runDir), executors.GoldenRunPrefix)
+	return filepath.Dir(runDir) == filepath.Join(d.roots.Runs, d.instance) && !strings.HasPrefix(filepath.Base(runDir), layout.GoldenRunPrefix)
 }

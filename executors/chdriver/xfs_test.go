@@ -48,7 +48,7 @@ func TestXFSReflink(t *testing.T) {
 	var checkErr error
 	h.tr.reset()
 	h.setHook(func(_ context.Context, s StepCall) error {
-		if s.Recipe == RecipeHibernate && s.Step == StepSyncFiles && !s.Undo {
+		if s.Recipe == string(fsm.KindHibernate) && s.Step == StepSyncFiles && !s.Undo {
 			tmp := tempOf(t, effects(h.tr.snapshot()))
 			shared, total, checkErr = fsx.SharedBytes(filepath.Join(tmp, DiskFile), disk)
 		}
@@ -131,8 +131,8 @@ func assertSparseCopy(t *testing.T, copyPath, src string) {
 }
 
 // TestCapacityENOSPC: a full store filesystem fails a clone with an error
-// the pool classifies as capacity (it parks refills), and the failed clone
-// leaves nothing behind.
+// the scheduler classifies as capacity (it parks refills), and the failed
+// clone leaves nothing behind.
 func TestCapacityENOSPC(t *testing.T) {
 	mnt := xfstest.MountNoReflink(t, 8<<20, xfstest.Tmpfs)
 	h := newHarness(t, filepath.Join(mnt, "d"))

@@ -229,8 +229,8 @@ func TestCloneDestinationRules(t *testing.T) {
 	}
 }
 
-// A copy that runs out of space fails with ENOSPC (which the worker pool parks on)
-// and leaves no partial file.
+// A copy that runs out of space fails with ENOSPC (which the scheduler parks
+// refills on) and leaves no partial file.
 func TestCloneCopyFailureLeavesNothing(t *testing.T) {
 	srcDir := tmpfs(t)
 	small := xfstest.MountNoReflink(t, 1*MiB, xfstest.Tmpfs)

@@ -109,7 +109,7 @@ var _ executors.Restarter = (*Driver)(nil)
 // attempt booted and keeps it once its agent answers. On error no QEMU of the
 // VM runs and the run dir (with its logs) is kept.
 func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Result, error) {
-	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, "restart")
+	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, string(in.Kind()))
 	if err != nil {
 		return executors.Result{}, err
 	}

@@ -52,7 +52,7 @@
 // Already; Destroy of nothing succeeds. Temp dirs left in the store by a crash
 // are removed by fsx.SweepTemp (Driver.Prepare, at start-up).
 //
-// Driver layout (see executors.Roots):
+// Driver layout (see layout.Roots):
 //
 //	<runs>/<instance>/<vm>/           one VM's run dir (intent RunDir): ram,
 //	                                  qmp.sock, agent.sock, console.log,

@@ -16,6 +16,7 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -78,7 +79,7 @@ const NetEgress = "egress"
 
 // Config configures a Driver. Zero values take the defaults named per field.
 type Config struct {
-	Roots executors.Roots
+	Roots layout.Roots
 	// Instance is this daemon's instance id: every run dir the driver acts on
 	// must start with it.
 	Instance string
@@ -116,7 +117,7 @@ type Config struct {
 
 // Driver is the QEMU executors.Driver.
 type Driver struct {
-	roots          executors.Roots
+	roots          layout.Roots
 	instance       string
 	kernel, initrd string
 	sizes          Sizes
@@ -144,7 +145,7 @@ func New(cfg Config) (*Driver, error) {
 	if err := cfg.Roots.Validate(); err != nil {
 		return nil, err
 	}
-	if err := executors.ValidInstance(cfg.Instance); err != nil {
+	if err := layout.ValidInstance(cfg.Instance); err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
 	for what, p := range map[string]string{"kernel": cfg.Kernel, "initrd": cfg.Initrd} {
@@ -208,8 +209,8 @@ type PrepareReport struct {
 // detects whether the store can reflink. A missing guest is only logged: BuildGolden reports it.
 func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	var rep PrepareReport
-	stores := []string{d.roots.Store, filepath.Join(d.roots.Store, executors.GoldenStore), filepath.Join(d.roots.Store, executors.HibernateStore)}
-	if err := d.roots.Make(d.instance, executors.GoldenStore, executors.HibernateStore); err != nil {
+	stores := []string{d.roots.Store, filepath.Join(d.roots.Store, layout.GoldenStore), filepath.Join(d.roots.Store, layout.HibernateStore)}
+	if err := d.roots.Make(d.instance, layout.GoldenStore, layout.HibernateStore); err != nil {
 		return rep, fmt.Errorf("qemu: %w", err)
 	}
 	// agent.sock is the longest socket name.
@@ -217,7 +218,7 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 		return rep, fmt.Errorf("qemu: %w", err)
 	}
 	// Recipes assemble snapshots next to their final place (golden/,
-	// hibernate/); the top level is swept as well, where executors.Roots
+	// hibernate/); the top level is swept as well, where layout.Roots
 	// documents temp dirs.
 	for _, dir := range stores {
 		swept, err := fsx.SweepTemp(dir)

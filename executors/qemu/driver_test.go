@@ -20,6 +20,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -50,7 +51,7 @@ func fakeGuest(t *testing.T) (kernel, initrd string) {
 
 func newDriver(t *testing.T, root string, mutate func(*Config)) *Driver {
 	t.Helper()
-	cfg := Config{Roots: executors.RootsIn(root), Instance: testInstance, Accel: AccelTCG, Log: zerolog.Nop()}
+	cfg := Config{Roots: layout.RootsIn(root), Instance: testInstance, Accel: AccelTCG, Log: zerolog.Nop()}
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -63,7 +64,7 @@ func newDriver(t *testing.T, root string, mutate func(*Config)) *Driver {
 
 func TestNewRejectsBadConfig(t *testing.T) {
 	root := t.TempDir()
-	good := Config{Roots: executors.RootsIn(root), Instance: testInstance}
+	good := Config{Roots: layout.RootsIn(root), Instance: testInstance}
 	tests := []struct {
 		name   string
 		mutate func(*Config)
@@ -461,7 +462,7 @@ func TestPrepare(t *testing.T) {
 	})
 	t.Run("runs and store on different filesystems", func(t *testing.T) {
 		store := xfstest.MountNoReflink(t, 64<<20, xfstest.Tmpfs)
-		roots := executors.RootsIn(t.TempDir())
+		roots := layout.RootsIn(t.TempDir())
 		roots.Store = store
 		d, err := New(Config{Roots: roots, Instance: testInstance, Log: zerolog.Nop()})
 		if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
 	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -58,7 +59,7 @@ func TestIntentsWithQEMU(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("golden: %+v", gres.Report)
-	if gres.SnapshotDir != executors.GoldenRel(testKey, gop) || gres.Report.CopyMode != "reflink" || !slices.Contains(stepNames(gres), StepMigrate) {
+	if gres.SnapshotDir != layout.GoldenRel(testKey, gop) || gres.Report.CopyMode != "reflink" || !slices.Contains(stepNames(gres), StepMigrate) {
 		t.Fatalf("golden result %+v", gres)
 	}
 	if m, err := checkSnapshot(filepath.Join(store, gres.SnapshotDir)); err != nil || m.MemoryMiB != 256 || m.Accel != AccelTCG {
@@ -119,7 +120,7 @@ func TestIntentsWithQEMU(t *testing.T) {
 	if st, err := d.Recipes().Status(ctx, spec); err != nil || st != "running" {
 		t.Fatalf("after the failed hibernate: %q, %v; want running", st, err)
 	}
-	noEntry(t, filepath.Join(store, executors.HibernateRel(vm, hin.OpID)))
+	noEntry(t, filepath.Join(store, layout.HibernateRel(vm, hin.OpID)))
 	if tmp := tempDirs(t, hibStore); len(tmp) != 0 {
 		t.Fatalf("temp dirs left: %v", tmp)
 	}
@@ -139,7 +140,7 @@ func TestIntentsWithQEMU(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("hibernate after a crash: %+v", hres.Report)
-	if hres.SnapshotDir != executors.HibernateRel(vm, hin.OpID) || hres.Report.CopyMode != "reflink" {
+	if hres.SnapshotDir != layout.HibernateRel(vm, hin.OpID) || hres.Report.CopyMode != "reflink" {
 		t.Fatalf("hibernate result %+v", hres)
 	}
 	if _, err := checkSnapshot(filepath.Join(store, hres.SnapshotDir)); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -18,7 +19,7 @@ const StepRemoveSnapshot = "remove_snap"
 // BuildGolden implements executors.Driver: Recipes.Golden of the configured guest
 // at the pool size's memory into golden/<key>-<op>.
 func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors.Result, error) {
-	rel := executors.GoldenRel(in.Key, in.OpID)
+	rel := layout.GoldenRel(in.Key, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
 	runDir := d.roots.GoldenRunDir(d.instance, in.OpID)
 	if _, err := checkSnapshot(final); err == nil {
@@ -78,7 +79,7 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 		if in.GoldenDir == "" {
 			return executors.Result{}, executors.Unrecoverablef("clone %s: no golden to clone from", in.VM)
 		}
-		golden, gerr := d.roots.SnapshotIn(executors.GoldenStore, in.GoldenDir)
+		golden, gerr := d.roots.SnapshotIn(layout.GoldenStore, in.GoldenDir)
 		if gerr != nil {
 			return executors.Result{}, gerr
 		}
@@ -105,7 +106,7 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	if err != nil {
 		return executors.Result{}, err
 	}
-	rel := executors.HibernateRel(in.VM, in.OpID)
+	rel := layout.HibernateRel(in.VM, in.OpID)
 	final := filepath.Join(d.roots.Store, rel)
 	spec := Spec{RunDir: runDir, StoreDir: filepath.Dir(final)}
 	// The hibernate stops QEMU itself; a failure hands it back (hibernateFailed).
@@ -150,7 +151,7 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 	if err != nil {
 		return executors.Result{}, err
 	}
-	src, err := d.roots.SnapshotIn(executors.HibernateStore, in.SnapshotDir)
+	src, err := d.roots.SnapshotIn(layout.HibernateStore, in.SnapshotDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
@@ -183,13 +184,13 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 // snapshot when in.SnapshotDir is set. Everything tolerates what is already
 // gone, so a re-run finishes the job.
 func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
-	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, "destroy")
+	runDir, err := d.roots.OwnedRunDir(d.instance, in.Instance, in.VM, in.RunDir, string(in.Kind()))
 	if err != nil {
 		return executors.Result{}, err
 	}
 	var snap string
 	if in.SnapshotDir != "" {
-		if snap, err = d.roots.SnapshotIn(executors.HibernateStore, in.SnapshotDir); err != nil {
+		if snap, err = d.roots.SnapshotIn(layout.HibernateStore, in.SnapshotDir); err != nil {
 			return executors.Result{}, err
 		}
 	}

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
 )
 
 // Accel selects QEMU's accelerator.
@@ -112,9 +112,9 @@ func (s Spec) validateDirs() error {
 		return fmt.Errorf("%w: store dir %q must be an absolute path", ErrInvalidSpec, s.StoreDir)
 	}
 	for _, sock := range []string{QMPSocket(s.RunDir), AgentSocket(s.RunDir)} {
-		if len(sock) > executors.MaxSocketPath {
+		if len(sock) > layout.MaxSocketPath {
 			return fmt.Errorf("%w: socket path %s is %d bytes, over the %d a unix socket allows",
-				ErrInvalidSpec, sock, len(sock), executors.MaxSocketPath)
+				ErrInvalidSpec, sock, len(sock), layout.MaxSocketPath)
 		}
 	}
 	return nil

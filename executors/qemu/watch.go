@@ -2,12 +2,13 @@ package qemu
 
 import (
 	"errors"
-	"github.com/sbxlog/sbxlog/executors"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxlog/sbxlog/executors/layout"
 )
 
 // Exit reports a VM's QEMU that exited without this driver stopping it: the
@@ -43,7 +44,7 @@ func (d *Driver) OnExit(fn func(Exit)) {
 func (d *Driver) isVMRunDir(runDir string) bool {
 	name := filepath.Base(runDir)
 	return filepath.Dir(runDir) == filepath.Join(d.roots.Runs, d.instance) &&
-		!strings.HasPrefix(name, executors.GoldenRunPrefix) && !strings.HasPrefix(name, ".")
+		!strings.HasPrefix(name, layout.GoldenRunPrefix) && !strings.HasPrefix(name, ".")
 }
 
 // watch starts watching pid, the QEMU now serving runDir, through a pidfd

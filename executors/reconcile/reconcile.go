@@ -12,7 +12,7 @@
 // dir.
 //
 // Run, once, after the log is replayed and the executors' Prepare swept the
-// store's temp dirs, and before the executor pool starts:
+// store's temp dirs, and before the scheduler starts:
 //
 //  1. Every live Cloud Hypervisor process of this instance (its command line
 //     names the VMM binary and an API socket under <runs>/<instance>/) that

@@ -18,9 +18,8 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
-	"github.com/sbxlog/sbxlog/executors"
-
 	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/layout"
 )
 
 // File names inside a run dir.
@@ -80,7 +79,7 @@ func (c *Config) validate() error {
 	if c.RunDir == "" || !filepath.IsAbs(c.RunDir) {
 		return fmt.Errorf("vmm: run dir %q is not an absolute path", c.RunDir)
 	}
-	if len(c.SocketPath()) > executors.MaxSocketPath {
+	if len(c.SocketPath()) > layout.MaxSocketPath {
 		return fmt.Errorf("vmm: socket path %q is too long for a unix socket", c.SocketPath())
 	}
 	if c.CgroupSlice != "" && (c.ID == "" || strings.ContainsAny(c.ID, "/\x00") || c.ID == "." || c.ID == "..") {

@@ -2,9 +2,9 @@ package api_test
 
 // The tests in this package drive a real api.Server over a real engine and a
 // real Pebble op log in t.TempDir(), through a real loopback HTTP server, with
-// an IN-PROCESS HYPERVISOR FAKE behind a real executors.Pool (apitest): every
-// intent is answered at once, so pools fill and claims are served without
-// chsim.
+// an IN-PROCESS HYPERVISOR FAKE behind a real scheduler.Scheduler (apitest):
+// every intent is answered at once, so pools fill and claims are served
+// without chsim.
 
 import (
 	"bufio"

@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/scheduler"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
@@ -27,7 +27,7 @@ type Metrics struct {
 	replicated prometheus.Gauge
 }
 
-var _ executors.Observer = (*Metrics)(nil)
+var _ scheduler.Observer = (*Metrics)(nil)
 
 // latencyBuckets span 50 µs (a warm claim) to 60 s (a cold boot).
 var latencyBuckets = prometheus.ExponentialBucketsRange(50e-6, 60, 24)
@@ -98,28 +98,28 @@ func (m *Metrics) SetReplicated(seq uint64) {
 	}
 }
 
-// OpDone implements executors.Observer.
-func (m *Metrics) OpDone(kind executors.Kind, outcome executors.Outcome, d time.Duration) {
+// OpDone implements scheduler.Observer.
+func (m *Metrics) OpDone(kind fsm.IntentKind, outcome scheduler.Outcome, d time.Duration) {
 	if m != nil {
 		m.opDur.WithLabelValues(string(kind), string(outcome)).Observe(d.Seconds())
 	}
 }
 
-// Retry implements executors.Observer.
-func (m *Metrics) Retry(kind executors.Kind, _ error) {
+// Retry implements scheduler.Observer.
+func (m *Metrics) Retry(kind fsm.IntentKind, _ error) {
 	if m != nil {
 		m.retries.WithLabelValues(string(kind)).Inc()
 	}
 }
 
-// Step implements executors.Observer.
-func (m *Metrics) Step(kind executors.Kind, step string, d time.Duration) {
+// Step implements scheduler.Observer.
+func (m *Metrics) Step(kind fsm.IntentKind, step string, d time.Duration) {
 	if m != nil {
 		m.stepDur.WithLabelValues(string(kind), step).Observe(d.Seconds())
 	}
 }
 
-// Queue implements executors.Observer.
+// Queue implements scheduler.Observer.
 func (m *Metrics) Queue(waiting, running int) {
 	if m != nil {
 		m.queue.WithLabelValues("waiting").Set(float64(waiting))

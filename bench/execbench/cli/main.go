@@ -20,8 +20,8 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/rs/zerolog"
 
-	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/chdriver"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -45,7 +45,7 @@ func run(data, instance, vmmBin, vm, golden string, k fsm.PoolKey) error {
 		return fmt.Errorf("-data, -instance, -vmm, -vm and -golden are required")
 	}
 	d, err := chdriver.New(chdriver.Config{
-		Roots: executors.RootsIn(data), Instance: instance, VMM: vmmBin,
+		Roots: layout.RootsIn(data), Instance: instance, VMM: vmmBin,
 		Log: zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
 	})
 	if err != nil {

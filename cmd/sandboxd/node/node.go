@@ -56,7 +56,9 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
+	"github.com/sbxlog/sbxlog/executors/scheduler"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
@@ -112,7 +114,7 @@ type Hypervisor interface {
 	Name() string
 	// Open returns the driver owning instance's run dirs under roots (the
 	// node's data dir layout).
-	Open(roots executors.Roots, instance string) (Driver, error)
+	Open(roots layout.Roots, instance string) (Driver, error)
 }
 
 // Config configures a node. DataDir, NodeID and Hypervisor are required.
@@ -144,7 +146,7 @@ type Config struct {
 	// RestartPolicy is stamped into VMExited commands (the zero policy
 	// never restarts; sandboxd passes its configured or default policy).
 	RestartPolicy fsm.RestartPolicy
-	// Concurrency bounds executor operations (executors.DefaultConcurrency).
+	// Concurrency bounds executor operations (scheduler.DefaultConcurrency).
 	Concurrency int
 	// ReconcileConcurrency bounds the reconcile's adoptions (its default).
 	ReconcileConcurrency int
@@ -216,7 +218,7 @@ type Node struct {
 	// Engine is the single writer; Server the API; Executors run intents.
 	Engine    *engine.Engine
 	Server    *api.Server
-	Executors *executors.Pool
+	Executors *scheduler.Scheduler
 	Driver    Driver
 	Auth      *auth.Authenticator
 	Metrics   *api.Metrics
@@ -362,7 +364,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	// 6. The driver.
 	t0 = time.Now()
 	zl.Info().Str("hypervisor", hv.Name()).Msg("hypervisor selected")
-	if n.Driver, err = hv.Open(executors.RootsIn(dataDir), n.Instance); err != nil {
+	if n.Driver, err = hv.Open(layout.RootsIn(dataDir), n.Instance); err != nil {
 		return nil, err
 	}
 	// VMMs that die on their own from now on (adopted by the reconcile
@@ -413,7 +415,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		}
 	}
 	n.Server = api.New(apiCfg, apiEng, n.Log, n.Auth, apiOpts)
-	n.Executors = executors.NewPool(n.Driver, proposer{n.Engine}, executors.PoolOptions{Concurrency: cfg.Concurrency, Log: zl, Observer: metrics})
+	n.Executors = scheduler.New(n.Driver, proposer{n.Engine}, scheduler.Options{Concurrency: cfg.Concurrency, Log: zl, Observer: metrics})
 	n.Engine.SetOnCommit(func(c engine.Commit) {
 		n.Server.OnCommit(c.Events)
 		if len(c.Intents) > 0 {

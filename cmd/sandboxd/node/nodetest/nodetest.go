@@ -30,6 +30,7 @@ import (
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
@@ -62,7 +63,7 @@ var (
 func (f *FakeDriver) Name() string { return FakeHypervisor }
 
 // Open implements node.Hypervisor: the fake is its own driver.
-func (f *FakeDriver) Open(_ executors.Roots, instance string) (node.Driver, error) {
+func (f *FakeDriver) Open(_ layout.Roots, instance string) (node.Driver, error) {
 	f.instance = instance
 	return f, nil
 }
@@ -147,11 +148,11 @@ func (f *FakeDriver) Destroy(ctx context.Context, _ fsm.DestroyVM) (executors.Re
 }
 
 // Calls returns how many calls of each kind the fake answered.
-func (f *FakeDriver) Calls() map[executors.Kind]int64 {
-	return map[executors.Kind]int64{
-		executors.KindGolden: f.goldens.Load(), executors.KindClone: f.clones.Load(),
-		executors.KindHibernate: f.hibernates.Load(), executors.KindWake: f.wakes.Load(),
-		executors.KindDestroy: f.destroys.Load(),
+func (f *FakeDriver) Calls() map[fsm.IntentKind]int64 {
+	return map[fsm.IntentKind]int64{
+		fsm.KindGolden: f.goldens.Load(), fsm.KindClone: f.clones.Load(),
+		fsm.KindHibernate: f.hibernates.Load(), fsm.KindWake: f.wakes.Load(),
+		fsm.KindDestroy: f.destroys.Load(),
 	}
 }
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
-	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/scheduler"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -31,16 +31,16 @@ func (c chanProposer) next(t *testing.T) fsm.Command {
 	}
 }
 
-// TestPoolWithCHDriver drives the real recipes through the worker pool:
+// TestSchedulerWithCHDriver drives the real recipes through the scheduler:
 // refill clones, hibernate, wake (whose snapshot is dropped only after the
 // result was proposed) and destroys.
-func TestPoolWithCHDriver(t *testing.T) {
+func TestSchedulerWithCHDriver(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
 	golden := h.seed(sharedGolden(t))
 	props := make(chanProposer, 16)
-	pool := executors.NewPool(h.d, props, executors.PoolOptions{Concurrency: 4})
-	t.Cleanup(func() { _ = pool.Shutdown(context.Background()) })
+	sc := scheduler.New(h.d, props, scheduler.Options{Concurrency: 4})
+	t.Cleanup(func() { _ = sc.Shutdown(context.Background()) })
 
 	var vms []string
 	var ins []fsm.Intent
@@ -51,7 +51,7 @@ func TestPoolWithCHDriver(t *testing.T) {
 		in.ReqSeq = uint64(i)
 		ins = append(ins, in)
 	}
-	pool.Offer(ins)
+	sc.Offer(ins)
 	for range vms {
 		c, ok := props.next(t).(fsm.VMCloned)
 		if !ok || c.Report == nil || len(c.Report.Steps) == 0 {
@@ -64,13 +64,13 @@ func TestPoolWithCHDriver(t *testing.T) {
 
 	vm := vms[0]
 	hib := fsm.HibernateVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: testInstance + "/" + vm}
-	pool.Offer([]fsm.Intent{hib})
+	sc.Offer([]fsm.Intent{hib})
 	hd, ok := props.next(t).(fsm.HibernateDone)
 	if !ok || hd.Cause != hib.OpID || hd.Op != event.DeriveOpID(hib.OpID, "result") {
 		t.Fatalf("want HibernateDone for the intent, got %#v", hd)
 	}
 	snap := h.store(hd.SnapshotDir)
-	pool.Offer([]fsm.Intent{fsm.WakeVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: hib.RunDir, SnapshotDir: hd.SnapshotDir}})
+	sc.Offer([]fsm.Intent{fsm.WakeVM{OpID: newOp(), VM: vm, Key: testKey, RunDir: hib.RunDir, SnapshotDir: hd.SnapshotDir}})
 	if _, ok := props.next(t).(fsm.WakeDone); !ok {
 		t.Fatal("want WakeDone")
 	}
@@ -83,7 +83,7 @@ func TestPoolWithCHDriver(t *testing.T) {
 	for _, vm := range vms {
 		ds = append(ds, fsm.DestroyVM{OpID: newOp(), VM: vm, Key: testKey, Instance: testInstance, RunDir: testInstance + "/" + vm})
 	}
-	pool.Offer(ds)
+	sc.Offer(ds)
 	for range vms {
 		if _, ok := props.next(t).(fsm.VMDestroyed); !ok {
 			t.Fatal("want VMDestroyed")

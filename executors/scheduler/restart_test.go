@@ -1,51 +1,52 @@
-package executors
+package scheduler
 
 import (
 	"context"
 	"strings"
 	"testing"
 
+	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
 // restartingDriver is a fakeDriver that can also restart VMs.
 type restartingDriver struct{ fakeDriver }
 
-var _ Restarter = (*restartingDriver)(nil)
+var _ executors.Restarter = (*restartingDriver)(nil)
 
-func (f *restartingDriver) Restart(ctx context.Context, in fsm.RestartVM) (Result, error) {
+func (f *restartingDriver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Result, error) {
 	return f.do(ctx, in)
 }
 
-// TestPoolRestart: a RestartVM intent runs the driver's Restart and answers
-// VMRestarted or VMRestartFailed; a driver that cannot restart fails it at
-// once (the claim then fails rather than waiting for ever).
-func TestPoolRestart(t *testing.T) {
+// TestSchedulerRestart: a RestartVM intent runs the driver's Restart and
+// answers VMRestarted or VMRestartFailed; a driver that cannot restart fails
+// it at once (the claim then fails rather than waiting for ever).
+func TestSchedulerRestart(t *testing.T) {
 	restart := func() fsm.RestartVM {
 		return fsm.RestartVM{OpID: nextOp(), Claim: "sb_0000000000000001", VM: "vm-r", Key: key, Instance: "i", RunDir: "i/vm-r"}
 	}
 	cases := []struct {
 		name    string
-		d       Driver
+		d       executors.Driver
 		want    string
 		wantErr string
 		calls   int
 	}{
 		{"restarted", &restartingDriver{}, "fsm.VMRestarted", "", 1},
-		{"restart fails", &restartingDriver{fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
-			return Result{}, Unrecoverablef("no disk")
+		{"restart fails", &restartingDriver{fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
+			return executors.Result{}, executors.Unrecoverablef("no disk")
 		}}}, "fsm.VMRestartFailed", "no disk", 1},
 		{"driver cannot restart", &fakeDriver{}, "fsm.VMRestartFailed", "cannot restart", 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := newProposer()
-			pl := newTestPool(t, c.d, p, PoolOptions{})
+			sc := newTestScheduler(t, c.d, p, Options{})
 			in := restart()
-			if KindOf(in) != KindRestart {
-				t.Fatalf("kind %q", KindOf(in))
+			if in.Kind() != fsm.KindRestart {
+				t.Fatalf("kind %q", in.Kind())
 			}
-			pl.Offer([]fsm.Intent{in})
+			sc.Offer([]fsm.Intent{in})
 			cmd := p.next(t)
 			var got, msg string
 			switch x := cmd.(type) {

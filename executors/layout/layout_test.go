@@ -1,4 +1,4 @@
-package executors
+package layout
 
 import (
 	"path/filepath"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -36,7 +37,7 @@ func TestLayout(t *testing.T) {
 		if (err == nil) != (c.want != "") || got != c.want {
 			t.Errorf("InstanceRunDir(i1, %q) = %q, %v; want %q", c.rel, got, err, c.want)
 		}
-		if err != nil && !IsUnrecoverable(err) {
+		if err != nil && !executors.IsUnrecoverable(err) {
 			t.Errorf("InstanceRunDir(i1, %q): %v is not unrecoverable", c.rel, err)
 		}
 	}
@@ -59,7 +60,7 @@ func TestLayout(t *testing.T) {
 			t.Errorf("ValidInstance(%q) = %v", id, err)
 		}
 	}
-	if _, err := r.OwnedRunDir("i1", "i2", "vm-1", "i1/vm-1", "destroy"); err == nil || !IsUnrecoverable(err) || !strings.Contains(err.Error(), "destroy vm-1: VM belongs to instance \"i2\"") {
+	if _, err := r.OwnedRunDir("i1", "i2", "vm-1", "i1/vm-1", "destroy"); err == nil || !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), "destroy vm-1: VM belongs to instance \"i2\"") {
 		t.Errorf("OwnedRunDir of another instance's VM: %v", err)
 	}
 	for _, owner := range []string{"", "i1"} {
@@ -100,5 +101,23 @@ func TestCheckSocketPath(t *testing.T) {
 	}
 	if n := len(fsm.VMID(event.OpIDFromUint(1, 1), 3)); n != runDirNameLen {
 		t.Fatalf("VM ids are %d bytes, runDirNameLen is %d", n, runDirNameLen)
+	}
+}
+
+func TestRootsWithin(t *testing.T) {
+	r := RootsIn("/data")
+	good := map[string]string{"i1/vm-1": "/data/run/i1/vm-1"}
+	for rel, want := range good {
+		if got, err := r.RunDir(rel); err != nil || got != want {
+			t.Errorf("RunDir(%q) = %q, %v", rel, got, err)
+		}
+	}
+	for _, bad := range []string{"", "/abs", "..", "../x", "i1/../../x", "i1//vm", "i1/./vm", ".sbx-tmp-x", "i1/vm/"} {
+		if _, err := r.RunDir(bad); !executors.IsUnrecoverable(err) {
+			t.Errorf("RunDir(%q): %v, want unrecoverable", bad, err)
+		}
+	}
+	if err := (Roots{Runs: "rel", Store: "/s", Templates: "/t"}).Validate(); err == nil {
+		t.Error("relative root accepted")
 	}
 }

@@ -1,4 +1,4 @@
-package executors
+package scheduler
 
 import (
 	"context"
@@ -12,12 +12,13 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
 // fakeDriver runs fn for every call and records the order of calls.
 type fakeDriver struct {
-	fn func(ctx context.Context, in fsm.Intent) (Result, error)
+	fn func(ctx context.Context, in fsm.Intent) (executors.Result, error)
 
 	mu      sync.Mutex
 	calls   []fsm.Intent
@@ -25,9 +26,9 @@ type fakeDriver struct {
 	maxRun  int
 }
 
-var _ Driver = (*fakeDriver)(nil)
+var _ executors.Driver = (*fakeDriver)(nil)
 
-func (f *fakeDriver) do(ctx context.Context, in fsm.Intent) (Result, error) {
+func (f *fakeDriver) do(ctx context.Context, in fsm.Intent) (executors.Result, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, in)
 	f.running++
@@ -39,20 +40,24 @@ func (f *fakeDriver) do(ctx context.Context, in fsm.Intent) (Result, error) {
 		f.mu.Unlock()
 	}()
 	if f.fn == nil {
-		return Result{}, nil
+		return executors.Result{}, nil
 	}
 	return f.fn(ctx, in)
 }
 
-func (f *fakeDriver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (Result, error) {
+func (f *fakeDriver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors.Result, error) {
 	return f.do(ctx, in)
 }
-func (f *fakeDriver) Clone(ctx context.Context, in fsm.CloneVM) (Result, error) { return f.do(ctx, in) }
-func (f *fakeDriver) Hibernate(ctx context.Context, in fsm.HibernateVM) (Result, error) {
+func (f *fakeDriver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, error) {
 	return f.do(ctx, in)
 }
-func (f *fakeDriver) Wake(ctx context.Context, in fsm.WakeVM) (Result, error) { return f.do(ctx, in) }
-func (f *fakeDriver) Destroy(ctx context.Context, in fsm.DestroyVM) (Result, error) {
+func (f *fakeDriver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
 	return f.do(ctx, in)
 }
 
@@ -67,7 +72,7 @@ func (f *fakeDriver) callOrder() []string {
 	defer f.mu.Unlock()
 	var out []string
 	for _, c := range f.calls {
-		out = append(out, intentID(c))
+		out = append(out, c.Subject())
 	}
 	return out
 }
@@ -118,7 +123,7 @@ func (p *fakeProposer) none(t *testing.T, d time.Duration) {
 	}
 }
 
-// countObserver counts what the pool reports.
+// countObserver counts what the scheduler reports.
 type countObserver struct {
 	mu       sync.Mutex
 	outcomes map[Outcome]int
@@ -129,7 +134,7 @@ type countObserver struct {
 
 var _ Observer = (*countObserver)(nil)
 
-func (c *countObserver) OpDone(_ Kind, o Outcome, _ time.Duration) {
+func (c *countObserver) OpDone(_ fsm.IntentKind, o Outcome, _ time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.outcomes == nil {
@@ -137,8 +142,8 @@ func (c *countObserver) OpDone(_ Kind, o Outcome, _ time.Duration) {
 	}
 	c.outcomes[o]++
 }
-func (c *countObserver) Retry(Kind, error) { c.mu.Lock(); c.retries++; c.mu.Unlock() }
-func (c *countObserver) Step(Kind, string, time.Duration) {
+func (c *countObserver) Retry(fsm.IntentKind, error) { c.mu.Lock(); c.retries++; c.mu.Unlock() }
+func (c *countObserver) Step(fsm.IntentKind, string, time.Duration) {
 	c.mu.Lock()
 	c.steps++
 	c.mu.Unlock()
@@ -162,7 +167,7 @@ func refill(vm string, seq uint64) fsm.CloneVM {
 
 var fixedNow = time.Unix(1_800_000_000, 0)
 
-func newTestPool(t *testing.T, d Driver, p Proposer, opt PoolOptions) *Pool {
+func newTestScheduler(t *testing.T, d executors.Driver, p Proposer, opt Options) *Scheduler {
 	t.Helper()
 	if opt.Now == nil {
 		opt.Now = func() time.Time { return fixedNow }
@@ -170,26 +175,33 @@ func newTestPool(t *testing.T, d Driver, p Proposer, opt PoolOptions) *Pool {
 	if opt.Retry.Initial == 0 {
 		opt.Retry.Initial = time.Millisecond
 	}
-	pl := NewPool(d, p, opt)
+	return startScheduler(t, d, p, opt)
+}
+
+// startScheduler starts a scheduler with opt as given, shut down when the
+// test ends.
+func startScheduler(t *testing.T, d executors.Driver, p Proposer, opt Options) *Scheduler {
+	t.Helper()
+	sc := New(d, p, opt)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := pl.Shutdown(ctx); err != nil {
+		if err := sc.Shutdown(ctx); err != nil {
 			t.Error(err)
 		}
 	})
-	return pl
+	return sc
 }
 
-func TestPoolResultMeta(t *testing.T) {
-	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
-		return Result{Report: event.ExecReport{Steps: []event.Step{{Name: "a", NS: 5}}, CopyMode: "reflink"}}, nil
+func TestSchedulerResultMeta(t *testing.T) {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
+		return executors.Result{Report: event.ExecReport{Steps: []event.Step{{Name: "a", NS: 5}}, CopyMode: "reflink"}}, nil
 	}}
 	p := newProposer()
 	obs := &countObserver{}
-	pl := newTestPool(t, d, p, PoolOptions{Observer: obs})
+	sc := newTestScheduler(t, d, p, Options{Observer: obs})
 	in := refill("vm-1", 1)
-	pl.Offer([]fsm.Intent{in})
+	sc.Offer([]fsm.Intent{in})
 	cmd, ok := p.next(t).(fsm.VMCloned)
 	if !ok {
 		t.Fatalf("got %T, want VMCloned", cmd)
@@ -206,9 +218,9 @@ func TestPoolResultMeta(t *testing.T) {
 	}
 }
 
-// TestPoolResultCommands: every intent kind maps to its success and failure
-// command.
-func TestPoolResultCommands(t *testing.T) {
+// TestSchedulerResultCommands: every intent kind maps to its success and
+// failure command.
+func TestSchedulerResultCommands(t *testing.T) {
 	lost := errors.New("gone")
 	cases := []struct {
 		in      fsm.Intent
@@ -217,21 +229,21 @@ func TestPoolResultCommands(t *testing.T) {
 		wantErr string
 	}{
 		{fsm.BuildGolden{OpID: nextOp(), Key: key}, nil, "fsm.GoldenBuilt", ""},
-		{fsm.BuildGolden{OpID: nextOp(), Key: key}, Unrecoverablef("no template"), "fsm.GoldenFailed", "no template"},
-		{refill("vm-c", 1), Unrecoverablef("boom"), "fsm.VMCloneFailed", "boom"},
+		{fsm.BuildGolden{OpID: nextOp(), Key: key}, executors.Unrecoverablef("no template"), "fsm.GoldenFailed", "no template"},
+		{refill("vm-c", 1), executors.Unrecoverablef("boom"), "fsm.VMCloneFailed", "boom"},
 		{fsm.HibernateVM{OpID: nextOp(), VM: "vm-h"}, nil, "fsm.HibernateDone", ""},
-		{fsm.HibernateVM{OpID: nextOp(), VM: "vm-h"}, &Unrecoverable{Err: lost, Lost: true}, "fsm.HibernateFailed lost", "gone"},
+		{fsm.HibernateVM{OpID: nextOp(), VM: "vm-h"}, &executors.Unrecoverable{Err: lost, Lost: true}, "fsm.HibernateFailed lost", "gone"},
 		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, nil, "fsm.WakeDone", ""},
-		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, Unrecoverablef("bad"), "fsm.WakeFailed", "bad"},
+		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, executors.Unrecoverablef("bad"), "fsm.WakeFailed", "bad"},
 		{fsm.DestroyVM{OpID: nextOp(), VM: "vm-d"}, nil, "fsm.VMDestroyed", ""},
 	}
 	for _, c := range cases {
-		d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
-			return Result{SnapshotDir: "hibernate/x"}, c.err
+		d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
+			return executors.Result{SnapshotDir: "hibernate/x"}, c.err
 		}}
 		p := newProposer()
-		pl := newTestPool(t, d, p, PoolOptions{})
-		pl.Offer([]fsm.Intent{c.in})
+		sc := newTestScheduler(t, d, p, Options{})
+		sc.Offer([]fsm.Intent{c.in})
 		cmd := p.next(t)
 		got := fmt.Sprintf("%T", cmd)
 		var msg string
@@ -258,18 +270,18 @@ func TestPoolResultCommands(t *testing.T) {
 	}
 }
 
-func TestPoolDedupe(t *testing.T) {
+func TestSchedulerDedupe(t *testing.T) {
 	release := make(chan struct{})
-	d := &fakeDriver{fn: func(ctx context.Context, in fsm.Intent) (Result, error) {
+	d := &fakeDriver{fn: func(ctx context.Context, in fsm.Intent) (executors.Result, error) {
 		<-release
-		return Result{}, nil
+		return executors.Result{}, nil
 	}}
 	p := newProposer()
-	pl := newTestPool(t, d, p, PoolOptions{Concurrency: 4})
+	sc := newTestScheduler(t, d, p, Options{Concurrency: 4})
 	in := refill("vm-1", 1)
-	pl.Offer([]fsm.Intent{in, in})
+	sc.Offer([]fsm.Intent{in, in})
 	waitUntil(t, "first call", func() bool { return d.callCount() == 1 })
-	pl.Offer([]fsm.Intent{in}) // while running
+	sc.Offer([]fsm.Intent{in}) // while running
 	close(release)
 	p.next(t)
 	p.none(t, 50*time.Millisecond)
@@ -278,11 +290,11 @@ func TestPoolDedupe(t *testing.T) {
 	}
 }
 
-func TestPoolPriority(t *testing.T) {
+func TestSchedulerPriority(t *testing.T) {
 	gate := make(chan struct{})
 	first := true
 	var mu sync.Mutex
-	d := &fakeDriver{fn: func(ctx context.Context, in fsm.Intent) (Result, error) {
+	d := &fakeDriver{fn: func(ctx context.Context, in fsm.Intent) (executors.Result, error) {
 		mu.Lock()
 		wait := first
 		first = false
@@ -290,20 +302,20 @@ func TestPoolPriority(t *testing.T) {
 		if wait {
 			<-gate
 		}
-		return Result{}, nil
+		return executors.Result{}, nil
 	}}
 	p := newProposer()
-	pl := newTestPool(t, d, p, PoolOptions{Concurrency: 1})
-	pl.Offer([]fsm.Intent{refill("blocker", 0)})
+	sc := newTestScheduler(t, d, p, Options{Concurrency: 1})
+	sc.Offer([]fsm.Intent{refill("blocker", 0)})
 	waitUntil(t, "blocker running", func() bool { return d.callCount() == 1 })
 	// Offered in two batches, out of order: the queue must merge them by
 	// priority class, then request order.
-	pl.Offer([]fsm.Intent{
+	sc.Offer([]fsm.Intent{
 		refill("refill-2", 20),
 		fsm.DestroyVM{OpID: nextOp(), VM: "destroy", ReqSeq: 5},
 		fsm.BuildGolden{OpID: nextOp(), Key: key, ReqSeq: 1},
 	})
-	pl.Offer([]fsm.Intent{
+	sc.Offer([]fsm.Intent{
 		refill("refill-1", 10),
 		fsm.HibernateVM{OpID: nextOp(), VM: "hibernate", ReqSeq: 9},
 		fsm.WakeVM{OpID: nextOp(), VM: "wake", ReqSeq: 8},
@@ -319,25 +331,25 @@ func TestPoolPriority(t *testing.T) {
 	}
 }
 
-func TestPoolConcurrencyLimit(t *testing.T) {
+func TestSchedulerConcurrencyLimit(t *testing.T) {
 	release := make(chan struct{})
-	d := &fakeDriver{fn: func(ctx context.Context, in fsm.Intent) (Result, error) {
+	d := &fakeDriver{fn: func(ctx context.Context, in fsm.Intent) (executors.Result, error) {
 		<-release
-		return Result{}, nil
+		return executors.Result{}, nil
 	}}
 	p := newProposer()
-	pl := newTestPool(t, d, p, PoolOptions{Concurrency: 3})
+	sc := newTestScheduler(t, d, p, Options{Concurrency: 3})
 	var ins []fsm.Intent
 	for i := 0; i < 10; i++ {
 		ins = append(ins, refill(fmt.Sprintf("vm-%d", i), uint64(i)))
 	}
-	pl.Offer(ins)
-	waitUntil(t, "3 running", func() bool { _, r := pl.Stats(); return r == 3 })
-	// The pool counts an operation as running before its goroutine enters
+	sc.Offer(ins)
+	waitUntil(t, "3 running", func() bool { _, r := sc.Stats(); return r == 3 })
+	// The scheduler counts an operation as running before its goroutine enters
 	// the driver: wait for all three to be inside it, or a fast release
 	// would let them through one by one and hide the limit being reached.
 	waitUntil(t, "3 inside the driver", func() bool { d.mu.Lock(); defer d.mu.Unlock(); return d.running == 3 })
-	if w, _ := pl.Stats(); w != 7 {
+	if w, _ := sc.Stats(); w != 7 {
 		t.Fatalf("%d waiting, want 7", w)
 	}
 	close(release)
@@ -352,23 +364,23 @@ func TestPoolConcurrencyLimit(t *testing.T) {
 	}
 }
 
-func TestPoolRetryThenSuccess(t *testing.T) {
+func TestSchedulerRetryThenSuccess(t *testing.T) {
 	var n atomic.Int32
 	var times []time.Time
 	var mu sync.Mutex
-	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
 		mu.Lock()
 		times = append(times, time.Now())
 		mu.Unlock()
 		if n.Add(1) < 3 {
-			return Result{}, errors.New("transient")
+			return executors.Result{}, errors.New("transient")
 		}
-		return Result{}, nil
+		return executors.Result{}, nil
 	}}
 	p := newProposer()
 	obs := &countObserver{}
-	pl := newTestPool(t, d, p, PoolOptions{Observer: obs, Retry: RetryPolicy{Initial: 20 * time.Millisecond}})
-	pl.Offer([]fsm.Intent{refill("vm-1", 1)})
+	sc := newTestScheduler(t, d, p, Options{Observer: obs, Retry: RetryPolicy{Initial: 20 * time.Millisecond}})
+	sc.Offer([]fsm.Intent{refill("vm-1", 1)})
 	if _, ok := p.next(t).(fsm.VMCloned); !ok {
 		t.Fatal("want VMCloned after retries")
 	}
@@ -381,13 +393,13 @@ func TestPoolRetryThenSuccess(t *testing.T) {
 	}
 }
 
-func TestPoolRetriesExhausted(t *testing.T) {
-	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
-		return Result{}, errors.New("still broken")
+func TestSchedulerRetriesExhausted(t *testing.T) {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
+		return executors.Result{}, errors.New("still broken")
 	}}
 	p := newProposer()
-	pl := newTestPool(t, d, p, PoolOptions{Retry: RetryPolicy{Attempts: 3}})
-	pl.Offer([]fsm.Intent{fsm.WakeVM{OpID: nextOp(), VM: "vm-1"}})
+	sc := newTestScheduler(t, d, p, Options{Retry: RetryPolicy{Attempts: 3}})
+	sc.Offer([]fsm.Intent{fsm.WakeVM{OpID: nextOp(), VM: "vm-1"}})
 	cmd, ok := p.next(t).(fsm.WakeFailed)
 	if !ok || cmd.Lost || !strings.Contains(cmd.Error, "still broken") {
 		t.Fatalf("got %#v", cmd)
@@ -397,14 +409,14 @@ func TestPoolRetriesExhausted(t *testing.T) {
 	}
 }
 
-func TestPoolUnrecoverableStops(t *testing.T) {
-	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
-		return Result{}, fmt.Errorf("step x: %w", Unrecoverablef("no golden"))
+func TestSchedulerUnrecoverableStops(t *testing.T) {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
+		return executors.Result{}, fmt.Errorf("step x: %w", executors.Unrecoverablef("no golden"))
 	}}
 	p := newProposer()
-	pl := newTestPool(t, d, p, PoolOptions{})
+	sc := newTestScheduler(t, d, p, Options{})
 	in := refill("vm-1", 1)
-	pl.Offer([]fsm.Intent{in})
+	sc.Offer([]fsm.Intent{in})
 	if _, ok := p.next(t).(fsm.VMCloneFailed); !ok {
 		t.Fatal("want VMCloneFailed")
 	}
@@ -414,29 +426,29 @@ func TestPoolUnrecoverableStops(t *testing.T) {
 	}
 }
 
-func TestPoolPanicIsFailure(t *testing.T) {
-	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) { panic("recipe bug") }}
+func TestSchedulerPanicIsFailure(t *testing.T) {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) { panic("recipe bug") }}
 	p := newProposer()
-	pl := newTestPool(t, d, p, PoolOptions{})
-	pl.Offer([]fsm.Intent{refill("vm-1", 1)})
+	sc := newTestScheduler(t, d, p, Options{})
+	sc.Offer([]fsm.Intent{refill("vm-1", 1)})
 	cmd, ok := p.next(t).(fsm.VMCloneFailed)
 	if !ok || !strings.Contains(cmd.Error, "recipe bug") {
 		t.Fatalf("got %#v", cmd)
 	}
 }
 
-func TestPoolTimeoutRetries(t *testing.T) {
+func TestSchedulerTimeoutRetries(t *testing.T) {
 	var n atomic.Int32
-	d := &fakeDriver{fn: func(ctx context.Context, _ fsm.Intent) (Result, error) {
+	d := &fakeDriver{fn: func(ctx context.Context, _ fsm.Intent) (executors.Result, error) {
 		if n.Add(1) == 1 {
 			<-ctx.Done() // hangs until the per-attempt timeout
-			return Result{}, ctx.Err()
+			return executors.Result{}, ctx.Err()
 		}
-		return Result{}, nil
+		return executors.Result{}, nil
 	}}
 	p := newProposer()
-	pl := newTestPool(t, d, p, PoolOptions{Timeouts: map[Kind]time.Duration{KindHibernate: 30 * time.Millisecond}})
-	pl.Offer([]fsm.Intent{fsm.HibernateVM{OpID: nextOp(), VM: "vm-1"}})
+	sc := newTestScheduler(t, d, p, Options{Timeouts: map[fsm.IntentKind]time.Duration{fsm.KindHibernate: 30 * time.Millisecond}})
+	sc.Offer([]fsm.Intent{fsm.HibernateVM{OpID: nextOp(), VM: "vm-1"}})
 	if _, ok := p.next(t).(fsm.HibernateDone); !ok {
 		t.Fatal("want HibernateDone after a timed-out attempt")
 	}
@@ -445,22 +457,22 @@ func TestPoolTimeoutRetries(t *testing.T) {
 	}
 }
 
-func TestPoolCapacityParksRefills(t *testing.T) {
+func TestSchedulerCapacityParksRefills(t *testing.T) {
 	var mu sync.Mutex
 	full := true
-	d := &fakeDriver{fn: func(_ context.Context, in fsm.Intent) (Result, error) {
+	d := &fakeDriver{fn: func(_ context.Context, in fsm.Intent) (executors.Result, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		if full && intentID(in) == "vm-full" {
-			return Result{}, fmt.Errorf("clone_disk: %w", syscall.ENOSPC)
+		if full && in.Subject() == "vm-full" {
+			return executors.Result{}, fmt.Errorf("clone_disk: %w", syscall.ENOSPC)
 		}
-		return Result{}, nil
+		return executors.Result{}, nil
 	}}
 	p := newProposer()
 	const park = 300 * time.Millisecond
-	pl := newTestPool(t, d, p, PoolOptions{CapacityPark: park})
+	sc := newTestScheduler(t, d, p, Options{CapacityPark: park})
 	in := refill("vm-full", 1)
-	pl.Offer([]fsm.Intent{in})
+	sc.Offer([]fsm.Intent{in})
 	cf, ok := p.next(t).(fsm.CapacityFull)
 	if !ok || cf.Key != nil || cf.Op != event.DeriveOpID(in.OpID, "capacity") {
 		t.Fatalf("want a node-wide CapacityFull first, got %#v", cf)
@@ -470,7 +482,7 @@ func TestPoolCapacityParksRefills(t *testing.T) {
 	}
 	parkedAt := time.Now()
 	// During the park a refill waits; a claim clone does not.
-	pl.Offer([]fsm.Intent{refill("vm-refill", 2), fsm.CloneVM{OpID: nextOp(), VM: "vm-claim", ForClaim: "sb_1", ReqSeq: 3}})
+	sc.Offer([]fsm.Intent{refill("vm-refill", 2), fsm.CloneVM{OpID: nextOp(), VM: "vm-claim", ForClaim: "sb_1", ReqSeq: 3}})
 	c1 := p.next(t).(fsm.VMCloned)
 	if c1.VM != "vm-claim" {
 		t.Fatalf("first served %s, want the claim clone", c1.VM)
@@ -484,16 +496,16 @@ func TestPoolCapacityParksRefills(t *testing.T) {
 	}
 }
 
-func TestPoolStaleResultDropsAfterCommit(t *testing.T) {
+func TestSchedulerStaleResultDropsAfterCommit(t *testing.T) {
 	var ran atomic.Bool
-	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
-		return Result{AfterCommit: func(context.Context) error { ran.Store(true); return nil }}, nil
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
+		return executors.Result{AfterCommit: func(context.Context) error { ran.Store(true); return nil }}, nil
 	}}
 	p := newProposer()
 	p.fn = func(fsm.Command) error { return &fsm.Rejection{Code: fsm.InvalidTransition, Msg: "stale"} }
 	obs := &countObserver{}
-	pl := newTestPool(t, d, p, PoolOptions{Observer: obs})
-	pl.Offer([]fsm.Intent{fsm.WakeVM{OpID: nextOp(), VM: "vm-1"}})
+	sc := newTestScheduler(t, d, p, Options{Observer: obs})
+	sc.Offer([]fsm.Intent{fsm.WakeVM{OpID: nextOp(), VM: "vm-1"}})
 	p.next(t)
 	waitUntil(t, "stale outcome", func() bool { return obs.get(OutcomeStale) == 1 })
 	p.none(t, 30*time.Millisecond) // a rejection is not retried
@@ -502,11 +514,11 @@ func TestPoolStaleResultDropsAfterCommit(t *testing.T) {
 	}
 }
 
-func TestPoolAfterCommitRunsAfterPropose(t *testing.T) {
+func TestSchedulerAfterCommitRunsAfterPropose(t *testing.T) {
 	proposed := make(chan struct{})
 	after := make(chan bool, 1)
-	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
-		return Result{AfterCommit: func(context.Context) error {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
+		return executors.Result{AfterCommit: func(context.Context) error {
 			select {
 			case <-proposed:
 				after <- true
@@ -518,8 +530,8 @@ func TestPoolAfterCommitRunsAfterPropose(t *testing.T) {
 	}}
 	p := newProposer()
 	p.fn = func(fsm.Command) error { close(proposed); return nil }
-	pl := newTestPool(t, d, p, PoolOptions{})
-	pl.Offer([]fsm.Intent{fsm.WakeVM{OpID: nextOp(), VM: "vm-1"}})
+	sc := newTestScheduler(t, d, p, Options{})
+	sc.Offer([]fsm.Intent{fsm.WakeVM{OpID: nextOp(), VM: "vm-1"}})
 	select {
 	case ok := <-after:
 		if !ok {
@@ -530,7 +542,7 @@ func TestPoolAfterCommitRunsAfterPropose(t *testing.T) {
 	}
 }
 
-func TestPoolProposeRetriesTransportErrors(t *testing.T) {
+func TestSchedulerProposeRetriesTransportErrors(t *testing.T) {
 	var n atomic.Int32
 	d := &fakeDriver{}
 	p := newProposer()
@@ -541,8 +553,8 @@ func TestPoolProposeRetriesTransportErrors(t *testing.T) {
 		return nil
 	}
 	obs := &countObserver{}
-	pl := newTestPool(t, d, p, PoolOptions{Observer: obs})
-	pl.Offer([]fsm.Intent{refill("vm-1", 1)})
+	sc := newTestScheduler(t, d, p, Options{Observer: obs})
+	sc.Offer([]fsm.Intent{refill("vm-1", 1)})
 	p.next(t)
 	p.next(t)
 	p.next(t)
@@ -552,44 +564,44 @@ func TestPoolProposeRetriesTransportErrors(t *testing.T) {
 	}
 }
 
-func TestPoolDestroyFailure(t *testing.T) {
-	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (Result, error) {
-		return Result{}, Unrecoverablef("not ours")
+func TestSchedulerDestroyFailure(t *testing.T) {
+	d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
+		return executors.Result{}, executors.Unrecoverablef("not ours")
 	}}
 	p := newProposer()
 	obs := &countObserver{}
-	pl := newTestPool(t, d, p, PoolOptions{Observer: obs})
+	sc := newTestScheduler(t, d, p, Options{Observer: obs})
 	in := fsm.DestroyVM{OpID: nextOp(), VM: "vm-1"}
-	pl.Offer([]fsm.Intent{in})
+	sc.Offer([]fsm.Intent{in})
 	waitUntil(t, "failed", func() bool { return obs.get(OutcomeFailed) == 1 })
 	p.none(t, 20*time.Millisecond) // no failure command exists for a destroy
-	pl.Offer([]fsm.Intent{in})
+	sc.Offer([]fsm.Intent{in})
 	p.none(t, 20*time.Millisecond)
 	if d.callCount() != 1 {
 		t.Fatalf("a failed destroy re-ran on re-offer (%d calls)", d.callCount())
 	}
 }
 
-func TestPoolShutdown(t *testing.T) {
+func TestSchedulerShutdown(t *testing.T) {
 	started := make(chan struct{})
 	var sawCancel atomic.Bool
-	d := &fakeDriver{fn: func(ctx context.Context, _ fsm.Intent) (Result, error) {
+	d := &fakeDriver{fn: func(ctx context.Context, _ fsm.Intent) (executors.Result, error) {
 		close(started)
 		<-ctx.Done()
 		sawCancel.Store(true)
-		return Result{}, ctx.Err()
+		return executors.Result{}, ctx.Err()
 	}}
 	p := newProposer()
 	obs := &countObserver{}
-	pl := NewPool(d, p, PoolOptions{Observer: obs})
-	pl.Offer([]fsm.Intent{refill("vm-1", 1)})
+	sc := New(d, p, Options{Observer: obs})
+	sc.Offer([]fsm.Intent{refill("vm-1", 1)})
 	<-started
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := pl.Shutdown(ctx); err != nil {
+	if err := sc.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := pl.Shutdown(ctx); err != nil {
+	if err := sc.Shutdown(ctx); err != nil {
 		t.Fatalf("second Shutdown: %v", err)
 	}
 	if !sawCancel.Load() {
@@ -599,28 +611,28 @@ func TestPoolShutdown(t *testing.T) {
 		t.Fatal("interrupted operation not reported abandoned")
 	}
 	p.none(t, 20*time.Millisecond) // no failure is reported for an interrupted op
-	pl.Offer([]fsm.Intent{refill("vm-2", 2)})
+	sc.Offer([]fsm.Intent{refill("vm-2", 2)})
 	if d.callCount() != 1 {
 		t.Fatal("Offer after Shutdown ran something")
 	}
 }
 
-func TestPoolShutdownTimesOut(t *testing.T) {
+func TestSchedulerShutdownTimesOut(t *testing.T) {
 	stuck := make(chan struct{})
-	d := &fakeDriver{fn: func(ctx context.Context, _ fsm.Intent) (Result, error) {
+	d := &fakeDriver{fn: func(ctx context.Context, _ fsm.Intent) (executors.Result, error) {
 		<-stuck // ignores its context
-		return Result{}, nil
+		return executors.Result{}, nil
 	}}
-	pl := NewPool(d, newProposer(), PoolOptions{})
-	pl.Offer([]fsm.Intent{refill("vm-1", 1)})
+	sc := New(d, newProposer(), Options{})
+	sc.Offer([]fsm.Intent{refill("vm-1", 1)})
 	waitUntil(t, "running", func() bool { return d.callCount() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if err := pl.Shutdown(ctx); err == nil {
+	if err := sc.Shutdown(ctx); err == nil {
 		t.Fatal("Shutdown returned before its goroutines ended")
 	}
 	close(stuck)
-	if err := pl.Shutdown(context.Background()); err != nil {
+	if err := sc.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -628,44 +640,6 @@ func TestPoolShutdownTimesOut(t *testing.T) {
 func TestDefaultConcurrency(t *testing.T) {
 	if c := DefaultConcurrency(); c < 4 || c > 256 {
 		t.Fatalf("DefaultConcurrency %d outside [4, 256]", c)
-	}
-}
-
-func TestErrorClasses(t *testing.T) {
-	cases := []struct {
-		err                error
-		unrec, lost, capac bool
-	}{
-		{errors.New("x"), false, false, false},
-		{fmt.Errorf("a: %w", Unrecoverablef("b")), true, false, false},
-		{Lostf("vmm died"), true, true, false},
-		{fmt.Errorf("clone: %w", syscall.ENOSPC), false, false, true},
-		{Capacity(errors.New("exchange full")), false, false, true},
-		{errors.New(`ch vm.snapshot: 500: Failed to write: No space left on device (os error 28)`), false, false, true},
-		{AsUnrecoverable(syscall.EDQUOT), true, false, true},
-	}
-	for _, c := range cases {
-		if IsUnrecoverable(c.err) != c.unrec || IsLost(c.err) != c.lost || IsCapacity(c.err) != c.capac {
-			t.Errorf("%v: unrecoverable %v lost %v capacity %v", c.err, IsUnrecoverable(c.err), IsLost(c.err), IsCapacity(c.err))
-		}
-	}
-}
-
-func TestRootsWithin(t *testing.T) {
-	r := RootsIn("/data")
-	good := map[string]string{"i1/vm-1": "/data/run/i1/vm-1"}
-	for rel, want := range good {
-		if got, err := r.RunDir(rel); err != nil || got != want {
-			t.Errorf("RunDir(%q) = %q, %v", rel, got, err)
-		}
-	}
-	for _, bad := range []string{"", "/abs", "..", "../x", "i1/../../x", "i1//vm", "i1/./vm", ".sbx-tmp-x", "i1/vm/"} {
-		if _, err := r.RunDir(bad); !IsUnrecoverable(err) {
-			t.Errorf("RunDir(%q): %v, want unrecoverable", bad, err)
-		}
-	}
-	if err := (Roots{Runs: "rel", Store: "/s", Templates: "/t"}).Validate(); err == nil {
-		t.Error("relative root accepted")
 	}
 }
 

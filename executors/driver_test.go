@@ -1,0 +1,74 @@
+package executors
+
+import (
+	"context"
+	"testing"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// recorder is a Driver (and Restarter) that records which method ran.
+type recorder struct{ called string }
+
+func (r *recorder) note(m string) (Result, error) { r.called = m; return Result{}, nil }
+
+func (r *recorder) BuildGolden(context.Context, fsm.BuildGolden) (Result, error) {
+	return r.note("BuildGolden")
+}
+func (r *recorder) Clone(context.Context, fsm.CloneVM) (Result, error) { return r.note("Clone") }
+func (r *recorder) Hibernate(context.Context, fsm.HibernateVM) (Result, error) {
+	return r.note("Hibernate")
+}
+func (r *recorder) Wake(context.Context, fsm.WakeVM) (Result, error)       { return r.note("Wake") }
+func (r *recorder) Destroy(context.Context, fsm.DestroyVM) (Result, error) { return r.note("Destroy") }
+func (r *recorder) Restart(context.Context, fsm.RestartVM) (Result, error) { return r.note("Restart") }
+
+// plain is a Driver without Restart.
+type plain struct{ recorder }
+
+func (p *plain) Restart() {} // not a Restarter: another signature
+
+// The dispatch table sends every intent kind to its Driver method, with a
+// default timeout; a driver without Restart fails restarts as unrecoverable.
+func TestDispatchTable(t *testing.T) {
+	op := event.OpIDFromUint(1, 1)
+	cases := []struct {
+		in   fsm.Intent
+		want string
+	}{
+		{fsm.BuildGolden{OpID: op}, "BuildGolden"},
+		{fsm.CloneVM{OpID: op, VM: "vm-1"}, "Clone"},
+		{fsm.HibernateVM{OpID: op, VM: "vm-1"}, "Hibernate"},
+		{fsm.WakeVM{OpID: op, VM: "vm-1"}, "Wake"},
+		{fsm.DestroyVM{OpID: op, VM: "vm-1"}, "Destroy"},
+		{fsm.RestartVM{OpID: op, VM: "vm-1"}, "Restart"},
+	}
+	for _, c := range cases {
+		t.Run(string(c.in.Kind()), func(t *testing.T) {
+			m, ok := MethodFor(c.in.Kind())
+			if !ok || m.Timeout <= 0 {
+				t.Fatalf("MethodFor(%q) = %+v, %v", c.in.Kind(), m, ok)
+			}
+			var r recorder
+			if _, err := m.Call(context.Background(), &r, c.in); err != nil || r.called != c.want {
+				t.Fatalf("called %q (%v), want %s", r.called, err, c.want)
+			}
+			if c.in.Kind() != fsm.KindRestart {
+				// An intent of another kind is refused, not mistaken for one.
+				other := fsm.Intent(fsm.RestartVM{OpID: op})
+				if _, err := m.Call(context.Background(), &r, other); !IsUnrecoverable(err) {
+					t.Fatalf("a restart intent through the %s method: %v", c.in.Kind(), err)
+				}
+			}
+		})
+	}
+	if _, ok := MethodFor("no-such-kind"); ok {
+		t.Fatal("an unknown kind has a method")
+	}
+	m, _ := MethodFor(fsm.KindRestart)
+	var p plain
+	if _, err := m.Call(context.Background(), &p, fsm.RestartVM{OpID: op, VM: "vm-1"}); !IsUnrecoverable(err) || p.called != "" {
+		t.Fatalf("restart on a driver that cannot: %v, called %q", err, p.called)
+	}
+}
