@@ -77,6 +77,9 @@ func TestShortCampaign(t *testing.T) {
 	if res.Checked["woken VMs verified (memory, state, disk sums)"] == 0 || res.Checked["acked claims checked"] == 0 {
 		t.Fatalf("the campaign checked nothing: %v", res.Checked)
 	}
+	if dup := res.Ops["duplicate"]; dup["release"]+dup["hibernate"]+dup["wake"]+dup["renew"] == 0 {
+		t.Fatalf("the campaign sent no duplicate requests: %v", res.Ops)
+	}
 }
 
 // node is one sandboxd on a scratch dir for the targeted tests.

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -65,9 +67,11 @@ type claim struct {
 	id, vm string
 	// acked: the claim itself was acknowledged (else it is a phantom found
 	// by listing, from a claim request whose answer was lost).
-	acked    bool
-	ops      []lifeOp
-	deadline string // from the claim or the last acked renew
+	acked bool
+	ops   []lifeOp
+	// deadlines: from the claim or the last acked renew (the last pair of
+	// concurrent ones: the claim ends with one of them).
+	deadlines []string
 	// renewUnknown: a renew after the last acked one has an unknown
 	// outcome, so the deadline may differ.
 	renewUnknown bool
@@ -173,11 +177,11 @@ func (c *campaign) doClaim(ctx context.Context, cl *apiclient.Client) {
 		if x, ok := c.claims[cr.ID]; ok {
 			// A listing found it before its answer arrived, and maybe
 			// released it already: those operations came after the claim.
-			x.acked, x.vm, x.deadline = true, cr.VM, cr.Deadline
+			x.acked, x.vm, x.deadlines = true, cr.VM, []string{cr.Deadline}
 			x.ops = append([]lifeOp{{"claim", outAcked}}, x.ops...)
 			return
 		}
-		c.claims[cr.ID] = &claim{id: cr.ID, vm: cr.VM, acked: true, ops: []lifeOp{{"claim", outAcked}}, deadline: cr.Deadline, observed: "running"}
+		c.claims[cr.ID] = &claim{id: cr.ID, vm: cr.VM, acked: true, ops: []lifeOp{{"claim", outAcked}}, deadlines: []string{cr.Deadline}, observed: "running"}
 		c.order = append(c.order, cr.ID)
 		return
 	}
@@ -277,14 +281,50 @@ func (c *campaign) await(ctx context.Context, cl *apiclient.Client, x *claim, d 
 	return st
 }
 
+// duplicates is how many identical requests a lifecycle operation sends at
+// once: now and then two, as a client retrying over a slow answer does.
+// The second often finds the change applied and its fsync in flight; its
+// acknowledgement must not come before that change is durable, which the
+// checks after a kill hold it to.
+func (c *campaign) duplicates(kind string) int {
+	if c.intn(3) == 0 {
+		c.count("duplicate", kind)
+		return 2
+	}
+	return 1
+}
+
+// concurrently runs n copies of fn at once and returns their errors.
+func concurrently(n int, fn func() error) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Go(func() { errs[i] = fn() })
+	}
+	wg.Wait()
+	return errs
+}
+
+// lifecycle sends kind's request (maybe twice at once) and records every
+// outcome; it reports whether any may have taken effect.
+func (c *campaign) lifecycle(x *claim, kind string, fn func() error) (acked, any bool) {
+	for _, err := range concurrently(c.duplicates(kind), fn) {
+		out := outcomeOf(err)
+		c.count(kind, out)
+		if out == outRejected || out == outUnavailable {
+			continue
+		}
+		c.addOp(x, kind, out)
+		any = true
+		acked = acked || out == outAcked
+	}
+	return acked, any
+}
+
 func (c *campaign) doHibernate(ctx context.Context, cl *apiclient.Client, x *claim) {
-	err := cl.Hibernate(ctx, x.id)
-	out := outcomeOf(err)
-	c.count("hibernate", out)
-	if out == outRejected || out == outUnavailable {
+	if _, any := c.lifecycle(x, "hibernate", func() error { return cl.Hibernate(ctx, x.id) }); !any {
 		return
 	}
-	c.addOp(x, "hibernate", out)
 	if c.await(ctx, cl, x, 60*time.Second, "hibernated", "running", "failed") == "hibernated" {
 		c.recordSnapshot(x)
 	}
@@ -318,13 +358,9 @@ func (c *campaign) doWake(ctx context.Context, cl *apiclient.Client, x *claim) {
 	if x.snap == nil {
 		return
 	}
-	err := cl.Wake(ctx, x.id)
-	out := outcomeOf(err)
-	c.count("wake", out)
-	if out == outRejected || out == outUnavailable {
+	if _, any := c.lifecycle(x, "wake", func() error { return cl.Wake(ctx, x.id) }); !any {
 		return
 	}
-	c.addOp(x, "wake", out)
 	c.mu.Lock()
 	x.verifyWake = true
 	c.mu.Unlock()
@@ -379,14 +415,7 @@ func (c *campaign) verifyWoken(ctx context.Context, x *claim) {
 }
 
 func (c *campaign) doRelease(ctx context.Context, cl *apiclient.Client, x *claim) {
-	err := cl.Release(ctx, x.id)
-	out := outcomeOf(err)
-	c.count("release", out)
-	if out == outRejected || out == outUnavailable {
-		return
-	}
-	c.addOp(x, "release", out)
-	if out == outAcked {
+	if acked, _ := c.lifecycle(x, "release", func() error { return cl.Release(ctx, x.id) }); acked {
 		c.mu.Lock()
 		x.observed = "released"
 		c.mu.Unlock()
@@ -397,16 +426,38 @@ func (c *campaign) doRenew(ctx context.Context, cl *apiclient.Client, x *claim) 
 	if !x.acked {
 		return
 	}
-	dl, err := cl.Renew(ctx, x.id, int64(1800+c.intn(1800)))
-	out := outcomeOf(err)
-	c.count("renew", out)
+	// Duplicates carry different TTLs: each must answer the deadline it
+	// set, and the claim ends with one of the acknowledged ones.
+	n := c.duplicates("renew")
+	ttls := make([]int64, n)
+	dls := make([]time.Time, n)
+	for i := range ttls {
+		ttls[i] = int64(1800 + c.intn(1800))
+	}
+	var next atomic.Int32
+	errs := concurrently(n, func() error {
+		i := next.Add(1) - 1
+		var err error
+		dls[i], err = cl.Renew(ctx, x.id, ttls[i])
+		return err
+	})
+	for _, err := range errs {
+		c.count("renew", outcomeOf(err))
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch out {
-	case outAcked:
-		x.deadline, x.renewUnknown = dl.UTC().Format(time.RFC3339Nano), false
-	case outUnknown:
-		x.renewUnknown = true
+	var acked []string
+	for i, err := range errs {
+		switch outcomeOf(err) {
+		case outAcked:
+			acked = append(acked, dls[i].UTC().Format(time.RFC3339Nano))
+		case outUnknown:
+			x.renewUnknown = true
+			return
+		}
+	}
+	if len(acked) > 0 {
+		x.deadlines, x.renewUnknown = acked, false
 	}
 }
 
