@@ -318,6 +318,7 @@ func (r *Replicator) loadCursor() error {
 // CursorEvery, until done is closed; then once more.
 func (r *Replicator) keepCursor(done <-chan struct{}) {
 	var written cursor
+	failing := false
 	write := func() {
 		r.mu.Lock()
 		c := r.cursor
@@ -326,10 +327,16 @@ func (r *Replicator) keepCursor(done <-chan struct{}) {
 			return
 		}
 		if err := writeCursor(r.opts.CursorFile, c); err != nil {
-			r.log.Warn().Err(err).Msg("cannot write the replication cursor; an emptied subject could be published again")
+			if !failing {
+				r.log.Warn().Err(err).Msg("cannot write the replication cursor; an emptied subject could be published again")
+			}
+			failing = true
 			return
 		}
-		written = c
+		if failing {
+			r.log.Info().Str("cursor", r.opts.CursorFile).Msg("replication cursor written again")
+		}
+		written, failing = c, false
 	}
 	for {
 		select {
