@@ -131,8 +131,17 @@ func cleanEnv() []string {
 // command line names killDir is killed.
 func startDaemon(t *testing.T, dir, killDir, addr string, args ...string) *daemon {
 	t.Helper()
+	return startWrappedDaemon(t, dir, killDir, addr, nil, args...)
+}
+
+// startWrappedDaemon is startDaemon with sandboxd run by wrap (a command
+// and its arguments that execs the sandboxd path and arguments given
+// after them).
+func startWrappedDaemon(t *testing.T, dir, killDir, addr string, wrap []string, args ...string) *daemon {
+	t.Helper()
 	d := &daemon{addr: addr, stderr: &lockedBuffer{}, exited: make(chan struct{})}
-	d.cmd = exec.Command(filepath.Join(binDir, "sandboxd"), args...)
+	argv := append(append(append([]string(nil), wrap...), filepath.Join(binDir, "sandboxd")), args...)
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Dir = dir
 	d.cmd.Env = cleanEnv()
 	d.cmd.Stdout = d.stderr

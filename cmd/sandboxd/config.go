@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
+	"github.com/sbxlog/sbxlog/eventlog/replication/natsauth"
+	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
@@ -25,8 +27,14 @@ type Config struct {
 	// DataDir holds the op log, snapshots, the node secret, run dirs and the
 	// snapshot store.
 	DataDir string `json:"data_dir"`
-	// NodeID names this node's log (its JetStream subject). Default: hostname.
+	// NodeID names this node's log; any printable id of at most 128 bytes
+	// (its JetStream subject carries the id's subject token, see
+	// stream.Token). Default: the host name with every character other
+	// than letters, digits, '-' and '_' replaced by '-' (defaultNodeID).
 	NodeID string `json:"node_id,omitempty"`
+	// nodeIDFrom is the host name NodeID was derived from ("" when it was
+	// configured), for the start-up log.
+	nodeIDFrom string
 	// APIToken is the root token. Empty disables root access, unless
 	// APITokenFile is set.
 	APIToken string `json:"api_token,omitempty"`
@@ -117,14 +125,24 @@ type PoolConfig struct {
 
 // NATSConfig selects embedded NATS (default) or an existing cluster.
 type NATSConfig struct {
+	// Credentials and TLS for url: user and password, token,
+	// nkey_seed_file, creds_file (one of them), tls_ca, tls_cert, tls_key.
+	// The embedded server takes none: it generates <data_dir>/nats.nk.
+	natsauth.Config
 	// URL of an existing NATS cluster (comma-separated server URLs); empty
 	// embeds a single-node server with its store in <data_dir>/nats.
 	URL string `json:"url,omitempty"`
 	// Port of the embedded server on loopback. 0 (default): the listen
 	// port + 1000 (7777 -> 8777), or a free port when that one is taken.
 	Port int `json:"port,omitempty"`
-	// Replicas of the stream (default 1 embedded, 3 with url).
+	// Replicas of the stream (default 1 embedded, 3 with url) when this
+	// node creates it; an existing stream may have more.
 	Replicas int `json:"replicas,omitempty"`
+	// Stream is the JetStream stream of the op logs (default SBX_EVENTS);
+	// SubjectPrefix the prefix of the nodes' subjects (default sbx.ev).
+	// Every node and consumer of a cluster must use the same.
+	Stream        string `json:"stream,omitempty"`
+	SubjectPrefix string `json:"subject_prefix,omitempty"`
 	// Disabled turns replication off entirely.
 	Disabled bool `json:"disabled,omitempty"`
 	// Sync makes API writes wait for the JetStream ack of their events; no
@@ -163,7 +181,41 @@ func (n NATSConfig) validate() error {
 	if n.Disabled && n.Sync {
 		errs = append(errs, errors.New("nats.sync needs replication, which nats.disabled (-no-nats) turns off"))
 	}
+	if n.URL == "" && !n.Config.IsZero() {
+		errs = append(errs, errors.New("nats credentials and TLS settings are for a server at nats.url; the embedded server uses the credentials it generates (<data_dir>/nats.nk)"))
+	}
+	if err := n.Config.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("nats: %w", err))
+	}
+	if err := (stream.Config{Name: n.Stream, SubjectPrefix: n.SubjectPrefix}).Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("nats.stream/subject_prefix: %w", err))
+	}
 	return errors.Join(errs...)
+}
+
+// hostname is os.Hostname (tests replace it).
+var hostname = os.Hostname
+
+// defaultNodeID derives a node id from the host name that is its own
+// subject token, so the default reads the same in the log, the subject and
+// the consumer names: letters, digits, '-' and '_' are kept, every other
+// byte becomes '-' ("host.example.com" is "host-example-com"), at most
+// stream.MaxNodeID bytes; no host name gives "node-1". A configured
+// node_id is kept as it is.
+func defaultNodeID(host string) string {
+	b := []byte(host)
+	for i, c := range b {
+		if stream.CheckToken(string(c)) != nil {
+			b[i] = '-'
+		}
+	}
+	if len(b) > stream.MaxNodeID {
+		b = b[:stream.MaxNodeID]
+	}
+	if len(b) == 0 {
+		return "node-1"
+	}
+	return string(b)
 }
 
 // defaultConfig is what `make run` starts with: one small pool, warm 2.
@@ -210,11 +262,11 @@ func (c *Config) finish() error {
 		errs = append(errs, errors.New("data_dir is empty"))
 	}
 	if c.NodeID == "" {
-		h, err := os.Hostname()
-		if err != nil || h == "" {
-			h = "node-1"
-		}
-		c.NodeID = h
+		h, _ := hostname()
+		c.NodeID, c.nodeIDFrom = defaultNodeID(h), h
+	}
+	if err := stream.CheckNodeID(c.NodeID); err != nil {
+		errs = append(errs, fmt.Errorf("node_id: %w", err))
 	}
 	if c.RefillConcurrency == 0 {
 		c.RefillConcurrency = min(max(runtime.NumCPU()*2/3, 4), 256)

@@ -27,6 +27,10 @@ func newLogger(level string) zerolog.Logger {
 // and returns once it serves HTTP.
 func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) {
 	zl := newLogger(cfg.LogLevel)
+	if cfg.nodeIDFrom != "" {
+		zl.Info().Str("node", cfg.NodeID).Str("hostname", cfg.nodeIDFrom).
+			Msgf("node_id not configured: using %q, derived from the host name (letters, digits, '-' and '_' kept, anything else '-'); set node_id to choose it", cfg.NodeID)
+	}
 	rootToken := cfg.APIToken
 	if rootToken == "" && cfg.APITokenFile != "" {
 		path, err := filepath.Abs(cfg.APITokenFile)

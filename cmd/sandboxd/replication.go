@@ -49,6 +49,7 @@ func replicationConfig(cfg Config, zl zerolog.Logger) *node.Replication {
 	r := &node.Replication{
 		Options: replication.Options{
 			OwnerAddr: cfg.OwnerAddr, URL: cfg.NATS.URL, Port: cfg.NATS.Port, Replicas: cfg.NATS.Replicas,
+			Auth: cfg.NATS.Config, Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
 			Logger: base, ServerLogger: &server,
 		},
 		Sync: cfg.NATS.Sync, SyncTimeout: cfg.NATS.syncTimeout(),

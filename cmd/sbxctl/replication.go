@@ -28,17 +28,33 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/replication/feed"
 	"github.com/sbxlog/sbxlog/eventlog/replication/follower"
+	"github.com/sbxlog/sbxlog/eventlog/replication/natsauth"
+	"github.com/sbxlog/sbxlog/eventlog/replication/replicator"
 	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
 	"github.com/sbxlog/sbxlog/projections/audit"
 	usagejournal "github.com/sbxlog/sbxlog/projections/usage"
 )
 
-// envNATS overrides the default --nats URL.
-const envNATS = "SBX_NATS_URL"
-
-// defaultNATS is the embedded server of a sandboxd on the default listen
-// address (127.0.0.1:7777 -> NATS on port 8777).
-const defaultNATS = "nats://127.0.0.1:8777"
+// Where the replication commands find NATS and their credentials: --nats,
+// else $SBX_NATS_URL, else the embedded server of a sandboxd on the
+// default listen address. Credentials: --creds, --user/--password,
+// --token, or --nkey (default $SBX_NATS_NKEY, else data/nats.nk: the seed
+// sandboxd generates for its embedded server, read from the working
+// directory as data/api.token is; used when it exists). Passwords and
+// tokens may come from $SBX_NATS_PASSWORD and $SBX_NATS_TOKEN instead of
+// the command line.
+const (
+	envNATS         = "SBX_NATS_URL"
+	envNATSNKey     = "SBX_NATS_NKEY"
+	envNATSPassword = "SBX_NATS_PASSWORD"
+	envNATSToken    = "SBX_NATS_TOKEN"
+	// defaultNATS is the embedded server of a sandboxd on the default
+	// listen address (127.0.0.1:7777 -> NATS on port 8777).
+	defaultNATS = "nats://127.0.0.1:8777"
+	// defaultNKey is relative to the working directory, like
+	// defaultTokenFile.
+	defaultNKey = "data/" + natsauth.SeedFileName
+)
 
 func init() {
 	register("follow", command{summary: "keep a verified replica of a node's op log from NATS (--node N --data DIR)", run: replFollow})
@@ -48,8 +64,10 @@ func init() {
 
 // replFlags are the flags every replication command takes.
 type replFlags struct {
-	url, creds, stream, durable, logLevel string
-	once                                  bool
+	url, stream, prefix, durable, logLevel string
+	auth                                   natsauth.Config
+	once                                   bool
+	fs                                     *flag.FlagSet
 }
 
 func (r *replFlags) add(fs *flag.FlagSet, durableHelp string) {
@@ -57,9 +75,19 @@ func (r *replFlags) add(fs *flag.FlagSet, durableHelp string) {
 	if env := os.Getenv(envNATS); env != "" {
 		url = env
 	}
+	r.fs = fs
 	fs.StringVar(&r.url, "nats", url, "NATS server URLs, comma-separated ($"+envNATS+")")
-	fs.StringVar(&r.creds, "creds", "", "NATS credentials file")
-	fs.StringVar(&r.stream, "stream", stream.DefaultName, "JetStream stream")
+	fs.StringVar(&r.auth.CredsFile, "creds", "", "NATS creds file (user JWT and seed)")
+	fs.StringVar(&r.auth.NKeySeedFile, "nkey", envOr(envNATSNKey, defaultNKey), "NATS user NKey seed file, used when it exists unless another credential is given ($"+envNATSNKey+"; sandboxd writes <data>/nats.nk for its embedded server)")
+	fs.StringVar(&r.auth.User, "user", "", "NATS user (password from --password or $"+envNATSPassword+")")
+	// No environment value as a flag default: -h would print it.
+	fs.StringVar(&r.auth.Password, "password", "", "NATS password (default $"+envNATSPassword+")")
+	fs.StringVar(&r.auth.Token, "nats-token", "", "NATS token (default $"+envNATSToken+")")
+	fs.StringVar(&r.auth.TLSCA, "tls-ca", "", "CA file the NATS server's certificate must chain to (turns TLS on)")
+	fs.StringVar(&r.auth.TLSCert, "tls-cert", "", "TLS client certificate for NATS (with --tls-key)")
+	fs.StringVar(&r.auth.TLSKey, "tls-key", "", "TLS client key for NATS")
+	fs.StringVar(&r.stream, "stream", stream.DefaultName, "JetStream stream (sandboxd's nats.stream)")
+	fs.StringVar(&r.prefix, "subject-prefix", stream.DefaultSubjectPrefix, "subject prefix of the nodes' subjects (sandboxd's nats.subject_prefix)")
 	fs.StringVar(&r.durable, "durable", "", "durable consumer name ("+durableHelp+")")
 	fs.BoolVar(&r.once, "once", false, "stop once caught up with the stream's end at start, instead of following until SIGINT/SIGTERM")
 	fs.StringVar(&r.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn, error")
@@ -89,16 +117,62 @@ func (r *replFlags) logger(stderr io.Writer) (zerolog.Logger, error) {
 	return zerolog.New(stderr).Level(lvl).With().Timestamp().Logger(), nil
 }
 
-// connect opens the NATS connection: the first connect must succeed (a
-// wrong URL is reported at once); later losses reconnect forever.
-func (r *replFlags) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
-	opts := []nats.Option{nats.Name("sbxctl-" + name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
-	if r.creds != "" {
-		opts = append(opts, nats.UserCredentials(r.creds))
+// layout is the stream and subject prefix the flags name.
+func (r *replFlags) layout() stream.Config {
+	return stream.Config{Name: r.stream, SubjectPrefix: r.prefix}
+}
+
+// credentials are the flags' credentials. The default seed file counts
+// only when it exists and no other credential is given; a seed file named
+// by --nkey or $SBX_NATS_NKEY must exist.
+func (r *replFlags) credentials() (natsauth.Config, error) {
+	a := r.auth
+	if a.Password == "" && a.User != "" {
+		a.Password = os.Getenv(envNATSPassword)
 	}
+	if a.Token == "" && a.User == "" {
+		a.Token = os.Getenv(envNATSToken)
+	}
+	named := os.Getenv(envNATSNKey) != ""
+	r.fs.Visit(func(f *flag.Flag) { named = named || f.Name == "nkey" })
+	if !named {
+		other := a
+		other.NKeySeedFile = ""
+		if other.CredsFile != "" || other.User != "" || other.Token != "" {
+			a.NKeySeedFile = ""
+		} else if _, err := os.Stat(a.NKeySeedFile); err != nil {
+			a.NKeySeedFile = ""
+		}
+	}
+	if err := a.Validate(); err != nil {
+		return a, err
+	}
+	return a, nil
+}
+
+// connect opens the NATS connection: the first connect must succeed (a
+// wrong URL or missing credentials are reported at once); later losses
+// reconnect forever.
+func (r *replFlags) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
+	if err := r.layout().Validate(); err != nil {
+		return nil, nil, err
+	}
+	auth, err := r.credentials()
+	if err != nil {
+		return nil, nil, err
+	}
+	aopts, err := auth.Options()
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := append([]nats.Option{nats.Name("sbxctl-" + name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}, aopts...)
 	nc, err := nats.Connect(r.url, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", r.url, err)
+		err = fmt.Errorf("connect to NATS at %s (%s): %w", replicator.RedactURL(r.url), auth.Describe(), err)
+		if errors.Is(err, nats.ErrAuthorization) && auth.IsZero() {
+			err = fmt.Errorf("%w\nhint: no NATS credentials given: a sandboxd with the embedded server writes them to <data>/nats.nk; run sbxctl where %s exists, or pass --nkey (or $%s)", err, defaultNKey, envNATSNKey)
+		}
+		return nil, nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -114,12 +188,12 @@ func (r *replFlags) connect(name string) (*nats.Conn, jetstream.JetStream, error
 // the durable consumer acknowledged the last message of them all (usage
 // writes no record for some events, so its position can stay below the
 // end). It returns the ends it waited for (nil without --once).
-func (r *replFlags) consume(ctx context.Context, js jetstream.JetStream, nodes []string, position func(node string) uint64, run func(context.Context) error) (map[string]stream.End, error) {
+func (r *replFlags) consume(ctx context.Context, js jetstream.JetStream, nodes []string, c consumer) (map[string]stream.End, error) {
 	var ends map[string]stream.End
 	var endStreamSeq uint64
 	if r.once {
 		var err error
-		if ends, err = stream.Ends(ctx, js, r.stream, nodes); err != nil {
+		if ends, err = r.layout().Ends(ctx, js, nodes); err != nil {
 			return nil, err
 		}
 		for _, e := range ends {
@@ -129,11 +203,23 @@ func (r *replFlags) consume(ctx context.Context, js jetstream.JetStream, nodes [
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- run(rctx) }()
+	go func() { done <- c.Run(rctx) }()
 	if !r.once {
 		return nil, <-done
 	}
+	// The durable consumer's acknowledged floor speaks for the output only
+	// once the feed has checked it against the output (a durable left by
+	// an earlier output is rebuilt), and only for a handler whose position
+	// can lag (usage); the others' positions say it all.
+	select {
+	case <-c.Attached():
+	case err := <-done:
+		return ends, err
+	}
 	acked := func() bool {
+		if !c.lags {
+			return false
+		}
 		ictx, icancel := context.WithTimeout(ctx, 5*time.Second)
 		defer icancel()
 		c, err := js.Consumer(ictx, r.stream, r.durable)
@@ -148,7 +234,7 @@ func (r *replFlags) consume(ctx context.Context, js jetstream.JetStream, nodes [
 	for {
 		reached := true
 		for n, end := range ends {
-			reached = reached && position(n) >= end.Seq
+			reached = reached && c.Position(n) >= end.Seq
 		}
 		if reached || acked() {
 			cancel()
@@ -160,6 +246,15 @@ func (r *replFlags) consume(ctx context.Context, js jetstream.JetStream, nodes [
 		case <-tick.C:
 		}
 	}
+}
+
+// consumer is a running consumer as consume sees it: its run, when its
+// consumer is in place, its output's positions and whether they can lag.
+type consumer struct {
+	Run      func(context.Context) error
+	Attached func() <-chan struct{}
+	Position func(node string) uint64
+	lags     bool
 }
 
 func signalContext() (context.Context, context.CancelFunc) {
@@ -188,6 +283,10 @@ func replFollow(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sbxctl follow: --node: %v\n", err)
 		return 2
 	}
+	if err := rf.layout().Validate(); err != nil {
+		fmt.Fprintf(stderr, "sbxctl follow: %v\n", err)
+		return 2
+	}
 	zl, err := rf.logger(stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "sbxctl follow: %v\n", err)
@@ -206,16 +305,16 @@ func replFollow(args []string, stdout, stderr io.Writer) int {
 	}
 	defer replica.Close()
 	if rf.durable == "" {
-		rf.durable = "follower-" + *node
+		rf.durable = "follower-" + stream.Token(*node)
 	}
-	f, err := follower.New(follower.Options{JS: js, Stream: rf.stream, Replica: replica, Durable: rf.durable, Logger: zl})
+	f, err := follower.New(follower.Options{JS: js, Stream: rf.stream, SubjectPrefix: rf.prefix, Replica: replica, Durable: rf.durable, Logger: zl})
 	if err != nil {
 		fmt.Fprintf(stderr, "sbxctl follow: %v\n", err)
 		return 2
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	_, err = rf.consume(ctx, js, []string{*node}, func(string) uint64 { return f.LastSeq() }, f.Run)
+	_, err = rf.consume(ctx, js, []string{*node}, consumer{Run: f.Run, Attached: f.Attached, Position: func(string) uint64 { return f.LastSeq() }})
 	fmt.Fprintf(stdout, "replica of %s in %s: events %d..%d\n", *node, *data, replica.FirstSeq(), replica.LastSeq())
 	if err != nil {
 		fmt.Fprintf(stderr, "sbxctl follow: %v\n", err)
@@ -286,7 +385,7 @@ func replJournal(kind string) func(args []string, stdout, stderr io.Writer) int 
 			fmt.Fprintf(stderr, "sbxctl %s: %v\n", name, err)
 			return 1
 		}
-		f, err := feed.New(feed.Options{JS: js, Stream: rf.stream, Durable: rf.durable, Nodes: nodes, Logger: zl}, c)
+		f, err := feed.New(feed.Options{JS: js, Stream: rf.stream, SubjectPrefix: rf.prefix, Durable: rf.durable, Nodes: nodes, Logger: zl}, c)
 		if err != nil {
 			_ = c.Close()
 			fmt.Fprintf(stderr, "sbxctl %s: %v\n", name, err)
@@ -294,7 +393,9 @@ func replJournal(kind string) func(args []string, stdout, stderr io.Writer) int 
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		ends, err := rf.consume(ctx, js, nodes, c.Position, f.Run)
+		l, lags := c.(feed.Lagging)
+		lags = lags && l.PositionLags()
+		ends, err := rf.consume(ctx, js, nodes, consumer{Run: f.Run, Attached: f.Attached, Position: c.Position, lags: lags})
 		// Report every node this run knew of: asked for, at the stream's
 		// end, or delivered.
 		seen := map[string]bool{}

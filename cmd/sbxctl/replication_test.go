@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed/natstest"
@@ -29,13 +31,13 @@ type replNode struct {
 	rep *replicator.Replicator
 }
 
-func startReplNode(t *testing.T, url, node string) *replNode {
+func startReplNode(t *testing.T, url, node string, opts ...nats.Option) *replNode {
 	t.Helper()
 	l, err := eventlog.Open(filepath.Join(t.TempDir(), "log"), eventlog.Options{NodeID: node})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := replicator.New(replicator.Options{Log: l, URL: url})
+	rep, err := replicator.New(replicator.Options{Log: l, URL: url, NATSOptions: opts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,10 +195,10 @@ func TestReplCommandsBadInput(t *testing.T) {
 	}{
 		{[]string{"follow", "--data", dir}, 2, "--node is required"},
 		{[]string{"follow", "--node", "n1"}, 2, "--data is required"},
-		{[]string{"follow", "--node", "a.b", "--data", dir}, 2, "not a valid subject token"},
+		{[]string{"follow", "--node", "a\nb", "--data", dir}, 2, "not a valid subject token"},
 		{[]string{"follow", "--node", "n1", "--data", dir, "extra"}, 2, "unexpected argument"},
 		{[]string{"usage"}, 2, "--out is required"},
-		{[]string{"usage", "--out", filepath.Join(dir, "u"), "--nodes", "a,b c"}, 2, "--nodes"},
+		{[]string{"usage", "--out", filepath.Join(dir, "u"), "--nodes", "a,,c"}, 2, "--nodes"},
 		{[]string{"audit", "--out", filepath.Join(dir, "a"), "--log-level", "loud"}, 2, "--log-level"},
 		{[]string{"audit", "--out", filepath.Join(dir, "a"), "--durable", "a.b", "--nats", "nats://127.0.0.1:1"}, 1, "connect to NATS"},
 		{[]string{"follow", "--node", "n1", "--data", dir, "--nats", "nats://127.0.0.1:1"}, 1, "connect to NATS"},

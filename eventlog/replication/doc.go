@@ -3,8 +3,10 @@
 //
 //   - natsembed: the embedded NATS server with JetStream (and loopback
 //     clusters for tests and benchmarks);
-//   - stream: the stream's name, per-node subjects sbx.ev.<node> and its
-//     create-or-check;
+//   - natsauth: the clients' credentials (the embedded server's generated
+//     NKey seed, an external server's options);
+//   - stream: the stream's name, per-node subjects <prefix>.<node token>,
+//     the message format and the stream's create-or-check;
 //   - replicator: publishes the local log, exactly once, in order, resuming
 //     from the stream, refusing a second writer;
 //   - feed: verified delivery of the stream to consumers through durable

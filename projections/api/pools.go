@@ -40,11 +40,13 @@ type Info struct {
 	AtCapacity bool       `json:"at_capacity,omitempty"`
 	LogSeq     uint64     `json:"log_seq"`
 	// Replication is the node's replication status (Options.Replication);
-	// absent when replication is off.
+	// absent when replication is off, and for every caller but root: it
+	// names the NATS server, and the stream there holds every tenant's
+	// events.
 	Replication any `json:"replication,omitempty"`
 }
 
-func (s *Server) info() Info {
+func (s *Server) info(id auth.Identity) Info {
 	out := Info{Node: s.cfg.Node, OwnerAddr: s.cfg.OwnerAddr, Hypervisor: s.cfg.Hypervisor, Pools: []PoolInfo{}}
 	s.eng.View(func(st *fsm.State) {
 		in := st.Info()
@@ -67,14 +69,14 @@ func (s *Server) info() Info {
 		out.MaxClaims = st.Limits().MaxClaims
 		out.LogSeq = st.Applied()
 	})
-	if s.replication != nil {
+	if s.replication != nil && id.Kind == auth.Root {
 		out.Replication = s.replication()
 	}
 	return out
 }
 
-func (s *Server) handleInfo(w http.ResponseWriter, r *http.Request, _ auth.Identity) error {
-	writeJSON(w, http.StatusOK, s.info())
+func (s *Server) handleInfo(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	writeJSON(w, http.StatusOK, s.info(id))
 	return nil
 }
 
@@ -96,7 +98,7 @@ func (s *Server) handleGetPools(w http.ResponseWriter, r *http.Request, _ auth.I
 }
 
 // handlePutPools replaces the pool set; pools left out drain.
-func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, _ auth.Identity) error {
+func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	var req PoolsRequest
 	if err := decodeBody(r, &req, false); err != nil {
 		return err
@@ -116,7 +118,7 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, _ auth.I
 	}
 	// The answer reports the state at its log_seq: it acknowledges the
 	// change, so it goes out once the log is durable up to there.
-	out := s.info()
+	out := s.info(id)
 	if err := s.log.WaitDurable(r.Context(), out.LogSeq); err != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}

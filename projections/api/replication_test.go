@@ -93,6 +93,38 @@ func TestInfoReplication(t *testing.T) {
 	}
 }
 
+// Only root sees the replication status: it names the NATS server, whose
+// stream holds every tenant's events.
+func TestInfoReplicationRootOnly(t *testing.T) {
+	n := newNode(t, 0, func(o *nodetest.Options) { o.NoExecutors = true })
+	hs := serveOver(t, n, n.Engine, api.Options{Replication: func() any { return map[string]string{"url": "nats://127.0.0.1:8777"} }})
+	for _, c := range []struct {
+		name, token string
+		shown       bool
+	}{
+		{"root", rootTok, true},
+		{"tenant", tokA, false},
+	} {
+		req, err := http.NewRequest("GET", hs.URL+"/v1/info", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", c.name, resp.StatusCode, b)
+		}
+		if got := strings.Contains(string(b), "nats://"); got != c.shown {
+			t.Errorf("%s: replication URL shown %v, want %v: %s", c.name, got, c.shown, b)
+		}
+	}
+}
+
 // A write whose engine says ErrUnavailable answers 503 with the reason, on
 // every writing route, although the change is committed.
 func TestUnavailableWriteIs503(t *testing.T) {

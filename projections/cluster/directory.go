@@ -22,7 +22,9 @@ const DefaultBucket = "sbx_nodes"
 // DefaultTTL is how long a node stays reachable after its last heartbeat.
 const DefaultTTL = 15 * time.Second
 
-// NodeInfo is one node's entry in the bucket (key: node id).
+// NodeInfo is one node's entry in the bucket (key: the node id's subject
+// token, stream.Token, which is the id itself for ids of letters, digits,
+// '-' and '_').
 type NodeInfo struct {
 	Node string `json:"node"`
 	// Addr is the node's owner_addr: where clients and other nodes reach
@@ -111,7 +113,7 @@ func Announce(ctx context.Context, o DirectoryOptions, node, addr string) error 
 		}
 		if kv != nil {
 			pctx, cancel := context.WithTimeout(ctx, o.TTL/3)
-			_, err = kv.Put(pctx, node, val)
+			_, err = kv.Put(pctx, stream.Token(node), val)
 			cancel()
 		}
 		switch {
@@ -203,11 +205,13 @@ func (d *Directory) update(e jetstream.KeyValueEntry) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if e.Operation() != jetstream.KeyValuePut {
-		delete(d.seen, e.Key())
+		if node, ok := stream.NodeOfToken(e.Key()); ok {
+			delete(d.seen, node)
+		}
 		return
 	}
 	var ni NodeInfo
-	if err := json.Unmarshal(e.Value(), &ni); err != nil || ni.Node != e.Key() || ni.Addr == "" {
+	if err := json.Unmarshal(e.Value(), &ni); err != nil || stream.Token(ni.Node) != e.Key() || ni.Addr == "" {
 		d.o.Logger.Warn().Str("key", e.Key()).Msg("cluster: ignoring a malformed node address entry")
 		return
 	}

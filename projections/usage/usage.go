@@ -102,7 +102,10 @@ type Consumer struct {
 	recs []journal.Record
 }
 
-var _ feed.Handler = (*Consumer)(nil)
+var (
+	_ feed.Handler = (*Consumer)(nil)
+	_ feed.Lagging = (*Consumer)(nil)
+)
 
 // Options configure Open.
 type Options struct {
@@ -145,6 +148,10 @@ func (c *Consumer) Close() error { return c.j.Close() }
 
 // Position implements feed.Handler.
 func (c *Consumer) Position(node string) uint64 { return c.j.High(node) }
+
+// PositionLags implements feed.Lagging: events that make no usage record
+// leave Position where it was.
+func (c *Consumer) PositionLags() bool { return true }
 
 // Open returns the sandboxes not yet summarised, sorted by node and id.
 func (c *Consumer) Open() []Sandbox {

@@ -58,8 +58,10 @@ func (n *Node) startReplication(r Replication) (*replication.Service, error) {
 	}
 	ev := n.zl.Info().Str("nats_url", svc.URL).Bool("embedded", svc.Server != nil).Bool("sync", r.Sync)
 	if svc.Server != nil {
-		ev = ev.Str("store", filepath.Join(n.cfg.DataDir, "nats"))
+		ev = ev.Str("store", filepath.Join(n.cfg.DataDir, "nats")).Str("seed_file", svc.SeedFile)
 	}
+	st := svc.Status()
+	ev = ev.Str("credentials", st.Credentials).Str("stream", st.Stream).Str("subject", st.Subject)
 	if !o.NoAudit {
 		ev = ev.Str("audit", filepath.Join(n.cfg.DataDir, "audit.jsonl"))
 	}

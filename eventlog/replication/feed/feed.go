@@ -1,7 +1,9 @@
 // Package feed delivers the op logs in the stream to a consumer (follower,
 // audit, usage, cluster view) through a durable JetStream consumer, verified:
 // every record's checksum, its node against its subject, its message id
-// against its sequence, and each node's sequences contiguous.
+// against its sequence, its headers against the record (stream.CheckMessage;
+// every message format up to stream.FormatCurrent is read), and each node's
+// sequences contiguous.
 //
 // Contract:
 //   - The consumer's own durable output is the truth about what it has
@@ -12,10 +14,12 @@
 //   - Apply receives events in stream order (per node in sequence order, each
 //     node's next sequence exactly) and must make their effects durable
 //     before returning nil; then the batch is acknowledged.
-//   - A node whose next delivered event skips sequences triggers one rebuild
-//     of the durable consumer from the start of the stream (the consumer's
-//     server-side position may be ahead of its output, e.g. after the output
-//     was restored from a backup). A gap that remains is fatal: *GapError.
+//   - A durable consumer that is ahead of the output is rebuilt from the
+//     start of the stream: when the last message it acknowledged belongs to
+//     a node the output holds less of (for a Lagging handler: nothing of),
+//     e.g. a fresh output under an old durable name, or an output restored
+//     from a backup. So is one whose next delivered event skips sequences
+//     of a node (once). A gap that remains is fatal: *GapError.
 //   - A record that fails verification is fatal: *CorruptError. A handler
 //     error is fatal and returned as is. Connection loss, leader elections
 //     and deleted consumers are retried with backoff.
@@ -45,6 +49,15 @@ type Handler interface {
 	Position(node string) uint64
 	// Apply makes the effects of evs durable.
 	Apply(ctx context.Context, evs []event.Event) error
+}
+
+// Lagging is implemented by handlers whose Position may stay below the last
+// event they were given, because some events leave no trace in their
+// output (usage writes no record for them). The feed then takes a durable
+// consumer that acknowledged more than Position as consistent, unless
+// Position is 0 (the output holds nothing of that node).
+type Lagging interface {
+	PositionLags() bool
 }
 
 // GapError: the stream lacks sequences of a node the handler needs.
@@ -78,7 +91,10 @@ type Options struct {
 	JS jetstream.JetStream
 	// Stream (default stream.DefaultName).
 	Stream string
-	// Durable is the consumer's name: letters, digits, '-' and '_'. Empty
+	// SubjectPrefix of the node subjects (default stream.DefaultSubjectPrefix).
+	SubjectPrefix string
+	// Durable is the consumer's name: letters, digits, '-', '_' and '='
+	// (stream.CheckDurable). Empty
 	// means an ephemeral consumer, for handlers whose state lives in memory
 	// (the cluster view): it starts at the beginning of the stream, resumes
 	// after the last message it delivered when it has to be recreated, and
@@ -99,7 +115,11 @@ type Feed struct {
 	opts    Options
 	h       Handler
 	log     zerolog.Logger
+	layout  stream.Config // names the subjects
 	filters []string
+
+	attachOnce sync.Once
+	attached   chan struct{}
 
 	mu      sync.Mutex
 	pos     map[string]uint64 // next expected is pos+1
@@ -122,13 +142,15 @@ func New(opts Options, h Handler) (*Feed, error) {
 		return nil, errors.New("feed: JetStream context and handler are required")
 	}
 	if opts.Durable != "" {
-		if err := stream.CheckNodeID(opts.Durable); err != nil {
+		if err := stream.CheckDurable(opts.Durable); err != nil {
 			return nil, fmt.Errorf("feed: durable name: %w", err)
 		}
 	}
-	if opts.Stream == "" {
-		opts.Stream = stream.DefaultName
+	layout := stream.Config{Name: opts.Stream, SubjectPrefix: opts.SubjectPrefix}
+	if err := layout.Validate(); err != nil {
+		return nil, fmt.Errorf("feed: %w", err)
 	}
+	opts.Stream = layout.StreamName()
 	if opts.Batch <= 0 {
 		opts.Batch = 256
 	}
@@ -138,25 +160,33 @@ func New(opts Options, h Handler) (*Feed, error) {
 	if opts.MaxBackoff < opts.MinBackoff {
 		opts.MaxBackoff = max(2*time.Second, opts.MinBackoff)
 	}
-	filters := []string{stream.AllSubjects}
+	filters := []string{layout.Wildcard()}
 	if len(opts.Nodes) > 0 {
 		filters = filters[:0]
 		for _, n := range opts.Nodes {
 			if err := stream.CheckNodeID(n); err != nil {
 				return nil, fmt.Errorf("feed: %w", err)
 			}
-			filters = append(filters, stream.Subject(n))
+			filters = append(filters, layout.Subject(n))
 		}
 	}
 	return &Feed{
-		opts:    opts,
-		h:       h,
-		log:     opts.Logger.With().Str("component", "feed").Str("durable", cmp.Or(opts.Durable, "(ephemeral)")).Logger(),
-		filters: filters,
-		pos:     map[string]uint64{},
-		status:  Status{Durable: opts.Durable, State: "idle"},
+		opts:     opts,
+		h:        h,
+		log:      opts.Logger.With().Str("component", "feed").Str("durable", cmp.Or(opts.Durable, "(ephemeral)")).Logger(),
+		layout:   layout,
+		filters:  filters,
+		attached: make(chan struct{}),
+		pos:      map[string]uint64{},
+		status:   Status{Durable: opts.Durable, State: "idle"},
 	}, nil
 }
+
+// Attached is closed once Run has its consumer in place for the first time
+// (created, or checked against the handler's positions and kept or
+// rebuilt): from then on the consumer's acknowledged floor speaks for the
+// output.
+func (f *Feed) Attached() <-chan struct{} { return f.attached }
 
 // Status returns a snapshot.
 func (f *Feed) Status() Status {
@@ -263,6 +293,7 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("consumer %s: %w", cmp.Or(f.opts.Durable, "(ephemeral)"), err)
 	}
+	f.attachOnce.Do(func() { close(f.attached) })
 	it, err := cons.Messages(jetstream.PullMaxMessages(2 * f.opts.Batch))
 	if err != nil {
 		return false, fmt.Errorf("consumer %s: %w", f.opts.Durable, err)
@@ -347,6 +378,18 @@ func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		return nil, err
 	}
 	info := cons.CachedInfo()
+	ahead, err := f.aheadOfOutput(ctx, info)
+	if err != nil {
+		return nil, err
+	}
+	if ahead != "" {
+		f.log.Info().Uint64("acknowledged_stream_seq", info.AckFloor.Stream).
+			Msgf("the durable consumer is ahead of the output (%s): rebuilding it from the start of the stream", ahead)
+		if err := f.opts.JS.DeleteConsumer(ctx, f.opts.Stream, f.opts.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, err
+		}
+		return f.opts.JS.CreateConsumer(ctx, f.opts.Stream, cfg)
+	}
 	if info.NumAckPending == 0 && slices.Equal(filtersOf(info.Config), f.filters) {
 		return cons, nil
 	}
@@ -358,6 +401,46 @@ func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		return nil, err
 	}
 	return f.opts.JS.CreateConsumer(ctx, f.opts.Stream, cfg)
+}
+
+// aheadOfOutput says why the durable consumer acknowledged more than the
+// handler's output holds ("" when it did not): the last message it
+// acknowledged is an event of a node the handler's Position is below (for
+// a Lagging handler: at 0). Without this, a fresh output under an existing
+// durable name would receive nothing: the server has delivered everything
+// to the durable already.
+func (f *Feed) aheadOfOutput(ctx context.Context, info *jetstream.ConsumerInfo) (string, error) {
+	if info.AckFloor.Stream == 0 {
+		return "", nil
+	}
+	st, err := f.opts.JS.Stream(ctx, f.opts.Stream)
+	if err != nil {
+		return "", err
+	}
+	m, err := st.GetMsg(ctx, info.AckFloor.Stream)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", nil // it left the stream; the gap check is what is left
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the last acknowledged message (stream seq %d): %w", info.AckFloor.Stream, err)
+	}
+	node, ok := f.layout.NodeOf(m.Subject)
+	if !ok {
+		return "", nil
+	}
+	seq, ok := stream.SeqOfMsgID(node, m.Header.Get(jetstream.MsgIDHeader))
+	if !ok {
+		return "", nil
+	}
+	pos := f.h.Position(node)
+	lagging := false
+	if l, ok := f.h.(Lagging); ok {
+		lagging = l.PositionLags()
+	}
+	if pos >= seq || (lagging && pos > 0) {
+		return "", nil
+	}
+	return fmt.Sprintf("it acknowledged event %d of node %s, the output holds up to %d", seq, node, pos), nil
 }
 
 func filtersOf(c jetstream.ConsumerConfig) []string {
@@ -379,7 +462,7 @@ func (f *Feed) verify(ctx context.Context, msgs []jetstream.Msg, evs []event.Eve
 		if md, err := m.Metadata(); err == nil {
 			sseq = md.Sequence.Stream
 		}
-		node, ok := stream.NodeOf(subj)
+		node, ok := f.layout.NodeOf(subj)
 		if !ok {
 			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: errors.New("not a node subject")}
 		}
@@ -390,8 +473,8 @@ func (f *Feed) verify(ctx context.Context, msgs []jetstream.Msg, evs []event.Eve
 		if ev.Node != node {
 			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: fmt.Errorf("record of node %q", ev.Node)}
 		}
-		if id := m.Headers().Get(jetstream.MsgIDHeader); id != stream.MsgID(node, ev.Seq) {
-			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: fmt.Errorf("seq %d under message id %q", ev.Seq, id)}
+		if _, err := stream.CheckMessage(m.Headers(), &ev); err != nil {
+			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: err}
 		}
 		want, ok := next[node]
 		if !ok {

@@ -30,10 +30,12 @@ type Options struct {
 	JS jetstream.JetStream
 	// Stream (default stream.DefaultName).
 	Stream string
+	// SubjectPrefix of the node subjects (default stream.DefaultSubjectPrefix).
+	SubjectPrefix string
 	// Replica is the local log, opened with NodeID = the followed node.
 	Replica *eventlog.Log
-	// Durable names the consumer (default "follower-<node>"); followers of
-	// one node on different hosts need different names.
+	// Durable names the consumer (default "follower-<node's token>");
+	// followers of one node on different hosts need different names.
 	Durable string
 	// Batch bounds the events per replica write (default 256).
 	Batch  int
@@ -56,16 +58,17 @@ func New(opts Options) (*Follower, error) {
 		return nil, fmt.Errorf("follower: replica's node: %w", err)
 	}
 	if opts.Durable == "" {
-		opts.Durable = "follower-" + node
+		opts.Durable = "follower-" + stream.Token(node)
 	}
 	f := &Follower{replica: opts.Replica}
 	fd, err := feed.New(feed.Options{
-		JS:      opts.JS,
-		Stream:  opts.Stream,
-		Durable: opts.Durable,
-		Nodes:   []string{node},
-		Batch:   opts.Batch,
-		Logger:  opts.Logger.With().Str("follows", node).Logger(),
+		JS:            opts.JS,
+		Stream:        opts.Stream,
+		SubjectPrefix: opts.SubjectPrefix,
+		Durable:       opts.Durable,
+		Nodes:         []string{node},
+		Batch:         opts.Batch,
+		Logger:        opts.Logger.With().Str("follows", node).Logger(),
 	}, handler{opts.Replica})
 	if err != nil {
 		return nil, fmt.Errorf("follower: %w", err)
@@ -76,6 +79,9 @@ func New(opts Options) (*Follower, error) {
 
 // Run follows until ctx ends (nil) or a fatal error.
 func (f *Follower) Run(ctx context.Context) error { return f.feed.Run(ctx) }
+
+// Attached is the feed's (feed.Feed.Attached).
+func (f *Follower) Attached() <-chan struct{} { return f.feed.Attached() }
 
 // Status of the underlying feed.
 func (f *Follower) Status() feed.Status { return f.feed.Status() }

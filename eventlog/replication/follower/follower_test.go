@@ -119,16 +119,7 @@ func TestFollowerReplicatesThroughRestarts(t *testing.T) {
 // is rebuilt from the start of the stream.
 func TestFollowerRebuildsConsumerForEmptyReplica(t *testing.T) {
 	_, js, src := setup(t)
-	first := repltest.OpenLog(t, "n1")
-	f, err := follower.New(follower.Options{JS: js, Replica: first, Durable: "f1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := run(t, f)
-	waitFor(t, f, src.LastSeq())
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	catchUp(t, js, src, "f1")
 	appendOps(t, src, 5)
 
 	fresh := repltest.OpenLog(t, "n1")
@@ -139,6 +130,21 @@ func TestFollowerRebuildsConsumerForEmptyReplica(t *testing.T) {
 	run(t, f2)
 	waitFor(t, f2, src.LastSeq())
 	requireSameLog(t, src, fresh)
+}
+
+// catchUp runs a follower of src into a replica of its own under durable
+// until it holds all of src, and stops it.
+func catchUp(t *testing.T, js jetstream.JetStream, src *eventlog.Log, durable string) {
+	t.Helper()
+	f, err := follower.New(follower.Options{JS: js, Replica: repltest.OpenLog(t, src.NodeID()), Durable: durable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, f)
+	waitFor(t, f, src.LastSeq())
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestFollowerRefusesGapAndCorruption(t *testing.T) {

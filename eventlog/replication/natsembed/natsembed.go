@@ -13,6 +13,10 @@
 //     (JetStream flushed its store, listeners closed).
 //   - The server never installs signal handlers and never exits the process:
 //     its fatal log lines go to the logger at error level.
+//   - With NKeys set, only clients that sign the server's challenge with one
+//     of those users' seeds connect; any other client is refused with an
+//     authorization violation (sandboxd's embedded server always has one,
+//     see package natsauth).
 package natsembed
 
 import (
@@ -28,6 +32,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 	"github.com/rs/zerolog"
 )
 
@@ -61,6 +66,9 @@ type Options struct {
 	MaxStore int64
 	// MaxPayload is the largest message (default MaxPayload).
 	MaxPayload int32
+	// NKeys are the public keys of the users that may connect ("U...");
+	// empty accepts every client (tests' servers).
+	NKeys []string
 	// Cluster joins the server to a route cluster; nil runs it standalone.
 	Cluster *ClusterOptions
 	// ReadyTimeout bounds Start's wait for the listener (default 10 s).
@@ -102,6 +110,12 @@ func Start(opts Options) (*Server, error) {
 	if opts.ReadyTimeout <= 0 {
 		opts.ReadyTimeout = 10 * time.Second
 	}
+	for _, k := range opts.NKeys {
+		if !nkeys.IsValidPublicUserKey(k) {
+			return nil, fmt.Errorf("natsembed: %q is not a public user NKey", k)
+		}
+	}
+	opts.NKeys = append([]string(nil), opts.NKeys...)
 	if c := opts.Cluster; c != nil {
 		if c.Name == "" {
 			return nil, errors.New("natsembed: cluster name is required")
@@ -193,6 +207,9 @@ func (s *Server) serverOptions() (*server.Options, error) {
 		NoSigs:            true,
 		// A missing HTTP monitor port must not default to anything.
 		HTTPPort: 0,
+	}
+	for _, k := range o.NKeys {
+		so.Nkeys = append(so.Nkeys, &server.NkeyUser{Nkey: k})
 	}
 	if c := o.Cluster; c != nil {
 		cport := c.Port

@@ -1,15 +1,25 @@
 // Package replicator publishes a node's op log to its JetStream subject
-// (sbx.ev.<node>, see package stream), one message per event:
-// Nats-Msg-Id = node + "-" + seq, payload = the event's checksummed record
-// (event.Encode).
+// (<prefix>.<token>, see package stream), one message per event in the
+// stream's message format (stream.Config.Message): Nats-Msg-Id = token +
+// "-" + seq, Sbx-* headers describing the event, payload = the event's
+// checksummed record (event.Encode).
 //
 // Contract:
 //   - Every durable event of the local log reaches the subject exactly once
 //     and in sequence order. The resume point after a start, a disconnect or
 //     any publish error is read from the stream (the last message on the
-//     node's subject), never from a local cursor: JetStream may acknowledge
-//     before it fsyncs, so a crashed server can lose a tail the local log
-//     still has; that tail is published again.
+//     node's subject): JetStream may acknowledge before it fsyncs, so a
+//     crashed server can lose a tail the local log still has; that tail is
+//     published again. Only a subject without any message consults the
+//     cursor file (Options.CursorFile: what was acknowledged, in which
+//     stream, told apart by its creation time): its messages left the
+//     stream (an age or size limit, a purge) and are not published again.
+//   - Windows are atomic batches when the stream has several replicas,
+//     whatever the node is configured for; compatible stream settings that
+//     differ from sbxlog's (stream.Warnings) are logged and in Status.
+//   - Each outage is logged once at warn and its end at info; Status's
+//     LastError is the current outage's error (*UnreachableError while the
+//     client has no connection) and is cleared once replication runs.
 //   - Local appends never wait for NATS. The replicator tails the log on its
 //     own goroutine with a bounded number of publishes in flight; while NATS
 //     is unreachable it retries with capped backoff and on its return

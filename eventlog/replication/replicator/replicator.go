@@ -9,7 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,7 +37,49 @@ var (
 	ErrGap = errors.New("replicator: gap between the stream and the local log")
 	// ErrStopped: Run returned after its context ended.
 	ErrStopped = errors.New("replicator: stopped")
+	// ErrUnreachable: the client is not connected to any NATS server.
+	// Returned wrapped in *UnreachableError; retried.
+	ErrUnreachable = errors.New("replicator: NATS unreachable")
 )
+
+// UnreachableError is a session that failed while the client had no
+// connection: it says so, and why the client cannot connect, instead of
+// the publish error that followed from it (with the reconnect buffer off, a
+// publish while disconnected fails as "outbound buffer limit exceeded").
+type UnreachableError struct {
+	// URL is the server list, without credentials.
+	URL string
+	// Status is the connection's state (RECONNECTING, CLOSED, ...).
+	Status string
+	// Cause is the client's last connection error, or the session's error
+	// when the client has none.
+	Cause error
+}
+
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("NATS unreachable at %s (%s): %v", e.URL, strings.ToLower(e.Status), e.Cause)
+}
+
+func (e *UnreachableError) Unwrap() []error { return []error{ErrUnreachable, e.Cause} }
+
+// RedactURL is urls (comma-separated) with any password or token in them
+// replaced by "redacted", for logs and status pages.
+func RedactURL(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil || u.User == nil {
+			continue
+		}
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "redacted")
+		} else {
+			u.User = url.User("redacted")
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
+}
 
 // SecondWriterError says why the stream's subject is not this log's.
 type SecondWriterError struct {
@@ -95,8 +141,17 @@ type Options struct {
 	// (credentials, TLS). The replicator disables the reconnect buffer: a
 	// publish while disconnected must fail, not be replayed later.
 	NATSOptions []nats.Option
-	// Stream is checked (created if missing) before the first publish.
+	// Stream is checked (created if missing) before the first publish; it
+	// also names the node's subject (Stream.Subject).
 	Stream stream.Config
+	// CursorFile keeps what was published (the stream, its creation time,
+	// the last acknowledged sequence), so a subject whose messages all left
+	// the stream (an age or size limit) is not published again from seq 1
+	// (default: the log's directory + ".replicated"). It is rewritten at
+	// most every CursorEvery (default 100 ms) while publishing, and when
+	// Run returns.
+	CursorFile  string
+	CursorEvery time.Duration
 	// Window bounds the events published together: the publishes in flight
 	// with one replica, the size of an atomic batch with several (default
 	// 256, at most MaxWindow).
@@ -132,8 +187,13 @@ type Status struct {
 	// StreamSeq is the stream sequence of that message.
 	StreamSeq uint64 `json:"stream_seq"`
 	// Pending is how many durable local events are not acknowledged yet.
-	Pending   uint64 `json:"pending"`
+	Pending uint64 `json:"pending"`
+	// LastError is the error of the current outage (or the refusal); it is
+	// cleared once replication runs again.
 	LastError string `json:"last_error,omitempty"`
+	// Warnings are the stream's compatible settings that differ from what
+	// sbxlog creates (stream.Warnings).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // MaxWindow is the largest Window: JetStream's default atomic batch limit.
@@ -146,7 +206,11 @@ type Replicator struct {
 	subject string
 	log     zerolog.Logger
 
-	atomic bool // windows are atomic batches (stream replicas > 1)
+	// Owned by Run's goroutine.
+	atomic  bool      // windows are atomic batches (the stream has replicas > 1)
+	outage  time.Time // start of the current outage (zero: none)
+	warned  string    // the stream warnings last logged
+	created time.Time // the current session's stream creation time
 
 	acked     atomic.Uint64 // highest acknowledged event seq
 	streamSeq atomic.Uint64 // its stream sequence
@@ -157,6 +221,25 @@ type Replicator struct {
 	state    State
 	lastErr  error
 	fatal    error
+	warnings []string
+	cursor   cursor        // what was published, as the cursor file says
+	dirty    chan struct{} // the cursor changed since it was written
+}
+
+// cursor is the cursor file's content: the node's last acknowledged event
+// in one stream, told apart from a stream recreated under the same name by
+// its creation time.
+type cursor struct {
+	Stream    string    `json:"stream"`
+	Created   time.Time `json:"created"`
+	Subject   string    `json:"subject"`
+	Seq       uint64    `json:"seq"`
+	StreamSeq uint64    `json:"stream_seq"`
+}
+
+// covers reports whether c is about the stream and subject a session uses.
+func (c cursor) covers(name string, created time.Time, subject string) bool {
+	return c.Seq > 0 && c.Stream == name && c.Created.Equal(created) && c.Subject == subject
 }
 
 // New checks opts. It does not connect: Run does, and keeps retrying.
@@ -179,6 +262,12 @@ func New(opts Options) (*Replicator, error) {
 	if _, err := opts.Stream.StreamConfig(); err != nil {
 		return nil, fmt.Errorf("replicator: %w", err)
 	}
+	if opts.CursorFile == "" {
+		opts.CursorFile = opts.Log.Dir() + ".replicated"
+	}
+	if opts.CursorEvery <= 0 {
+		opts.CursorEvery = 100 * time.Millisecond
+	}
 	if opts.Window <= 0 {
 		opts.Window = 256
 	}
@@ -194,16 +283,109 @@ func New(opts Options) (*Replicator, error) {
 	if opts.MaxBackoff < opts.MinBackoff {
 		opts.MaxBackoff = max(2*time.Second, opts.MinBackoff)
 	}
-	scfg, _ := opts.Stream.StreamConfig()
-	return &Replicator{
-		atomic:   scfg.Replicas > 1,
+	r := &Replicator{
 		opts:     opts,
 		node:     opts.NodeID,
-		subject:  stream.Subject(opts.NodeID),
+		subject:  opts.Stream.Subject(opts.NodeID),
 		log:      opts.Logger.With().Str("component", "replicator").Str("node", opts.NodeID).Logger(),
 		progress: make(chan struct{}),
 		state:    StateIdle,
-	}, nil
+		dirty:    make(chan struct{}, 1),
+	}
+	if err := r.loadCursor(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Replicator) loadCursor() error {
+	b, err := os.ReadFile(r.opts.CursorFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &r.cursor)
+	}
+	if err != nil {
+		// Without it an emptied subject would be published again from 1:
+		// refuse to guess.
+		return fmt.Errorf("replicator: cursor file %s: %w (remove it to publish the log again from where the stream ends)", r.opts.CursorFile, err)
+	}
+	return nil
+}
+
+// keepCursor writes the cursor file whenever it changed, at most every
+// CursorEvery, until done is closed; then once more.
+func (r *Replicator) keepCursor(done <-chan struct{}) {
+	var written cursor
+	failing := false
+	write := func() {
+		r.mu.Lock()
+		c := r.cursor
+		r.mu.Unlock()
+		if c == written {
+			return
+		}
+		if err := writeCursor(r.opts.CursorFile, c); err != nil {
+			if !failing {
+				r.log.Warn().Err(err).Msg("cannot write the replication cursor; an emptied subject could be published again")
+			}
+			failing = true
+			return
+		}
+		if failing {
+			r.log.Info().Str("cursor", r.opts.CursorFile).Msg("replication cursor written again")
+		}
+		written, failing = c, false
+	}
+	for {
+		select {
+		case <-done:
+			write()
+			return
+		case <-r.dirty:
+		}
+		write()
+		select {
+		case <-done:
+			write()
+			return
+		case <-time.After(r.opts.CursorEvery):
+		}
+	}
+}
+
+// writeCursor replaces path with c: a temp file renamed over it, fsynced
+// with its directory, so a crash leaves the old or the new cursor.
+func writeCursor(path string, c cursor) error {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return nil
 }
 
 // Replicated is the highest event sequence acknowledged by JetStream (0
@@ -221,6 +403,7 @@ func (r *Replicator) Status() Status {
 	if r.lastErr != nil {
 		st.LastError = r.lastErr.Error()
 	}
+	st.Warnings = append([]string(nil), r.warnings...)
 	return st
 }
 
@@ -261,8 +444,12 @@ func (r *Replicator) setState(s State, err error) {
 		r.fatal = err
 	}
 	r.state = s
-	if err != nil {
+	switch {
+	case err != nil:
 		r.lastErr = err
+	case s == StateRunning:
+		// Recovered: an error of an outage that ended is no status.
+		r.lastErr = nil
 	}
 	if s == StateRefused || s == StateStopped {
 		close(r.progress)
@@ -270,14 +457,22 @@ func (r *Replicator) setState(s State, err error) {
 	}
 }
 
-// advance records acknowledged progress and wakes WaitReplicated callers.
+// advance records acknowledged progress, in the cursor too, and wakes
+// WaitReplicated callers.
 func (r *Replicator) advance(seq, streamSeq uint64) {
 	r.streamSeq.Store(streamSeq)
 	r.acked.Store(seq)
 	r.mu.Lock()
 	close(r.progress)
 	r.progress = make(chan struct{})
+	if seq > 0 {
+		r.cursor = cursor{Stream: r.opts.Stream.StreamName(), Created: r.created, Subject: r.subject, Seq: seq, StreamSeq: streamSeq}
+	}
 	r.mu.Unlock()
+	select {
+	case r.dirty <- struct{}{}:
+	default:
+	}
 }
 
 // Run connects and replicates until ctx ends (returning nil) or a fatal
@@ -300,11 +495,15 @@ func (r *Replicator) Run(ctx context.Context) error {
 	nopts = append(nopts, nats.ReconnectBufSize(-1))
 	nc, err := nats.Connect(r.opts.URL, nopts...)
 	if err != nil {
-		err = fmt.Errorf("replicator: connect %s: %w", r.opts.URL, err)
+		err = fmt.Errorf("replicator: connect %s: %w", RedactURL(r.opts.URL), err)
 		r.setState(StateRefused, err)
 		return err
 	}
 	defer nc.Close()
+	cursorDone := make(chan struct{})
+	cursorStopped := make(chan struct{})
+	go func() { defer close(cursorStopped); r.keepCursor(cursorDone) }()
+	defer func() { close(cursorDone); <-cursorStopped }()
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(2*r.opts.Window),
 		jetstream.WithPublishAsyncTimeout(r.opts.PublishTimeout))
@@ -314,7 +513,6 @@ func (r *Replicator) Run(ctx context.Context) error {
 	}
 
 	backoff := r.opts.MinBackoff
-	failing := false
 	for {
 		progressed, err := r.session(ctx, nc, js)
 		if ctx.Err() != nil {
@@ -329,12 +527,21 @@ func (r *Replicator) Run(ctx context.Context) error {
 		if progressed {
 			backoff = r.opts.MinBackoff
 		}
-		if !failing {
+		if !nc.IsConnected() {
+			cause := nc.LastError()
+			if cause == nil {
+				cause = err
+			}
+			err = &UnreachableError{URL: RedactURL(r.opts.URL), Status: nc.Status().String(), Cause: cause}
+		}
+		// Each outage is a warning once, however many retries it takes;
+		// the recovery is logged at info (session).
+		if r.outage.IsZero() {
+			r.outage = time.Now()
 			r.log.Warn().Err(err).Uint64("replicated", r.acked.Load()).Msg("replication interrupted; retrying")
 		} else {
 			r.log.Debug().Err(err).Msg("replication retry failed")
 		}
-		failing = true
 		r.setState(StateRetrying, err)
 		// Full jitter around the backoff keeps many nodes from retrying in step.
 		wait := backoff/2 + rand.N(backoff/2+1)
@@ -362,6 +569,18 @@ func (r *Replicator) session(ctx context.Context, nc *nats.Conn, js jetstream.Je
 	if err != nil {
 		return false, err
 	}
+	// The stream's own replicas decide how windows go out: an operator may
+	// run it with more than this node is configured for.
+	r.atomic, r.created = st.Have.Replicas > 1, st.Created
+	r.mu.Lock()
+	r.warnings = st.Warnings
+	r.mu.Unlock()
+	if w := strings.Join(st.Warnings, "; "); w != r.warned {
+		r.warned = w
+		for _, msg := range st.Warnings {
+			r.log.Warn().Str("stream", st.Have.Name).Msg(msg)
+		}
+	}
 	last, sseq, err := r.resume(ctx, st)
 	if err != nil {
 		return false, err
@@ -376,7 +595,14 @@ func (r *Replicator) session(ctx context.Context, nc *nats.Conn, js jetstream.Je
 	}
 	defer sub.Close()
 	r.setState(StateRunning, nil)
-	r.log.Info().Uint64("resume_after", last).Uint64("stream_seq", sseq).Msg("replicating")
+	ev := r.log.Info().Uint64("resume_after", last).Uint64("stream_seq", sseq).Str("subject", r.subject)
+	if !r.outage.IsZero() {
+		ev = ev.Dur("outage", time.Since(r.outage).Round(time.Millisecond))
+		r.outage = time.Time{}
+		ev.Msg("replication resumed")
+	} else {
+		ev.Msg("replicating")
+	}
 
 	batch := make([]event.Event, 0, r.opts.Window)
 	for {
@@ -397,13 +623,15 @@ func (r *Replicator) session(ctx context.Context, nc *nats.Conn, js jetstream.Je
 		}
 		if max := nc.MaxPayload(); max > 0 {
 			for i := range batch {
-				// A record is at most its variable fields plus 96 bytes;
-				// headers travel in the payload budget too, hence the margin.
+				// A record is at most its variable fields plus 96 bytes,
+				// and its headers repeat the node (also as a token in the
+				// message id) and the aggregate id; the margin is for the
+				// fencing and batch headers.
 				ev := &batch[i]
-				if len(ev.Payload)+len(ev.AggID)+len(ev.Node)+96+512 <= int(max) {
+				if len(ev.Payload)+2*len(ev.AggID)+5*len(ev.Node)+96+1024 <= int(max) {
 					continue
 				}
-				if size := len(event.Encode(ev)) + 512; int64(size) > max {
+				if size := len(event.Encode(ev)) + stream.HeaderBytes(ev) + 512; int64(size) > max {
 					return progressed, &TooLargeError{Node: r.node, Seq: ev.Seq, Size: size, MaxPayload: max}
 				}
 			}
@@ -417,13 +645,37 @@ func (r *Replicator) session(ctx context.Context, nc *nats.Conn, js jetstream.Je
 
 // resume reads the node's last message from the stream and checks that it is
 // the local log's event with the same sequence. It returns that sequence and
-// its stream sequence (0, 0 for an empty subject).
-func (r *Replicator) resume(ctx context.Context, st jetstream.Stream) (last, sseq uint64, err error) {
+// its stream sequence. A subject without messages is either new (0, 0) or
+// one whose messages all left the stream (an age or size limit, a purge):
+// the cursor tells them apart, and the latter resumes after the cursor's
+// sequence with stream sequence 0, publishing nothing twice.
+func (r *Replicator) resume(ctx context.Context, st *stream.Ensured) (last, sseq uint64, err error) {
 	gctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
 	defer cancel()
 	m, err := st.GetLastMsgForSubject(gctx, r.subject)
 	localFirst, localLast := r.opts.Log.FirstSeq(), r.opts.Log.LastSeq()
+	refuse := func(seq uint64, reason string, args ...any) error {
+		return &SecondWriterError{Node: r.node, Subject: r.subject, StreamSeq: seq, LocalLast: localLast, Reason: fmt.Sprintf(reason, args...)}
+	}
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		r.mu.Lock()
+		cur := r.cursor
+		r.mu.Unlock()
+		if cur.covers(st.Have.Name, st.Created, r.subject) {
+			switch {
+			case cur.Seq > localLast:
+				return 0, 0, refuse(cur.Seq, "this log has no such event (the stream no longer holds it; the cursor %s says it was published)", r.opts.CursorFile)
+			case localFirst > cur.Seq+1 && localLast >= localFirst:
+				return 0, 0, &GapError{Node: r.node, Replicated: cur.Seq, LocalFirst: localFirst}
+			}
+			r.log.Warn().Uint64("published", cur.Seq).Str("stream", st.Have.Name).
+				Msg("the node's subject is empty but its events up to this one were published (they left the stream: an age or size limit, or a purge); resuming after it without publishing them again")
+			return cur.Seq, 0, nil
+		}
+		if cur.Seq > 0 && cur.Stream == st.Have.Name && cur.Subject == r.subject {
+			r.log.Warn().Time("was_created", cur.Created).Time("created", st.Created).Str("stream", st.Have.Name).
+				Msg("the stream was created again since this node last published: publishing the whole log into it")
+		}
 		if localFirst > 1 && localLast >= localFirst {
 			return 0, 0, &GapError{Node: r.node, Replicated: 0, LocalFirst: localFirst}
 		}
@@ -431,9 +683,6 @@ func (r *Replicator) resume(ctx context.Context, st jetstream.Stream) (last, sse
 	}
 	if err != nil {
 		return 0, 0, fmt.Errorf("read resume point: %w", err)
-	}
-	refuse := func(seq uint64, reason string, args ...any) error {
-		return &SecondWriterError{Node: r.node, Subject: r.subject, StreamSeq: seq, LocalLast: localLast, Reason: fmt.Sprintf(reason, args...)}
 	}
 	remote, err := event.Decode(m.Data)
 	switch {
@@ -645,9 +894,4 @@ func (r *Replicator) checkAck(ack *jetstream.PubAck, seq, prev uint64) error {
 	return nil
 }
 
-func (r *Replicator) message(ev *event.Event) *nats.Msg {
-	m := nats.NewMsg(r.subject)
-	m.Header.Set(jetstream.MsgIDHeader, stream.MsgID(r.node, ev.Seq))
-	m.Data = event.Encode(ev)
-	return m
-}
+func (r *Replicator) message(ev *event.Event) *nats.Msg { return r.opts.Stream.Message(ev) }

@@ -80,7 +80,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		"no url":      {Log: l},
 		"other node":  {Log: l, URL: "nats://x", NodeID: "n2"},
 		"bad stream":  {Log: l, URL: "nats://x", Stream: stream.Config{Replicas: 9}},
-		"bad node id": {Log: repltest.OpenLog(t, "a.b"), URL: "nats://x"},
+		"bad node id": {Log: repltest.OpenLog(t, "a\nb"), URL: "nats://x"},
 	} {
 		if _, err := replicator.New(o); err == nil {
 			t.Errorf("%s: accepted", name)

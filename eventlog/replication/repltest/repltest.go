@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbxlog/sbxlog/eventlog"
@@ -89,9 +90,10 @@ func Hash(evs []event.Event) string {
 
 // SubjectMsg is one message of a node's subject.
 type SubjectMsg struct {
-	MsgID string
-	Data  []byte
-	Event event.Event
+	MsgID  string
+	Header nats.Header
+	Data   []byte
+	Event  event.Event
 }
 
 // ReadSubject returns every message on node's subject in stream order. It
@@ -99,10 +101,17 @@ type SubjectMsg struct {
 // member rejoins, consumer requests can briefly find no responder.
 func ReadSubject(t testing.TB, js jetstream.JetStream, streamName, node string) []SubjectMsg {
 	t.Helper()
+	return ReadSubjectIn(t, js, stream.Config{Name: streamName}, node)
+}
+
+// ReadSubjectIn is ReadSubject in the stream and under the subject prefix
+// of c.
+func ReadSubjectIn(t testing.TB, js jetstream.JetStream, c stream.Config, node string) []SubjectMsg {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
-		out, err := readSubject(ctx, js, streamName, node)
+		out, err := readSubject(ctx, js, c, node)
 		if err == nil {
 			return out
 		}
@@ -113,20 +122,21 @@ func ReadSubject(t testing.TB, js jetstream.JetStream, streamName, node string) 
 	}
 }
 
-func readSubject(ctx context.Context, js jetstream.JetStream, streamName, node string) ([]SubjectMsg, error) {
-	st, err := js.Stream(ctx, streamName)
+func readSubject(ctx context.Context, js jetstream.JetStream, c stream.Config, node string) ([]SubjectMsg, error) {
+	st, err := js.Stream(ctx, c.StreamName())
 	if err != nil {
 		return nil, err
 	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(stream.Subject(node)))
+	subj := c.Subject(node)
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
 	if err != nil {
 		return nil, err
 	}
-	want := info.State.Subjects[stream.Subject(node)]
+	want := info.State.Subjects[subj]
 	if want == 0 {
 		return nil, nil
 	}
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{stream.Subject(node)}})
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +151,7 @@ func readSubject(ctx context.Context, js jetstream.JetStream, streamName, node s
 			if err != nil {
 				return nil, fmt.Errorf("decode message %d: %w", len(out), err)
 			}
-			out = append(out, SubjectMsg{MsgID: m.Headers().Get(jetstream.MsgIDHeader), Data: m.Data(), Event: ev})
+			out = append(out, SubjectMsg{MsgID: m.Headers().Get(jetstream.MsgIDHeader), Header: m.Headers(), Data: m.Data(), Event: ev})
 		}
 		if err := batch.Error(); err != nil {
 			return nil, err

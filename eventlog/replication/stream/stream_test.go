@@ -14,7 +14,7 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
 )
 
-func TestCheckNodeID(t *testing.T) {
+func TestCheckToken(t *testing.T) {
 	for _, tc := range []struct {
 		node string
 		ok   bool
@@ -28,9 +28,9 @@ func TestCheckNodeID(t *testing.T) {
 		{"a b", false},
 		{strings.Repeat("x", 129), false},
 	} {
-		err := stream.CheckNodeID(tc.node)
+		err := stream.CheckToken(tc.node)
 		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, stream.ErrBadNodeID)) {
-			t.Errorf("CheckNodeID(%q) = %v, want ok=%v", tc.node, err, tc.ok)
+			t.Errorf("CheckToken(%q) = %v, want ok=%v", tc.node, err, tc.ok)
 		}
 	}
 	if got := stream.Subject("n1"); got != "sbx.ev.n1" {
@@ -44,6 +44,80 @@ func TestCheckNodeID(t *testing.T) {
 	}
 	if got := stream.MsgID("n1", 42); got != "n1-42" {
 		t.Fatalf("MsgID = %s", got)
+	}
+}
+
+// Any id an operator would set is a node id; its subject token is the id
+// itself when it is a plain token (every id accepted before), and otherwise
+// escapes each other byte as =XX, reversibly.
+func TestNodeIDTokens(t *testing.T) {
+	for _, tc := range []struct {
+		node, token string
+	}{
+		{"node-1", "node-1"},
+		{"Host_2", "Host_2"},
+		{"host.example.com", "host=2Eexample=2Ecom"},
+		{"a=b", "a=3Db"},
+		{"rack 4/slot*2>", "rack=204=2Fslot=2A2=3E"},
+		{"nœud", "n=C5=93ud"},
+		{strings.Repeat("x", 128), strings.Repeat("x", 128)},
+	} {
+		if err := stream.CheckNodeID(tc.node); err != nil {
+			t.Errorf("CheckNodeID(%q): %v", tc.node, err)
+		}
+		if got := stream.Token(tc.node); got != tc.token {
+			t.Errorf("Token(%q) = %q, want %q", tc.node, got, tc.token)
+		}
+		if got, ok := stream.NodeOfToken(tc.token); !ok || got != tc.node {
+			t.Errorf("NodeOfToken(%q) = %q, %v, want %q", tc.token, got, ok, tc.node)
+		}
+		subj := stream.Subject(tc.node)
+		if subj != "sbx.ev."+tc.token {
+			t.Errorf("Subject(%q) = %q", tc.node, subj)
+		}
+		if got, ok := stream.NodeOf(subj); !ok || got != tc.node {
+			t.Errorf("NodeOf(%q) = %q, %v", subj, got, ok)
+		}
+		if seq, ok := stream.SeqOfMsgID(tc.node, stream.MsgID(tc.node, 42)); !ok || seq != 42 {
+			t.Errorf("SeqOfMsgID(MsgID(%q, 42)) = %d, %v", tc.node, seq, ok)
+		}
+	}
+	for _, bad := range []string{"", "a\nb", "tab\there", "\xff", strings.Repeat("x", 129), strings.Repeat(".", 81)} {
+		if err := stream.CheckNodeID(bad); !errors.Is(err, stream.ErrBadNodeID) {
+			t.Errorf("CheckNodeID(%q) = %v, want ErrBadNodeID", bad, err)
+		}
+	}
+	// Strings Token never returns are no token: each node has one.
+	for _, tok := range []string{"a=2e", "a=2", "a=", "=41", "a.b", "a=0A", "a=ZZ"} {
+		if n, ok := stream.NodeOfToken(tok); ok {
+			t.Errorf("NodeOfToken(%q) = %q, want refused", tok, n)
+		}
+	}
+}
+
+// The subject prefix and the stream name are the config's.
+func TestConfigPrefix(t *testing.T) {
+	c := stream.Config{Name: "OPS", SubjectPrefix: "ops.sbx"}
+	sc, err := c.StreamConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Name != "OPS" || len(sc.Subjects) != 1 || sc.Subjects[0] != "ops.sbx.*" {
+		t.Fatalf("stream config %+v", sc)
+	}
+	if got := c.Subject("a.b"); got != "ops.sbx.a=2Eb" {
+		t.Fatalf("Subject = %s", got)
+	}
+	if n, ok := c.NodeOf("ops.sbx.a=2Eb"); !ok || n != "a.b" {
+		t.Fatalf("NodeOf = %q %v", n, ok)
+	}
+	if _, ok := c.NodeOf("sbx.ev.a"); ok {
+		t.Fatal("NodeOf accepted the default prefix")
+	}
+	for _, p := range []string{"sbx.ev.", ".sbx", "a..b", "a.*", "a.>", "a b", "a.b>"} {
+		if err := (stream.Config{SubjectPrefix: p}).Validate(); err == nil {
+			t.Errorf("prefix %q accepted", p)
+		}
 	}
 }
 
@@ -159,6 +233,55 @@ func TestEnsureRefusesIncompatible(t *testing.T) {
 	if err := stream.Check(have, want); !errors.As(err, &ie) || ie.Setting != "replicas" || ie.Have != "1" || ie.Want != "3" {
 		t.Fatalf("replicas: %v", err)
 	}
+	if !strings.Contains(ie.Error(), "nats.replicas") {
+		t.Errorf("replicas advice names no setting of sbxlog: %v", ie)
+	}
+}
+
+// More replicas than configured (an operator raising 3 to 5, a node
+// configured for 1 against an R3 stream) and limits an operator added are
+// compatible, each with a warning.
+func TestCheckAcceptsCompatibleWithWarnings(t *testing.T) {
+	cfg := func(replicas int) jetstream.StreamConfig {
+		c, err := stream.Config{Replicas: replicas}.StreamConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name   string
+		have   func() jetstream.StreamConfig
+		want   int
+		warned []string
+	}{
+		{"same", func() jetstream.StreamConfig { return cfg(3) }, 3, nil},
+		{"3 to 5", func() jetstream.StreamConfig { return cfg(5) }, 3, []string{"5 replicas"}},
+		{"R3 for 1", func() jetstream.StreamConfig { return cfg(3) }, 1, []string{"3 replicas"}},
+		{"max_age", func() jetstream.StreamConfig { c := cfg(1); c.MaxAge = time.Hour; return c }, 1, []string{"max_age 1h0m0s"}},
+		{"max_bytes", func() jetstream.StreamConfig { c := cfg(1); c.MaxBytes = 1 << 30; return c }, 1, []string{"max_bytes"}},
+		{"max_msgs discard new", func() jetstream.StreamConfig {
+			c := cfg(1)
+			c.MaxMsgs, c.Discard = 10, jetstream.DiscardNew
+			return c
+		}, 1, []string{"discard new"}},
+	} {
+		have, want := tc.have(), cfg(tc.want)
+		if err := stream.Check(have, want); err != nil {
+			t.Errorf("%s: refused: %v", tc.name, err)
+			continue
+		}
+		w := stream.Warnings(have, want)
+		if len(w) != len(tc.warned) {
+			t.Errorf("%s: warnings %q, want %d", tc.name, w, len(tc.warned))
+			continue
+		}
+		for i := range w {
+			if !strings.Contains(w[i], tc.warned[i]) {
+				t.Errorf("%s: warning %q, want it to name %q", tc.name, w[i], tc.warned[i])
+			}
+		}
+	}
 }
 
 // Ends reads each node's last sequence from its last message id; a node
@@ -206,7 +329,7 @@ func TestEnds(t *testing.T) {
 	if _, err := stream.Ends(ctx, js, "", []string{"n2"}); err == nil || !strings.Contains(err.Error(), "other-7") {
 		t.Fatalf("Ends with a foreign message id: %v", err)
 	}
-	if _, err := stream.Ends(ctx, js, "", []string{"a.b"}); !errors.Is(err, stream.ErrBadNodeID) {
+	if _, err := stream.Ends(ctx, js, "", []string{"a\nb"}); !errors.Is(err, stream.ErrBadNodeID) {
 		t.Fatalf("Ends with a bad node id: %v", err)
 	}
 }

@@ -5,6 +5,12 @@
 // other replication packages, in their start order, behind one Start and one
 // Close.
 //
+// The embedded server authenticates its clients: on the first start Start
+// generates a user NKey seed into <data_dir>/nats.nk (mode 0600; package
+// natsauth says why an NKey), the server accepts that user only, and the
+// service's clients (and sbxctl, reading the same file) sign in with it.
+// An external server's credentials come from Options.Auth.
+//
 // Contract:
 //   - Start fails only for bad options or an embedded server that cannot
 //     start (its port taken, its store unusable). NATS being unreachable is
@@ -22,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -33,9 +40,11 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/eventlog/replication/feed"
+	"github.com/sbxlog/sbxlog/eventlog/replication/natsauth"
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed"
 	"github.com/sbxlog/sbxlog/eventlog/replication/replicator"
 	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
+	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/projections/audit"
 	"github.com/sbxlog/sbxlog/projections/cluster"
 	"github.com/sbxlog/sbxlog/projections/usage"
@@ -58,8 +67,14 @@ type Options struct {
 	// Replicas of the stream and the address bucket (default 1 embedded,
 	// 3 with URL).
 	Replicas int
-	// NATSOptions are extra client options (credentials, TLS) for URL.
+	// Auth is the credentials and TLS settings for URL (ignored for the
+	// embedded server, which uses its generated seed).
+	Auth natsauth.Config
+	// NATSOptions are extra client options, after Auth's.
 	NATSOptions []nats.Option
+	// Stream and SubjectPrefix locate the op logs (defaults
+	// stream.DefaultName and stream.DefaultSubjectPrefix).
+	Stream, SubjectPrefix string
 	// NoAudit and NoUsage turn the node's journals off (a central sbxctl
 	// consumer may write them instead).
 	NoAudit, NoUsage bool
@@ -78,10 +93,14 @@ type Service struct {
 	Replicator *replicator.Replicator
 	Directory  *cluster.Directory
 	View       *cluster.View
-	// URL is the NATS URL in use.
+	// URL is the NATS URL in use (without credentials).
 	URL string
+	// SeedFile is the embedded server's user seed ("" with Options.URL).
+	SeedFile string
 
 	node   string
+	scfg   stream.Config
+	creds  string
 	nc     *nats.Conn
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -93,11 +112,16 @@ type Service struct {
 
 // Status is the service's line for /v1/info.
 type Status struct {
-	URL        string               `json:"url"`
-	Embedded   bool                 `json:"embedded"`
-	Replicator replicator.Status    `json:"replicator"`
-	Nodes      []cluster.NodeStatus `json:"nodes"`
-	Addresses  []cluster.NodeInfo   `json:"addresses"`
+	URL      string `json:"url"`
+	Embedded bool   `json:"embedded"`
+	// Credentials says how the service authenticates (a file, a user
+	// name; never a secret).
+	Credentials string               `json:"credentials"`
+	Stream      string               `json:"stream"`
+	Subject     string               `json:"subject"`
+	Replicator  replicator.Status    `json:"replicator"`
+	Nodes       []cluster.NodeStatus `json:"nodes"`
+	Addresses   []cluster.NodeInfo   `json:"addresses"`
 	// Stopped lists components that stopped for good, with their error.
 	Stopped map[string]string `json:"stopped,omitempty"`
 }
@@ -122,26 +146,51 @@ func Start(o Options) (*Service, error) {
 			o.Replicas = 3
 		}
 	}
-	s := &Service{node: node, log: o.Logger.With().Str("component", "replication").Logger(), stopped: map[string]error{}}
-	s.URL = o.URL
+	scfg := stream.Config{Name: o.Stream, SubjectPrefix: o.SubjectPrefix, Replicas: o.Replicas}
+	if err := scfg.Validate(); err != nil {
+		return nil, fmt.Errorf("replication: %w", err)
+	}
+	s := &Service{node: node, scfg: scfg, log: o.Logger.With().Str("component", "replication").Logger(), stopped: map[string]error{}}
+	var auth []nats.Option
 	if o.URL == "" {
+		seedFile := natsauth.SeedFile(o.DataDir)
+		pub, created, err := loadOrCreateSeed(seedFile)
+		if err != nil {
+			return nil, fmt.Errorf("replication: embedded NATS credentials: %w", err)
+		}
+		if created {
+			s.log.Info().Str("seed_file", seedFile).Msg("embedded NATS: generated the credentials clients need (an NKey seed, mode 0600); sbxctl reads data/nats.nk from its working directory, or --nkey")
+		}
+		if auth, err = (natsauth.Config{NKeySeedFile: seedFile}).Options(); err != nil {
+			return nil, fmt.Errorf("replication: embedded NATS credentials: %w", err)
+		}
 		slog := o.Logger
 		if o.ServerLogger != nil {
 			slog = *o.ServerLogger
 		}
-		srv, err := natsembed.Start(natsembed.Options{StoreDir: natsembed.DefaultStoreDir(o.DataDir), Port: o.Port, ServerName: node, Logger: slog})
+		srv, err := natsembed.Start(natsembed.Options{StoreDir: natsembed.DefaultStoreDir(o.DataDir), Port: o.Port, ServerName: stream.Token(node), NKeys: []string{pub}, Logger: slog})
 		if err != nil {
 			return nil, fmt.Errorf("replication: embedded NATS: %w", err)
 		}
-		s.Server, s.URL = srv, srv.ClientURL()
+		s.Server, s.URL, s.SeedFile, s.creds = srv, srv.ClientURL(), seedFile, "nkey seed file "+seedFile
+	} else {
+		var err error
+		if auth, err = o.Auth.Options(); err != nil {
+			return nil, fmt.Errorf("replication: nats credentials: %w", err)
+		}
+		s.URL, s.creds = replicator.RedactURL(o.URL), o.Auth.Describe()
 	}
-	scfg := stream.Config{Replicas: o.Replicas}
-	rep, err := replicator.New(replicator.Options{Log: o.Log, URL: s.URL, NATSOptions: o.NATSOptions, Stream: scfg, Logger: o.Logger})
+	url := o.URL
+	if url == "" {
+		url = s.URL
+	}
+	nopts := append(auth, o.NATSOptions...)
+	rep, err := replicator.New(replicator.Options{Log: o.Log, URL: url, NATSOptions: nopts, Stream: scfg, Logger: o.Logger})
 	if err == nil {
 		s.Replicator = rep
-		nopts := append([]nats.Option{nats.Name("sbxlog-consumers-" + node), nats.MaxReconnects(-1),
-			nats.ReconnectWait(250 * time.Millisecond), nats.RetryOnFailedConnect(true)}, o.NATSOptions...)
-		s.nc, err = nats.Connect(s.URL, nopts...)
+		copts := append([]nats.Option{nats.Name("sbxlog-consumers-" + node), nats.MaxReconnects(-1),
+			nats.ReconnectWait(250 * time.Millisecond), nats.RetryOnFailedConnect(true)}, nopts...)
+		s.nc, err = nats.Connect(url, copts...)
 	}
 	var js jetstream.JetStream
 	if err == nil {
@@ -167,9 +216,10 @@ func Start(o Options) (*Service, error) {
 	// Start order: the replicator first (it creates or checks the stream),
 	// then the node's consumers, then the heartbeat and the view.
 	s.run("replicator", func() error { return rep.Run(ctx) })
-	own := func(name string) feed.Options {
-		return feed.Options{JS: js, Durable: name + "-" + node, Nodes: []string{node}, Logger: o.Logger}
+	feedOpts := func(durable string, nodes []string) feed.Options {
+		return feed.Options{JS: js, Stream: scfg.Name, SubjectPrefix: scfg.SubjectPrefix, Durable: durable, Nodes: nodes, Logger: o.Logger}
 	}
+	own := func(name string) feed.Options { return feedOpts(name+"-"+stream.Token(node), []string{node}) }
 	if !o.NoAudit {
 		s.run("audit", func() error { return audit.Run(ctx, filepath.Join(o.DataDir, "audit.jsonl"), own("audit")) })
 	}
@@ -179,8 +229,27 @@ func Start(o Options) (*Service, error) {
 	s.run("announce", func() error {
 		return cluster.Announce(ctx, cluster.DirectoryOptions{JS: js, Replicas: o.Replicas, TTL: o.TTL, Logger: o.Logger}, node, o.OwnerAddr)
 	})
-	s.run("cluster-view", func() error { return s.View.Follow(ctx, feed.Options{JS: js, Logger: o.Logger}) })
+	s.run("cluster-view", func() error { return s.View.Follow(ctx, feedOpts("", nil)) })
 	return s, nil
+}
+
+// loadOrCreateSeed returns the public key of the embedded server's user,
+// generating its seed into path (mode 0600, written atomically) when there
+// is none. The op log is open, and locked, before this runs: no other
+// process of this data dir races the creation.
+func loadOrCreateSeed(path string) (pub string, created bool, err error) {
+	pub, err = natsauth.PublicKey(path)
+	if err == nil || !errors.Is(err, os.ErrNotExist) {
+		return pub, false, err
+	}
+	seed, pub, err := natsauth.NewUserSeed()
+	if err != nil {
+		return "", false, err
+	}
+	if err := fsx.WriteFileAtomic(path, seed, 0o600); err != nil {
+		return "", false, err
+	}
+	return pub, true, nil
 }
 
 // run starts a component; an error it returns stops only that component.
@@ -211,7 +280,8 @@ func (s *Service) Redirect(key event.PoolKey) cluster.Redirect {
 
 // Status returns a snapshot.
 func (s *Service) Status() Status {
-	st := Status{URL: s.URL, Embedded: s.Server != nil, Replicator: s.Replicator.Status(), Nodes: s.View.Nodes(), Addresses: s.Directory.Live()}
+	st := Status{URL: s.URL, Embedded: s.Server != nil, Credentials: s.creds, Stream: s.scfg.StreamName(), Subject: s.scfg.Subject(s.node),
+		Replicator: s.Replicator.Status(), Nodes: s.View.Nodes(), Addresses: s.Directory.Live()}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.stopped) > 0 {

@@ -10,8 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/eventlog/replication/natsauth"
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed/natstest"
 	"github.com/sbxlog/sbxlog/eventlog/replication/replicator"
 	"github.com/sbxlog/sbxlog/eventlog/replication/repltest"
@@ -96,11 +99,22 @@ func TestEmbeddedNodeRestarts(t *testing.T) {
 		return fileLines(filepath.Join(dir, "audit.jsonl")) == int(l.LastSeq()) &&
 			fileLines(filepath.Join(dir, "usage.jsonl")) == 2*len(usageBefore)
 	})
-	_, js := natstest.Connect(t, s2.URL)
+	_, js := natstest.Connect(t, s2.URL, seedOptions(t, s2)...)
 	repltest.RequireSubjectIs(t, js, stream.DefaultName, "n1", repltest.LocalEvents(t, l))
 	if st := s2.Status(); len(st.Stopped) != 0 || st.Replicator.State != replicator.StateRunning || !st.Embedded {
 		t.Fatalf("status %+v", st)
 	}
+}
+
+// seedOptions are the client options of the embedded server's generated
+// credentials.
+func seedOptions(t *testing.T, s *replication.Service) []nats.Option {
+	t.Helper()
+	opts, err := natsauth.Config{NKeySeedFile: s.SeedFile}.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return opts
 }
 
 func fileHas(path, s string) bool {

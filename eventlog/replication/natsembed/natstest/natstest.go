@@ -51,10 +51,10 @@ func Cluster(t testing.TB, n int) *natsembed.Cluster {
 }
 
 // Connect opens a client connection that reconnects forever and is closed at
-// cleanup.
-func Connect(t testing.TB, urls string) (*nats.Conn, jetstream.JetStream) {
+// cleanup; opts are added (credentials).
+func Connect(t testing.TB, urls string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.RetryOnFailedConnect(true))
+	nc, err := nats.Connect(urls, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond), nats.RetryOnFailedConnect(true)}, opts...)...)
 	if err != nil {
 		t.Fatalf("connect %s: %v", urls, err)
 	}
