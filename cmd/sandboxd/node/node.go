@@ -287,10 +287,13 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if cfg.Clock == nil {
 		cfg.Clock = engine.SystemClock()
 	}
-	n = &Node{cfg: cfg, zl: cfg.Log, stopped: make(chan struct{}), serveErr: make(chan error, 1), ln: cfg.Listener}
+	built := &Node{cfg: cfg, zl: cfg.Log, stopped: make(chan struct{}), serveErr: make(chan error, 1), ln: cfg.Listener}
+	n = built
 	defer func() {
+		// A step failed: undo what the earlier ones started, in reverse
+		// (the return statement has already set n to nil).
 		if err != nil {
-			n.closeAll()
+			built.Kill()
 			n = nil
 		}
 	}()

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"net"
 	"path/filepath"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
 	"github.com/sbxlog/sbxlog/eventlog"
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/layout"
 )
 
 // The embedded server's port taken by someone else falls back to a free one
@@ -54,3 +57,34 @@ func TestStartReplicationPortInUse(t *testing.T) {
 		})
 	}
 }
+
+// A step that fails undoes the earlier ones and returns its error: here the
+// listen of step 10, after the engine, executors and loops started.
+func TestStartFailureUndoes(t *testing.T) {
+	dir := t.TempDir()
+	_, err := Start(context.Background(), Config{DataDir: dir, NodeID: "n1", Listen: "256.0.0.1:1", Log: zerolog.Nop()}, stubHypervisor{})
+	if err == nil {
+		t.Fatal("started on an address that cannot be bound")
+	}
+	// The log was closed: it opens again.
+	l, err := eventlog.Open(filepath.Join(dir, "log"), eventlog.Options{NodeID: "n1"})
+	if err != nil {
+		t.Fatalf("log not closed by the failed start: %v", err)
+	}
+	l.Close()
+}
+
+// stubHypervisor's driver answers nothing it is not asked; the failed
+// start above never runs an intent.
+type stubHypervisor struct{}
+
+func (stubHypervisor) Name() string { return "stub" }
+func (stubHypervisor) Open(layout.Roots, string) (Driver, error) {
+	return stubDriver{}, nil
+}
+
+type stubDriver struct{ executors.Driver }
+
+func (stubDriver) Prepare(context.Context) (Prepared, error) { return Prepared{}, nil }
+func (stubDriver) OnExit(func(vm, detail string))            {}
+func (stubDriver) Close()                                    {}
