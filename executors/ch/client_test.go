@@ -182,13 +182,16 @@ func TestTransportErrors(t *testing.T) {
 		}
 	})
 
-	hang := func(t *testing.T) string {
-		sock := filepath.Join(t.TempDir(), "hang.sock")
+	// hang serves a socket that reads requests and never answers; a
+	// value on accepted is sent once a request's first bytes arrived.
+	hang := func(t *testing.T) (sock string, accepted <-chan struct{}) {
+		sock = filepath.Join(t.TempDir(), "hang.sock")
 		ln, err := net.Listen("unix", sock)
 		if err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan struct{})
+		got := make(chan struct{}, 16)
 		t.Cleanup(func() { close(done); ln.Close() })
 		go func() {
 			for {
@@ -196,14 +199,25 @@ func TestTransportErrors(t *testing.T) {
 				if err != nil {
 					return
 				}
-				go func() { <-done; c.Close() }()
+				go func() {
+					var b [1]byte
+					if _, err := c.Read(b[:]); err == nil {
+						select {
+						case got <- struct{}{}:
+						default:
+						}
+					}
+					<-done
+					c.Close()
+				}()
 			}
 		}()
-		return sock
+		return sock, got
 	}
 
 	t.Run("per-call timeout", func(t *testing.T) {
-		c := ch.New(hang(t), ch.WithTimeouts(ch.Timeouts{Call: 50 * time.Millisecond}))
+		sock, _ := hang(t)
+		c := ch.New(sock, ch.WithTimeouts(ch.Timeouts{Call: 50 * time.Millisecond}))
 		start := time.Now()
 		_, err := c.Info(ctx)
 		if !errors.Is(err, ch.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
@@ -215,9 +229,11 @@ func TestTransportErrors(t *testing.T) {
 	})
 
 	t.Run("caller cancels", func(t *testing.T) {
-		c := ch.New(hang(t))
+		sock, accepted := hang(t)
+		c := ch.New(sock)
 		cctx, cancel := context.WithCancel(ctx)
-		go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+		// Cancel once the request is in flight (the server has its bytes).
+		go func() { <-accepted; cancel() }()
 		err := c.Boot(cctx)
 		if !errors.Is(err, context.Canceled) || errors.Is(err, ch.ErrTimeout) {
 			t.Fatalf("err = %v, want context.Canceled only", err)
