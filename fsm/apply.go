@@ -487,7 +487,13 @@ func (a *applier) claimCreated(p event.ClaimCreated) error {
 	}
 	pool := s.pools[p.Key]
 	if pool == nil {
-		return inconsistent("claim %s on unknown pool %s", p.Claim, p.Key)
+		if tier == TierWarm {
+			return inconsistent("warm claim %s on unknown pool %s", p.Claim, p.Key)
+		}
+		// A claim of a key no pool has: a draining record holds its
+		// counters and its VM, and goes with the last of them.
+		pool = &PoolRec{Spec: PoolSpec{PoolKey: p.Key}, Draining: true}
+		s.pools[p.Key] = pool
 	}
 	c := &ClaimRec{ID: p.Claim, Key: pool.Spec.PoolKey, VM: p.VM, Tenant: p.Tenant, ClaimRef: p.ClaimRef, Metadata: maps.Clone(p.Metadata),
 		Tier: tier, Status: ClaimPending, TTLSeconds: p.TTLSeconds, Deadline: p.DeadlineNS, ServeBy: p.ServeByNS,

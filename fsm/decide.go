@@ -260,8 +260,8 @@ func (c Claim) decide(d *decider) error {
 	if _, used := s.claims[c.ID]; used {
 		return reject(Invalid, "claim id %s is already in use", c.ID)
 	}
-	// A configured pool's key was validated when it was configured; only
-	// an unknown key needs the (regexp) check, to tell 400 from unknown.
+	// A pool's key was validated when it was configured (or claimed); only
+	// a key without a pool record needs the (regexp) check.
 	p := s.pools[c.Key]
 	if p == nil {
 		if err := ValidKey(c.Key); err != nil {
@@ -288,12 +288,6 @@ func (c Claim) decide(d *decider) error {
 	case serve == 0:
 		serve = DefaultServeTimeoutSeconds
 	}
-	switch {
-	case p == nil:
-		return reject(UnknownPool, "no pool %s", c.Key)
-	case p.Draining:
-		return reject(Draining, "pool %s is draining", c.Key)
-	}
 	if l := s.limits.MaxClaims; l > 0 && s.live >= l {
 		return reject(TooMany, "max_claims %d reached", l)
 	}
@@ -310,7 +304,12 @@ func (c Claim) decide(d *decider) error {
 	if len(ev.Metadata) == 0 {
 		ev.Metadata = nil
 	}
-	if n := len(p.warm); n > 0 {
+	// A key no configured pool has (never configured, or left out of the
+	// last ConfigurePools and draining) is not refused: as the old daemon,
+	// the claim is served from the key's golden if one is ready, else by a
+	// cold boot of the template, which fails when there is no such
+	// template. Apply keeps such claims under a draining pool record.
+	if n := len(p.warmStack()); n > 0 {
 		ev.Tier, ev.VM = TierWarm.String(), p.warm[n-1]
 		d.emit(ev, c.ID)
 		return nil

@@ -63,7 +63,12 @@
 // clone from the ready golden, ahead of refills), else cold (a pending claim
 // served by a cold boot of the template). A pending claim not served by its
 // serve deadline fails with reason "deadline"; a VM that arrives for a claim
-// that ended meanwhile is destroyed. Ended claims stay ClaimRetentionNS, so
+// that ended meanwhile is destroyed. A claim of a key no configured pool has
+// (never configured, or removed and draining) is not refused: as the old
+// daemon, it is served from the key's golden if one is ready, else by a cold
+// boot of the template (which fails, and fails the claim, when the template
+// does not exist), under a draining pool record dropped with its last claim
+// and VM. Ended claims stay ClaimRetentionNS, so
 // a second release still answers 204, then are forgotten.
 //
 // Cost model: Decide and Apply are O(1) in the number of live claims, except

@@ -14,14 +14,17 @@ const (
 	Invalid Code = iota + 1
 	// NotFound: unknown claim, VM or golden. 404.
 	NotFound
-	// UnknownPool: no pool with that key is configured. 400.
+	// UnknownPool: no pool with that key is configured (a refill or a
+	// capacity report about it; a claim of such a key is served cold). 400.
 	UnknownPool
 	// InvalidTransition: the entity is in a state where the command does not
 	// apply (wake of a hibernating claim, a stale executor result). 409.
 	InvalidTransition
 	// TooMany: over max_claims or the tenant's cap. 429.
 	TooMany
-	// Draining: the pool was removed by PUT pools and takes no claims. 409.
+	// Draining: a claim refused because of a drain. 409. No decision makes
+	// it now (a claim of a removed pool's key is served as one of a key
+	// without a pool); the code keeps its number and name.
 	Draining
 )
 

@@ -457,7 +457,18 @@ func TestTransitions(t *testing.T) {
 			if h.vm(c.VM).Status != VMClaimed || h.claim(c.ID).Status != ClaimRunning {
 				t.Fatal("claimed VM touched by the drain")
 			}
-			h.rejects(Claim{Meta: h.meta(), ID: claimID(2), Key: kA}, Draining)
+			// A claim of the removed pool's key is served as the old daemon
+			// served a key it no longer pools: from the golden the key
+			// still has (clone tier), never from the drain's warm VMs.
+			evs = h.do(Claim{Meta: h.meta(), ID: claimID(2), Key: kA}, event.TypeClaimCreated, event.TypeVMCloneRequested)
+			if cc := payload[event.ClaimCreated](t, evs, 0); cc.Tier != TierClone.String() || payload[event.VMCloneRequested](t, evs, 1).Cold {
+				t.Fatalf("claim of a draining pool's key: %+v", cc)
+			}
+			if pi := h.s.Info().Pools[0]; !pi.Draining || pi.Target != 0 || pi.Live != 2 {
+				t.Fatalf("draining pool after the claim %+v", pi)
+			}
+			c2 := h.claim(claimID(2))
+			h.do(VMCloneFailed{Meta: h.res(h.intentFor(c2.VM, kA)), VM: c2.VM, Error: "no space"}, event.TypeVMCloneFailed, event.TypeClaimFailed)
 			// The pool goes away with its last VM.
 			for _, vm := range p.WarmVMs()[:2] {
 				h.do(VMDestroyed{Meta: h.res(h.intentFor(vm, kA)), VM: vm}, event.TypeVMDestroyed)
@@ -467,7 +478,55 @@ func TestTransitions(t *testing.T) {
 			if _, ok := h.s.Pool(kA); ok {
 				t.Fatal("empty drained pool kept")
 			}
-			h.rejects(Claim{Meta: h.meta(), ID: claimID(3), Key: kA}, UnknownPool)
+			// Once the record is gone, a claim of the key is one of a key
+			// without a pool: still served, from the key's golden.
+			evs = h.do(Claim{Meta: h.meta(), ID: claimID(3), Key: kA}, event.TypeClaimCreated, event.TypeVMCloneRequested)
+			if payload[event.ClaimCreated](t, evs, 0).Tier != TierClone.String() {
+				t.Fatal("claim of a dropped pool's key is not served from its golden")
+			}
+		}},
+		{"a claim of a key without a pool is a cold claim; its failure ends it and drops the record", func(t *testing.T, h *harness) {
+			h.setup(1)
+			kN := PoolKey{Template: "nope", Net: "none", Size: "small"}
+			evs := h.do(Claim{Meta: h.meta(), ID: claimID(1), Key: kN}, event.TypeClaimCreated, event.TypeVMCloneRequested)
+			if cc := payload[event.ClaimCreated](t, evs, 0); cc.Tier != TierCold.String() || !payload[event.VMCloneRequested](t, evs, 1).Cold {
+				t.Fatalf("claim of an unknown key: %+v", cc)
+			}
+			p, ok := h.s.Pool(kN)
+			if !ok || !p.Draining || p.Spec != (PoolSpec{PoolKey: kN}) || len(RefillsNeeded(h.s)) != 0 {
+				t.Fatalf("record of the unknown key: %+v %v", p, ok)
+			}
+			if _, ok := h.s.Golden(kN); ok {
+				t.Fatal("a golden is built for a key no pool has")
+			}
+			// A second claim of the key while the first is pending: cold too.
+			h.do(Claim{Meta: h.meta(), ID: claimID(2), Key: kN}, event.TypeClaimCreated, event.TypeVMCloneRequested)
+			c1, c2 := h.claim(claimID(1)), h.claim(claimID(2))
+			h.do(VMCloneFailed{Meta: h.res(h.intentFor(c1.VM, kN)), VM: c1.VM, Error: "no template nope"}, event.TypeVMCloneFailed, event.TypeClaimFailed)
+			if c := h.claim(c1.ID); c.Status != ClaimFailed || c.Reason != "cold_boot_failed" {
+				t.Fatalf("failed cold claim %+v", c)
+			}
+			if _, ok := h.s.Pool(kN); !ok {
+				t.Fatal("record dropped while a claim of the key is pending")
+			}
+			h.do(VMCloned{Meta: h.res(h.intentFor(c2.VM, kN)), VM: c2.VM}, event.TypeVMCloned, event.TypeClaimServed)
+			h.do(Release{Meta: h.meta(), Claim: c2.ID}, event.TypeClaimReleased, event.TypeVMDestroyRequested)
+			h.do(VMDestroyed{Meta: h.res(h.intentFor(c2.VM, kN)), VM: c2.VM}, event.TypeVMDestroyed)
+			if _, ok := h.s.Pool(kN); ok {
+				t.Fatal("record of the unknown key kept after its last claim and VM")
+			}
+			if info := h.s.Info(); len(info.Pools) != 1 || info.Pools[0].Key != kA {
+				t.Fatalf("pools after %+v", info.Pools)
+			}
+		}},
+		{"configuring the key of a claim without a pool turns its record into the pool", func(t *testing.T, h *harness) {
+			h.node()
+			kN := PoolKey{Template: "nope", Net: "none", Size: "small"}
+			h.do(Claim{Meta: h.meta(), ID: claimID(1), Key: kN}, event.TypeClaimCreated, event.TypeVMCloneRequested)
+			h.do(ConfigurePools{Meta: h.meta(), Pools: []PoolSpec{{PoolKey: kN, Warm: 1}}}, event.TypePoolsConfigured, event.TypeGoldenBuildRequested)
+			if p, _ := h.s.Pool(kN); p.Draining || p.Spec.Warm != 1 || h.s.Info().Pools[0].Live != 1 {
+				t.Fatalf("pool %+v", p)
+			}
 		}},
 		{"a refill clone finishing in a drained pool is destroyed", func(t *testing.T, h *harness) {
 			h.node()
@@ -603,7 +662,8 @@ func TestRejections(t *testing.T) {
 		{"claim: claim_ref too long", Claim{Meta: h.meta(), ID: claimID(90), Key: kA, ClaimRef: long}, Invalid},
 		{"claim: too much metadata", Claim{Meta: h.meta(), ID: claimID(90), Key: kA, Metadata: big}, Invalid},
 		{"claim: empty metadata key", Claim{Meta: h.meta(), ID: claimID(90), Key: kA, Metadata: map[string]string{"": "v"}}, Invalid},
-		{"claim: unknown pool", Claim{Meta: h.meta(), ID: claimID(90), Key: unknownKey}, UnknownPool},
+		{"claim: unknown pool, bad template", Claim{Meta: h.meta(), ID: claimID(90), Key: PoolKey{Template: "no such!", Net: "none", Size: "small"}}, Invalid},
+		{"claim: unknown pool, bad size", Claim{Meta: h.meta(), ID: claimID(90), Key: PoolKey{Template: "nope", Net: "none", Size: "tiny"}}, Invalid},
 		{"refill: unknown pool", Refill{Meta: h.meta(), Key: unknownKey}, UnknownPool},
 		{"capacity: unknown pool", CapacityFull{Meta: h.meta(), Key: &unknownKey}, UnknownPool},
 		{"hibernate: unknown", Hibernate{Meta: h.meta(), Claim: claimID(99)}, NotFound},

@@ -166,7 +166,9 @@ const (
 )
 
 // PoolRec is a pool's record. Draining pools (omitted from the last
-// ConfigurePools) keep their record until their last VM is gone.
+// ConfigurePools) keep their record until their last VM is gone; a claim of
+// a key without a record creates one, draining from the start (a zero
+// spec: no warm target, no golden built for it), which goes the same way.
 type PoolRec struct {
 	Spec     PoolSpec
 	Draining bool
@@ -180,6 +182,15 @@ type PoolRec struct {
 	refilling int // refill clones in flight (cloning VMs with no claim)
 	vms       int // VM records of this pool, any status
 	live      int // live claims of this pool
+}
+
+// warmStack is the warm stack of p, nil for no pool (a claim's key without
+// one).
+func (p *PoolRec) warmStack() []string {
+	if p == nil {
+		return nil
+	}
+	return p.warm
 }
 
 // WarmVMs returns the warm VM ids, oldest first (the last is claimed next).

@@ -75,7 +75,7 @@ func (cd *claimDaemon) waitIdle(ctx context.Context, want int) error {
 		}
 		warm := false
 		for _, p := range in.Pools {
-			warm = warm || (p.Key == claimPool && p.Warm >= want && p.Refilling == 0)
+			warm = warm || (p.Key.String() == claimPool && p.Warm >= want && p.Refilling == 0)
 		}
 		if in.LogSeq != lastSeq || !warm || in.Replication == nil || in.Replication.Replicator.Pending > 0 {
 			lastSeq, since = in.LogSeq, time.Now()

@@ -124,7 +124,7 @@ func vmsSettled(t *testing.T, evs []apiclient.Event) bool {
 // poolOf returns the pool key's entry of an info body.
 func poolOf(in *api.Info, key string) (api.PoolInfo, bool) {
 	for _, p := range in.Pools {
-		if p.Key == key {
+		if p.Key.String() == key {
 			return p, true
 		}
 	}
@@ -225,7 +225,7 @@ func TestDaemonEndToEnd(t *testing.T) {
 	}
 	waitInfo(t, ctx, c, "golden and warm fill", func(in *api.Info) bool {
 		p, _ := poolOf(in, key)
-		return p.Golden == "ready" && p.Warm == 1 && p.Refilling == 0
+		return p.Golden && p.GoldenState == "ready" && p.Warm == 1 && p.Refilling == 0
 	})
 
 	// A warm claim.

@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"net/http"
 	"time"
 
 	"github.com/sbxlog/sbxlog/projections/api"
@@ -62,15 +64,20 @@ func eventsFlags(fs *flag.FlagSet) remoteBody {
 }
 
 // eventsOnce prints the events up to the node's current end (the log seq
-// /v1/info reports when it starts), or the VM view's sync, and returns.
+// /v1/info reports when it starts), or the VM view's sync, and returns. A
+// tenant may not read /v1/info: its stream ends at idle.
 func eventsOnce(ctx context.Context, c *apiclient.Client, opts apiclient.EventsOptions, idle time.Duration, p *eventPrinter) error {
 	var end uint64
 	if !p.vms {
 		in, err := c.Info(ctx)
-		if err != nil {
+		switch {
+		case apiclient.StatusOf(err) == http.StatusForbidden:
+			end = math.MaxUint64
+		case err != nil:
 			return err
+		default:
+			end = in.LogSeq
 		}
-		end = in.LogSeq
 		if opts.From > end {
 			return nil
 		}

@@ -48,7 +48,13 @@ func printInfo(cl *call, in *api.Info) error {
 	if in.AtCapacity {
 		fmt.Fprint(cl.stdout, ", AT CAPACITY")
 	}
+	if in.Draining {
+		fmt.Fprint(cl.stdout, ", DRAINING")
+	}
 	fmt.Fprintln(cl.stdout)
+	if len(in.Peers) > 0 {
+		fmt.Fprintf(cl.stdout, "peers: %s\n", strings.Join(in.Peers, ", "))
+	}
 	if len(in.Pools) == 0 {
 		_, err := fmt.Fprintln(cl.stdout, "no pools (sbxctl pools set --template NAME --warm N)")
 		return err
@@ -63,7 +69,7 @@ func printInfo(cl *call, in *api.Info) error {
 		if p.AtCapacity {
 			flags = append(flags, "at-capacity")
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%d\t%s\n", p.Key, p.Warm, p.Target, p.Refilling, p.WarmMax, p.Golden, p.Live, orDash(strings.Join(flags, ",")))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%d\t%s\n", p.Key, p.Warm, p.Target, p.Refilling, p.WarmMax, p.GoldenState, p.Live, orDash(strings.Join(flags, ",")))
 	}
 	return tw.Flush()
 }
@@ -79,7 +85,7 @@ func getFlags(*flag.FlagSet) remoteBody {
 		}
 		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
 		for _, kv := range [][2]string{
-			{"ID", sb.ID}, {"STATE", sb.State + reasonSuffix(sb.Reason)}, {"POOL", sb.Template + "/" + sb.Net + "/" + sb.Size},
+			{"ID", sb.ID}, {"STATE", sb.State + reasonSuffix(sb.Reason)}, {"POOL", sb.Key.String()},
 			{"TIER", sb.Tier}, {"VM", orDash(sb.VM)}, {"TENANT", orDash(sb.Tenant)}, {"REF", orDash(sb.ClaimRef)},
 			{"METADATA", orDash(metaString(sb.Metadata))}, {"CREATED", shortTime(sb.Created)}, {"DEADLINE", shortTime(sb.Deadline)},
 			{"OWNER", sb.OwnerAddr},

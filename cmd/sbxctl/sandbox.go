@@ -30,7 +30,7 @@ func claimFlags(fs *flag.FlagSet) remoteBody {
 	ref := fs.String("ref", "", "claim_ref, for finding the sandbox again (ls --ref)")
 	var meta kvFlag
 	fs.Var(&meta, "meta", "metadata key=value (repeatable)")
-	noRedirect := fs.Bool("no-redirect", false, "be served by this node (cloning if it has no warm VM) rather than redirected (307) to one with warm VMs")
+	noRedirect := fs.Bool("no-redirect", false, "be served by this node (cloning if it has no warm VM) rather than redirected to one with warm VMs")
 	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
 		if *template == "" {
 			return usagef("--template is required")
@@ -154,26 +154,11 @@ func lsFlags(fs *flag.FlagSet) remoteBody {
 	var meta kvFlag
 	fs.Var(&meta, "meta", "only sandboxes with metadata key=value (repeatable: all must match)")
 	state := fs.String("state", "", "only sandboxes in this state (e.g. running, hibernated, released); default: the live ones")
+	tenant := fs.String("tenant", "", "only this tenant's sandboxes (root token)")
 	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
-		o := apiclient.ListOptions{ClaimRef: *ref, State: *state}
-		// The API filters on one key; the others are applied here.
-		if len(meta.keys) > 0 {
-			o.MetaKey, o.MetaValue = meta.keys[0], meta.m[meta.keys[0]]
-		}
-		all, err := c.Sandboxes(ctx, o)
+		out, err := c.Sandboxes(ctx, apiclient.ListOptions{ClaimRef: *ref, Metadata: meta.m, State: *state, Tenant: *tenant})
 		if err != nil {
 			return err
-		}
-		out := all[:0]
-		for _, sb := range all {
-			match := true
-			for _, k := range meta.keys {
-				v, ok := sb.Metadata[k]
-				match = match && ok && v == meta.m[k]
-			}
-			if match {
-				out = append(out, sb)
-			}
 		}
 		if cl.json {
 			return printJSON(cl.stdout, map[string]any{"sandboxes": out})
@@ -181,7 +166,7 @@ func lsFlags(fs *flag.FlagSet) remoteBody {
 		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tSTATE\tPOOL\tTIER\tTENANT\tREF\tMETADATA\tDEADLINE")
 		for _, sb := range out {
-			fmt.Fprintf(tw, "%s\t%s\t%s/%s/%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.State, sb.Template, sb.Net, sb.Size, sb.Tier,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.State, sb.Key, sb.Tier,
 				orDash(sb.Tenant), orDash(sb.ClaimRef), orDash(metaString(sb.Metadata)), shortTime(sb.Deadline))
 		}
 		return tw.Flush()

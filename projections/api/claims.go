@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,35 +16,63 @@ import (
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
 
-// ClaimResponse is POST /v1/claim's answer.
+// ClaimResponse is POST /v1/claim's answer: the old daemon's fields first
+// (id, token, deadline, owner_addr, net_route), then sbxlog's. A redirect
+// answer is the same 200 with only Redirect set (redirectResponse writes
+// it), as the old SDKs decode both into one struct.
 type ClaimResponse struct {
 	ID        string `json:"id"`
 	Token     string `json:"token"`
 	Deadline  string `json:"deadline"`
 	OwnerAddr string `json:"owner_addr"`
-	Template  string `json:"template"`
-	Net       string `json:"net"`
-	Size      string `json:"size"`
-	Tier      string `json:"tier"`
-	VM        string `json:"vm"`
+	// NetRoute is how the guest reaches the network: "none" on the none
+	// net, "direct" on egress (its own NIC on the node's bridge).
+	NetRoute string `json:"net_route,omitempty"`
+	Template string `json:"template"`
+	Net      string `json:"net"`
+	Size     string `json:"size"`
+	Tier     string `json:"tier"`
+	VM       string `json:"vm"`
+	// Redirect, in a redirect answer only (which has no other field),
+	// lists nodes with warm capacity for the pool: the client claims
+	// there, with no_redirect.
+	Redirect []string `json:"redirect,omitempty"`
 }
 
-// Sandbox is a claim as GET /v1/sandboxes shows it.
+// redirectResponse is the old daemon's redirect answer: 200 with nothing
+// but the addresses (its Go client requires 200 and tells the two answers
+// apart by the presence of "redirect").
+type redirectResponse struct {
+	Redirect []string `json:"redirect"`
+}
+
+// Sandbox is a claim as GET /v1/sandboxes and GET /v1/sandboxes/{id} show
+// it: the old daemon's row (key, tenant, claim_ref, metadata, size, the
+// hibernated/archived/failed flags, claimed_at, deadline; token only for
+// root asking for one sandbox), then sbxlog's fields.
 type Sandbox struct {
-	ID        string            `json:"id"`
-	State     string            `json:"state"`
-	Template  string            `json:"template"`
-	Net       string            `json:"net"`
-	Size      string            `json:"size"`
-	Tier      string            `json:"tier"`
-	VM        string            `json:"vm,omitempty"`
-	Tenant    string            `json:"tenant,omitempty"`
-	ClaimRef  string            `json:"claim_ref,omitempty"`
-	Metadata  map[string]string `json:"metadata,omitempty"`
-	Created   string            `json:"created"`
-	Deadline  string            `json:"deadline"`
-	OwnerAddr string            `json:"owner_addr"`
-	Reason    string            `json:"reason,omitempty"`
+	ID            string            `json:"id"`
+	Key           fsm.PoolKey       `json:"key"`
+	Tenant        string            `json:"tenant,omitempty"`
+	ClaimRef      string            `json:"claim_ref,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+	CPUCount      int               `json:"cpu_count,omitempty"`
+	MemTotalBytes int64             `json:"mem_total_bytes,omitempty"`
+	Hibernated    bool              `json:"hibernated"`
+	// Archived is always false: this node has no archive store.
+	Archived bool `json:"archived,omitempty"`
+	// Failed is the reason of a failed claim.
+	Failed    string `json:"failed,omitempty"`
+	ClaimedAt string `json:"claimed_at,omitempty"`
+	Deadline  string `json:"deadline"`
+	// Token is the sandbox token, for root on GET /v1/sandboxes/{id} only.
+	Token     string `json:"token,omitempty"`
+	State     string `json:"state"`
+	Tier      string `json:"tier"`
+	VM        string `json:"vm,omitempty"`
+	OwnerAddr string `json:"owner_addr"`
+	Created   string `json:"created"`
+	Reason    string `json:"reason,omitempty"`
 }
 
 func rfc3339(ns int64) string {
@@ -54,12 +83,33 @@ func rfc3339(ns int64) string {
 }
 
 func (s *Server) sandboxOf(c *fsm.ClaimRec) Sandbox {
-	return Sandbox{
-		ID: c.ID, State: c.Status.String(), Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size,
-		Tier: c.Tier.String(), VM: c.VM, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
-		Created: rfc3339(c.Created), Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, Reason: c.Reason,
+	sb := Sandbox{
+		ID: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
+		Hibernated: c.Status == fsm.ClaimHibernated, ClaimedAt: rfc3339(c.Created), Deadline: rfc3339(c.Deadline),
+		State: c.Status.String(), Tier: c.Tier.String(), VM: c.VM, OwnerAddr: s.cfg.OwnerAddr,
+		Created: rfc3339(c.Created), Reason: c.Reason,
 	}
+	if z, ok := fsm.SizeNamed(c.Key.Size); ok {
+		sb.CPUCount, sb.MemTotalBytes = z.VCPUs, int64(z.MemoryMiB)<<20
+	}
+	if c.Status == fsm.ClaimFailed {
+		sb.Failed = cmp.Or(c.Reason, "failed")
+	}
+	return sb
 }
+
+// netRoute is the old daemon's net_route of a claim of key: the none net
+// has no NIC; an egress claim has its own NIC on the node's bridge.
+func netRoute(k fsm.PoolKey) string {
+	if k.Net == "egress" {
+		return "direct"
+	}
+	return "none"
+}
+
+// errProvisioning is the old daemon's answer to a claim it could not
+// provision (a failed clone or cold boot: an unknown template among them).
+const errProvisioning = "provisioning failed"
 
 func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	start := s.now()
@@ -67,26 +117,28 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	if err := decodeBody(r, &req, false); err != nil {
 		return err
 	}
-	if _, err := req.normalize(); err != nil {
+	if err := req.normalize(); err != nil {
 		return err
 	}
 	key := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
+	if req.RequirePromoted {
+		// Only a promoted template may serve it, and this node has none.
+		s.metrics.claim("unknown_template", "", time.Since(start))
+		return errorf(http.StatusNotFound, "unknown template")
+	}
+	redirect := s.redir != nil && !req.NoRedirect
 	claimID := newClaimID()
 	// With no warm VM here, a node that has some for this key is a better
-	// answer than a clone: the old daemon's redirect.
-	if s.redir != nil && !req.NoRedirect {
+	// answer than a clone: the old daemon's redirect (rule 1, a warm miss).
+	if redirect {
 		var warm int
 		s.eng.View(func(st *fsm.State) {
 			if p, ok := st.Pool(key); ok {
 				warm = len(p.WarmVMs())
 			}
 		})
-		if warm == 0 {
-			if addrs := s.redir.WarmElsewhere(key); len(addrs) > 0 {
-				s.metrics.claim("redirect", "", time.Since(start))
-				writeJSON(w, http.StatusTemporaryRedirect, map[string][]string{"redirect": addrs})
-				return nil
-			}
+		if warm == 0 && s.redirectClaim(w, key, start) {
+			return nil
 		}
 	}
 	// Register the waiter before proposing: the serving event may commit
@@ -124,6 +176,11 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return nil
 	}
 	if err != nil {
+		// A claim refused for quota goes where there is warm capacity
+		// instead (the old daemon's rule 3), if anywhere.
+		if rej, ok := fsm.AsRejection(err); ok && redirect && rej.Code.HTTPStatus() == http.StatusTooManyRequests && s.redirectClaim(w, key, start) {
+			return nil
+		}
 		s.metrics.claim(outcomeOf(err), "", time.Since(start))
 		if errors.Is(err, ErrUnavailable) {
 			// Committed here, not confirmed elsewhere: the claim exists.
@@ -147,28 +204,45 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 			return err
 		}
 	}
-	switch c.Status {
-	case fsm.ClaimRunning:
-	case fsm.ClaimPending:
+	switch {
+	case c.Status == fsm.ClaimPending:
 		// Still pending: the client gave up or the wait bound passed. The
 		// state will fail it at its serve deadline; say so.
 		s.metrics.claim("timeout", c.Tier.String(), time.Since(start))
 		return &httpError{status: http.StatusServiceUnavailable, id: claimID,
 			msg: fmt.Sprintf("sandbox %s not ready yet (tier %s); it fails at its serve deadline unless served", claimID, c.Tier)}
+	case c.Status.Live():
+		// Served (and possibly moved on already: hibernating...).
 	default:
+		// The clone or cold boot failed (a template that does not exist
+		// among the reasons), or the claim ended first: the old daemon's
+		// 500, with the claim's id and reason for people.
 		s.metrics.claim("failed", c.Tier.String(), time.Since(start))
-		return &httpError{status: http.StatusServiceUnavailable, id: claimID,
-			msg: fmt.Sprintf("sandbox %s could not be served (tier %s): %s", claimID, c.Tier, c.Reason)}
+		s.zl.Warn().Str("claim", claimID).Str("tier", c.Tier.String()).Str("reason", c.Reason).Str("state", c.Status.String()).Msg("api: claim not provisioned")
+		return &httpError{status: http.StatusInternalServerError, id: claimID, msg: errProvisioning,
+			reason: cmp.Or(c.Reason, c.Status.String())}
 	}
 	s.metrics.claim("ok", c.Tier.String(), time.Since(start))
 	writeJSON(w, http.StatusOK, s.claimResponse(claimID, &c))
 	return nil
 }
 
+// redirectClaim answers a claim of key with the nodes that have warm VMs
+// for it, if the cluster view names any; it reports whether it answered.
+func (s *Server) redirectClaim(w http.ResponseWriter, key fsm.PoolKey, start time.Time) bool {
+	addrs := s.redir.WarmElsewhere(key)
+	if len(addrs) == 0 {
+		return false
+	}
+	s.metrics.claim("redirect", "", time.Since(start))
+	writeJSON(w, http.StatusOK, redirectResponse{Redirect: addrs})
+	return true
+}
+
 func (s *Server) claimResponse(id string, c *fsm.ClaimRec) ClaimResponse {
 	return ClaimResponse{
 		ID: id, Token: s.auth.SandboxToken(id, uint64(max(c.TokenGen, 1))),
-		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr,
+		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, NetRoute: netRoute(c.Key),
 		Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size, Tier: c.Tier.String(), VM: c.VM,
 	}
 }
@@ -229,7 +303,13 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, id auth.Ident
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.sandboxOf(&c))
+	sb := s.sandboxOf(&c)
+	if id.Kind == auth.Root {
+		// The old daemon hands root the sandbox token here (its operator
+		// client acts as the sandbox with it).
+		sb.Token = s.auth.SandboxToken(c.ID, uint64(max(c.TokenGen, 1)))
+	}
+	writeJSON(w, http.StatusOK, sb)
 	return nil
 }
 
@@ -316,18 +396,20 @@ func renewedDeadline(evs []event.Event) (int64, bool) {
 	return 0, false
 }
 
-// handleList answers GET /v1/sandboxes[?claim_ref=&metadata=k=v&state=]:
-// live claims (and, with state=, ended ones still retained) the caller may
-// see, sorted by id.
+// handleList answers GET /v1/sandboxes[?claim_ref=&metadata=k=v...&tenant=
+// &state=]: live claims (and, with state=, ended ones still retained) the
+// caller may see, sorted by id. Every metadata pair must match; tenant= is
+// root's (a tenant always sees only its own).
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	q := r.URL.Query()
 	ref := q.Get("claim_ref")
-	var mk, mv string
-	if m := q.Get("metadata"); m != "" {
-		var ok bool
-		if mk, mv, ok = strings.Cut(m, "="); !ok || mk == "" {
-			return errorf(http.StatusBadRequest, "metadata filter %q: want key=value", m)
-		}
+	meta, err := metadataFilter(q["metadata"])
+	if err != nil {
+		return err
+	}
+	tenant, byTenant := id.Tenant, id.Kind == auth.Tenant
+	if t := q.Get("tenant"); !byTenant && t != "" {
+		tenant, byTenant = t, true
 	}
 	want := q.Get("state")
 	if want != "" && !validClaimState(want) {
@@ -338,11 +420,11 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 		for _, cid := range st.ClaimIDs() {
 			c, _ := st.Claim(cid)
 			switch {
-			case id.Kind == auth.Tenant && c.Tenant != id.Tenant:
+			case byTenant && c.Tenant != tenant:
 			case want == "" && !c.Status.Live():
 			case want != "" && c.Status.String() != want:
 			case ref != "" && c.ClaimRef != ref:
-			case mk != "" && c.Metadata[mk] != mv:
+			case !metadataMatches(c.Metadata, meta):
 			default:
 				out = append(out, s.sandboxOf(&c))
 			}
@@ -351,6 +433,39 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
 	return nil
+}
+
+// metadataFilter parses repeated metadata=key=value parameters, the old
+// daemon's rules: each needs a '=' and a non-empty key, and no key twice.
+func metadataFilter(pairs []string) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		switch {
+		case !ok:
+			return nil, errorf(http.StatusBadRequest, "metadata filter %q: want key=value", p)
+		case k == "":
+			return nil, errorf(http.StatusBadRequest, "metadata filter %q: empty key", p)
+		}
+		if _, dup := out[k]; dup {
+			return nil, errorf(http.StatusBadRequest, "metadata filter: key %q given twice", k)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// metadataMatches reports whether m holds every pair of want.
+func metadataMatches(m, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := m[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }
 
 // wait registers interest in a pending claim's outcome.

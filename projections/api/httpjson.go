@@ -30,6 +30,9 @@ type httpError struct {
 	// created (a claim committed but not served or not replicated): the
 	// client can look it up or release it instead of leaving it to expire.
 	id string
+	// reason, when set, says why for people (a claim not provisioned: the
+	// old daemon's fixed message stays in msg).
+	reason string
 }
 
 func (e *httpError) Error() string { return e.msg }
@@ -80,6 +83,9 @@ func writeError(w http.ResponseWriter, err error) {
 		body := map[string]string{"error": he.msg}
 		if he.id != "" {
 			body["id"] = he.id
+		}
+		if he.reason != "" {
+			body["reason"] = he.reason
 		}
 		writeJSON(w, he.status, body)
 		return

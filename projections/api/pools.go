@@ -2,6 +2,8 @@ package api
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 
 	"github.com/sbxlog/sbxlog/fsm"
@@ -9,36 +11,54 @@ import (
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
 
-// PoolInfo is one pool in GET /v1/info.
+// PoolInfo is one pool in GET /v1/info: the old daemon's fields (key,
+// warm, refilling, target, golden), then sbxlog's.
 type PoolInfo struct {
-	Key                  string `json:"key"`
-	Template             string `json:"template"`
-	Net                  string `json:"net"`
-	Size                 string `json:"size"`
-	Warm                 int    `json:"warm"`
-	Refilling            int    `json:"refilling"`
-	Target               int    `json:"target"`
+	Key       fsm.PoolKey `json:"key"`
+	Warm      int         `json:"warm"`
+	Refilling int         `json:"refilling"`
+	Target    int         `json:"target"`
+	// Golden says whether the pool's golden snapshot is ready (the old
+	// daemon's boolean); GoldenState says where it is.
+	Golden               bool   `json:"golden"`
+	GoldenState          string `json:"golden_state"`
 	WarmMax              int    `json:"warm_max"`
 	IdleHibernateSeconds int64  `json:"idle_hibernate_seconds"`
-	Golden               string `json:"golden"`
 	Draining             bool   `json:"draining,omitempty"`
 	AtCapacity           bool   `json:"at_capacity,omitempty"`
 	Live                 int    `json:"live"`
 }
 
-// Info is GET /v1/info's body (and PUT /v1/pools's answer).
+// Info is GET /v1/info's body (and PUT /v1/pools's answer): the old
+// daemon's fields, then sbxlog's.
 type Info struct {
-	Node       string     `json:"node"`
-	OwnerAddr  string     `json:"owner_addr"`
-	Hypervisor string     `json:"hypervisor"`
-	Pools      []PoolInfo `json:"pools"`
-	Claimed    int        `json:"claimed"`
-	Pending    int        `json:"pending"`
-	Hibernated int        `json:"hibernated"`
-	Live       int        `json:"live"`
-	MaxClaims  int        `json:"max_claims"`
-	AtCapacity bool       `json:"at_capacity,omitempty"`
-	LogSeq     uint64     `json:"log_seq"`
+	Pools []PoolInfo `json:"pools"`
+	// Templates are promoted templates: none on this node (always []).
+	Templates []any `json:"templates"`
+	// Claimed counts claims holding a running VM (running, hibernating,
+	// waking); Hibernated those hibernated.
+	Claimed    int `json:"claimed"`
+	Hibernated int `json:"hibernated"`
+	// Archived and Failed are always 0: there is no archive store, and a
+	// claim whose VM cannot be restarted ends (state failed) instead of
+	// staying live with its VMM down.
+	Archived int `json:"archived"`
+	Failed   int `json:"failed,omitempty"`
+	// Draining: the node refuses new claims (POST /v1/drain).
+	Draining bool `json:"draining,omitempty"`
+	// AdvertiseAddr is OwnerAddr when it names a host clients can dial.
+	AdvertiseAddr string `json:"advertise_addr,omitempty"`
+	// Peers are the other nodes' addresses (GET /v1/peers).
+	Peers            []string `json:"peers,omitempty"`
+	AtCapacity       bool     `json:"at_capacity,omitempty"`
+	AtCapacityReason string   `json:"at_capacity_reason,omitempty"`
+	Node             string   `json:"node"`
+	OwnerAddr        string   `json:"owner_addr"`
+	Hypervisor       string   `json:"hypervisor"`
+	Pending          int      `json:"pending"`
+	Live             int      `json:"live"`
+	MaxClaims        int      `json:"max_claims"`
+	LogSeq           uint64   `json:"log_seq"`
 	// Replication is the node's replication status (Options.Replication);
 	// absent when replication is off, and for every caller but root: it
 	// names the NATS server, and the stream there holds every tenant's
@@ -46,33 +66,60 @@ type Info struct {
 	Replication any `json:"replication,omitempty"`
 }
 
+// atCapacityReason is at_capacity_reason: the fsm records that the node
+// is parked at capacity, not the hypervisor's words.
+const atCapacityReason = "the hypervisor refused another VM; refills are parked"
+
 func (s *Server) info(id auth.Identity) Info {
-	out := Info{Node: s.cfg.Node, OwnerAddr: s.cfg.OwnerAddr, Hypervisor: s.cfg.Hypervisor, Pools: []PoolInfo{}}
+	out := Info{Node: s.cfg.Node, OwnerAddr: s.cfg.OwnerAddr, Hypervisor: s.cfg.Hypervisor,
+		Pools: []PoolInfo{}, Templates: []any{}, AdvertiseAddr: advertised(s.cfg.OwnerAddr), Peers: s.peers()}
 	s.eng.View(func(st *fsm.State) {
 		in := st.Info()
 		for _, p := range in.Pools {
 			spec, _ := st.Pool(p.Key)
 			out.Pools = append(out.Pools, PoolInfo{
-				Key: p.Key.String(), Template: p.Key.Template, Net: p.Key.Net, Size: p.Key.Size,
-				Warm: p.Warm, Refilling: p.Refilling, Target: p.Target, WarmMax: p.WarmMax,
-				IdleHibernateSeconds: spec.Spec.IdleHibernateSeconds, Golden: p.Golden.String(),
-				Draining: p.Draining, AtCapacity: p.AtCapacity, Live: p.Live,
+				Key: p.Key, Warm: p.Warm, Refilling: p.Refilling, Target: p.Target,
+				Golden: p.Golden == fsm.GoldenReady, GoldenState: p.Golden.String(), WarmMax: p.WarmMax,
+				IdleHibernateSeconds: spec.Spec.IdleHibernateSeconds,
+				Draining:             p.Draining, AtCapacity: p.AtCapacity, Live: p.Live,
 			})
 		}
-		// "claimed" counts claims holding a running VM (the old daemon's
-		// meaning); hibernating and waking ones are in transit.
+		// "claimed" counts claims holding a running VM; hibernating and
+		// waking ones are in transit.
 		out.Claimed = in.Count(fsm.ClaimRunning) + in.Count(fsm.ClaimHibernating) + in.Count(fsm.ClaimWaking)
 		out.Pending = in.Count(fsm.ClaimPending)
 		out.Hibernated = in.Count(fsm.ClaimHibernated)
 		out.Live = in.Live
 		out.AtCapacity = in.AtCapacity
+		if in.AtCapacity {
+			out.AtCapacityReason = atCapacityReason
+		}
 		out.MaxClaims = st.Limits().MaxClaims
 		out.LogSeq = st.Applied()
+		out.Draining = nodeDraining(st)
 	})
 	if s.replication != nil && id.Kind == auth.Root {
 		out.Replication = s.replication()
 	}
 	return out
+}
+
+// nodeDraining is the node's drain flag (POST /v1/drain) as the state
+// records it; until the state records node drains, a node never drains.
+func nodeDraining(*fsm.State) bool { return false }
+
+// advertised returns addr when clients can dial it: the old daemon left
+// advertise_addr out for an address without a host or with an unspecified
+// one (":7777", "0.0.0.0:7777").
+func advertised(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return ""
+	}
+	return addr
 }
 
 func (s *Server) handleInfo(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
@@ -126,15 +173,20 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, id auth.
 	return nil
 }
 
+// handleHealthz answers the old daemon's text: "ok" once the first
+// reconcile finished, a short text with 503 before.
 func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request, _ auth.Identity) error {
 	if err := decodeBody(r, &struct{}{}, true); err != nil {
 		return err
 	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	select {
 	case <-s.ready:
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "ok")
 	default:
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting", "error": "reconcile has not finished"})
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, "starting: the start-up reconcile has not finished")
 	}
 	return nil
 }

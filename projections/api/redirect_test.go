@@ -65,15 +65,16 @@ func TestSandboxOwnedElsewhere(t *testing.T) {
 }
 
 // With no warm VM here and warm capacity on another node, a claim is
-// redirected there instead of cloning.
+// redirected there instead of cloning: the old daemon's 200
+// {"redirect": [...]} with no other field.
 func TestClaimRedirectsToWarmNode(t *testing.T) {
 	other := otherNode{addr: "10.0.0.3:7777", warmKey: defKey}
 	n := newNode(t, 0, func(o *nodetest.Options) { o.Redirector = other; o.NoExecutors = true })
 	seq := n.Log.LastSeq()
 	st, b := call(t, n, "POST", "/v1/claim", rootTok, []byte(`{"template":"default"}`))
-	var red struct{ Redirect []string }
-	if st != http.StatusTemporaryRedirect || json.Unmarshal(b, &red) != nil || len(red.Redirect) != 1 || red.Redirect[0] != other.addr {
-		t.Fatalf("claim: %d %s, want 307 {\"redirect\":[%q]}", st, b, other.addr)
+	var red map[string][]string
+	if st != http.StatusOK || json.Unmarshal(b, &red) != nil || len(red) != 1 || len(red["redirect"]) != 1 || red["redirect"][0] != other.addr {
+		t.Fatalf("claim: %d %s, want 200 {\"redirect\":[%q]}", st, b, other.addr)
 	}
 	if got := n.Log.LastSeq(); got != seq {
 		t.Fatalf("a redirected claim appended to the log: seq %d -> %d", seq, got)

@@ -94,16 +94,18 @@ func TestInfoReplication(t *testing.T) {
 }
 
 // Only root sees the replication status: it names the NATS server, whose
-// stream holds every tenant's events.
+// stream holds every tenant's events. A tenant is refused GET /v1/info
+// altogether (the old daemon's 403).
 func TestInfoReplicationRootOnly(t *testing.T) {
 	n := newNode(t, 0, func(o *nodetest.Options) { o.NoExecutors = true })
 	hs := serveOver(t, n, n.Engine, api.Options{Replication: func() any { return map[string]string{"url": "nats://127.0.0.1:8777"} }})
 	for _, c := range []struct {
 		name, token string
 		shown       bool
+		status      int
 	}{
-		{"root", rootTok, true},
-		{"tenant", tokA, false},
+		{"root", rootTok, true, http.StatusOK},
+		{"tenant", tokA, false, http.StatusForbidden},
 	} {
 		req, err := http.NewRequest("GET", hs.URL+"/v1/info", nil)
 		if err != nil {
@@ -116,8 +118,8 @@ func TestInfoReplicationRootOnly(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s: %d %s", c.name, resp.StatusCode, b)
+		if resp.StatusCode != c.status {
+			t.Fatalf("%s: %d %s, want %d", c.name, resp.StatusCode, b, c.status)
 		}
 		if got := strings.Contains(string(b), "nats://"); got != c.shown {
 			t.Errorf("%s: replication URL shown %v, want %v: %s", c.name, got, c.shown, b)

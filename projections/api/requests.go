@@ -1,19 +1,25 @@
 package api
 
 import (
+	"encoding/json"
 	"net/http"
 	"time"
 
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
-// Claim TTL bounds: 0 means the default.
+// Claim TTL bounds: 0 (or less) means the default, more than MaxTTL is
+// clamped to it, as the old daemon did; never an error.
 const (
 	DefaultTTL = 5 * time.Minute
 	MaxTTL     = 24 * time.Hour
 )
 
-// ClaimRequest is POST /v1/claim's body.
+// ClaimRequest is POST /v1/claim's body. Besides sbxlog's fields it takes
+// every field the old daemon's SDKs send: what this node can honour is
+// honoured or ignored (engine; on_expire "destroy"; egress), what it cannot
+// is refused with a 400 naming the feature, but only when it is asked for
+// (a volume, volumes_attach_only, on_expire "archive", an env entry).
 type ClaimRequest struct {
 	Template   string            `json:"template"`
 	Net        string            `json:"net,omitempty"`
@@ -22,14 +28,33 @@ type ClaimRequest struct {
 	ClaimRef   string            `json:"claim_ref,omitempty"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	// NoRedirect asks this node to serve the claim (cloning if it has no
-	// warm VM) instead of answering 307: a client following a redirect sets
-	// it, so two nodes whose cluster views lag cannot bounce a claim
-	// between them.
+	// warm VM) instead of answering with a redirect: a client following a
+	// redirect sets it, so two nodes whose cluster views lag cannot bounce
+	// a claim between them.
 	NoRedirect bool `json:"no_redirect,omitempty"`
+	// RequirePromoted asks for a promoted template only; this node has
+	// none, so it is 404 unknown template.
+	RequirePromoted bool `json:"require_promoted,omitempty"`
+	// Engine is the old operator's engine hint; ignored.
+	Engine string `json:"engine,omitempty"`
+	// OnExpire: "destroy" (or empty) is what every claim does; "archive"
+	// is refused (no archive store).
+	OnExpire string `json:"on_expire,omitempty"`
+	// Egress false asks for no egress policy; there are no egress
+	// policies here, so any value keeps the pool's network as it is.
+	Egress *bool `json:"egress,omitempty"`
+	// Env entries ({value, guest?, inject?} per name) are refused: no env
+	// injection yet.
+	Env map[string]json.RawMessage `json:"env,omitempty"`
+	// Volumes and VolumesAttachOnly are refused when asked for: no volumes.
+	Volumes           []json.RawMessage `json:"volumes,omitempty"`
+	VolumesAttachOnly bool              `json:"volumes_attach_only,omitempty"`
 }
 
-// normalize fills defaults (net none, size small, ttl 5 min) and validates.
-func (c *ClaimRequest) normalize() (ttl time.Duration, err error) {
+// normalize fills defaults (net none, size small), clamps the TTL into
+// (0, MaxTTL] (0 or less: the default) and validates; the old fields this
+// node cannot honour are refused here, before anything is proposed.
+func (c *ClaimRequest) normalize() error {
 	if c.Net == "" {
 		c.Net = "none"
 	}
@@ -37,25 +62,43 @@ func (c *ClaimRequest) normalize() (ttl time.Duration, err error) {
 		c.Size = "small"
 	}
 	if err := validPoolKey(c.Template, c.Net, c.Size); err != nil {
-		return 0, err
+		return err
 	}
-	switch {
-	case c.TTLSeconds < 0:
-		return 0, errorf(http.StatusBadRequest, "ttl_seconds %d is negative", c.TTLSeconds)
-	case c.TTLSeconds == 0:
-		ttl = DefaultTTL
-	case c.TTLSeconds > int64(MaxTTL/time.Second):
-		return 0, errorf(http.StatusBadRequest, "ttl_seconds %d is over the maximum %d", c.TTLSeconds, int64(MaxTTL/time.Second))
-	default:
-		ttl = time.Duration(c.TTLSeconds) * time.Second
-	}
+	c.TTLSeconds = clampTTL(c.TTLSeconds)
 	if len(c.ClaimRef) > fsm.MaxClaimRef {
-		return 0, errorf(http.StatusBadRequest, "claim_ref is over %d bytes", fsm.MaxClaimRef)
+		return errorf(http.StatusBadRequest, "claim_ref is over %d bytes", fsm.MaxClaimRef)
 	}
 	if err := validMetadata(c.Metadata); err != nil {
-		return 0, err
+		return err
 	}
-	return ttl, nil
+	switch c.OnExpire {
+	case "", "destroy":
+	case "archive":
+		return errorf(http.StatusBadRequest, "on_expire \"archive\" is not supported on this node (no archive store): use \"destroy\" or leave it out")
+	default:
+		return errorf(http.StatusBadRequest, "on_expire %q must be destroy or archive", c.OnExpire)
+	}
+	switch {
+	case len(c.Volumes) > 0:
+		return errorf(http.StatusBadRequest, "invalid volume request: volumes are not supported on this node")
+	case c.VolumesAttachOnly:
+		return errorf(http.StatusBadRequest, "invalid volume request: volumes_attach_only is not supported on this node (it has no volumes)")
+	case len(c.Env) > 0:
+		return errorf(http.StatusBadRequest, "invalid env: env is not supported on this node")
+	}
+	return nil
+}
+
+// clampTTL is the old daemon's lease rule: 0 or less is the default, over
+// MaxTTL is MaxTTL.
+func clampTTL(s int64) int64 {
+	switch {
+	case s <= 0:
+		return int64(DefaultTTL / time.Second)
+	case s > int64(MaxTTL/time.Second):
+		return int64(MaxTTL / time.Second)
+	}
+	return s
 }
 
 func validMetadata(m map[string]string) error {
@@ -93,14 +136,18 @@ type PoolsRequest struct {
 	Pools []PoolSpec `json:"pools"`
 }
 
-// PoolSpec is one pool in PUT /v1/pools.
+// PoolSpec is one pool in PUT /v1/pools, with the old daemon's fields: the
+// archive settings are accepted at 0 and refused otherwise (no archive
+// store).
 type PoolSpec struct {
-	Template             string `json:"template"`
-	Net                  string `json:"net"`
-	Size                 string `json:"size"`
-	Warm                 int    `json:"warm"`
-	WarmMax              int    `json:"warm_max,omitempty"`
-	IdleHibernateSeconds int64  `json:"idle_hibernate_seconds,omitempty"`
+	Template                  string `json:"template"`
+	Net                       string `json:"net"`
+	Size                      string `json:"size"`
+	Warm                      int    `json:"warm"`
+	WarmMax                   int    `json:"warm_max,omitempty"`
+	IdleHibernateSeconds      int64  `json:"idle_hibernate_seconds,omitempty"`
+	ArchiveAfterSeconds       int64  `json:"archive_after_seconds,omitempty"`
+	ArchiveDeleteAfterSeconds int64  `json:"archive_delete_after_seconds,omitempty"`
 }
 
 func (p *PoolsRequest) validate() error {
@@ -136,6 +183,10 @@ func (p *PoolsRequest) validate() error {
 			return errorf(http.StatusBadRequest, "pool %s: warm_max %d over 10000", s.Template, s.WarmMax)
 		case s.IdleHibernateSeconds < 0:
 			return errorf(http.StatusBadRequest, "pool %s: idle_hibernate_seconds is negative", s.Template)
+		case s.ArchiveAfterSeconds != 0:
+			return errorf(http.StatusBadRequest, "pool %s: archive_after_seconds is not supported on this node (no archive store): use 0", s.Template)
+		case s.ArchiveDeleteAfterSeconds != 0:
+			return errorf(http.StatusBadRequest, "pool %s: archive_delete_after_seconds is not supported on this node (no archive store): use 0", s.Template)
 		}
 	}
 	return nil

@@ -46,9 +46,17 @@ type Log interface {
 
 var _ Log = (*eventlog.Log)(nil)
 
+// The old daemon's texts for a missing or unknown token and for a known
+// token of a kind the route does not take (its clients show them).
+const (
+	errInvalidToken = "invalid api token"
+	errOperatorOnly = "operator token required"
+)
+
 // Redirector, when set, answers a claim this node cannot serve from warm
 // capacity with other nodes' addresses (the cluster view), and names the
-// owner of a sandbox this node does not know.
+// owner of a sandbox this node does not know. One that is also a
+// PeerLister lists the other nodes for GET /v1/peers.
 type Redirector interface {
 	// WarmElsewhere returns addresses of nodes with warm capacity for key.
 	WarmElsewhere(key fsm.PoolKey) []string
@@ -196,7 +204,8 @@ func (s *Server) register() {
 	add("GET", "/v1/sandboxes/{id}/owner", "root|tenant|sandbox", s.handleOwner, root, tenant, sandbox)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
-	add("GET", "/v1/info", "root|tenant", s.handleInfo, root, tenant)
+	add("GET", "/v1/info", "root", s.handleInfo, root)
+	add("GET", "/v1/peers", "root|tenant", s.handlePeers, root, tenant)
 	add("GET", "/v1/events", "root|tenant", s.handleEvents, root, tenant)
 	add("GET", "/healthz", "none", s.handleHealthz)
 	add("GET", "/metrics", "none", s.handleMetrics)
@@ -235,7 +244,7 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 		if len(entry.allow) > 0 {
 			id = s.auth.Identify(auth.Bearer(r), r.PathValue("id"), s.tokenGen)
 			if id.Kind == auth.Anonymous {
-				refuseBodyIf(hasBody, w, errorf(http.StatusUnauthorized, "missing or invalid token"))
+				refuseBodyIf(hasBody, w, errorf(http.StatusUnauthorized, "%s", errInvalidToken))
 				return
 			}
 			permitted := false
@@ -243,7 +252,7 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 				permitted = permitted || k == id.Kind
 			}
 			if !permitted {
-				refuseBodyIf(hasBody, w, errorf(http.StatusForbidden, "a %s token may not call %s %s", id.Kind, r.Method, path))
+				refuseBodyIf(hasBody, w, errorf(http.StatusForbidden, "%s", errOperatorOnly))
 				return
 			}
 		}

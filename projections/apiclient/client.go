@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,7 +29,9 @@ type Error struct {
 	Message string
 	// Method and Path name the request, for messages.
 	Method, Path string
-	// Redirect lists nodes with warm capacity (a claim answered 307).
+	// Redirect lists nodes with warm capacity for a claim the node
+	// answered with a redirect (200 {"redirect": [...]}, the old daemon's
+	// answer; Status is then 200): claim there, with no_redirect.
 	Redirect []string
 	// ID names a sandbox the failed request created nonetheless (a claim
 	// committed but not served, or not replicated): look it up or release
@@ -176,24 +180,40 @@ func sandboxPath(id, action string) string {
 }
 
 // Claim is POST /v1/claim. It returns once the sandbox is running (at once
-// for the warm tier, after the clone or cold boot otherwise).
+// for the warm tier, after the clone or cold boot otherwise). A redirect
+// answer is an *Error whose Redirect lists the nodes to claim from.
 func (c *Client) Claim(ctx context.Context, req api.ClaimRequest) (*api.ClaimResponse, error) {
 	var out api.ClaimResponse
 	if err := c.do(ctx, http.MethodPost, "/v1/claim", nil, req, &out); err != nil {
 		return nil, err
 	}
+	if len(out.Redirect) > 0 {
+		return nil, &Error{Status: http.StatusOK, Method: http.MethodPost, Path: "/v1/claim", Redirect: out.Redirect}
+	}
 	return &out, nil
+}
+
+// RedirectOf returns the nodes a claim was redirected to, if err is a
+// redirect answer.
+func RedirectOf(err error) []string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Redirect
+	}
+	return nil
 }
 
 // ListOptions filter GET /v1/sandboxes. Zero values do not filter.
 type ListOptions struct {
 	ClaimRef string
-	// MetaKey and MetaValue select sandboxes whose metadata has MetaKey set
-	// to MetaValue (the API takes one such filter).
-	MetaKey, MetaValue string
+	// Metadata selects sandboxes whose metadata holds every pair.
+	Metadata map[string]string
 	// State selects claims in that state, ended ones still retained
 	// included; empty lists the live ones.
 	State string
+	// Tenant selects one tenant's sandboxes (root only; a tenant token
+	// always lists its own).
+	Tenant string
 }
 
 // Sandboxes is GET /v1/sandboxes: the sandboxes the caller may see, by id.
@@ -202,11 +222,14 @@ func (c *Client) Sandboxes(ctx context.Context, o ListOptions) ([]api.Sandbox, e
 	if o.ClaimRef != "" {
 		q.Set("claim_ref", o.ClaimRef)
 	}
-	if o.MetaKey != "" {
-		q.Set("metadata", o.MetaKey+"="+o.MetaValue)
+	for _, k := range slices.Sorted(maps.Keys(o.Metadata)) {
+		q.Add("metadata", k+"="+o.Metadata[k])
 	}
 	if o.State != "" {
 		q.Set("state", o.State)
+	}
+	if o.Tenant != "" {
+		q.Set("tenant", o.Tenant)
 	}
 	var out struct {
 		Sandboxes []api.Sandbox `json:"sandboxes"`
@@ -303,8 +326,20 @@ func (c *Client) Info(ctx context.Context) (*api.Info, error) {
 	return &out, nil
 }
 
+// Peers is GET /v1/peers: the other nodes' addresses (none without
+// replication).
+func (c *Client) Peers(ctx context.Context) ([]string, error) {
+	var out struct {
+		Peers []string `json:"peers"`
+	}
+	if err := c.do(ctx, http.MethodGet, "/v1/peers", nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Peers, nil
+}
+
 // Healthz is GET /healthz: nil once the node has finished its start-up
-// reconcile, an *Error with status 503 before.
+// reconcile ("ok"), an *Error with status 503 and the node's text before.
 func (c *Client) Healthz(ctx context.Context) error {
 	return c.do(ctx, http.MethodGet, "/healthz", nil, nil, nil)
 }

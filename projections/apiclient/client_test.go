@@ -2,6 +2,7 @@ package apiclient_test
 
 import (
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -50,8 +51,12 @@ func TestLifecycle(t *testing.T) {
 		{"root all", c, apiclient.ListOptions{}, 1},
 		{"by ref", c, apiclient.ListOptions{ClaimRef: "job-1"}, 1},
 		{"by other ref", c, apiclient.ListOptions{ClaimRef: "job-2"}, 0},
-		{"by metadata", c, apiclient.ListOptions{MetaKey: "team", MetaValue: "a"}, 1},
-		{"by other metadata", c, apiclient.ListOptions{MetaKey: "team", MetaValue: "b"}, 0},
+		{"by metadata", c, apiclient.ListOptions{Metadata: map[string]string{"team": "a"}}, 1},
+		{"by other metadata", c, apiclient.ListOptions{Metadata: map[string]string{"team": "b"}}, 0},
+		{"by two metadata pairs", c, apiclient.ListOptions{Metadata: map[string]string{"team": "a", "absent": ""}}, 0},
+		{"by tenant", c, apiclient.ListOptions{Tenant: "acme"}, 1},
+		{"by other tenant", c, apiclient.ListOptions{Tenant: "other"}, 0},
+		{"tenant= ignored for a tenant", acme, apiclient.ListOptions{Tenant: "other"}, 1},
 		{"by state", c, apiclient.ListOptions{State: "running"}, 1},
 		{"by other state", c, apiclient.ListOptions{State: "hibernated"}, 0},
 		{"own tenant", acme, apiclient.ListOptions{}, 1},
@@ -115,7 +120,7 @@ func TestPoolsAndInfo(t *testing.T) {
 	}
 	var sawPy bool
 	for _, p := range in.Pools {
-		if p.Key == "py/none/small" {
+		if p.Key.String() == "py/none/small" {
 			sawPy = p.Target == 3
 		}
 	}
@@ -128,7 +133,7 @@ func TestPoolsAndInfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range in.Pools {
-		if p.Key == "py/none/small" && (p.Warm != 3 || p.Golden != "ready") {
+		if p.Key.String() == "py/none/small" && (p.Warm != 3 || !p.Golden || p.GoldenState != "ready") {
 			t.Fatalf("py after fill: %+v", p)
 		}
 	}
@@ -151,7 +156,8 @@ func TestPoolsAndInfo(t *testing.T) {
 
 // TestErrors checks the typed errors carry status and the server's message.
 func TestErrors(t *testing.T) {
-	_, c := startNode(t, 1)
+	n, c := startNode(t, 1)
+	n.Driver.SetTemplates("default")
 	ctx := ctxT(t)
 	cases := []struct {
 		name   string
@@ -159,19 +165,20 @@ func TestErrors(t *testing.T) {
 		status int
 		msg    string
 	}{
-		{"no token", func() error { _, err := c.WithToken("").Info(ctx); return err }, 401, "missing or invalid token"},
-		{"wrong token", func() error { _, err := c.WithToken("nope").Info(ctx); return err }, 401, "missing or invalid token"},
+		{"no token", func() error { _, err := c.WithToken("").Info(ctx); return err }, 401, "invalid api token"},
+		{"wrong token", func() error { _, err := c.WithToken("nope").Info(ctx); return err }, 401, "invalid api token"},
 		{"tenant puts pools", func() error {
 			_, err := c.WithToken("acme-token").SetPools(ctx, api.PoolsRequest{Pools: []api.PoolSpec{}})
 			return err
-		}, 403, "may not call"},
+		}, 403, "operator token required"},
+		{"tenant reads info", func() error { _, err := c.WithToken("acme-token").Info(ctx); return err }, 403, "operator token required"},
 		{"unknown sandbox", func() error { _, err := c.Sandbox(ctx, "sb_0000000000000000"); return err }, 404, "unknown sandbox"},
 		{"bad template", func() error { _, err := c.Claim(ctx, api.ClaimRequest{Template: "-bad"}); return err }, 400, "template"},
-		{"unknown pool", func() error { _, err := c.Claim(ctx, api.ClaimRequest{Template: "nope"}); return err }, 400, "no pool"},
-		{"ttl too long", func() error {
-			_, err := c.Claim(ctx, api.ClaimRequest{Template: "default", TTLSeconds: 90000})
+		{"unknown template", func() error { _, err := c.Claim(ctx, api.ClaimRequest{Template: "nope"}); return err }, 500, "provisioning failed"},
+		{"require_promoted", func() error {
+			_, err := c.Claim(ctx, api.ClaimRequest{Template: "default", RequirePromoted: true})
 			return err
-		}, 400, "ttl_seconds"},
+		}, 404, "unknown template"},
 		{"renew negative", func() error { _, err := c.Renew(ctx, "sb_0000000000000000", -1); return err }, 400, "ttl_seconds"},
 	}
 	for _, tc := range cases {
@@ -198,6 +205,10 @@ func TestForeignErrorBodies(t *testing.T) {
 		switch r.URL.Path {
 		case "/v1/claim":
 			w.Header().Set("Content-Type", "application/json")
+			if b, _ := io.ReadAll(r.Body); strings.Contains(string(b), `"claim_ref":"200"`) {
+				_, _ = w.Write([]byte(`{"redirect":["10.0.0.4:7777"]}`))
+				return
+			}
 			w.WriteHeader(http.StatusTemporaryRedirect)
 			_, _ = w.Write([]byte(`{"redirect":["10.0.0.2:7777","10.0.0.3:7777"]}`))
 		case "/v1/info":
@@ -213,10 +224,16 @@ func TestForeignErrorBodies(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t)
+	// An older sbxlog answered a redirect with 307.
 	_, err = c.Claim(ctx, api.ClaimRequest{Template: "x"})
 	var e *apiclient.Error
 	if !errors.As(err, &e) || e.Status != 307 || len(e.Redirect) != 2 || e.Redirect[1] != "10.0.0.3:7777" {
 		t.Fatalf("redirect: %#v", err)
+	}
+	// The old daemon's (and this one's) redirect is a 200.
+	_, err = c.Claim(ctx, api.ClaimRequest{Template: "x", NoRedirect: false, ClaimRef: "200"})
+	if got := apiclient.RedirectOf(err); !errors.As(err, &e) || e.Status != http.StatusOK || len(got) != 1 || got[0] != "10.0.0.4:7777" {
+		t.Fatalf("200 redirect: %#v", err)
 	}
 	_, err = c.Info(ctx)
 	if !errors.As(err, &e) || e.Status != 502 || e.Message != "<html>bad gateway</html>" {
@@ -251,15 +268,16 @@ func TestNewAddr(t *testing.T) {
 	}
 }
 
-// A claim the server committed but could not serve comes back as an
-// *Error carrying the sandbox's id, which the message names too.
+// A claim the server committed but could not serve comes back as the old
+// daemon's 500 "provisioning failed", an *Error carrying the sandbox's id,
+// which the message names too.
 func TestFailedClaimErrorNamesTheSandbox(t *testing.T) {
 	n, c := startNode(t, 0)
 	n.Driver.FailClones.Store(true)
 	ctx := ctxT(t)
 	_, err := c.Claim(ctx, api.ClaimRequest{Template: "default"})
 	var e *apiclient.Error
-	if !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || e.ID == "" || !strings.Contains(e.Error(), e.ID) {
+	if !errors.As(err, &e) || e.Status != http.StatusInternalServerError || e.Message != "provisioning failed" || e.ID == "" || !strings.Contains(e.Error(), e.ID) {
 		t.Fatalf("claim with failing clones: %#v", err)
 	}
 	sb, err := c.Sandbox(ctx, e.ID)

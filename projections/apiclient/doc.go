@@ -5,8 +5,8 @@
 // Errors: a response with a non-2xx status becomes an *Error carrying the
 // status and the server's {"error": ...} message (use errors.As, or
 // StatusOf); transport failures are returned as they are. A claim answered
-// with 307 (another node has warm capacity) is an *Error whose Redirect
-// lists the nodes' addresses.
+// with a redirect (200 {"redirect": [...]}: other nodes have warm capacity)
+// is an *Error whose Redirect lists the nodes' addresses (RedirectOf).
 //
 // Events: Client.Events opens one SSE connection and yields (id, event,
 // data) in order; Client.Follow keeps a stream going across disconnects by

@@ -354,7 +354,7 @@ func (c *campaign) setup(ctx context.Context) error {
 			return false
 		}
 		for _, p := range in.Pools {
-			if p.Golden != "ready" {
+			if !p.Golden {
 				return false
 			}
 		}

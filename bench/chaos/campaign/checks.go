@@ -81,8 +81,8 @@ func (c *campaign) quiesce(ctx context.Context, cl *apiclient.Client) error {
 			return false
 		}
 		for _, p := range in.Pools {
-			if p.Refilling > 0 || p.Golden == "building" {
-				last = fmt.Sprintf("pool %s refilling %d, golden %s", p.Key, p.Refilling, p.Golden)
+			if p.Refilling > 0 || p.GoldenState == "building" {
+				last = fmt.Sprintf("pool %s refilling %d, golden %s", p.Key, p.Refilling, p.GoldenState)
 				return false
 			}
 		}

@@ -2,8 +2,8 @@ package node
 
 // The claim path's replication-dependent parts: the replication service
 // started next to the op log (step 3), the API's view of other nodes
-// (redirects, owners) over its cluster view, /v1/info's replication line and
-// the synchronous mode.
+// (redirects, owners, peers) over its cluster view, /v1/info's replication
+// line and the synchronous mode.
 
 import (
 	"context"
@@ -110,7 +110,22 @@ type redirector struct {
 	self string
 }
 
-var _ api.Redirector = redirector{}
+var (
+	_ api.Redirector = redirector{}
+	_ api.PeerLister = redirector{}
+)
+
+// Peers lists the other live nodes' addresses from the directory of the
+// cluster view (GET /v1/peers).
+func (r redirector) Peers() []string {
+	var out []string
+	for _, n := range r.svc.Directory.Live() {
+		if n.Node != r.self && n.Addr != "" {
+			out = append(out, n.Addr)
+		}
+	}
+	return out
+}
 
 func (r redirector) WarmElsewhere(key fsm.PoolKey) []string {
 	return r.svc.Redirect(key).Redirect

@@ -41,7 +41,8 @@ import (
 const FakeHypervisor = "in-process-fake"
 
 // FakeDriver is the in-process hypervisor fake: every intent succeeds at
-// once, unless FailClones is set (or it holds intents, Options.NoExecutors).
+// once, unless FailClones is set, the template is not one SetTemplates named
+// (or it holds intents, Options.NoExecutors).
 // It keeps per-kind call counts so tests can check what ran. It is its own
 // node.Hypervisor, and a reconcile.Driver that finds every VM alive and no
 // run dir.
@@ -51,6 +52,26 @@ type FakeDriver struct {
 	FailClones atomic.Bool
 	hold       atomic.Bool
 	instance   string
+	// templates, when set (SetTemplates), are the only templates the fake
+	// has; nil: every template exists.
+	templates atomic.Pointer[map[string]bool]
+}
+
+// SetTemplates makes names the only templates the fake has: a golden build
+// or a cold boot of any other fails for good, as with a hypervisor whose
+// templates directory lacks it. Without a call every template exists.
+func (f *FakeDriver) SetTemplates(names ...string) {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	f.templates.Store(&m)
+}
+
+// missing reports whether the fake lacks template name.
+func (f *FakeDriver) missing(name string) bool {
+	m := f.templates.Load()
+	return m != nil && !(*m)[name]
 }
 
 var (
@@ -105,17 +126,23 @@ func (f *FakeDriver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (execu
 		return executors.Result{}, err
 	}
 	f.goldens.Add(1)
+	if f.missing(in.Key.Template) {
+		return executors.Result{}, executors.Unrecoverablef("nodetest: no template %q", in.Key.Template)
+	}
 	return executors.Result{SnapshotDir: "golden/" + in.OpID.String()}, nil
 }
 
 // Clone implements executors.Driver: the VM is "running" at once.
-func (f *FakeDriver) Clone(ctx context.Context, _ fsm.CloneVM) (executors.Result, error) {
+func (f *FakeDriver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, error) {
 	if err := f.held(ctx); err != nil {
 		return executors.Result{}, err
 	}
 	f.clones.Add(1)
 	if f.FailClones.Load() {
 		return executors.Result{}, executors.Unrecoverablef("nodetest: clone failed as asked")
+	}
+	if in.Cold && f.missing(in.Key.Template) {
+		return executors.Result{}, executors.Unrecoverablef("nodetest: cold boot: no template %q", in.Key.Template)
 	}
 	return executors.Result{}, nil
 }
