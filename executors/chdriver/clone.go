@@ -41,9 +41,13 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 	return r.result(""), nil
 }
 
-// templateConfig loads the pool's template (synthesizing one under chsim)
-// and derives the config of a VM of the pool's size running in runDir.
-func (d *Driver) templateConfig(r *run, k fsm.PoolKey, runDir string) (*templates.Template, *ch.VmConfig, error) {
+// templateConfig loads the pool's template and derives the config of a VM
+// of the pool's size running in runDir. Under chsim a golden build
+// (synth) makes a missing template: a pool names it, so under chsim it
+// exists. Nothing else does: a cold boot of a template no pool made fails
+// as it would on Cloud Hypervisor without that template, which is what a
+// claim for an unknown template answers (the old daemon's 500).
+func (d *Driver) templateConfig(r *run, k fsm.PoolKey, runDir string, synth bool) (*templates.Template, *ch.VmConfig, error) {
 	res, err := d.sizes.Lookup(k.Size)
 	if err != nil {
 		return nil, nil, executors.AsUnrecoverable(err)
@@ -56,7 +60,7 @@ func (d *Driver) templateConfig(r *run, k fsm.PoolKey, runDir string) (*template
 	err = r.step(StepTemplate, func() error {
 		var err error
 		t, err = templates.Load(dir)
-		if errors.Is(err, templates.ErrNotFound) && d.hv == CHSim {
+		if errors.Is(err, templates.ErrNotFound) && d.hv == CHSim && synth {
 			r.log.Info().Str("template", dir).Msg("template missing; synthesizing one for chsim")
 			if err := templates.Synthesize(dir, d.synth); err != nil {
 				return err
@@ -98,7 +102,7 @@ func (d *Driver) coldBoot(ctx context.Context, in fsm.CloneVM, runDir string) (e
 	if done, err := d.finishExisting(r, in.VM, runDir, egress, false); err != nil || done {
 		return r.result(""), err
 	}
-	t, cfg, err := d.templateConfig(r, in.Key, runDir)
+	t, cfg, err := d.templateConfig(r, in.Key, runDir, false)
 	if err != nil {
 		return executors.Result{}, err
 	}

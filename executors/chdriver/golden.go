@@ -24,7 +24,7 @@ func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors
 		return res, err
 	}
 
-	t, cfg, err := d.templateConfig(r, in.Key, runDir)
+	t, cfg, err := d.templateConfig(r, in.Key, runDir, true)
 	if err != nil {
 		return executors.Result{}, err
 	}

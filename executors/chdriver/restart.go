@@ -61,7 +61,7 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 	}); err != nil {
 		return executors.Result{}, err
 	}
-	_, cfg, err := d.templateConfig(r, in.Key, runDir)
+	_, cfg, err := d.templateConfig(r, in.Key, runDir, false)
 	if err != nil {
 		return executors.Result{}, err
 	}
