@@ -48,6 +48,9 @@ type TenantRec struct {
 	sum [32]byte // TokenSHA256 decoded, the tenant index's key
 }
 
+// Sum returns the tenant's token hash as bytes.
+func (t TenantRec) Sum() [32]byte { return t.sum }
+
 // PutTenant creates or changes one tenant (PUT /v1/tenants/{name}).
 type PutTenant struct {
 	Meta
