@@ -38,6 +38,7 @@ type Info struct {
 	Live       int        `json:"live"`
 	MaxClaims  int        `json:"max_claims"`
 	AtCapacity bool       `json:"at_capacity,omitempty"`
+	Draining   bool       `json:"draining,omitempty"`
 	LogSeq     uint64     `json:"log_seq"`
 	// Replication is the node's replication status (Options.Replication);
 	// absent when replication is off, and for every caller but root: it
@@ -66,6 +67,7 @@ func (s *Server) info(id auth.Identity) Info {
 		out.Hibernated = in.Count(fsm.ClaimHibernated)
 		out.Live = in.Live
 		out.AtCapacity = in.AtCapacity
+		out.Draining = st.Draining()
 		out.MaxClaims = st.Limits().MaxClaims
 		out.LogSeq = st.Applied()
 	})
