@@ -412,6 +412,18 @@ func (a *applier) apply(p event.Payload) error {
 		}
 		s.timers.remove(poolTimer(tPark, *p.Key))
 
+	case event.TenantPut:
+		return a.tenantPut(p)
+
+	case event.TenantRemoved:
+		return a.tenantRemoved(p)
+
+	case event.NodeDrained:
+		return a.setDraining(true)
+
+	case event.NodeUncordoned:
+		return a.setDraining(false)
+
 	default:
 		return inconsistent("no state transition for %T", p)
 	}

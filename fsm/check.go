@@ -13,8 +13,10 @@ import (
 // Invariants: a VM serves at most one live claim, and each live claim's VM
 // is in the matching status (pending/cloning, running/claimed or restarting,
 // hibernating, hibernated, waking); warm VMs are exactly the warm stacks'
-// members and belong to no claim and no draining pool; every VM's pool
-// exists; a draining pool with no VMs and no live claims is gone.
+// members and belong to no claim, no draining pool and no draining node;
+// every VM's pool exists; a draining pool with no VMs and no live claims is
+// gone; the tenant index maps each tenant's token hash to it, one hash per
+// tenant.
 func (s *State) Check() error {
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -52,6 +54,9 @@ func (s *State) Check() error {
 		case VMWarm:
 			if v.Claim != "" {
 				fail("warm VM %s belongs to claim %s", id, v.Claim)
+			}
+			if s.draining {
+				fail("warm VM %s while the node drains", id)
 			}
 			if p := s.pools[v.Key]; p != nil && p.Draining {
 				fail("warm VM %s in draining pool %s", id, v.Key)
@@ -183,6 +188,7 @@ func (s *State) Check() error {
 			}
 		}
 	}
+	s.checkTenants(fail)
 	checkHeap("timers", &s.timers, nTimers)
 	checkHeap("purge", &s.purge, nPurge)
 	return errors.Join(errs...)

@@ -42,7 +42,9 @@ type ConfigurePools struct {
 	Pools []PoolSpec
 }
 
-// ConfigureLimits sets max_claims and tenant caps (0 = unlimited).
+// ConfigureLimits sets max_claims and tenant caps (0 = unlimited). A
+// tenant in the tenant table has its cap there (PutTenant, SetTenants);
+// TenantCaps only cap names that are not.
 type ConfigureLimits struct {
 	Meta
 	MaxClaims        int

@@ -288,10 +288,13 @@ func (c Claim) decide(d *decider) error {
 	case serve == 0:
 		serve = DefaultServeTimeoutSeconds
 	}
+	if s.draining {
+		return reject(TooMany, DrainingMsg)
+	}
 	if l := s.limits.MaxClaims; l > 0 && s.live >= l {
 		return reject(TooMany, "max_claims %d reached", l)
 	}
-	if l := s.limits.CapFor(c.Tenant); l > 0 && s.tenantLive[c.Tenant] >= l {
+	if l := s.TenantCap(c.Tenant); l > 0 && s.tenantLive[c.Tenant] >= l {
 		return reject(TooMany, "tenant %q is at its cap of %d claims", c.Tenant, l)
 	}
 	gen := c.TokenGen
@@ -592,7 +595,7 @@ func (c VMCloned) decide(d *decider) error {
 		return nil
 	}
 	switch p := d.s.pools[v.Key]; {
-	case p == nil || p.Draining:
+	case p == nil || p.Draining || d.s.draining:
 		d.destroy(v.ID, "drain")
 	case len(p.warm)+p.refilling > p.Spec.WarmMax:
 		d.destroy(v.ID, "trim")

@@ -71,6 +71,12 @@
 // and VM. Ended claims stay ClaimRetentionNS, so
 // a second release still answers 204, then are forgotten.
 //
+// Operator state lives here too (tenants.go, drain.go): the tenant table
+// (name, token SHA-256 — never the token — and caps), changed at runtime
+// and by the config's tenants until the API first changes it; and the
+// node's drain, under which claims are refused with the old daemon's quota
+// text, refills stop and warm VMs are destroyed, until uncordoned.
+//
 // Cost model: Decide and Apply are O(1) in the number of live claims, except
 // that PUT pools re-arms the idle timers of the claims in pools whose idle
 // setting changed (O(claims), rarely). Encode/Decode give a versioned

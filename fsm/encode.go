@@ -3,6 +3,7 @@ package fsm
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -15,8 +16,11 @@ const (
 	StateFormatV1 = 1
 	// StateFormatV2 adds each VM's restart history.
 	StateFormatV2 = 2
+	// StateFormatV3 adds the node's drain, the tenant table and whether
+	// the API owns it.
+	StateFormatV3 = 3
 	// StateFormatCurrent is the newest format this build writes and reads.
-	StateFormatCurrent = StateFormatV2
+	StateFormatCurrent = StateFormatV3
 )
 
 // ErrStateFormat means an encoded State is of a format this build cannot
@@ -38,6 +42,8 @@ var (
 //	         [V2] n restarts × time (varint))
 //	n claims × (id, key, vm, tenant, claim ref, n metadata × (k, v), tier, status, ttl, deadline, serve by,
 //	            token gen, created, last activity, ended (varints), reason)
+//	[V3] draining, tenants owned by the API,
+//	     n tenants × (name, token sha256 (32 bytes), max_claims (varint), egress class)
 //
 // Every collection is sorted by its key, so equal states encode to equal
 // bytes. Indexes (timers, pending intents, counters) are not encoded: Decode
@@ -139,6 +145,18 @@ func Encode(s *State) []byte {
 		e.i(c.Ended)
 		e.str(c.Reason)
 	}
+
+	e.bool(s.draining)
+	e.bool(s.tenantsAPI)
+	names := sortedKeys(s.tenants)
+	e.u(uint64(len(names)))
+	for _, name := range names {
+		t := s.tenants[name]
+		e.str(t.Name)
+		e.b = append(e.b, t.sum[:]...)
+		e.i(int64(t.MaxClaims))
+		e.str(t.EgressClass)
+	}
 	return e.b
 }
 
@@ -191,7 +209,7 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 		return nil, fmt.Errorf("%w: empty", ErrStateCorrupt)
 	}
 	format := b[0]
-	if format != StateFormatV1 && format != StateFormatV2 {
+	if format < StateFormatV1 || format > StateFormatCurrent {
 		return nil, fmt.Errorf("%w: format %d, this build reads %d to %d", ErrStateFormat, b[0], StateFormatV1, StateFormatCurrent)
 	}
 	d := &sdec{b: b[1:]}
@@ -289,6 +307,20 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 		c.Reason = d.istr()
 		d.check(c.Tier >= TierWarm && c.Tier <= TierCold && c.Status >= ClaimPending && c.Status < numClaimStatus && s.claims[c.ID] == nil, "claim %s", c.ID)
 		s.claims[c.ID] = c
+	}
+	if format >= StateFormatV3 {
+		s.draining = d.bool()
+		s.tenantsAPI = d.bool()
+		for range d.count() {
+			t := &TenantRec{Name: d.str(), sum: d.sum()}
+			t.TokenSHA256 = hex.EncodeToString(t.sum[:])
+			t.MaxClaims = int(d.i())
+			t.EgressClass = d.str()
+			_, dupHash := s.tenantByHash[t.sum]
+			d.check(t.MaxClaims >= 0 && s.tenants[t.Name] == nil && !dupHash, "tenant %q", t.Name)
+			s.tenants[t.Name] = t
+			s.tenantByHash[t.sum] = t.Name
+		}
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrStateCorrupt, len(d.b))
@@ -488,6 +520,17 @@ func (d *sdec) op() event.OpID {
 	copy(id[:], d.b)
 	d.b = d.b[len(id):]
 	return id
+}
+
+func (d *sdec) sum() [32]byte {
+	var sum [32]byte
+	if len(d.b) < len(sum) {
+		d.fail("truncated token hash")
+		return sum
+	}
+	copy(sum[:], d.b)
+	d.b = d.b[len(sum):]
+	return sum
 }
 
 func (d *sdec) key() PoolKey {

@@ -14,8 +14,27 @@ import (
 
 // richState has a record of every kind: pools (one draining, one parked),
 // goldens in each status, VMs in each live status (one restarting, with a
-// restart history), claims in each status.
+// restart history), claims in each status, tenants (set over the API), and
+// the node draining.
 func richState(t *testing.T) *harness {
+	h := richStateV2(t)
+	h.do(SetTenants{Meta: h.meta(), FromConfig: true, Tenants: []TenantSpec{
+		{Name: "acme", TokenSHA256: tokenHash("acme"), MaxClaims: 20},
+		{Name: "beta", TokenSHA256: tokenHash("beta"), EgressClass: "desk"},
+	}}, event.TypeTenantPut, event.TypeTenantPut)
+	h.do(PutTenant{Meta: h.meta(), Tenant: TenantSpec{Name: "u:42/west", TokenSHA256: tokenHash("west"), MaxClaims: 3}}, event.TypeTenantPut)
+	warm := len(h.s.pools[kB].warm) + len(h.s.pools[kA].warm)
+	want := []event.Type{event.TypeNodeDrained}
+	for range warm {
+		want = append(want, event.TypeVMDestroyRequested)
+	}
+	h.do(Drain{Meta: h.meta()}, want...)
+	return h
+}
+
+// richStateV2 is richState as it was when StateFormatV2 was current:
+// testdata/state_v2.bin is its encoding by that build.
+func richStateV2(t *testing.T) *harness {
 	h := richStateV1(t)
 	vm := h.claim(claimID(1)).VM
 	pol := RestartPolicy{Max: 3, WindowNS: 600 * second}
@@ -102,32 +121,60 @@ func TestEncodeKeepsLIFOOrder(t *testing.T) {
 	}
 }
 
-// A snapshot written in format V1 (before restart histories) still decodes,
-// to the same state the same events give today, and re-encodes as V2.
-func TestDecodeV1(t *testing.T) {
-	v1, err := os.ReadFile(filepath.Join("testdata", "state_v1.bin"))
+// Snapshots written in an earlier format (V1 before restart histories, V2
+// before drain and tenants) still decode, to the same state the same events
+// give today, and re-encode as the current format.
+func TestDecodeOldFormats(t *testing.T) {
+	for _, tc := range []struct {
+		file   string
+		format byte
+		events func(*testing.T) *harness
+	}{
+		{"state_v1.bin", StateFormatV1, richStateV1},
+		{"state_v2.bin", StateFormatV2, richStateV2},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			old, err := os.ReadFile(filepath.Join("testdata", tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if old[0] != tc.format {
+				t.Fatalf("pinned file has format %d", old[0])
+			}
+			s, err := Decode(old)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := tc.events(t).s
+			if Hash(s) != Hash(want) {
+				t.Fatalf("format %d snapshot decodes to another state than its events give", tc.format)
+			}
+			if enc := Encode(s); enc[0] != StateFormatCurrent || !bytes.Equal(enc, Encode(want)) {
+				t.Fatalf("format %d state does not re-encode as the current format", tc.format)
+			}
+			// Every truncation of the old form is refused.
+			for i := 1; i < len(old); i++ {
+				if _, err := Decode(old[:i]); err == nil {
+					t.Fatalf("format %d truncated at %d decoded", tc.format, i)
+				}
+			}
+		})
+	}
+}
+
+// The drain, the tenant table and its owner survive an encoding.
+func TestTenantsAndDrainAreEncoded(t *testing.T) {
+	h := richState(t)
+	back, err := Decode(Encode(h.s))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v1[0] != StateFormatV1 {
-		t.Fatalf("pinned file has format %d", v1[0])
+	if !back.Draining() || !back.TenantsOwnedByAPI() || !slices.Equal(back.Tenants(), h.s.Tenants()) || len(back.Tenants()) != 3 {
+		t.Fatalf("decoded: draining %v, api %v, tenants %+v", back.Draining(), back.TenantsOwnedByAPI(), back.Tenants())
 	}
-	s, err := Decode(v1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := richStateV1(t).s
-	if Hash(s) != Hash(want) {
-		t.Fatal("V1 snapshot decodes to another state than its events give")
-	}
-	if enc := Encode(s); enc[0] != StateFormatV2 || !bytes.Equal(enc, Encode(want)) {
-		t.Fatal("V1 state does not re-encode as the current format")
-	}
-	// Every truncation of the V1 form is refused.
-	for i := 1; i < len(v1); i++ {
-		if _, err := Decode(v1[:i]); err == nil {
-			t.Fatalf("V1 truncated at %d decoded", i)
-		}
+	sum, _ := ParseTokenHash(tokenHash("west"))
+	if tr, ok := back.TenantByHash(sum); !ok || tr.Name != "u:42/west" || tr.MaxClaims != 3 {
+		t.Fatalf("lookup by hash after decode: %+v %v", tr, ok)
 	}
 }
 
@@ -216,6 +263,10 @@ func TestHashDiffersOnEveryField(t *testing.T) {
 		"vm snapshot dir": func() { h.s.vms[c.VM].SnapshotDir = "x" },
 		"golden error":    func() { h.s.goldens[kB].Error = "other" },
 		"limits":          func() { h.s.limits.MaxClaims++ },
+		"tenant cap":      func() { h.s.tenants["acme"].MaxClaims++ },
+		"tenant class":    func() { h.s.tenants["beta"].EgressClass = "" },
+		"draining":        func() { h.s.draining = false },
+		"tenants owner":   func() { h.s.tenantsAPI = false },
 		"applied":         func() { h.s.applied++ },
 	} {
 		saved := Encode(h.s)

@@ -16,6 +16,11 @@ type State struct {
 	goldens        map[PoolKey]*GoldenRec
 	vms            map[string]*VMRec
 	claims         map[string]*ClaimRec
+	tenants        map[string]*TenantRec
+	// tenantsAPI: the API has changed the tenant set (the config's
+	// tenants no longer apply); draining: the node drains.
+	tenantsAPI bool
+	draining   bool
 	// applied counts events applied so far; it orders intents (ReqSeq).
 	applied uint64
 
@@ -29,6 +34,7 @@ type State struct {
 	vmCount        [numVMStatus]int
 	live           int
 	tenantLive     map[string]int
+	tenantByHash   map[[32]byte]string // token hash -> tenant name
 }
 
 // New returns an empty state.
@@ -42,6 +48,8 @@ func New() *State {
 		pendingGoldens: map[PoolKey]struct{}{},
 		needRefill:     map[PoolKey]struct{}{},
 		tenantLive:     map[string]int{},
+		tenants:        map[string]*TenantRec{},
+		tenantByHash:   map[[32]byte]string{},
 	}
 }
 
@@ -150,7 +158,7 @@ type PoolInfo struct {
 	Key        PoolKey
 	Warm       int // warm VMs ready to claim
 	Refilling  int // refill clones in flight (they count toward Target)
-	Target     int // the warm target (0 while draining)
+	Target     int // the warm target (0 while the pool or the node drains)
 	WarmMax    int
 	Golden     GoldenStatus
 	Draining   bool
@@ -169,7 +177,7 @@ func (s *State) Info() Info {
 			Draining: p.Draining, VMs: p.vms, Live: p.live,
 			AtCapacity: in.AtCapacity || (p.ParkedUntil != 0 && p.ParkReason == ParkCapacity),
 			Parked:     s.nodeParkUntil != 0 || p.ParkedUntil != 0}
-		if p.Draining {
+		if p.Draining || s.draining {
 			pi.Target = 0
 		}
 		if g, ok := s.goldens[k]; ok {
@@ -351,7 +359,7 @@ func refillDeficit(p *PoolRec) int {
 
 func (s *State) canRefill(k PoolKey) (*PoolRec, bool) {
 	p := s.pools[k]
-	if p == nil || p.Draining || p.ParkedUntil != 0 || s.nodeParkUntil != 0 {
+	if p == nil || p.Draining || s.draining || p.ParkedUntil != 0 || s.nodeParkUntil != 0 {
 		return p, false
 	}
 	g := s.goldens[k]

@@ -251,7 +251,9 @@ type ClaimRec struct {
 	Reason       string
 }
 
-// Limits are the claim limits; 0 means unlimited.
+// Limits are the claim limits; 0 means unlimited. TenantCaps are the caps
+// of tenants not in the tenant table (logs written before tenants were
+// state set them); a tenant in the table has its own (State.TenantCap).
 type Limits struct {
 	MaxClaims        int
 	DefaultTenantCap int

@@ -42,8 +42,14 @@ type Config struct {
 	// first line); sandboxd creates it with a random token if it does not
 	// exist. Started without -config and without a token, sandboxd uses
 	// <data_dir>/api.token, which is how `make run` gets a root token.
-	APITokenFile string              `json:"api_token_file,omitempty"`
-	Tenants      []auth.TenantConfig `json:"tenants,omitempty"`
+	APITokenFile string `json:"api_token_file,omitempty"`
+	// Tenants seed the tenant set: {name, token_sha256 (hex SHA-256 of the
+	// token) or token (plaintext, as the old daemon's config had it: hashed
+	// at load and kept nowhere), max_claims, egress_class}. They apply at
+	// every start until the API (/v1/tenants) first changes the set; from
+	// then on the API's set wins and differing config tenants are ignored
+	// with a warning.
+	Tenants []auth.TenantConfig `json:"tenants,omitempty"`
 	// MaxClaims caps live claims on this node (0 = no cap).
 	MaxClaims int `json:"max_claims,omitempty"`
 	// Pools applied on the first start (an empty log); afterwards PUT /v1/pools
@@ -295,6 +301,11 @@ func (c *Config) finish() error {
 	}
 	if r := c.VMRestart; r != nil && (r.Max < 0 || r.Max > fsm.MaxRestartHistory || r.WindowSeconds < 0 || (r.Max > 0 && r.WindowSeconds == 0) || r.WindowSeconds > 30*86400) {
 		errs = append(errs, fmt.Errorf("vm_restart %+v: max in [0, %d], window_seconds in [1, %d] when max > 0", *r, fsm.MaxRestartHistory, 30*86400))
+	}
+	for i := range c.Tenants {
+		if err := c.Tenants[i].Normalize(); err != nil {
+			errs = append(errs, fmt.Errorf("tenants[%d]: %w", i, err))
+		}
 	}
 	if c.MaxClaims < 0 {
 		errs = append(errs, fmt.Errorf("max_claims %d is negative", c.MaxClaims))

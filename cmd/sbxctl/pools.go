@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -15,7 +13,7 @@ import (
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
 
-// stdin is where pools set --file - reads (tests replace it).
+// stdin is what a "-" file argument reads (tests replace it).
 var stdin io.Reader = os.Stdin
 
 func init() {
@@ -49,7 +47,7 @@ func printInfo(cl *call, in *api.Info) error {
 		fmt.Fprint(cl.stdout, ", AT CAPACITY")
 	}
 	if in.Draining {
-		fmt.Fprint(cl.stdout, ", DRAINING")
+		fmt.Fprint(cl.stdout, ", DRAINING (sbxctl uncordon)")
 	}
 	fmt.Fprintln(cl.stdout)
 	if len(in.Peers) > 0 {
@@ -140,19 +138,7 @@ func poolsSetFlags(fs *flag.FlagSet) remoteBody {
 		case *file != "" && *template != "":
 			return usagef("--file and --template exclude each other")
 		case *file != "":
-			var data []byte
-			var err error
-			if *file == "-" {
-				data, err = io.ReadAll(stdin)
-			} else {
-				data, err = os.ReadFile(*file)
-			}
-			if err != nil {
-				return err
-			}
-			dec := json.NewDecoder(bytes.NewReader(data))
-			dec.DisallowUnknownFields()
-			if err := dec.Decode(&req); err != nil {
+			if err := decodeFileArg(*file, &req); err != nil {
 				return fmt.Errorf("%s: %w (want {\"pools\": [{\"template\": ..., \"warm\": N}, ...]})", *file, err)
 			}
 			if req.Pools == nil {

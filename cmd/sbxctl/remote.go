@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -270,4 +271,23 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// readFileArg reads a file named by a flag; "-" reads stdin.
+func readFileArg(path string) ([]byte, error) {
+	if path == "-" {
+		return io.ReadAll(stdin)
+	}
+	return os.ReadFile(path)
+}
+
+// decodeFileArg strictly decodes the JSON file named by a flag into v.
+func decodeFileArg(path string, v any) error {
+	data, err := readFileArg(path)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
 }

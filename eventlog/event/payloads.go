@@ -16,7 +16,8 @@ import (
 //     newer readers of an older record see the zero value.
 //   - Times are unix nanoseconds (int64) with an _ns suffix.
 //   - No secrets: a sandbox token is derived from (node secret, claim id,
-//     token_gen) and only the generation is recorded.
+//     token_gen) and only the generation is recorded; a tenant token is
+//     recorded as its SHA-256 only.
 //   - Slices are written in a deterministic order (sorted by the proposer) so
 //     that the same decision always encodes to the same bytes.
 
@@ -322,6 +323,34 @@ type PoolUnparked struct {
 	Key *PoolKey `json:"key,omitempty"`
 }
 
+// TenantPut records a tenant created or changed, with its whole record:
+// TokenSHA256 is the lowercase hex SHA-256 of its token (the token itself
+// is never recorded), MaxClaims its cap on live claims (0: none of its
+// own), EgressClass the egress class it names (empty: none). Config marks
+// a change proposed from sandboxd's config file rather than the API; once
+// the API has changed the set, the config's tenants no longer apply.
+type TenantPut struct {
+	Name        string `json:"name"`
+	TokenSHA256 string `json:"token_sha256"`
+	MaxClaims   int    `json:"max_claims,omitempty"`
+	EgressClass string `json:"egress_class,omitempty"`
+	Config      bool   `json:"config,omitempty"`
+}
+
+// TenantRemoved records a tenant taken out of the set: its token stops
+// authenticating; its live claims run on. Config as in TenantPut.
+type TenantRemoved struct {
+	Name   string `json:"name"`
+	Config bool   `json:"config,omitempty"`
+}
+
+// NodeDrained: the node refuses new claims, stops refilling and destroys
+// its warm VMs (in the same batch); live claims run on.
+type NodeDrained struct{}
+
+// NodeUncordoned: the node takes claims and refills again.
+type NodeUncordoned struct{}
+
 // NodeAggID is the aggregate id of node-level events; ParkAggID(nil) is the
 // aggregate id of node-wide parking.
 const NodeAggID = "node"
@@ -364,6 +393,10 @@ func (PoolUnparked) EventType() Type         { return TypePoolUnparked }
 func (VMRestartRequested) EventType() Type   { return TypeVMRestartRequested }
 func (VMRestarted) EventType() Type          { return TypeVMRestarted }
 func (VMRestartFailed) EventType() Type      { return TypeVMRestartFailed }
+func (TenantPut) EventType() Type            { return TypeTenantPut }
+func (TenantRemoved) EventType() Type        { return TypeTenantRemoved }
+func (NodeDrained) EventType() Type          { return TypeNodeDrained }
+func (NodeUncordoned) EventType() Type       { return TypeNodeUncordoned }
 
 // Version 1 of every type. A new schema version adds a registerJSON line (or
 // a custom decoder that upgrades the old shape) and keeps this one.
@@ -398,4 +431,8 @@ func init() {
 	registerJSON[VMRestartRequested](1)
 	registerJSON[VMRestarted](1)
 	registerJSON[VMRestartFailed](1)
+	registerJSON[TenantPut](1)
+	registerJSON[TenantRemoved](1)
+	registerJSON[NodeDrained](1)
+	registerJSON[NodeUncordoned](1)
 }

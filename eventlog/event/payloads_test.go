@@ -46,6 +46,10 @@ func samplePayloads() []Payload {
 		VMRestartRequested{VM: "vm-0011223344556677", Claim: "sb_00112233445566ff", Reason: "exited", Attempt: 2},
 		VMRestarted{VM: "vm-0011223344556677", Report: rep},
 		VMRestartFailed{VM: "vm-0011223344556677", Error: "restart boot: vm.boot: 500"},
+		TenantPut{Name: "u:42/west", TokenSHA256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", MaxClaims: 50, EgressClass: "desk", Config: true},
+		TenantRemoved{Name: "u:42/west", Config: true},
+		NodeDrained{},
+		NodeUncordoned{},
 	}
 }
 

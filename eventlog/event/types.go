@@ -58,6 +58,16 @@ const (
 	TypeVMRestartRequested Type = 28
 	TypeVMRestarted        Type = 29
 	TypeVMRestartFailed    Type = 30
+
+	// Tenants: the set of tenant tokens (by hash) and caps, changed at
+	// runtime over the API or seeded from sandboxd's config.
+	TypeTenantPut     Type = 31
+	TypeTenantRemoved Type = 32
+
+	// Node drain: the node takes no claims and keeps no warm VMs until it
+	// is uncordoned.
+	TypeNodeDrained    Type = 33
+	TypeNodeUncordoned Type = 34
 )
 
 // AggKind is the kind of aggregate an event belongs to.
@@ -71,6 +81,7 @@ const (
 	AggGolden  AggKind = 3
 	AggVM      AggKind = 4
 	AggClaim   AggKind = 5
+	AggTenant  AggKind = 6
 )
 
 type typeInfo struct {
@@ -112,6 +123,10 @@ var typeInfos = map[Type]typeInfo{
 	TypeVMRestartRequested:   {"vm_restart_requested", 1, AggVM},
 	TypeVMRestarted:          {"vm_restarted", 1, AggVM},
 	TypeVMRestartFailed:      {"vm_restart_failed", 1, AggVM},
+	TypeTenantPut:            {"tenant_put", 1, AggTenant},
+	TypeTenantRemoved:        {"tenant_removed", 1, AggTenant},
+	TypeNodeDrained:          {"node_drained", 1, AggNode},
+	TypeNodeUncordoned:       {"node_uncordoned", 1, AggNode},
 }
 
 // Known reports whether this build can read events of type t.
@@ -151,7 +166,7 @@ func Types() []Type {
 	return out
 }
 
-var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim"}
+var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant"}
 
 // String returns the aggregate kind's stable name.
 func (k AggKind) String() string {

@@ -2,9 +2,10 @@
 // machine: a stream of valid and invalid commands (configuration, claims,
 // hibernate, wake, release, renew, ticks) interleaved with the results an
 // executor would report for the state's intents, some of them failures, some
-// stale, and VMMs dying on their own under varied restart policies. The same
-// seed against the same code gives the same stream, so a failing prefix can
-// be replayed exactly.
+// stale, VMMs dying on their own under varied restart policies, tenant
+// changes (single, whole-set, from the API or the config) and node drains.
+// The same seed against the same code gives the same stream, so a failing
+// prefix can be replayed exactly.
 //
 // It is pure like fsm (its own PRNG, no clock) and is used by fsm's
 // randomized test, sbxctl replay's test and the fsm benchmark.
@@ -103,6 +104,16 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 	if s.rng.intn(100) < s.opt.InvalidPercent {
 		return s.invalid(st)
 	}
+	// Operator commands, rarely: tenant changes and drains (a drain is
+	// short-lived, so most of the run takes claims).
+	switch x := s.rng.intn(1000); {
+	case x < 12:
+		return s.tenants(st)
+	case x < 14 && !st.Draining():
+		return fsm.Drain{Meta: s.meta()}
+	case x < 30 && st.Draining():
+		return fsm.Uncordon{Meta: s.meta()}
+	}
 	r := s.rng.intn(1000)
 	switch {
 	case r < 350:
@@ -174,6 +185,46 @@ func (s *Sim) limits() fsm.Command {
 	}
 	if s.rng.intn(2) == 0 {
 		c.TenantCaps = map[string]int{s.tenant(): s.rng.intn(6)}
+	}
+	return c
+}
+
+// tokenHash is a fake token hash (64 lowercase hex digits) for token n: a
+// few tokens are shared out, so some commands reuse another tenant's.
+func tokenHash(n int) string { return fmt.Sprintf("%064x", 0x5b0+n) }
+
+// tenantSpec is a spec for one of the generator's tenants, usually with a
+// token (new tenants need one), sometimes a cap or an egress class.
+func (s *Sim) tenantSpec() fsm.TenantSpec {
+	spec := fsm.TenantSpec{Name: fmt.Sprintf("t%d", 1+s.rng.intn(s.opt.Tenants+2))}
+	if s.rng.intn(3) > 0 {
+		spec.TokenSHA256 = tokenHash(s.rng.intn(8))
+	}
+	if s.rng.intn(2) == 0 {
+		spec.MaxClaims = s.rng.intn(6)
+	}
+	if s.rng.intn(4) == 0 {
+		spec.EgressClass = "desk"
+	}
+	return spec
+}
+
+// tenants changes the tenant set: one tenant put or removed, or a whole
+// set (from the API or the config), valid or not.
+func (s *Sim) tenants(st *fsm.State) fsm.Command {
+	switch s.rng.intn(4) {
+	case 0, 1:
+		return fsm.PutTenant{Meta: s.meta(), Tenant: s.tenantSpec()}
+	case 2:
+		name := fmt.Sprintf("t%d", 1+s.rng.intn(s.opt.Tenants+2))
+		if ts := st.Tenants(); len(ts) > 0 && s.rng.intn(3) > 0 {
+			name = ts[s.rng.intn(len(ts))].Name
+		}
+		return fsm.RemoveTenant{Meta: s.meta(), Name: name}
+	}
+	c := fsm.SetTenants{Meta: s.meta(), FromConfig: s.rng.intn(3) == 0}
+	for range s.rng.intn(4) {
+		c.Tenants = append(c.Tenants, s.tenantSpec())
 	}
 	return c
 }

@@ -46,6 +46,12 @@ var successStatus = map[string]int{
 	"GET /v1/events":                    http.StatusOK,
 	"GET /healthz":                      http.StatusOK,
 	"GET /metrics":                      http.StatusOK,
+	"GET /v1/tenants":                   http.StatusOK,
+	"PUT /v1/tenants":                   http.StatusOK,
+	"PUT /v1/tenants/{name}":            http.StatusNoContent,
+	"DELETE /v1/tenants/{name}":         http.StatusNoContent,
+	"POST /v1/drain":                    http.StatusOK,
+	"DELETE /v1/drain":                  http.StatusOK,
 }
 
 // routeBody is a valid body per route, so that a denied request is denied
@@ -54,7 +60,14 @@ var routeBody = map[string]string{
 	"POST /v1/claim":                `{"template":"default"}`,
 	"POST /v1/sandboxes/{id}/renew": `{"ttl_seconds":600}`,
 	"PUT /v1/pools":                 `{"pools":[{"template":"default","net":"none","size":"small","warm":4}]}`,
+	// The whole set keeps tenants a and b (and matrixTenant, which the
+	// {name} routes delete and put back).
+	"PUT /v1/tenants":        `{"tenants":[{"name":"a"},{"name":"b"},{"name":"` + matrixTenant + `"}]}`,
+	"PUT /v1/tenants/{name}": `{"token":"matrix-tenant-token","max_claims":2}`,
 }
+
+// matrixTenant is the tenant the matrix puts in place of {name}.
+const matrixTenant = "matrix-t"
 
 // expectStatus is the status caller c must get on route rt, derived from
 // the route's declared Auth and server.go's dispatch / claims.go's visible:
@@ -159,6 +172,9 @@ func TestAuthMatrix(t *testing.T) {
 	shared := claimAs(t, n, tokA, `,"claim_ref":"a-ref","metadata":{"owner":"a"}`)
 	other := claimAs(t, n, tokB, `,"claim_ref":"b-ref"`)
 	before := getSandbox(t, n, shared.ID)
+	if st, b := call(t, n, "PUT", "/v1/tenants/"+matrixTenant, rootTok, []byte(`{"token":"matrix-tenant-token"}`)); st != http.StatusNoContent {
+		t.Fatalf("put %s: %d %s", matrixTenant, st, b)
+	}
 
 	for _, rt := range routes {
 		for _, c := range matrixCallers {
@@ -167,7 +183,7 @@ func TestAuthMatrix(t *testing.T) {
 			if allowed && strings.Contains(rt.Path, "{id}") {
 				sb = claimAs(t, n, tokA, "")
 			}
-			path := strings.ReplaceAll(rt.Path, "{id}", sb.ID)
+			path := strings.ReplaceAll(strings.ReplaceAll(rt.Path, "{id}", sb.ID), "{name}", matrixTenant)
 			var body []byte
 			if b, ok := routeBody[rt.Method+" "+rt.Path]; ok {
 				body = []byte(b)
@@ -187,6 +203,12 @@ func TestAuthMatrix(t *testing.T) {
 				if hdr.Get("Content-Type") != "application/json" || json.Unmarshal(resp, &e) != nil || e.Error == "" {
 					t.Errorf("%s: error body %q (%s), want JSON {\"error\": ...}", name, resp, hdr.Get("Content-Type"))
 				}
+			}
+		}
+		if rt.Method == "POST" && rt.Path == "/v1/drain" {
+			// The routes after it claim sandboxes: uncordon.
+			if st, b := call(t, n, "DELETE", "/v1/drain", rootTok, nil); st != http.StatusOK {
+				t.Fatalf("uncordon: %d %s", st, b)
 			}
 		}
 	}

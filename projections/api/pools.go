@@ -94,19 +94,15 @@ func (s *Server) info(id auth.Identity) Info {
 		if in.AtCapacity {
 			out.AtCapacityReason = atCapacityReason
 		}
+		out.Draining = st.Draining()
 		out.MaxClaims = st.Limits().MaxClaims
 		out.LogSeq = st.Applied()
-		out.Draining = nodeDraining(st)
 	})
 	if s.replication != nil && id.Kind == auth.Root {
 		out.Replication = s.replication()
 	}
 	return out
 }
-
-// nodeDraining is the node's drain flag (POST /v1/drain) as the state
-// records it; until the state records node drains, a node never drains.
-func nodeDraining(*fsm.State) bool { return false }
 
 // advertised returns addr when clients can dial it: the old daemon left
 // advertise_addr out for an address without a host or with an unspecified

@@ -209,6 +209,14 @@ func (s *Server) register() {
 	add("GET", "/v1/events", "root|tenant", s.handleEvents, root, tenant)
 	add("GET", "/healthz", "none", s.handleHealthz)
 	add("GET", "/metrics", "none", s.handleMetrics)
+	// The operator routes let tenant tokens through to refuse them with the
+	// old daemon's 403 text (operatorOnly).
+	add("GET", "/v1/tenants", "root", s.handleTenants, root, tenant)
+	add("PUT", "/v1/tenants", "root", s.handlePutTenants, root, tenant)
+	add("PUT", "/v1/tenants/{name}", "root", s.handlePutTenant, root, tenant)
+	add("DELETE", "/v1/tenants/{name}", "root", s.handleDeleteTenant, root, tenant)
+	add("POST", "/v1/drain", "root", s.handleDrain, root, tenant)
+	add("DELETE", "/v1/drain", "root", s.handleUncordon, root, tenant)
 
 	for path, table := range paths {
 		s.mux.HandleFunc(path, s.dispatch(path, table))

@@ -102,9 +102,15 @@ func (c *Client) WithToken(token string) *Client {
 // Addr returns the base URL.
 func (c *Client) Addr() string { return c.base.String() }
 
+// request builds a request for path, given in its escaped form (a name
+// escaped with url.PathEscape stays one segment).
 func (c *Client) request(ctx context.Context, method, path string, query url.Values, body any) (*http.Request, error) {
 	u := *c.base
-	u.Path += path
+	p, err := url.PathUnescape(path)
+	if err != nil {
+		return nil, fmt.Errorf("apiclient: path %q: %w", path, err)
+	}
+	u.Path, u.RawPath = u.Path+p, c.base.EscapedPath()+path
 	u.RawQuery = query.Encode()
 	var rd io.Reader
 	if body != nil {

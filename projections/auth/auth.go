@@ -1,5 +1,11 @@
 // Package auth decides who is calling the HTTP API: the root token (from
-// config), a tenant token (config holds only its SHA-256) or a sandbox token.
+// config), a tenant token (known only by its SHA-256) or a sandbox token.
+//
+// Tenant tokens are looked up by their SHA-256 in a TenantSource: the node
+// plugs in the state's tenant table (UseTenants), so a tenant created,
+// rotated or removed over the API applies to the next request; without a
+// source, the tenants given to New. A plaintext token in a tenant's config
+// (the old daemon's `token`) is hashed by Normalize and never kept.
 //
 // Sandbox tokens are never stored anywhere: a token is HMAC-SHA256(node
 // secret, sandbox id, token generation), recomputed on each request. The op log
@@ -21,6 +27,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 )
 
 // Kind is the kind of caller.
@@ -47,12 +54,37 @@ type Identity struct {
 	SandboxID string
 }
 
-// TenantConfig is a tenant as configured: its name, the hex SHA-256 of its token
-// and an optional cap on live claims (0 = none).
+// TenantConfig is a tenant as configured: its name, its token as the hex
+// SHA-256 (token_sha256) or, as the old daemon's config had it, in plaintext
+// (token: Normalize hashes it and clears it), an optional cap on live claims
+// (0 = none) and egress class.
 type TenantConfig struct {
 	Name        string `json:"name"`
-	TokenSHA256 string `json:"token_sha256"`
+	Token       string `json:"token,omitempty"`
+	TokenSHA256 string `json:"token_sha256,omitempty"`
 	MaxClaims   int    `json:"max_claims,omitempty"`
+	EgressClass string `json:"egress_class,omitempty"`
+}
+
+// Normalize leaves t with its token as lowercase hex SHA-256 only: a
+// plaintext Token is hashed into TokenSHA256 and cleared, so it is never
+// stored or logged. Both forms, neither, or a malformed hash are
+// ErrBadTenant (the error never carries the token).
+func (t *TenantConfig) Normalize() error {
+	switch {
+	case t.Token != "" && t.TokenSHA256 != "":
+		t.Token = ""
+		return fmt.Errorf("%w: tenant %q: give token or token_sha256, not both", ErrBadTenant, t.Name)
+	case t.Token != "":
+		t.TokenSHA256, t.Token = HashToken(t.Token), ""
+		return nil
+	}
+	raw, err := hex.DecodeString(t.TokenSHA256)
+	if err != nil || len(raw) != sha256.Size {
+		return fmt.Errorf("%w: tenant %q needs a token or a 64-hex-digit token_sha256", ErrBadTenant, t.Name)
+	}
+	t.TokenSHA256 = hex.EncodeToString(raw)
+	return nil
 }
 
 // Errors returned by New and LoadOrCreateSecret.
@@ -61,6 +93,11 @@ var (
 	ErrSecret    = errors.New("node secret")
 )
 
+// TenantSource resolves the SHA-256 of a presented token to the tenant
+// holding it: its name and its stored hash (compared in constant time
+// with the presented one), and false when no tenant holds it.
+type TenantSource func(sum [32]byte) (name string, stored [32]byte, ok bool)
+
 // GenerationLookup returns the current token generation of a sandbox, and
 // false if the sandbox is unknown.
 type GenerationLookup func(sandboxID string) (gen uint64, ok bool)
@@ -68,31 +105,50 @@ type GenerationLookup func(sandboxID string) (gen uint64, ok bool)
 // Authenticator checks bearer tokens.
 type Authenticator struct {
 	root    []byte
-	tenants map[[32]byte]string // sha256(token) -> tenant name
+	tenants atomic.Pointer[TenantSource]
 	secret  []byte
 }
 
-// New builds an Authenticator. An empty root token disables root access (every
-// root-only route then answers 401), which is what a misconfigured daemon
-// should do rather than accept anyone.
+// New builds an Authenticator whose tenants are the given ones (until
+// UseTenants replaces them). An empty root token disables root access
+// (every root-only route then answers 401), which is what a misconfigured
+// daemon should do rather than accept anyone.
 func New(rootToken string, tenants []TenantConfig, secret []byte) (*Authenticator, error) {
 	if len(secret) < 16 {
 		return nil, fmt.Errorf("%w: must be at least 16 bytes", ErrSecret)
 	}
-	a := &Authenticator{root: []byte(rootToken), tenants: map[[32]byte]string{}, secret: secret}
+	a := &Authenticator{root: []byte(rootToken), secret: secret}
+	static := map[[32]byte]string{}
 	for _, t := range tenants {
-		raw, err := hex.DecodeString(t.TokenSHA256)
-		if t.Name == "" || err != nil || len(raw) != 32 {
-			return nil, fmt.Errorf("%w: tenant %q needs a name and a 64-hex-digit token_sha256", ErrBadTenant, t.Name)
+		if t.Name == "" {
+			return nil, fmt.Errorf("%w: a tenant needs a name", ErrBadTenant)
+		}
+		if err := t.Normalize(); err != nil {
+			return nil, err
 		}
 		var k [32]byte
-		copy(k[:], raw)
-		if prev, dup := a.tenants[k]; dup {
+		_, _ = hex.Decode(k[:], []byte(t.TokenSHA256))
+		if prev, dup := static[k]; dup {
 			return nil, fmt.Errorf("%w: tenants %q and %q share a token", ErrBadTenant, prev, t.Name)
 		}
-		a.tenants[k] = t.Name
+		static[k] = t.Name
 	}
+	a.UseTenants(func(sum [32]byte) (string, [32]byte, bool) {
+		name, ok := static[sum]
+		return name, sum, ok
+	})
 	return a, nil
+}
+
+// UseTenants makes src the tenants' source from the next request on.
+func (a *Authenticator) UseTenants(src TenantSource) { a.tenants.Store(&src) }
+
+// HasRoot reports whether a root token is configured.
+func (a *Authenticator) HasRoot() bool { return len(a.root) > 0 }
+
+// IsRoot reports whether token is the root token (constant-time).
+func (a *Authenticator) IsRoot(token string) bool {
+	return len(a.root) > 0 && subtle.ConstantTimeCompare([]byte(token), a.root) == 1
 }
 
 // HashToken returns the hex SHA-256 of a tenant token, the form config stores.
@@ -127,10 +183,11 @@ func (a *Authenticator) Identify(token, sandboxID string, gens GenerationLookup)
 	if token == "" {
 		return Identity{}
 	}
-	if len(a.root) > 0 && subtle.ConstantTimeCompare([]byte(token), a.root) == 1 {
+	if a.IsRoot(token) {
 		return Identity{Kind: Root}
 	}
-	if name, ok := a.tenants[sha256.Sum256([]byte(token))]; ok {
+	sum := sha256.Sum256([]byte(token))
+	if name, stored, ok := (*a.tenants.Load())(sum); ok && subtle.ConstantTimeCompare(sum[:], stored[:]) == 1 {
 		return Identity{Kind: Tenant, Tenant: name}
 	}
 	if sandboxID != "" && strings.HasPrefix(token, "sbt_") && gens != nil {

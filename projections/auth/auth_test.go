@@ -2,10 +2,12 @@ package auth
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -119,5 +121,51 @@ func TestLoadOrCreateSecretPersists(t *testing.T) {
 	}
 	if _, err := LoadOrCreateSecret(p); !errors.Is(err, ErrSecret) {
 		t.Fatalf("short secret file accepted: %v", err)
+	}
+}
+
+func TestNormalize(t *testing.T) {
+	plain := TenantConfig{Name: "acme", Token: "s3cret"}
+	if err := plain.Normalize(); err != nil || plain.Token != "" || plain.TokenSHA256 != HashToken("s3cret") {
+		t.Fatalf("plaintext: %+v, %v", plain, err)
+	}
+	upper := TenantConfig{Name: "acme", TokenSHA256: strings.ToUpper(HashToken("x"))}
+	if err := upper.Normalize(); err != nil || upper.TokenSHA256 != HashToken("x") {
+		t.Fatalf("upper-case hash: %+v, %v", upper, err)
+	}
+	for _, bad := range []TenantConfig{
+		{Name: "a", Token: "s3cret", TokenSHA256: HashToken("s3cret")},
+		{Name: "a"},
+		{Name: "a", TokenSHA256: "abcd"},
+	} {
+		err := bad.Normalize()
+		if !errors.Is(err, ErrBadTenant) || strings.Contains(err.Error(), "s3cret") || bad.Token != "" {
+			t.Errorf("Normalize(%+v) = %v", bad, err)
+		}
+	}
+}
+
+// A tenant source applies from the next Identify on, and a source whose
+// stored hash is not the presented one's is refused.
+func TestUseTenants(t *testing.T) {
+	a := newAuth(t)
+	var table map[[32]byte]string
+	a.UseTenants(func(sum [32]byte) (string, [32]byte, bool) {
+		name, ok := table[sum]
+		return name, sum, ok
+	})
+	if got := a.Identify("tok-a", "", nil); got.Kind != Anonymous {
+		t.Fatalf("tenant a of New still authenticates: %+v", got)
+	}
+	table = map[[32]byte]string{sha256.Sum256([]byte("tok-c")): "c"}
+	if got := a.Identify("tok-c", "", nil); got != (Identity{Kind: Tenant, Tenant: "c"}) {
+		t.Fatalf("tok-c: %+v", got)
+	}
+	a.UseTenants(func(sum [32]byte) (string, [32]byte, bool) { return "c", [32]byte{}, true })
+	if got := a.Identify("tok-c", "", nil); got.Kind != Anonymous {
+		t.Fatalf("a mismatching stored hash authenticates: %+v", got)
+	}
+	if !a.IsRoot("root-tok") || a.IsRoot("tok-c") || !a.HasRoot() {
+		t.Fatal("IsRoot / HasRoot")
 	}
 }

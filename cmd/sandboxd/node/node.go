@@ -8,13 +8,15 @@
 // Start order (each step only once the previous one succeeded; a failure
 // undoes the steps taken, in reverse):
 //
-//  1. data dir, node secret, authenticator;
+//  1. data dir, node secret, authenticator (its tenants: the state's, from
+//     step 4);
 //  2. open the op log;
 //  3. replication (when configured): it follows the log from here on,
 //     publishing what is durable, independently of the rebuild;
 //  4. rebuild the state (latest snapshot + tail) and wrap it in the engine;
-//  5. node identity (first start), first-start pools, limits (only when
-//     they differ from the state's: the config owns limits);
+//  5. node identity (first start), first-start pools, the config's tenants
+//     (until the API owns them, see tenants.go), limits (only when they
+//     differ from the state's: the config owns limits);
 //  6. the hypervisor driver, opened for the node's instance id, and its
 //     Prepare (roots, temp-dir sweep, reflink detection);
 //  7. the start-up reconcile (adopt, report dead, remove orphans), before
@@ -134,7 +136,9 @@ type Config struct {
 	OwnerAddr string
 	// RootToken is the root API token ("" disables root).
 	RootToken string
-	Tenants   []auth.TenantConfig
+	// Tenants seed the tenant table until the API changes it (tenants.go);
+	// plaintext tokens are hashed and go no further.
+	Tenants []auth.TenantConfig
 	// MaxClaims caps live claims (0 = no cap).
 	MaxClaims int
 	// Pools are applied on a first start (an empty log) only; afterwards
@@ -234,6 +238,8 @@ type Node struct {
 	http *http.Server
 	ln   net.Listener
 
+	tenants []fsm.TenantSpec // the config's, hashed
+
 	mu       sync.Mutex
 	snapSeq  uint64
 	stopOnce sync.Once
@@ -314,7 +320,11 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if err != nil {
 		return nil, err
 	}
-	if n.Auth, err = auth.New(cfg.RootToken, cfg.Tenants, secret); err != nil {
+	if n.tenants, err = configTenants(cfg.Tenants, cfg.RootToken); err != nil {
+		return nil, err
+	}
+	n.cfg.Tenants = nil
+	if n.Auth, err = auth.New(cfg.RootToken, nil, secret); err != nil {
 		return nil, err
 	}
 	defer startGC()()
@@ -355,6 +365,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	})
 	metrics = api.NewMetrics(n.Engine)
 	n.Metrics = metrics
+	n.Auth.UseTenants(n.tenantByHash)
 	phase("rebuild", t0)
 
 	// 5. Identity, first-start pools, limits.
@@ -515,28 +526,22 @@ func (n *Node) configure(ctx context.Context, firstStart bool) error {
 	} else if len(cfg.Pools) > 0 {
 		zl.Info().Msg("pools come from the log (PUT /v1/pools); the config's pools apply only on a first start")
 	}
+	if err := n.applyTenants(ctx); err != nil {
+		return err
+	}
 	return n.applyLimits(ctx)
 }
 
-// applyLimits records max_claims and the tenants' caps when they differ
-// from the state's: the config owns limits.
+// applyLimits records max_claims when it differs from the state's: the
+// config owns limits. Tenant caps are the tenant table's, so caps a log
+// recorded in its limits before tenants were state are cleared.
 func (n *Node) applyLimits(ctx context.Context) error {
-	caps := map[string]int{}
-	for _, t := range n.cfg.Tenants {
-		if t.MaxClaims > 0 {
-			caps[t.Name] = t.MaxClaims
-		}
-	}
 	var cur fsm.Limits
 	n.Engine.View(func(st *fsm.State) { cur = st.Limits() })
-	same := cur.MaxClaims == n.cfg.MaxClaims && len(cur.TenantCaps) == len(caps)
-	for k, v := range caps {
-		same = same && cur.TenantCaps[k] == v
-	}
-	if same {
+	if cur.MaxClaims == n.cfg.MaxClaims && len(cur.TenantCaps) == 0 {
 		return nil
 	}
-	if _, err := n.Engine.Propose(ctx, fsm.ConfigureLimits{Meta: n.Engine.Meta(), MaxClaims: n.cfg.MaxClaims, TenantCaps: caps}); err != nil {
+	if _, err := n.Engine.Propose(ctx, fsm.ConfigureLimits{Meta: n.Engine.Meta(), MaxClaims: n.cfg.MaxClaims}); err != nil {
 		return fmt.Errorf("apply limits: %w", err)
 	}
 	return nil

@@ -192,7 +192,9 @@ type Options struct {
 	NodeID string
 	// RootToken is the root token ("" disables root).
 	RootToken string
-	Tenants   []auth.TenantConfig
+	// Tenants are the config's tenants (node.Config.Tenants): they seed the
+	// tenant table until the API changes it.
+	Tenants []auth.TenantConfig
 	// Pools are configured on the node's first start.
 	Pools []fsm.PoolSpec
 	// MaxClaims is the node's max_claims (0 = unlimited).

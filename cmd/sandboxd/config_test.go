@@ -1,0 +1,55 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sbxlog/sbxlog/projections/auth"
+)
+
+// The config's tenants take the old daemon's plaintext token or its hash;
+// a plaintext token is hashed at load and kept nowhere.
+func TestConfigTenants(t *testing.T) {
+	dir := t.TempDir()
+	write := func(body string) string {
+		p := filepath.Join(dir, "sandboxd.json")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cfg, err := loadConfig(write(`{"tenants":[{"name":"acme","token":"plain-secret","max_claims":5,"egress_class":"desk"},` +
+		`{"name":"beta","token_sha256":"` + strings.ToUpper(auth.HashToken("b")) + `"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.finish(); err != nil {
+		t.Fatal(err)
+	}
+	want := []auth.TenantConfig{
+		{Name: "acme", TokenSHA256: auth.HashToken("plain-secret"), MaxClaims: 5, EgressClass: "desk"},
+		{Name: "beta", TokenSHA256: auth.HashToken("b")},
+	}
+	if len(cfg.Tenants) != 2 || cfg.Tenants[0] != want[0] || cfg.Tenants[1] != want[1] {
+		t.Fatalf("tenants %+v, want %+v", cfg.Tenants, want)
+	}
+	for _, bad := range []string{
+		`{"tenants":[{"name":"a","token":"x","token_sha256":"` + auth.HashToken("x") + `"}]}`,
+		`{"tenants":[{"name":"a"}]}`,
+		`{"tenants":[{"name":"a","token_sha256":"abc"}]}`,
+	} {
+		cfg, err := loadConfig(write(bad))
+		if err != nil {
+			t.Fatalf("%s: %v", bad, err)
+		}
+		if err := cfg.finish(); err == nil || !strings.Contains(err.Error(), "tenants[0]") || strings.Contains(err.Error(), `"x"`) {
+			t.Errorf("%s: finish = %v", bad, err)
+		}
+	}
+	// Unknown keys stay an error (the old inline egress policy too).
+	if _, err := loadConfig(write(`{"tenants":[{"name":"a","token":"x","egress":{}}]}`)); err == nil {
+		t.Error("a tenant with an unknown key loaded")
+	}
+}

@@ -1,0 +1,104 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
+	"github.com/sbxlog/sbxlog/projections/auth"
+)
+
+// DrainWait bounds how long POST /v1/drain waits for the warm VMs it
+// destroys to be gone; past it the answer goes out with the drain in
+// effect and the destruction continuing.
+const DrainWait = time.Minute
+
+// drainPoll is how often the drain's wait looks at the state.
+const drainPoll = 5 * time.Millisecond
+
+// handleDrain drains the node (fsm Drain): new claims are refused with the
+// old daemon's 429, refills stop, warm VMs are destroyed. Like the old
+// daemon it answers once they are gone, with the info body (draining:
+// true). The drain is state: a restarted node is still drained.
+func (s *Server) handleDrain(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	if err := rootOnly(id); err != nil {
+		return err
+	}
+	if err := decodeBody(r, &struct{}{}, true); err != nil {
+		return err
+	}
+	res, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.Drain{Meta: m} }, engine.Hooks{})
+	if err != nil {
+		return err
+	}
+	var vms []string
+	for i := range res.Events {
+		if res.Events[i].Type == event.TypeVMDestroyRequested {
+			vms = append(vms, res.Events[i].AggID)
+		}
+	}
+	s.waitGone(r.Context(), vms)
+	return s.writeInfo(w, r, id)
+}
+
+// handleUncordon ends a drain (fsm Uncordon): claims and refills resume.
+// It answers the info body.
+func (s *Server) handleUncordon(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	if err := rootOnly(id); err != nil {
+		return err
+	}
+	if err := decodeBody(r, &struct{}{}, true); err != nil {
+		return err
+	}
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.Uncordon{Meta: m} }, engine.Hooks{}); err != nil {
+		return err
+	}
+	return s.writeInfo(w, r, id)
+}
+
+// waitGone waits, at most DrainWait, until none of vms is in the state.
+func (s *Server) waitGone(ctx context.Context, vms []string) {
+	if len(vms) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, DrainWait)
+	defer cancel()
+	t := time.NewTicker(drainPoll)
+	defer t.Stop()
+	for {
+		left := 0
+		s.eng.View(func(st *fsm.State) {
+			for _, vm := range vms {
+				if _, ok := st.VM(vm); ok {
+					left++
+				}
+			}
+		})
+		if left == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				s.zl.Warn().Int("vms", left).Dur("waited", DrainWait).Msg("api: drain answered before its warm VMs were destroyed")
+			}
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// writeInfo answers the info body once the log is durable up to it.
+func (s *Server) writeInfo(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	out := s.info(id)
+	if err := s.log.WaitDurable(r.Context(), out.LogSeq); err != nil {
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
