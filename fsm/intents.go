@@ -110,7 +110,11 @@ type CloneVM struct {
 	ForClaim  string
 	Cold      bool
 	GoldenDir string
-	ReqSeq    uint64
+	// Pooled: the key is a configured pool's, not only that of claims of
+	// a template no pool names (a driver that makes templates up, chsim's,
+	// makes them only for pools).
+	Pooled bool
+	ReqSeq uint64
 }
 
 func (i CloneVM) Kind() IntentKind     { return KindClone }
@@ -338,6 +342,9 @@ var vmIntents = [numVMStatus]func(s *State, v *VMRec) Intent{
 		in := CloneVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ForClaim: v.Claim, Cold: v.Cold, ReqSeq: v.ReqSeq}
 		if g := s.goldens[v.Key]; g != nil && !v.Cold {
 			in.GoldenDir = g.SnapshotDir
+		}
+		if p := s.pools[v.Key]; p != nil && !p.Draining {
+			in.Pooled = true
 		}
 		return in
 	},

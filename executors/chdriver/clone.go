@@ -42,11 +42,12 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 }
 
 // templateConfig loads the pool's template and derives the config of a VM
-// of the pool's size running in runDir. Under chsim a golden build
-// (synth) makes a missing template: a pool names it, so under chsim it
-// exists. Nothing else does: a cold boot of a template no pool made fails
-// as it would on Cloud Hypervisor without that template, which is what a
-// claim for an unknown template answers (the old daemon's 500).
+// of the pool's size running in runDir. Under chsim a missing template is
+// made up when synth says a configured pool names it (a golden build, a
+// pool's cold boot): under chsim a pool's template exists. A cold boot of
+// a template no pool names fails as it would on Cloud Hypervisor without
+// that template, which is what a claim for an unknown template answers
+// (the old daemon's 500).
 func (d *Driver) templateConfig(r *run, k fsm.PoolKey, runDir string, synth bool) (*templates.Template, *ch.VmConfig, error) {
 	res, err := d.sizes.Lookup(k.Size)
 	if err != nil {
@@ -102,7 +103,7 @@ func (d *Driver) coldBoot(ctx context.Context, in fsm.CloneVM, runDir string) (e
 	if done, err := d.finishExisting(r, in.VM, runDir, egress, false); err != nil || done {
 		return r.result(""), err
 	}
-	t, cfg, err := d.templateConfig(r, in.Key, runDir, false)
+	t, cfg, err := d.templateConfig(r, in.Key, runDir, in.Pooled)
 	if err != nil {
 		return executors.Result{}, err
 	}

@@ -55,11 +55,11 @@
 // before the VM stops; nearly free after the first); only then vm.shutdown
 // and terminate the VMM.
 //
-// Templates: under chsim a golden build synthesizes a missing template
-// directory (templates.Synthesize): a template exists once a pool names it.
-// Otherwise (a cold boot of a template no pool made, and always with
-// cloud-hypervisor) a missing template is an Unrecoverable error naming the
-// path.
+// Templates: under chsim a missing template directory of a configured pool
+// (a golden build, or a cold boot with CloneVM.Pooled) is synthesized
+// (templates.Synthesize). Otherwise (a template no pool names, and always
+// with cloud-hypervisor) a missing template is an Unrecoverable error
+// naming the path.
 //
 // Tests and benchmarks observe or break recipes through Config.FS (an
 // fsx.Recorder), Config.NewAPI (a recording API wrapper) and
