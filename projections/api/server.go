@@ -99,6 +99,7 @@ type Server struct {
 	vms *vmView
 
 	replication func() any // Options.Replication
+	stats       StatsFunc  // Options.Stats
 
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
@@ -113,6 +114,9 @@ type Options struct {
 	// Replication, when set, returns the node's replication status for
 	// GET /v1/info's "replication" (any JSON value).
 	Replication func() any
+	// Stats, when set, reads a VM's VMM usage for
+	// GET /v1/sandboxes/{id}/stats; without it usage is never measured.
+	Stats StatsFunc
 }
 
 // New builds a Server.
@@ -134,7 +138,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	}
 	s := &Server{
 		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
-		redir: opts.Redirector, now: opts.Now, replication: opts.Replication,
+		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats,
 		waiters: map[string]chan struct{}{},
 		ready:   make(chan struct{}),
 	}
@@ -194,6 +198,7 @@ func (s *Server) register() {
 	add("POST", "/v1/sandboxes/{id}/wake", "root|tenant|sandbox", s.handleWake, root, tenant, sandbox)
 	add("POST", "/v1/sandboxes/{id}/renew", "root|tenant|sandbox", s.handleRenew, root, tenant, sandbox)
 	add("GET", "/v1/sandboxes/{id}/owner", "root|tenant|sandbox", s.handleOwner, root, tenant, sandbox)
+	add("GET", "/v1/sandboxes/{id}/stats", "root|sandbox", s.handleStats, root, sandbox)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
 	add("GET", "/v1/info", "root|tenant", s.handleInfo, root, tenant)
