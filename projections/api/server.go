@@ -74,7 +74,17 @@ type Config struct {
 	// DefaultBodyTimeout); a stalled body is answered 408 and its
 	// connection closed.
 	BodyTimeout time.Duration
+	// MetricsAuth is who may read /metrics: MetricsAuthRoot (the default,
+	// as the old daemon: the root token, or anyone when no root token is
+	// configured) or MetricsAuthNone (anyone).
+	MetricsAuth string
 }
+
+// Config.MetricsAuth's values.
+const (
+	MetricsAuthRoot = "root"
+	MetricsAuthNone = "none"
+)
 
 // DefaultBodyTimeout is Config.BodyTimeout's default: a 1 MiB body at a
 // slow client's pace, far from what holding connections open costs.
@@ -204,7 +214,11 @@ func (s *Server) register() {
 	add("GET", "/v1/info", "root|tenant", s.handleInfo, root, tenant)
 	add("GET", "/v1/events", "root|tenant", s.handleEvents, root, tenant)
 	add("GET", "/healthz", "none", s.handleHealthz)
-	add("GET", "/metrics", "none", s.handleMetrics)
+	if s.metricsOpen() {
+		add("GET", "/metrics", "none", s.handleMetrics)
+	} else {
+		add("GET", "/metrics", "root", s.handleMetrics, root)
+	}
 
 	for path, table := range paths {
 		s.mux.HandleFunc(path, s.dispatch(path, table))

@@ -95,6 +95,9 @@ func New(rootToken string, tenants []TenantConfig, secret []byte) (*Authenticato
 	return a, nil
 }
 
+// HasRoot reports whether a root token is configured.
+func (a *Authenticator) HasRoot() bool { return len(a.root) > 0 }
+
 // HashToken returns the hex SHA-256 of a tenant token, the form config stores.
 func HashToken(token string) string {
 	s := sha256.Sum256([]byte(token))

@@ -427,6 +427,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	n.Executors = scheduler.New(n.Driver, proposer{n.Engine}, scheduler.Options{Concurrency: cfg.Concurrency, Log: zl, Observer: metrics})
 	n.Engine.SetOnCommit(func(c engine.Commit) {
 		n.Server.OnCommit(c.Events)
+		metrics.OnCommit(c.Events)
 		if len(c.Intents) > 0 {
 			n.Executors.Offer(c.Intents)
 		}
