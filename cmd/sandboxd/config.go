@@ -14,6 +14,7 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsauth"
 	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
 
@@ -74,6 +75,10 @@ type Config struct {
 	NATS NATSConfig `json:"nats"`
 	// HTTP bounds the API's connections.
 	HTTP HTTPConfig `json:"http"`
+	// MetricsAuth is who may read /metrics: "root" (default, as the old
+	// daemon: the root token; anyone when there is no root token) or
+	// "none" (anyone, for a scraper without the token).
+	MetricsAuth string `json:"metrics_auth,omitempty"`
 	// LogLevel: debug, info, warn, error.
 	LogLevel string `json:"log_level,omitempty"`
 	// VMRestart is the policy for claimed VMs whose VMM dies: cold restarts
@@ -295,6 +300,11 @@ func (c *Config) finish() error {
 	}
 	if err := c.HTTP.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	switch c.MetricsAuth {
+	case "", api.MetricsAuthRoot, api.MetricsAuthNone:
+	default:
+		errs = append(errs, fmt.Errorf("metrics_auth %q: want %s or %s", c.MetricsAuth, api.MetricsAuthRoot, api.MetricsAuthNone))
 	}
 	if err := c.NATS.validate(); err != nil {
 		errs = append(errs, err)

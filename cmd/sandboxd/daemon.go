@@ -48,7 +48,7 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 		zl.Info().Str("api_token_file", path).Msgf("root API token %s %s; sbxctl reads data/api.token from its working directory (run it where you ran make run), else export SBX_API_TOKEN=$(cat %s)", verb, path, path)
 	}
 	if rootToken == "" {
-		zl.Warn().Msg("no api_token configured: root-only routes answer 401")
+		zl.Warn().Msg("no api_token configured: root-only routes answer 401 (/metrics is open, as the old daemon's)")
 	}
 	hv, err := resolveHypervisor(cfg, zl)
 	if err != nil {
@@ -63,7 +63,7 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 		RootToken: rootToken, Tenants: cfg.Tenants, MaxClaims: cfg.MaxClaims, Pools: pools,
 		RestartPolicy: cfg.restartPolicy(), Concurrency: cfg.RefillConcurrency,
 		ReadHeaderTimeout: ms(cfg.HTTP.ReadHeaderTimeoutMS), IdleTimeout: ms(cfg.HTTP.IdleTimeoutMS),
-		API: api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS)},
+		API: api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth},
 		Log: zl,
 	}
 	if !cfg.NATS.Disabled {

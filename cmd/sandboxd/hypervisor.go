@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/rs/zerolog"
@@ -14,6 +15,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/chdriver"
 	"github.com/sbxlog/sbxlog/executors/layout"
+	"github.com/sbxlog/sbxlog/executors/procstat"
 	"github.com/sbxlog/sbxlog/executors/qemu"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 )
@@ -56,6 +58,11 @@ func (c chNode) OnExit(fn func(vm, detail string)) {
 	c.Driver.OnExit(func(e chdriver.Exit) { fn(e.VM, fmt.Sprintf("VMM (pid %d) exited", e.Pid)) })
 }
 
+func (c chNode) VMMUsage(_ context.Context, vm, runDir string) (procstat.Usage, error) {
+	pid, err := c.Driver.VMMPid(vm, runDir)
+	return usageOf(pid, err, vmm.ErrNoProcess, vmm.ErrNotOurs)
+}
+
 // qemuHypervisor runs real guests under QEMU.
 func qemuHypervisor(cfg Config, bin string, zl zerolog.Logger) node.Hypervisor {
 	zl.Info().Str("hypervisor", "qemu").Str("binary", bin).Msg("VMM binary")
@@ -77,4 +84,24 @@ func (q qemuNode) Prepare(ctx context.Context) (node.Prepared, error) {
 
 func (q qemuNode) OnExit(fn func(vm, detail string)) {
 	q.Driver.OnExit(func(e qemu.Exit) { fn(e.VM, fmt.Sprintf("QEMU (pid %d) exited", e.Pid)) })
+}
+
+func (q qemuNode) VMMUsage(_ context.Context, vm, runDir string) (procstat.Usage, error) {
+	pid, err := q.Driver.VMMPid(vm, runDir)
+	return usageOf(pid, err, qemu.ErrNotRunning)
+}
+
+// usageOf reads the usage of the VMM a driver's VMMPid found. Its errors
+// that are one of none mean that no VMM runs: procstat.ErrNoProcess, as
+// node.Driver's VMMUsage reports it.
+func usageOf(pid int, err error, none ...error) (procstat.Usage, error) {
+	for _, n := range none {
+		if errors.Is(err, n) {
+			return procstat.Usage{}, fmt.Errorf("%w: %v", procstat.ErrNoProcess, err)
+		}
+	}
+	if err != nil {
+		return procstat.Usage{}, err
+	}
+	return procstat.Read(pid)
 }

@@ -46,12 +46,9 @@ func (d *Driver) GoldenRunDir(op event.OpID) string {
 // only be slow; its death will be seen). No VMM, or one whose VM is not
 // running (which is then stopped), is reported dead with the reason.
 func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Liveness, error) {
-	runDir, err := d.roots.InstanceRunDir(d.instance, rel)
+	runDir, err := d.roots.VMRunDir(d.instance, vm, rel)
 	if err != nil {
 		return reconcile.Liveness{}, err
-	}
-	if filepath.Base(runDir) != vm {
-		return reconcile.Liveness{}, executors.Unrecoverablef("run dir %q is not VM %s's", rel, vm)
 	}
 	p, err := d.attach(ctx, runDir, vm)
 	switch {

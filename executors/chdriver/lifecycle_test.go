@@ -2,6 +2,7 @@ package chdriver
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/probe"
+	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -78,6 +80,11 @@ func TestLifecycle(t *testing.T) {
 	if h.vmState(vm) != ch.StateRunning {
 		t.Fatalf("clone not running: %q", h.vmState(vm))
 	}
+	if pid, ok := vmmPid(run); !ok {
+		t.Fatal("clone has no live VMM pid")
+	} else if got, err := h.d.VMMPid(vm, testInstance+"/"+vm); err != nil || got != pid {
+		t.Fatalf("VMMPid = %d, %v; want %d", got, err, pid)
+	}
 	if err := probe.Connect(ctx, filepath.Join(run, VsockFile), 1024); err != nil {
 		t.Fatalf("guest agent not answering after clone: %v", err)
 	}
@@ -93,6 +100,9 @@ func TestLifecycle(t *testing.T) {
 	}
 	if _, err := os.Stat(run); !os.IsNotExist(err) {
 		t.Fatalf("hibernate left the run dir: %v", err)
+	}
+	if _, err := h.d.VMMPid(vm, hib.RunDir); !errors.Is(err, vmm.ErrNoProcess) {
+		t.Fatalf("VMMPid of a hibernated VM = %v, want vmm.ErrNoProcess", err)
 	}
 	beats := snapshotHeartbeats(t, snap)
 

@@ -110,6 +110,20 @@ func (r Roots) InstanceRunDir(instance, rel string) (string, error) {
 	return r.RunDir(rel)
 }
 
+// VMRunDir is InstanceRunDir for the run dir of VM vm, which is named
+// after it: a rel whose last element is another name can only come from a
+// corrupt record (Unrecoverable).
+func (r Roots) VMRunDir(instance, vm, rel string) (string, error) {
+	runDir, err := r.InstanceRunDir(instance, rel)
+	if err != nil {
+		return "", err
+	}
+	if filepath.Base(runDir) != vm {
+		return "", executors.Unrecoverablef("run dir %q is not VM %s's", rel, vm)
+	}
+	return runDir, nil
+}
+
 // OwnedRunDir is InstanceRunDir for an intent that names the instance its VM
 // was made under (owner; empty when the log did not record one): a VM of
 // another instance is refused and never touched. verb names the recipe in

@@ -68,6 +68,14 @@ func TestLayout(t *testing.T) {
 			t.Errorf("OwnedRunDir(owner %q) = %q, %v", owner, got, err)
 		}
 	}
+	if got, err := r.VMRunDir("i1", "vm-1", "i1/vm-1"); err != nil || got != "/r/runs/i1/vm-1" {
+		t.Errorf("VMRunDir = %q, %v", got, err)
+	}
+	for _, rel := range []string{"i1/vm-2", "i2/vm-1", "i1/../vm-1"} {
+		if _, err := r.VMRunDir("i1", "vm-1", rel); err == nil || !executors.IsUnrecoverable(err) {
+			t.Errorf("VMRunDir(i1, vm-1, %q): %v, want unrecoverable", rel, err)
+		}
+	}
 }
 
 // The longest run dir name is what the check measures: a data dir one byte

@@ -47,12 +47,9 @@ func (d *Driver) GoldenRunDir(op event.OpID) string {
 // will be seen). No QEMU, or one whose VM is in any other state (then
 // stopped, its run dir and logs kept), is reported dead with the reason.
 func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Liveness, error) {
-	runDir, err := d.roots.InstanceRunDir(d.instance, rel)
+	runDir, err := d.roots.VMRunDir(d.instance, vm, rel)
 	if err != nil {
 		return reconcile.Liveness{}, err
-	}
-	if filepath.Base(runDir) != vm {
-		return reconcile.Liveness{}, executors.Unrecoverablef("run dir %q is not VM %s's", rel, vm)
 	}
 	spec := Spec{RunDir: runDir, StoreDir: d.roots.Store}
 	pid, err := d.q.Adopt(spec)

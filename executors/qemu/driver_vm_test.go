@@ -89,6 +89,9 @@ func TestIntentsWithQEMU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got, err := d.VMMPid(vm, run); err != nil || got != pid {
+		t.Fatalf("VMMPid = %d, %v; want %d", got, err, pid)
+	}
 	if again, err := d.Clone(ctx, cin); err != nil || again.Report.CopyMode != "reflink" {
 		t.Fatalf("re-run Clone = %+v, %v", again, err)
 	}

@@ -128,24 +128,35 @@ func (q *Recipes) Adopt(spec Spec) (int, error) {
 }
 
 func (q *Recipes) adopt(runDir string) (int, error) {
+	pid, err := q.pid(runDir)
+	if !errors.Is(err, os.ErrNotExist) {
+		return pid, err
+	}
+	// launch writes vm.json before it starts QEMU and the pid file after: a
+	// daemon killed in between leaves a QEMU that only its cmdline names.
+	// Without vm.json no launch began, so the scan is skipped.
+	if _, serr := os.Stat(filepath.Join(runDir, FileVM)); serr == nil {
+		if pid := q.findByCmdline(runDir); pid > 0 {
+			if err := fsx.WriteFileAtomic(filepath.Join(runDir, FilePID), []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
+				return 0, fmt.Errorf("qemu: adopt: pid file: %w", err)
+			}
+			q.log.Warn().Int("pid", pid).Str("run_dir", runDir).Msg("qemu: adopted a QEMU that had no pid file (daemon died while launching it)")
+			return pid, nil
+		}
+	}
+	return 0, err
+}
+
+// pid returns the pid runDir's pid file names, trusted only if the process
+// is this run dir's QEMU (else ErrNotRunning). A missing pid file is
+// ErrNotRunning and os.ErrNotExist both.
+func (q *Recipes) pid(runDir string) (int, error) {
 	b, err := os.ReadFile(filepath.Join(runDir, FilePID))
 	if errors.Is(err, os.ErrNotExist) {
-		// launch writes vm.json before it starts QEMU and the pid file after: a
-		// daemon killed in between leaves a QEMU that only its cmdline names.
-		// Without vm.json no launch began, so the scan is skipped.
-		if _, serr := os.Stat(filepath.Join(runDir, FileVM)); serr == nil {
-			if pid := q.findByCmdline(runDir); pid > 0 {
-				if err := fsx.WriteFileAtomic(filepath.Join(runDir, FilePID), []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
-					return 0, fmt.Errorf("qemu: adopt: pid file: %w", err)
-				}
-				q.log.Warn().Int("pid", pid).Str("run_dir", runDir).Msg("qemu: adopted a QEMU that had no pid file (daemon died while launching it)")
-				return pid, nil
-			}
-		}
-		return 0, fmt.Errorf("%w: no pid file in %s", ErrNotRunning, runDir)
+		return 0, fmt.Errorf("%w: no pid file in %s: %w", ErrNotRunning, runDir, err)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("qemu: adopt: %w", err)
+		return 0, fmt.Errorf("qemu: pid file: %w", err)
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || pid <= 0 {

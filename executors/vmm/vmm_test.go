@@ -62,6 +62,9 @@ func TestAdoptAfterLauncherDies(t *testing.T) {
 	if p.Pid() != pid || !p.Alive() {
 		t.Fatalf("adopted pid %d (alive %v), want %d", p.Pid(), p.Alive(), pid)
 	}
+	if got, err := Pid(cfg); err != nil || got != pid {
+		t.Fatalf("Pid = %d, %v; want %d", got, err, pid)
+	}
 	if slice != "" && p.Scope() != filepath.Join(slice, "vm-adopt1.scope") {
 		t.Errorf("adopted scope = %q", p.Scope())
 	}
@@ -84,6 +87,9 @@ func TestAdoptAfterLauncherDies(t *testing.T) {
 	}
 	if _, err := Adopt(ctx, Config{Binary: chsimBin, RunDir: other}); !errors.Is(err, ErrNotOurs) {
 		t.Errorf("adopt with another VM's socket = %v, want ErrNotOurs", err)
+	}
+	if _, err := Pid(Config{Binary: chsimBin, RunDir: other}); !errors.Is(err, ErrNotOurs) {
+		t.Errorf("Pid with another VM's socket = %v, want ErrNotOurs", err)
 	}
 	// A reused pid: the pid file names a live process running something else.
 	sleeper := exec.Command("sleep", "60")
@@ -108,8 +114,14 @@ func TestAdoptAfterLauncherDies(t *testing.T) {
 	if _, err := Adopt(ctx, Config{Binary: chsimBin, RunDir: other}); !errors.Is(err, ErrNoProcess) {
 		t.Errorf("adopt of an exited pid = %v, want ErrNoProcess", err)
 	}
+	if _, err := Pid(Config{Binary: chsimBin, RunDir: other}); !errors.Is(err, ErrNoProcess) {
+		t.Errorf("Pid of an exited pid = %v, want ErrNoProcess", err)
+	}
 	if _, err := Adopt(ctx, Config{Binary: chsimBin, RunDir: filepath.Join(dir, "none")}); !errors.Is(err, ErrNoProcess) {
 		t.Errorf("adopt without pid file = %v, want ErrNoProcess", err)
+	}
+	if _, err := Pid(Config{Binary: chsimBin, RunDir: filepath.Join(dir, "none")}); !errors.Is(err, ErrNoProcess) {
+		t.Errorf("Pid without pid file = %v, want ErrNoProcess", err)
 	}
 
 	// Terminate the adopted VMM: it stops on request, and its traces go.

@@ -170,7 +170,7 @@ func TestDocsEventTypes(t *testing.T) {
 // json tags), so a field added, renamed or removed must be documented.
 func TestDocsTypes(t *testing.T) {
 	lines := readDoc(t)
-	for _, v := range []any{ClaimRequest{}, ClaimResponse{}, Sandbox{}, RenewRequest{}, PoolSpec{}, Info{}, PoolInfo{}, EventJSON{}, VM{}, VMChange{},
+	for _, v := range []any{ClaimRequest{}, ClaimResponse{}, Sandbox{}, RenewRequest{}, PoolSpec{}, Info{}, PoolInfo{}, SandboxStats{}, EventJSON{}, VM{}, VMChange{},
 		TenantList{}, TenantJSON{}, TenantsRequest{}, TenantSpec{}, TenantRequest{}} {
 		typ := reflect.TypeOf(v)
 		var code []string

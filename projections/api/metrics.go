@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors/scheduler"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/auth"
@@ -25,6 +26,7 @@ type Metrics struct {
 	queue      *prometheus.GaugeVec
 	sse        prometheus.Gauge
 	replicated prometheus.Gauge
+	old        *oldMetrics // the old daemon's sandboxd_* families
 }
 
 var _ scheduler.Observer = (*Metrics)(nil)
@@ -32,8 +34,9 @@ var _ scheduler.Observer = (*Metrics)(nil)
 // latencyBuckets span 50 µs (a warm claim) to 60 s (a cold boot).
 var latencyBuckets = prometheus.ExponentialBucketsRange(50e-6, 60, 24)
 
-// NewMetrics builds the registry. eng feeds the per-pool gauges, read at
-// scrape time so they cost nothing between scrapes.
+// NewMetrics builds the registry. eng feeds the per-pool gauges and the
+// old daemon's, read at scrape time so they cost nothing between scrapes;
+// the old daemon's counters are fed by OnCommit.
 func NewMetrics(eng Engine) *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
@@ -62,10 +65,20 @@ func NewMetrics(eng Engine) *Metrics {
 		replicated: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sbx_replicated_seq", Help: "Highest log sequence acknowledged by JetStream.",
 		}),
+		old: newOldMetrics(eng),
 	}
 	m.reg.MustRegister(m.claims, m.claimLat, m.appendLat, m.opDur, m.stepDur, m.retries, m.queue, m.sse, m.replicated,
-		&poolCollector{eng: eng}, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		&poolCollector{eng: eng}, m.old, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
+}
+
+// OnCommit counts a durable commit's events into the old daemon's
+// counters. The node feeds it every commit in log order, as it feeds
+// Server.OnCommit.
+func (m *Metrics) OnCommit(evs []event.Event) {
+	if m != nil {
+		m.old.onCommit(evs)
+	}
 }
 
 func (m *Metrics) claim(outcome, tier string, d time.Duration) {
@@ -156,6 +169,12 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range []fsm.ClaimStatus{fsm.ClaimPending, fsm.ClaimRunning, fsm.ClaimHibernating, fsm.ClaimHibernated, fsm.ClaimWaking} {
 		ch <- prometheus.MustNewConstMetric(liveDesc, prometheus.GaugeValue, float64(in.Count(st)), st.String())
 	}
+}
+
+// metricsOpen reports whether /metrics takes no token: when configured so,
+// or, as with the old daemon, when the node has no root token to ask for.
+func (s *Server) metricsOpen() bool {
+	return s.cfg.MetricsAuth == MetricsAuthNone || !s.auth.HasRoot()
 }
 
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request, _ auth.Identity) error {

@@ -82,7 +82,17 @@ type Config struct {
 	// DefaultBodyTimeout); a stalled body is answered 408 and its
 	// connection closed.
 	BodyTimeout time.Duration
+	// MetricsAuth is who may read /metrics: MetricsAuthRoot (the default,
+	// as the old daemon: the root token, or anyone when no root token is
+	// configured) or MetricsAuthNone (anyone).
+	MetricsAuth string
 }
+
+// Config.MetricsAuth's values.
+const (
+	MetricsAuthRoot = "root"
+	MetricsAuthNone = "none"
+)
 
 // DefaultBodyTimeout is Config.BodyTimeout's default: a 1 MiB body at a
 // slow client's pace, far from what holding connections open costs.
@@ -107,6 +117,7 @@ type Server struct {
 	vms *vmView
 
 	replication func() any // Options.Replication
+	stats       StatsFunc  // Options.Stats
 
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
@@ -121,6 +132,9 @@ type Options struct {
 	// Replication, when set, returns the node's replication status for
 	// GET /v1/info's "replication" (any JSON value).
 	Replication func() any
+	// Stats, when set, reads a VM's VMM usage for
+	// GET /v1/sandboxes/{id}/stats; without it usage is never measured.
+	Stats StatsFunc
 }
 
 // New builds a Server.
@@ -142,7 +156,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	}
 	s := &Server{
 		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
-		redir: opts.Redirector, now: opts.Now, replication: opts.Replication,
+		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats,
 		waiters: map[string]chan struct{}{},
 		ready:   make(chan struct{}),
 	}
@@ -202,13 +216,18 @@ func (s *Server) register() {
 	add("POST", "/v1/sandboxes/{id}/wake", "root|tenant|sandbox", s.handleWake, root, tenant, sandbox)
 	add("POST", "/v1/sandboxes/{id}/renew", "root|tenant|sandbox", s.handleRenew, root, tenant, sandbox)
 	add("GET", "/v1/sandboxes/{id}/owner", "root|tenant|sandbox", s.handleOwner, root, tenant, sandbox)
+	add("GET", "/v1/sandboxes/{id}/stats", "root|sandbox", s.handleStats, root, sandbox)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
 	add("GET", "/v1/info", "root", s.handleInfo, root)
 	add("GET", "/v1/peers", "root|tenant", s.handlePeers, root, tenant)
 	add("GET", "/v1/events", "root|tenant", s.handleEvents, root, tenant)
 	add("GET", "/healthz", "none", s.handleHealthz)
-	add("GET", "/metrics", "none", s.handleMetrics)
+	if s.metricsOpen() {
+		add("GET", "/metrics", "none", s.handleMetrics)
+	} else {
+		add("GET", "/metrics", "root", s.handleMetrics, root)
+	}
 	// The operator routes let tenant tokens through to refuse them with the
 	// old daemon's 403 text (operatorOnly).
 	add("GET", "/v1/tenants", "root", s.handleTenants, root, tenant)

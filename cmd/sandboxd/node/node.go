@@ -59,6 +59,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
+	"github.com/sbxlog/sbxlog/executors/procstat"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/executors/scheduler"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -99,6 +100,11 @@ type Driver interface {
 	// OnExit registers fn, called when a VMM the driver watches exits on
 	// its own (fn records it in the log).
 	OnExit(fn func(vm, detail string))
+	// VMMUsage reads the resource usage of the VMM process serving VM vm,
+	// whose run dir is runDir (relative to the runs root, as the state
+	// records it); no such process is an error wrapping
+	// procstat.ErrNoProcess. It only reads, for GET /v1/sandboxes/{id}/stats.
+	VMMUsage(ctx context.Context, vm, runDir string) (procstat.Usage, error)
 	// Close stops watching VMMs; the VMs keep running.
 	Close()
 }
@@ -417,7 +423,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if apiCfg.Hypervisor == "" {
 		apiCfg.Hypervisor = hv.Name()
 	}
-	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now}
+	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now, Stats: n.vmmStats}
 	var apiEng api.Engine = n.Engine
 	if n.Repl != nil {
 		if apiOpts.Redirector == nil {
@@ -432,6 +438,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	n.Executors = scheduler.New(n.Driver, proposer{n.Engine}, scheduler.Options{Concurrency: cfg.Concurrency, Log: zl, Observer: metrics})
 	n.Engine.SetOnCommit(func(c engine.Commit) {
 		n.Server.OnCommit(c.Events)
+		metrics.OnCommit(c.Events)
 		if len(c.Intents) > 0 {
 			n.Executors.Offer(c.Intents)
 		}

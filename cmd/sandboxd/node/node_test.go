@@ -12,6 +12,7 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/layout"
+	"github.com/sbxlog/sbxlog/executors/procstat"
 )
 
 // The embedded server's port taken by someone else falls back to a free one
@@ -88,3 +89,6 @@ type stubDriver struct{ executors.Driver }
 func (stubDriver) Prepare(context.Context) (Prepared, error) { return Prepared{}, nil }
 func (stubDriver) OnExit(func(vm, detail string))            {}
 func (stubDriver) Close()                                    {}
+func (stubDriver) VMMUsage(context.Context, string, string) (procstat.Usage, error) {
+	return procstat.Usage{}, procstat.ErrNoProcess
+}

@@ -22,6 +22,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/layout"
+	"github.com/sbxlog/sbxlog/executors/procstat"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
@@ -97,6 +99,13 @@ func (f *FakeDriver) OnExit(func(vm, detail string)) {}
 
 // Close implements node.Driver.
 func (f *FakeDriver) Close() {}
+
+// VMMUsage implements node.Driver: a fake VM has no VMM process, so it
+// reports the usage of the process the fake runs in (the test binary), a
+// real reading of /proc without one.
+func (f *FakeDriver) VMMUsage(context.Context, string, string) (procstat.Usage, error) {
+	return procstat.Read(os.Getpid())
+}
 
 // Instance, VMMBinary, InstanceRoot, RunDirs, GoldenRunDir, AdoptVM and
 // RemoveRunDir implement reconcile.Driver: every VM the state says runs is
