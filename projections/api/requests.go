@@ -117,11 +117,12 @@ func validMetadata(m map[string]string) error {
 }
 
 // validPoolKey applies the state machine's own key rules, so the API and the
-// fsm cannot disagree on what a valid template, net or size is.
+// fsm cannot disagree on what a valid template, net or size is. The message
+// starts as the old daemon's did ("invalid pool key: ...").
 func validPoolKey(template, netMode, size string) error {
 	if err := fsm.ValidKey(fsm.PoolKey{Template: template, Net: netMode, Size: size}); err != nil {
 		rej, _ := fsm.AsRejection(err)
-		return errorf(http.StatusBadRequest, "%s", rej.Msg)
+		return errorf(http.StatusBadRequest, "invalid pool key: %s", rej.Msg)
 	}
 	return nil
 }
