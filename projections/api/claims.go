@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/auth"
@@ -268,40 +267,6 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
 	return nil
-}
-
-// wait registers interest in a pending claim's outcome.
-func (s *Server) wait(id string) <-chan struct{} {
-	s.waitMu.Lock()
-	defer s.waitMu.Unlock()
-	ch := make(chan struct{})
-	s.waiters[id] = ch
-	return ch
-}
-
-func (s *Server) unwait(id string) {
-	s.waitMu.Lock()
-	delete(s.waiters, id)
-	s.waitMu.Unlock()
-}
-
-// OnCommit feeds the server every durable commit in log order: it wakes
-// claim requests waiting for their VM and updates the VM view.
-func (s *Server) OnCommit(evs []event.Event) {
-	s.waitMu.Lock()
-	if len(s.waiters) > 0 {
-		for i := range evs {
-			switch evs[i].Type {
-			case event.TypeClaimServed, event.TypeClaimFailed, event.TypeClaimReleased, event.TypeClaimExpired:
-				if ch, ok := s.waiters[evs[i].AggID]; ok {
-					close(ch)
-					delete(s.waiters, evs[i].AggID)
-				}
-			}
-		}
-	}
-	s.waitMu.Unlock()
-	s.vms.apply(s.eng, evs)
 }
 
 // validClaimState reports whether name is a claim status's name.

@@ -94,7 +94,7 @@ type Server struct {
 	now     func() time.Time
 
 	waitMu  sync.Mutex
-	waiters map[string]chan struct{} // claim id -> closed when served or failed
+	waiters map[string][]*watch // sandbox id -> the requests watching its events
 
 	vms *vmView
 
@@ -135,7 +135,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	s := &Server{
 		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
 		redir: opts.Redirector, now: opts.Now, replication: opts.Replication,
-		waiters: map[string]chan struct{}{},
+		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
 	}
 	s.vms = newVMView()
