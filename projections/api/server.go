@@ -233,7 +233,12 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 		// than drained, so a stalled body holds nothing.
 		var id auth.Identity
 		if len(entry.allow) > 0 {
-			id = s.auth.Identify(auth.Bearer(r), r.PathValue("id"), s.tokenGen)
+			bearer := auth.Bearer(r)
+			id = s.auth.Identify(bearer, r.PathValue("id"), s.tokenGen)
+			if unknown, verb := sandboxVerbs[path]; verb && id.Kind == auth.Anonymous {
+				refuseBodyIf(hasBody, w, refuseSandboxCaller(bearer, unknown))
+				return
+			}
 			if id.Kind == auth.Anonymous {
 				refuseBodyIf(hasBody, w, errorf(http.StatusUnauthorized, "missing or invalid token"))
 				return

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -16,45 +17,116 @@ type RenewRequest struct {
 	TTLSeconds int64 `json:"ttl_seconds"`
 }
 
+// The old daemon's 404 texts of the sandbox verbs, which its clients show
+// (and the SDKs' Close takes a 404 for "already gone").
+const (
+	errUnknownSandbox = "unknown sandbox"
+	errNotOwnedHere   = "not owned here"
+)
+
+// sandboxVerbs are the routes that answer callers as the old daemon's
+// sandbox verbs did, by path, with the 404 text of each: no bearer token is
+// 401 "missing bearer token" (even on a node without a root token), and a
+// token that is no credential for the sandbox named (a wrong or forgotten
+// sandbox token, another sandbox's) is the same 404 an unknown id gets, so
+// a client cannot tell an id that exists from one that does not.
+var sandboxVerbs = map[string]string{
+	"/v1/sandboxes/{id}/release":   errUnknownSandbox,
+	"/v1/sandboxes/{id}/hibernate": errUnknownSandbox,
+	"/v1/sandboxes/{id}/wake":      errUnknownSandbox,
+	"/v1/sandboxes/{id}/renew":     errUnknownSandbox,
+	"/v1/sandboxes/{id}/owner":     errNotOwnedHere,
+}
+
+// refuseSandboxCaller is dispatch's answer on a sandbox verb's route to a
+// caller it could not identify.
+func refuseSandboxCaller(bearer, unknown string) error {
+	if bearer == "" {
+		return errorf(http.StatusUnauthorized, "missing bearer token")
+	}
+	return errorf(http.StatusNotFound, "%s", unknown)
+}
+
+// target finds the sandbox a verb is about: root names any by id, a tenant
+// its own tenant's (sbxlog's extension: the old daemon took only root and
+// the sandbox's token here), a sandbox token its own. Anything else is the
+// old daemon's 404. With live set, an ended claim is unknown too, as it was
+// to the old daemon, which forgot a claim once it ended; a root caller
+// naming another node's sandbox gets visible's answer (404 naming the
+// owner).
+func (s *Server) target(r *http.Request, id auth.Identity, live bool) (fsm.ClaimRec, error) {
+	c, err := s.visible(r, id)
+	var he *httpError
+	switch {
+	case errors.As(err, &he):
+		return c, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+	case err != nil:
+		return c, err
+	case live && !c.Status.Live():
+		return c, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+	}
+	return c, nil
+}
+
+// settled maps a rejection of a verb's command about sandbox id: the claim
+// gone from the state, or ended between target and the proposal, is the
+// old daemon's 404; any other answer is returned as it is.
+func (s *Server) settled(err error, id string) error {
+	if _, isRej := fsm.AsRejection(err); isRej {
+		if c, ok := s.claim(id); !ok || !c.Status.Live() {
+			return errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+		}
+	}
+	return err
+}
+
+// handleOwner answers GET /v1/sandboxes/{id}/owner: this node's address
+// for a live sandbox it holds; for root, the owner of another node's
+// sandbox from the cluster view. The old daemon took only the sandbox's
+// token here; root and the sandbox's tenant are sbxlog's extensions.
 func (s *Server) handleOwner(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	_, err := s.visible(r, id)
+	c, err := s.visible(r, id)
 	if oe, ok := err.(*ownedElsewhere); ok {
 		writeJSON(w, http.StatusOK, map[string]string{"owner_addr": oe.addr})
 		return nil
 	}
-	if err != nil {
-		return err
+	if err != nil || !c.Status.Live() {
+		return errorf(http.StatusNotFound, "%s", errNotOwnedHere)
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"owner_addr": s.cfg.OwnerAddr})
 	return nil
 }
 
-// lifecycle runs a command about one visible sandbox and answers 204.
-func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, id auth.Identity, mk func(fsm.Meta, string) fsm.Command) error {
+// lifecycle runs a command about one sandbox the caller may act on and
+// answers 204 once it is durable. live: an ended claim is 404 (hibernate,
+// wake) rather than the command's to judge (release of an ended claim is
+// an idempotent 204, as sbxlog always answered; the old daemon said 404,
+// which its SDKs take for success too).
+func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, id auth.Identity, live bool, mk func(fsm.Meta, string) fsm.Command) error {
 	if err := decodeBody(r, &struct{}{}, true); err != nil {
 		return err
 	}
-	c, err := s.visible(r, id)
+	c, err := s.target(r, id, live)
 	if err != nil {
 		return err
 	}
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return mk(m, c.ID) }, engine.Hooks{}); err != nil {
-		return err
+		return s.settled(err, c.ID)
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
 func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	return s.lifecycle(w, r, id, func(m fsm.Meta, c string) fsm.Command { return fsm.Release{Meta: m, Claim: c} })
+	return s.lifecycle(w, r, id, false, func(m fsm.Meta, c string) fsm.Command { return fsm.Release{Meta: m, Claim: c} })
 }
 
 func (s *Server) handleHibernate(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	return s.lifecycle(w, r, id, func(m fsm.Meta, c string) fsm.Command { return fsm.Hibernate{Meta: m, Claim: c} })
+	return s.lifecycle(w, r, id, true, func(m fsm.Meta, c string) fsm.Command { return fsm.Hibernate{Meta: m, Claim: c} })
 }
 
 func (s *Server) handleWake(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	return s.lifecycle(w, r, id, func(m fsm.Meta, c string) fsm.Command { return fsm.Wake{Meta: m, Claim: c} })
+	return s.lifecycle(w, r, id, true, func(m fsm.Meta, c string) fsm.Command { return fsm.Wake{Meta: m, Claim: c} })
 }
 
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
@@ -65,7 +137,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Ide
 	if req.TTLSeconds < 0 || req.TTLSeconds > int64(MaxTTL/time.Second) {
 		return errorf(http.StatusBadRequest, "ttl_seconds %d out of [0, %d]", req.TTLSeconds, int64(MaxTTL/time.Second))
 	}
-	c, err := s.visible(r, id)
+	c, err := s.target(r, id, true)
 	if err != nil {
 		return err
 	}
@@ -73,7 +145,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return fsm.Renew{Meta: m, Claim: c.ID, TTLSeconds: req.TTLSeconds}
 	}, engine.Hooks{})
 	if err != nil {
-		return err
+		return s.settled(err, c.ID)
 	}
 	// The answer is this renew's own deadline, from its own event: the
 	// state may already hold a concurrent renew's, not yet durable.
