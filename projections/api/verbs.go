@@ -12,9 +12,36 @@ import (
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
 
-// RenewRequest is POST /v1/sandboxes/{id}/renew's body.
+// RenewRequest is POST /v1/sandboxes/{id}/renew's body. The body is
+// optional, as the old daemon's was: none means ttl_seconds 0.
 type RenewRequest struct {
+	// TTLSeconds is the new lease from now: 0 or negative is the default
+	// (5 min), over 24 h is 24 h (the old daemon clamped, it did not refuse).
 	TTLSeconds int64 `json:"ttl_seconds"`
+	// OnExpire is the old daemon's action at the deadline: "destroy" (or
+	// none) is what sbxlog does; "archive" needs an archive store, which
+	// sbxlog does not have, and is refused rather than ignored.
+	OnExpire string `json:"on_expire,omitempty"`
+}
+
+// normalize validates on_expire and clamps the ttl into what the state
+// machine takes.
+func (r *RenewRequest) normalize() error {
+	switch r.OnExpire {
+	case "", "destroy":
+	case "archive":
+		return errorf(http.StatusBadRequest, `on_expire "archive" is not supported: this node has no archive store (a sandbox is destroyed at its deadline)`)
+	default:
+		return errorf(http.StatusBadRequest, "on_expire %q must be destroy or archive", r.OnExpire)
+	}
+	r.TTLSeconds = clampTTLSeconds(r.TTLSeconds)
+	return nil
+}
+
+// clampTTLSeconds is the old daemon's lease rule: 0 or negative is the
+// default (0 to the state machine), more than MaxTTL is MaxTTL.
+func clampTTLSeconds(ttl int64) int64 {
+	return min(max(ttl, 0), int64(MaxTTL/time.Second))
 }
 
 // The old daemon's 404 texts of the sandbox verbs, which its clients show
@@ -129,13 +156,15 @@ func (s *Server) handleWake(w http.ResponseWriter, r *http.Request, id auth.Iden
 	return s.lifecycle(w, r, id, true, func(m fsm.Meta, c string) fsm.Command { return fsm.Wake{Meta: m, Claim: c} })
 }
 
+// handleRenew answers POST /v1/sandboxes/{id}/renew: the deadline becomes
+// now + the (clamped) ttl, longer or shorter, and the answer is it.
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	var req RenewRequest
-	if err := decodeBody(r, &req, false); err != nil {
+	if err := decodeBody(r, &req, true); err != nil {
 		return err
 	}
-	if req.TTLSeconds < 0 || req.TTLSeconds > int64(MaxTTL/time.Second) {
-		return errorf(http.StatusBadRequest, "ttl_seconds %d out of [0, %d]", req.TTLSeconds, int64(MaxTTL/time.Second))
+	if err := req.normalize(); err != nil {
+		return err
 	}
 	c, err := s.target(r, id, true)
 	if err != nil {

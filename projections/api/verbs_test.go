@@ -1,12 +1,15 @@
 package api_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/projections/api"
 )
 
 // statusOf is sandbox id's status in n's state.
@@ -124,6 +127,47 @@ func TestSandboxVerbsOnEndedClaim(t *testing.T) {
 				}
 			}
 			sub.Close()
+		}
+	}
+}
+
+// TestRenewLeaseRules: renew takes the old daemon's bodies and lease rules:
+// no body or {} is the default lease, 0 or negative too, over 24 h is 24 h
+// (clamped, not refused), on_expire destroy is accepted; the answer is the
+// deadline the renew set.
+func TestRenewLeaseRules(t *testing.T) {
+	n := newNode(t, 2, nil)
+	sb := claimAs(t, n, tokA, "")
+	for _, tc := range []struct {
+		name string
+		body []byte
+		want time.Duration
+	}{
+		{"no body", nil, api.DefaultTTL},
+		{"empty object", []byte(`{}`), api.DefaultTTL},
+		{"ttl 0", []byte(`{"ttl_seconds":0}`), api.DefaultTTL},
+		{"negative ttl", []byte(`{"ttl_seconds":-30}`), api.DefaultTTL},
+		{"one hour, on_expire destroy", []byte(`{"ttl_seconds":3600,"on_expire":"destroy"}`), time.Hour},
+		{"just over 24 h", []byte(`{"ttl_seconds":86401}`), api.MaxTTL},
+		{"far over 24 h", []byte(`{"ttl_seconds":9000000000}`), api.MaxTTL},
+		{"a minute, shorter than before", []byte(`{"ttl_seconds":60}`), time.Minute},
+	} {
+		before := time.Now()
+		st, resp := call(t, n, "POST", "/v1/sandboxes/"+sb.ID+"/renew", sb.Token, tc.body)
+		var out struct {
+			Deadline time.Time `json:"deadline"`
+		}
+		if st != http.StatusOK || json.Unmarshal(resp, &out) != nil {
+			t.Errorf("%s: %d %s", tc.name, st, resp)
+			continue
+		}
+		if got := out.Deadline.Sub(before); got < tc.want-2*time.Second || got > tc.want+2*time.Second {
+			t.Errorf("%s: deadline %s from now, want %s", tc.name, got.Round(time.Second), tc.want)
+		}
+		var state int64
+		n.Engine.View(func(s *fsm.State) { c, _ := s.Claim(sb.ID); state = c.Deadline })
+		if state != out.Deadline.UnixNano() {
+			t.Errorf("%s: answered %s, the state holds %s", tc.name, out.Deadline, time.Unix(0, state).UTC())
 		}
 	}
 }

@@ -172,7 +172,7 @@ func TestErrors(t *testing.T) {
 			_, err := c.Claim(ctx, api.ClaimRequest{Template: "default", TTLSeconds: 90000})
 			return err
 		}, 400, "ttl_seconds"},
-		{"renew negative", func() error { _, err := c.Renew(ctx, "sb_0000000000000000", -1); return err }, 400, "ttl_seconds"},
+		{"renew of an unknown sandbox", func() error { _, err := c.Renew(ctx, "sb_0000000000000000", 60); return err }, 404, "unknown sandbox"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
