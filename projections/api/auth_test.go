@@ -137,7 +137,9 @@ func authHeader(c string, sb, other api.ClaimResponse) string {
 	panic("unknown caller " + c)
 }
 
-func do(t *testing.T, n *nodetest.Node, method, path, header string, body []byte) (int, http.Header, []byte) {
+// do sends one request with the Authorization header (none when empty)
+// and the extra header name, value pairs.
+func do(t *testing.T, n *nodetest.Node, method, path, header string, body []byte, extra ...string) (int, http.Header, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, n.URL+path, bytesOrNil(body))
 	if err != nil {
@@ -145,6 +147,9 @@ func do(t *testing.T, n *nodetest.Node, method, path, header string, body []byte
 	}
 	if header != "" {
 		req.Header.Set("Authorization", header)
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		req.Header.Set(extra[i], extra[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

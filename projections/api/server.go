@@ -74,7 +74,16 @@ type Config struct {
 	// DefaultBodyTimeout); a stalled body is answered 408 and its
 	// connection closed.
 	BodyTimeout time.Duration
+	// LifecycleWait bounds how long a hibernate or wake waits for its
+	// outcome, its turn in the sandbox's queue included (default
+	// DefaultLifecycleWait); past it the answer is 503 and an operation
+	// already started continues.
+	LifecycleWait time.Duration
 }
+
+// DefaultLifecycleWait is Config.LifecycleWait's default: far beyond a
+// snapshot or restore, within what an HTTP client waits for an answer.
+const DefaultLifecycleWait = 2 * time.Minute
 
 // DefaultBodyTimeout is Config.BodyTimeout's default: a 1 MiB body at a
 // slow client's pace, far from what holding connections open costs.
@@ -95,6 +104,7 @@ type Server struct {
 
 	waitMu  sync.Mutex
 	waiters map[string][]*watch // sandbox id -> the requests watching its events
+	queue   verbQueue           // the waiting hibernates and wakes, per sandbox
 
 	vms *vmView
 
@@ -128,6 +138,9 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	}
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if cfg.LifecycleWait <= 0 {
+		cfg.LifecycleWait = DefaultLifecycleWait
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now

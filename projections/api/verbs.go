@@ -124,36 +124,24 @@ func (s *Server) handleOwner(w http.ResponseWriter, r *http.Request, id auth.Ide
 	return nil
 }
 
-// lifecycle runs a command about one sandbox the caller may act on and
-// answers 204 once it is durable. live: an ended claim is 404 (hibernate,
-// wake) rather than the command's to judge (release of an ended claim is
-// an idempotent 204, as sbxlog always answered; the old daemon said 404,
-// which its SDKs take for success too).
-func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, id auth.Identity, live bool, mk func(fsm.Meta, string) fsm.Command) error {
+// handleRelease ends the claim and answers 204 once that is durable. An
+// ended claim's release is an idempotent 204, as sbxlog always answered
+// (the old daemon said 404, which its SDKs take for success too). Release
+// does not queue behind a waiting hibernate or wake: that one answers 404
+// once the claim ended, as the old daemon's did.
+func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	if err := decodeBody(r, &struct{}{}, true); err != nil {
 		return err
 	}
-	c, err := s.target(r, id, live)
+	c, err := s.target(r, id, false)
 	if err != nil {
 		return err
 	}
-	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return mk(m, c.ID) }, engine.Hooks{}); err != nil {
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.Release{Meta: m, Claim: c.ID} }, engine.Hooks{}); err != nil {
 		return s.settled(err, c.ID)
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
-}
-
-func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	return s.lifecycle(w, r, id, false, func(m fsm.Meta, c string) fsm.Command { return fsm.Release{Meta: m, Claim: c} })
-}
-
-func (s *Server) handleHibernate(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	return s.lifecycle(w, r, id, true, func(m fsm.Meta, c string) fsm.Command { return fsm.Hibernate{Meta: m, Claim: c} })
-}
-
-func (s *Server) handleWake(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	return s.lifecycle(w, r, id, true, func(m fsm.Meta, c string) fsm.Command { return fsm.Wake{Meta: m, Claim: c} })
 }
 
 // handleRenew answers POST /v1/sandboxes/{id}/renew: the deadline becomes
