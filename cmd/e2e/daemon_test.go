@@ -194,19 +194,8 @@ func waitState(t *testing.T, ctx context.Context, c *apiclient.Client, id, want 
 func TestDaemonEndToEnd(t *testing.T) {
 	const root = "e2e-root-token"
 	const key = "e2e/none/small"
-	dir := t.TempDir()
-	data := filepath.Join(dir, "data")
-	addr := freeAddr(t)
-	cfg := filepath.Join(dir, "sandboxd.json")
-	writeJSON(t, cfg, map[string]any{
-		"listen": addr, "data_dir": data, "node_id": "e2e", "api_token": root, "hypervisor": "chsim",
-		"pools": []any{}, "nats": map[string]any{"disabled": true},
-	})
-	d := startDaemon(t, dir, data, addr, "-config", cfg)
-	c, err := apiclient.New(addr, root, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := startChsimNode(t, root)
+	dir, data, addr, d, c := n.dir, n.data, n.addr, n.daemon, n.c
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	all := collect(t, c, apiclient.EventsOptions{From: 1})

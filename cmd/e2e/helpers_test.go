@@ -180,6 +180,35 @@ func startWrappedDaemon(t *testing.T, dir, killDir, addr string, wrap []string, 
 	}
 }
 
+// chsimNode is a sandboxd on chsim started by startChsimNode.
+type chsimNode struct {
+	*daemon
+	dir, data string            // its working directory and data dir
+	c         *apiclient.Client // a client with the root token
+}
+
+// startChsimNode starts sandboxd as node "e2e" on chsim with the root
+// token root, no pools and no NATS, in a fresh temp dir; with wrap,
+// sandboxd is run by it (see startWrappedDaemon).
+func startChsimNode(t *testing.T, root string, wrap ...string) *chsimNode {
+	t.Helper()
+	n := &chsimNode{dir: t.TempDir()}
+	n.data = filepath.Join(n.dir, "data")
+	addr := freeAddr(t)
+	cfg := filepath.Join(n.dir, "sandboxd.json")
+	writeJSON(t, cfg, map[string]any{
+		"listen": addr, "data_dir": n.data, "node_id": "e2e", "api_token": root, "hypervisor": "chsim",
+		"pools": []any{}, "nats": map[string]any{"disabled": true},
+	})
+	n.daemon = startWrappedDaemon(t, n.dir, n.data, addr, wrap, "-config", cfg)
+	c, err := apiclient.New(addr, root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.c = c
+	return n
+}
+
 // stop sends SIGTERM and waits for the exit (SIGKILL after 15 s).
 func (d *daemon) stop(t *testing.T) {
 	select {

@@ -15,8 +15,8 @@ import (
 func init() {
 	register("claim", command{summary: "claim a sandbox (--template; waits until it runs)", run: remoteCommand(remoteSpec{name: "claim", flags: claimFlags})})
 	register("release", command{summary: "release a sandbox", run: remoteCommand(remoteSpec{name: "release", args: []string{"ID"}, flags: lifecycleFlags("release")})})
-	register("hibernate", command{summary: "hibernate a sandbox (--wait: until hibernated)", run: remoteCommand(remoteSpec{name: "hibernate", args: []string{"ID"}, flags: lifecycleFlags("hibernate")})})
-	register("wake", command{summary: "wake a hibernated sandbox (--wait: until running)", run: remoteCommand(remoteSpec{name: "wake", args: []string{"ID"}, flags: lifecycleFlags("wake")})})
+	register("hibernate", command{summary: "hibernate a sandbox (returns once hibernated; --no-wait: once requested)", run: remoteCommand(remoteSpec{name: "hibernate", args: []string{"ID"}, flags: lifecycleFlags("hibernate")})})
+	register("wake", command{summary: "wake a hibernated sandbox (returns once running; --no-wait: once requested)", run: remoteCommand(remoteSpec{name: "wake", args: []string{"ID"}, flags: lifecycleFlags("wake")})})
 	register("renew", command{summary: "extend a sandbox's deadline to now + --ttl", run: remoteCommand(remoteSpec{name: "renew", args: []string{"ID"}, flags: renewFlags})})
 	register("ls", command{summary: "list sandboxes (--ref, --meta k=v, --state)", run: remoteCommand(remoteSpec{name: "ls", flags: lsFlags})})
 }
@@ -57,31 +57,39 @@ func claimFlags(fs *flag.FlagSet) remoteBody {
 	}
 }
 
-// lifecycleFlags builds release, hibernate and wake. With --wait,
-// hibernate and wake return once the sandbox reached its new state.
+// lifecycleFlags builds release, hibernate and wake. hibernate and wake
+// return once the sandbox reached its new state (the server waits for it);
+// with --no-wait once the request is durable, printing the state then;
+// --wait then polls until the new state.
 func lifecycleFlags(action string) func(fs *flag.FlagSet) remoteBody {
+	target := map[string]string{"release": "released", "hibernate": "hibernated", "wake": "running"}[action]
 	return func(fs *flag.FlagSet) remoteBody {
-		var wait *bool
+		var wait, noWait *bool
 		if action != "release" {
-			wait = fs.Bool("wait", false, "wait until the sandbox is "+map[string]string{"hibernate": "hibernated", "wake": "running"}[action])
+			noWait = fs.Bool("no-wait", false, "return once the request is durable, not once the sandbox is "+target)
+			wait = fs.Bool("wait", false, "poll until the sandbox is "+target+" (what the call does by itself, unless --no-wait)")
 		}
 		return func(ctx context.Context, c *apiclient.Client, cl *call) error {
 			id := cl.args[0]
 			var err error
-			switch action {
-			case "release":
+			state := target
+			switch {
+			case action == "release":
 				err = c.Release(ctx, id)
-			case "hibernate":
+			case *noWait && action == "hibernate":
+				state, err = c.HibernateNoWait(ctx, id)
+			case *noWait:
+				state, err = c.WakeNoWait(ctx, id)
+			case action == "hibernate":
 				err = c.Hibernate(ctx, id)
-			case "wake":
+			default:
 				err = c.Wake(ctx, id)
 			}
 			if err != nil {
 				return err
 			}
-			state := map[string]string{"release": "released", "hibernate": "hibernating", "wake": "waking"}[action]
 			if wait != nil && *wait {
-				sb, err := waitState(ctx, c, id, map[string]string{"hibernate": "hibernated", "wake": "running"}[action])
+				sb, err := waitState(ctx, c, id, target)
 				if err != nil {
 					return err
 				}

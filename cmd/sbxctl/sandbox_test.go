@@ -92,8 +92,9 @@ func TestSandboxCommands(t *testing.T) {
 			t.Fatalf("after release: %v", s)
 		}
 	}
-	// Hibernating a released sandbox is a conflict the command reports.
-	if code, _, errs := sbx("hibernate", cl.ID); code != 1 || !strings.Contains(errs, "409") {
+	// Hibernating a released sandbox is an error the command reports: the
+	// old daemon's 404, since it forgot a claim once it ended.
+	if code, _, errs := sbx("hibernate", cl.ID); code != 1 || !strings.Contains(errs, "404") || !strings.Contains(errs, "unknown sandbox") {
 		t.Fatalf("hibernate of a released sandbox: exit %d, %q", code, errs)
 	}
 	var body struct {
@@ -102,5 +103,38 @@ func TestSandboxCommands(t *testing.T) {
 	mustJSON(t, &body, "ls")
 	if len(body.Sandboxes) != 0 {
 		t.Fatalf("live after release: %+v", body.Sandboxes)
+	}
+}
+
+// TestHibernateWakeNoWait: hibernate and wake return once the sandbox got
+// there; --no-wait once the request is durable, printing the state then.
+func TestHibernateWakeNoWait(t *testing.T) {
+	n := startNode(t, 1)
+	var cl api.ClaimResponse
+	mustJSON(t, &cl, "claim", "--template", "default")
+	n.Driver.SetDelay(fsm.KindHibernate, 200*time.Millisecond)
+	n.Driver.SetDelay(fsm.KindWake, 200*time.Millisecond)
+	if out := mustRun(t, "hibernate", cl.ID); strings.TrimSpace(out) != cl.ID+": hibernated" || claimRec(n, cl.ID).Status != fsm.ClaimHibernated {
+		t.Fatalf("hibernate: %q, then %v", out, claimRec(n, cl.ID).Status)
+	}
+	if out := mustRun(t, "wake", cl.ID); strings.TrimSpace(out) != cl.ID+": running" || claimRec(n, cl.ID).Status != fsm.ClaimRunning {
+		t.Fatalf("wake: %q, then %v", out, claimRec(n, cl.ID).Status)
+	}
+	var async map[string]string
+	mustJSON(t, &async, "hibernate", "--no-wait", cl.ID)
+	if async["state"] != "hibernating" {
+		t.Fatalf("hibernate --no-wait: %v", async)
+	}
+	// Not waiting, a wake during that hibernate is the state's conflict.
+	if code, _, errs := sbx("wake", "--no-wait", cl.ID); code != 1 || !strings.Contains(errs, "409") {
+		t.Fatalf("wake --no-wait during a hibernate: exit %d, %q", code, errs)
+	}
+	for deadline := time.Now().Add(10 * time.Second); claimRec(n, cl.ID).Status != fsm.ClaimHibernated; time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not hibernated: %v", claimRec(n, cl.ID).Status)
+		}
+	}
+	if out := mustRun(t, "wake", "--no-wait", "--wait", cl.ID); strings.TrimSpace(out) != cl.ID+": running" {
+		t.Fatalf("wake --no-wait --wait: %q", out)
 	}
 }

@@ -69,12 +69,22 @@ var routeBody = map[string]string{
 // matrixTenant is the tenant the matrix puts in place of {name}.
 const matrixTenant = "matrix-t"
 
+// sandboxVerbRoutes are the old daemon's sandbox verbs: there a token that
+// is no credential for the sandbox named is the 404 of an unknown id, not a
+// 401 (only a missing bearer token is 401).
+var sandboxVerbRoutes = map[string]bool{
+	"POST /v1/sandboxes/{id}/release": true, "POST /v1/sandboxes/{id}/hibernate": true,
+	"POST /v1/sandboxes/{id}/wake": true, "POST /v1/sandboxes/{id}/renew": true,
+	"GET /v1/sandboxes/{id}/owner": true,
+}
+
 // expectStatus is the status caller c must get on route rt, derived from
 // the route's declared Auth and server.go's dispatch / claims.go's visible:
 // no or unknown token 401; a sandbox token is only recognised on its own
 // sandbox's routes (elsewhere it is an unknown token: 401); a known caller
 // whose kind the route does not allow 403; a tenant naming another
-// tenant's sandbox 404 (as for an id that does not exist).
+// tenant's sandbox 404 (as for an id that does not exist). On the sandbox
+// verbs an unknown token, another sandbox's included, is that 404 too.
 func expectStatus(rt api.Route, c string) (status int, allowed bool) {
 	kinds := strings.Split(rt.Auth, "|")
 	has := func(k string) bool { return slices.Contains(kinds, k) }
@@ -84,7 +94,12 @@ func expectStatus(rt api.Route, c string) (status int, allowed bool) {
 		return ok, true
 	}
 	switch c {
-	case cNone, cWrong, cNotBearer, cSandboxOther:
+	case cWrong, cSandboxOther:
+		if sandboxVerbRoutes[rt.Method+" "+rt.Path] {
+			return http.StatusNotFound, false
+		}
+		return http.StatusUnauthorized, false
+	case cNone, cNotBearer:
 		return http.StatusUnauthorized, false
 	case cSandboxOwn:
 		switch {
@@ -135,7 +150,9 @@ func authHeader(c string, sb, other api.ClaimResponse) string {
 	panic("unknown caller " + c)
 }
 
-func do(t *testing.T, n *nodetest.Node, method, path, header string, body []byte) (int, http.Header, []byte) {
+// do sends one request with the Authorization header (none when empty)
+// and the extra header name, value pairs.
+func do(t *testing.T, n *nodetest.Node, method, path, header string, body []byte, extra ...string) (int, http.Header, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, n.URL+path, bytesOrNil(body))
 	if err != nil {
@@ -143,6 +160,9 @@ func do(t *testing.T, n *nodetest.Node, method, path, header string, body []byte
 	}
 	if header != "" {
 		req.Header.Set("Authorization", header)
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		req.Header.Set(extra[i], extra[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -231,7 +251,8 @@ func getSandbox(t *testing.T, n *nodetest.Node, id string) api.Sandbox {
 // TestTenantIsolation: tenant b never sees tenant a's sandboxes through any
 // read path (list with and without filters, get, owner, and the lifecycle
 // routes, which must not reveal that the id exists), and an unknown id
-// answers exactly like a foreign one.
+// answers exactly like a foreign one: GET with a 404 naming the id, the
+// sandbox verbs with the old daemon's exact 404 bodies.
 func TestTenantIsolation(t *testing.T) {
 	n := newNode(t, 4, nil)
 	a := claimAs(t, n, tokA, `,"claim_ref":"shared-ref","metadata":{"team":"x"}`)
@@ -266,9 +287,10 @@ func TestTenantIsolation(t *testing.T) {
 
 	unknown := "sb_0123456789abcdef"
 	for _, id := range []string{a.ID, r.ID, unknown} {
-		for _, rt := range []struct{ method, suffix, body string }{
-			{"GET", "", ""}, {"GET", "/owner", ""}, {"POST", "/release", ""}, {"POST", "/hibernate", ""},
-			{"POST", "/wake", ""}, {"POST", "/renew", `{"ttl_seconds":60}`},
+		for _, rt := range []struct{ method, suffix, body, exact string }{
+			{"GET", "", "", ""}, {"GET", "/owner", "", `{"error":"not owned here"}`},
+			{"POST", "/release", "", `{"error":"unknown sandbox"}`}, {"POST", "/hibernate", "", `{"error":"unknown sandbox"}`},
+			{"POST", "/wake", "", `{"error":"unknown sandbox"}`}, {"POST", "/renew", `{"ttl_seconds":60}`, `{"error":"unknown sandbox"}`},
 		} {
 			var body []byte
 			if rt.body != "" {
@@ -276,7 +298,12 @@ func TestTenantIsolation(t *testing.T) {
 			}
 			st, resp := call(t, n, rt.method, "/v1/sandboxes/"+id+rt.suffix, tokB, body)
 			var e struct{ Error string }
-			if st != http.StatusNotFound || json.Unmarshal(resp, &e) != nil || !strings.Contains(e.Error, id) {
+			switch {
+			case rt.exact != "":
+				if st != http.StatusNotFound || strings.TrimSpace(string(resp)) != rt.exact {
+					t.Errorf("tenant b %s %s%s: %d %s, want 404 %s", rt.method, id, rt.suffix, st, resp, rt.exact)
+				}
+			case st != http.StatusNotFound || json.Unmarshal(resp, &e) != nil || !strings.Contains(e.Error, id):
 				t.Errorf("tenant b %s %s%s: %d %s, want 404 naming the id", rt.method, id, rt.suffix, st, resp)
 			}
 			if strings.Contains(string(resp), "tenant") || strings.Contains(string(resp), "a-ref") {

@@ -94,11 +94,12 @@ func poolsRows() []badInput {
 func otherRows() []badInput {
 	const unknown = "/v1/sandboxes/sb_0123456789abcdef"
 	return []badInput{
-		{name: "renew: ttl negative", method: "POST", path: "/v1/sandboxes/{id}/renew", body: `{"ttl_seconds":-1}`, status: 400, contains: "ttl_seconds"},
-		{name: "renew: ttl over 24 h", method: "POST", path: "/v1/sandboxes/{id}/renew", body: `{"ttl_seconds":86401}`, status: 400, contains: "ttl_seconds"},
+		{name: "renew: on_expire archive", method: "POST", path: "/v1/sandboxes/{id}/renew", body: `{"ttl_seconds":60,"on_expire":"archive"}`, status: 400, contains: "archive"},
+		{name: "renew: on_expire unknown", method: "POST", path: "/v1/sandboxes/{id}/renew", body: `{"on_expire":"keep"}`, status: 400, contains: "on_expire"},
+		{name: "renew: ttl not a number", method: "POST", path: "/v1/sandboxes/{id}/renew", body: `{"ttl_seconds":"60"}`, status: 400, invalidBody: true},
 		{name: "renew: unknown key", method: "POST", path: "/v1/sandboxes/{id}/renew", body: `{"ttl":60}`, status: 400, invalidBody: true},
 		{name: "renew: malformed", method: "POST", path: "/v1/sandboxes/{id}/renew", body: `{`, status: 400, invalidBody: true},
-		{name: "renew: unknown id", method: "POST", path: unknown + "/renew", body: `{"ttl_seconds":60}`, status: 404, contains: "sb_0123456789abcdef"},
+		{name: "renew: unknown id", method: "POST", path: unknown + "/renew", body: `{"ttl_seconds":60}`, status: 404, contains: "unknown sandbox"},
 		{name: "release: body with unknown key", method: "POST", path: "/v1/sandboxes/{id}/release", body: `{"force":true}`, status: 400, invalidBody: true},
 		{name: "release: oversize body", method: "POST", path: "/v1/sandboxes/{id}/release", body: `"` + strings.Repeat("x", api.MaxBody) + `"`, status: 400, invalidBody: true},
 		{name: "release: unknown id", method: "POST", path: unknown + "/release", status: 404, contains: "unknown sandbox"},

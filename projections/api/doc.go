@@ -8,4 +8,11 @@
 // the command's events are durable and applied. A *fsm.Rejection becomes its
 // 4xx; an engine append failure becomes 503, never a 4xx. Every error body is
 // {"error": "..."}; bodies are capped at 1 MiB.
+//
+// Requests that answer with an outcome rather than the command (a claim
+// served by a clone, a hibernate or wake, which answer once done as the old
+// daemon's did) then wait for the events that settle it, delivered by
+// OnCommit once durable; hibernates and wakes of one sandbox queue in
+// arrival order, bounded by Config.LifecycleWait. The waiting changes
+// nothing the state machine, the log or the executors do.
 package api

@@ -127,11 +127,6 @@ func validPoolKey(template, netMode, size string) error {
 	return nil
 }
 
-// RenewRequest is POST /v1/sandboxes/{id}/renew's body.
-type RenewRequest struct {
-	TTLSeconds int64 `json:"ttl_seconds"`
-}
-
 // PoolsRequest is PUT /v1/pools's body; pools omitted are drained.
 type PoolsRequest struct {
 	Pools []PoolSpec `json:"pools"`

@@ -82,11 +82,20 @@ type Config struct {
 	// DefaultBodyTimeout); a stalled body is answered 408 and its
 	// connection closed.
 	BodyTimeout time.Duration
+	// LifecycleWait bounds how long a hibernate or wake waits for its
+	// outcome, its turn in the sandbox's queue included (default
+	// DefaultLifecycleWait); past it the answer is 503 and an operation
+	// already started continues.
+	LifecycleWait time.Duration
 	// MetricsAuth is who may read /metrics: MetricsAuthRoot (the default,
 	// as the old daemon: the root token, or anyone when no root token is
 	// configured) or MetricsAuthNone (anyone).
 	MetricsAuth string
 }
+
+// DefaultLifecycleWait is Config.LifecycleWait's default: far beyond a
+// snapshot or restore, within what an HTTP client waits for an answer.
+const DefaultLifecycleWait = 2 * time.Minute
 
 // Config.MetricsAuth's values.
 const (
@@ -112,7 +121,8 @@ type Server struct {
 	now     func() time.Time
 
 	waitMu  sync.Mutex
-	waiters map[string]chan struct{} // claim id -> closed when served or failed
+	waiters map[string][]*watch // sandbox id -> the requests watching its events
+	queue   verbQueue           // the waiting hibernates and wakes, per sandbox
 
 	vms *vmView
 
@@ -151,13 +161,16 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
 	}
+	if cfg.LifecycleWait <= 0 {
+		cfg.LifecycleWait = DefaultLifecycleWait
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
 	s := &Server{
 		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
 		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats,
-		waiters: map[string]chan struct{}{},
+		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
 	}
 	s.vms = newVMView()
@@ -269,7 +282,12 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 		// than drained, so a stalled body holds nothing.
 		var id auth.Identity
 		if len(entry.allow) > 0 {
-			id = s.auth.Identify(auth.Bearer(r), r.PathValue("id"), s.tokenGen)
+			bearer := auth.Bearer(r)
+			id = s.auth.Identify(bearer, r.PathValue("id"), s.tokenGen)
+			if unknown, verb := sandboxVerbs[path]; verb && id.Kind == auth.Anonymous {
+				refuseBodyIf(hasBody, w, refuseSandboxCaller(bearer, unknown))
+				return
+			}
 			if id.Kind == auth.Anonymous {
 				refuseBodyIf(hasBody, w, errorf(http.StatusUnauthorized, "%s", errInvalidToken))
 				return

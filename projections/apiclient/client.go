@@ -261,19 +261,47 @@ func (c *Client) Release(ctx context.Context, id string) error {
 }
 
 // Hibernate is POST /v1/sandboxes/{id}/hibernate. It returns once the
-// request is durable; the sandbox reaches "hibernated" when the snapshot is.
+// sandbox is hibernated (its snapshot durable, its VMM stopped), or with
+// the *Error that ended the wait: 500 when the snapshot failed (the
+// message says why), 404 when the claim ended first, 503 past the
+// server's bound (a hibernate that started continues).
 func (c *Client) Hibernate(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodPost, sandboxPath(id, "hibernate"), nil, nil, nil)
 }
 
-// Wake is POST /v1/sandboxes/{id}/wake; like Hibernate it returns once the
-// request is durable.
+// Wake is POST /v1/sandboxes/{id}/wake. It returns once the sandbox runs
+// again (restored and ready), or with the *Error that ended the wait, as
+// Hibernate.
 func (c *Client) Wake(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodPost, sandboxPath(id, "wake"), nil, nil, nil)
 }
 
+// HibernateNoWait is Hibernate answered once the request is durable
+// (?wait=false), not once it is done: it returns the sandbox's state then
+// ("hibernating", or "hibernated" when it already was). It does not queue
+// behind other calls on the sandbox: one in flight may make it a 409.
+func (c *Client) HibernateNoWait(ctx context.Context, id string) (string, error) {
+	return c.noWait(ctx, id, "hibernate")
+}
+
+// WakeNoWait is Wake answered once the request is durable, as
+// HibernateNoWait: it returns "waking", or "running" when it already was.
+func (c *Client) WakeNoWait(ctx context.Context, id string) (string, error) {
+	return c.noWait(ctx, id, "wake")
+}
+
+func (c *Client) noWait(ctx context.Context, id, action string) (string, error) {
+	var out struct {
+		State string `json:"state"`
+	}
+	if err := c.do(ctx, http.MethodPost, sandboxPath(id, action), url.Values{"wait": {"false"}}, nil, &out); err != nil {
+		return "", err
+	}
+	return out.State, nil
+}
+
 // Renew is POST /v1/sandboxes/{id}/renew: the new deadline is now + ttl
-// (0 = the default TTL).
+// (0 or negative = the default TTL, over 24 h = 24 h).
 func (c *Client) Renew(ctx context.Context, id string, ttlSeconds int64) (time.Time, error) {
 	var out struct {
 		Deadline string `json:"deadline"`

@@ -179,7 +179,7 @@ func TestErrors(t *testing.T) {
 			_, err := c.Claim(ctx, api.ClaimRequest{Template: "default", RequirePromoted: true})
 			return err
 		}, 404, "unknown template"},
-		{"renew negative", func() error { _, err := c.Renew(ctx, "sb_0000000000000000", -1); return err }, 400, "ttl_seconds"},
+		{"renew of an unknown sandbox", func() error { _, err := c.Renew(ctx, "sb_0000000000000000", 60); return err }, 404, "unknown sandbox"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -283,5 +283,38 @@ func TestFailedClaimErrorNamesTheSandbox(t *testing.T) {
 	sb, err := c.Sandbox(ctx, e.ID)
 	if err != nil || sb.State != "failed" {
 		t.Fatalf("the named sandbox: %+v, %v", sb, err)
+	}
+}
+
+// TestTransitions: Hibernate and Wake return once the sandbox got there;
+// the NoWait forms once the request is durable, with the state then, and
+// a failed snapshot is a 500 *Error that says why.
+func TestTransitions(t *testing.T) {
+	n, c := startNode(t, 1)
+	ctx := ctxT(t)
+	cl, err := c.Claim(ctx, api.ClaimRequest{Template: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Driver.SetDelay(fsm.KindHibernate, 200*time.Millisecond)
+	n.Driver.SetDelay(fsm.KindWake, 200*time.Millisecond)
+	if err := c.Hibernate(ctx, cl.ID); err != nil || claimStatus(n, cl.ID) != "hibernated" {
+		t.Fatalf("hibernate: %v, then %s", err, claimStatus(n, cl.ID))
+	}
+	if err := c.Wake(ctx, cl.ID); err != nil || claimStatus(n, cl.ID) != "running" {
+		t.Fatalf("wake: %v, then %s", err, claimStatus(n, cl.ID))
+	}
+	if st, err := c.HibernateNoWait(ctx, cl.ID); err != nil || st != "hibernating" {
+		t.Fatalf("hibernate, no wait: %q, %v", st, err)
+	}
+	waitClaim(t, n, cl.ID, fsm.ClaimHibernated)
+	if st, err := c.WakeNoWait(ctx, cl.ID); err != nil || st != "waking" {
+		t.Fatalf("wake, no wait: %q, %v", st, err)
+	}
+	waitClaim(t, n, cl.ID, fsm.ClaimRunning)
+	n.Driver.FailHibernates.Store(true)
+	err = c.Hibernate(ctx, cl.ID)
+	if e := (*apiclient.Error)(nil); !errors.As(err, &e) || e.Status != 500 || !strings.HasPrefix(e.Message, "hibernate failed: ") || e.ID != cl.ID {
+		t.Fatalf("failed hibernate: %v, want a 500 *Error saying why", err)
 	}
 }

@@ -208,7 +208,9 @@ func TestCrashAt(t *testing.T) {
 				t.Fatal(err)
 			}
 			n.start("SBX_CRASH_AT=hibernate:" + step)
-			if err := n.c.Hibernate(n.ctx, cr.ID); err != nil {
+			// Answered once durable: a waiting hibernate would see the
+			// crash it arms as a dropped connection.
+			if _, err := n.c.HibernateNoWait(n.ctx, cr.ID); err != nil {
 				t.Fatal(err)
 			}
 			n.crashed()
@@ -374,7 +376,7 @@ func TestDaemonDeathSparesVMMs(t *testing.T) {
 			}
 		}, "signal: killed"},
 		{"panic", []string{"SBX_CRASH_AT=hibernate:info:panic"}, func() {
-			if err := n.c.Hibernate(n.ctx, cr.ID); err != nil {
+			if _, err := n.c.HibernateNoWait(n.ctx, cr.ID); err != nil {
 				t.Fatal(err)
 			}
 			select {

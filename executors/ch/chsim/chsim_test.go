@@ -439,14 +439,21 @@ func TestOptionsParsing(t *testing.T) {
 		chsim.EnvLatency: "3ms", chsim.EnvDirtyBytes: "8M", chsim.EnvBalloonRate: "0",
 		chsim.EnvSnapshotExitAfter: "1K", chsim.EnvExitRandom: "1s", chsim.EnvFail: "vm.boot:1:500",
 		chsim.EnvAgentDelay: "50ms", chsim.EnvVsockPorts: "52, 1024", chsim.EnvIgnoreSIGTERM: "1",
+		chsim.EnvOpLatency: "vm.snapshot:500ms, vm.restore:1s",
 	}
 	o := chsim.DefaultOptions()
 	if err := o.ApplyEnv(func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
 	if o.Latency != 3*time.Millisecond || o.DirtyBytes != 8<<20 || o.BalloonRate != 0 || o.SnapshotExitAfter != 1024 ||
-		o.ExitRandom != time.Second || len(o.Fail) != 1 || o.AgentDelay != 50*time.Millisecond || len(o.VsockPorts) != 2 || !o.IgnoreSIGTERM {
+		o.ExitRandom != time.Second || len(o.Fail) != 1 || o.AgentDelay != 50*time.Millisecond || len(o.VsockPorts) != 2 || !o.IgnoreSIGTERM ||
+		len(o.OpLatency) != 2 || o.OpLatency["vm.snapshot"] != 500*time.Millisecond || o.OpLatency["vm.restore"] != time.Second {
 		t.Errorf("ApplyEnv = %+v", o)
+	}
+	for _, bad := range []string{"vm.snapshot", "vm.nope:1s", "vm.snapshot:soon", "vm.snapshot:-1s"} {
+		if _, err := chsim.ParseOpLatency(bad); err == nil {
+			t.Errorf("ParseOpLatency(%q) accepted", bad)
+		}
 	}
 	env[chsim.EnvLatency] = "soon"
 	env[chsim.EnvDirtyBytes] = "lots"

@@ -16,6 +16,7 @@ import (
 // a test or benchmark can shape one instance's behaviour.
 const (
 	EnvLatency           = "SBX_CHSIM_LATENCY"             // duration added to every API call, e.g. "2ms"
+	EnvOpLatency         = "SBX_CHSIM_OP_LATENCY"          // "<op>:<duration>[,...]": added to one endpoint's calls, e.g. "vm.snapshot:500ms"
 	EnvFail              = "SBX_CHSIM_FAIL"                // "<op>:<n>[+]:<status|exit|hang>[,...]"
 	EnvSnapshotExitAfter = "SBX_CHSIM_SNAPSHOT_EXIT_AFTER" // bytes: die (SIGKILL) mid-snapshot after writing this many
 	EnvExitRandom        = "SBX_CHSIM_EXIT_RANDOM"         // duration: die (SIGKILL) at a uniformly random time within it
@@ -78,6 +79,9 @@ type Options struct {
 	Socket string
 	// Latency is added to every API call.
 	Latency time.Duration
+	// OpLatency is added to the calls of one endpoint (after Latency): a
+	// slow snapshot, say, without slowing the boots.
+	OpLatency map[string]time.Duration
 	// Fail lists injected failures.
 	Fail []FailRule
 	// SnapshotExitAfter, when >= 0, kills the process once a snapshot has
@@ -136,6 +140,7 @@ func (o *Options) ApplyEnv(getenv func(string) string) error {
 		}
 	}
 	set(EnvLatency, durationInto(&o.Latency))
+	set(EnvOpLatency, opLatencyInto(o))
 	set(EnvFail, func(v string) error {
 		rules, err := ParseFailRules(v)
 		o.Fail = append(o.Fail, rules...)
@@ -165,6 +170,7 @@ func (o *Options) ApplyEnv(getenv func(string) string) error {
 // registered by the binary, since its syntax is CH's.
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("latency", "added latency per API call (env "+EnvLatency+")", durationInto(&o.Latency))
+	fs.Func("op-latency", "added latency of one endpoint's calls: <op>:<duration>[,...] (env "+EnvOpLatency+")", opLatencyInto(o))
 	fs.Func("fail", "fail calls: <op>:<n>[+]:<status|exit|hang>[,...] (env "+EnvFail+")", func(v string) error {
 		rules, err := ParseFailRules(v)
 		o.Fail = append(o.Fail, rules...)
@@ -196,6 +202,41 @@ func durationInto(d *time.Duration) func(string) error {
 		*d = x
 		return nil
 	}
+}
+
+func opLatencyInto(o *Options) func(string) error {
+	return func(v string) error {
+		m, err := ParseOpLatency(v)
+		if o.OpLatency == nil {
+			o.OpLatency = map[string]time.Duration{}
+		}
+		for op, d := range m {
+			o.OpLatency[op] = d
+		}
+		return err
+	}
+}
+
+// ParseOpLatency parses "<op>:<duration>" pairs separated by commas, e.g.
+// "vm.snapshot:500ms,vm.restore:1s"; the op must be a simulated endpoint.
+func ParseOpLatency(s string) (map[string]time.Duration, error) {
+	out := map[string]time.Duration{}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		op, dur, ok := strings.Cut(part, ":")
+		if _, known := routes[op]; !ok || !known {
+			return out, fmt.Errorf("op latency %q: want <op>:<duration> with a known endpoint", part)
+		}
+		d, err := time.ParseDuration(dur)
+		if err != nil || d < 0 {
+			return out, fmt.Errorf("op latency %q: want a duration >= 0", part)
+		}
+		out[op] = d
+	}
+	return out, nil
 }
 
 func sizeInto(n *int64) func(string) error {
@@ -311,6 +352,7 @@ Usage:
 Flags:
   --api-socket path=<socket>   the API socket (also: a bare path, or fd=<n>)
   --latency <duration>         added latency per API call
+  --op-latency <op>:<dur>[,...] added latency of one endpoint's calls, e.g. vm.snapshot:500ms
   --fail <rules>               <op>:<n>[+]:<status|exit|hang>[,...]: fail the n-th
                                call of an endpoint (n+ : every call from the n-th),
                                e.g. vm.pause:2:500 or vm.restore:1:exit
@@ -327,7 +369,7 @@ Flags:
 
 Each flag has an environment variable, read first (flags override), because a
 VMM is launched with nothing but --api-socket:
-  SBX_CHSIM_LATENCY, SBX_CHSIM_FAIL, SBX_CHSIM_SNAPSHOT_EXIT_AFTER,
+  SBX_CHSIM_LATENCY, SBX_CHSIM_OP_LATENCY, SBX_CHSIM_FAIL, SBX_CHSIM_SNAPSHOT_EXIT_AFTER,
   SBX_CHSIM_EXIT_RANDOM, SBX_CHSIM_DIRTY_BYTES, SBX_CHSIM_BALLOON_RATE,
   SBX_CHSIM_AGENT_DELAY, SBX_CHSIM_VSOCK_PORTS, SBX_CHSIM_IGNORE_SIGTERM,
   SBX_CHSIM_GUEST_TICK

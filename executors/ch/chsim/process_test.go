@@ -361,16 +361,24 @@ func TestSnapshotExitAfter(t *testing.T) {
 
 func TestProcessFaults(t *testing.T) {
 	ctx := context.Background()
-	t.Run("latency", func(t *testing.T) {
-		p := startProc(t, shortDir(t), chsim.EnvLatency+"=40ms")
-		start := time.Now()
-		if _, err := p.Client.Ping(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if el := time.Since(start); el < 40*time.Millisecond {
-			t.Errorf("ping took %s with 40ms latency", el)
-		}
-	})
+	for _, tc := range []struct {
+		name, env string
+		min       time.Duration
+	}{
+		{"latency", chsim.EnvLatency + "=40ms", 40 * time.Millisecond},
+		{"op latency", chsim.EnvOpLatency + "=vmm.ping:60ms", 60 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startProc(t, shortDir(t), tc.env)
+			start := time.Now()
+			if _, err := p.Client.Ping(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if el := time.Since(start); el < tc.min {
+				t.Errorf("ping took %s with %s", el, tc.env)
+			}
+		})
+	}
 	t.Run("fail exit", func(t *testing.T) {
 		dir := shortDir(t)
 		p := startProc(t, dir, chsim.EnvFail+"=vm.boot:1:exit")

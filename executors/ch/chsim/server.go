@@ -269,6 +269,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.opts.Latency > 0 {
 		time.Sleep(s.opts.Latency)
 	}
+	if d := s.opts.OpLatency[op]; d > 0 {
+		time.Sleep(d)
+	}
 	s.mu.Lock()
 	s.calls[op]++
 	n := s.calls[op]

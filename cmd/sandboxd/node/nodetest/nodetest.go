@@ -43,8 +43,9 @@ import (
 const FakeHypervisor = "in-process-fake"
 
 // FakeDriver is the in-process hypervisor fake: every intent succeeds at
-// once, unless FailClones is set, the template is not one SetTemplates named
-// (or it holds intents, Options.NoExecutors).
+// once, unless a Fail* switch is set, the template is not one SetTemplates
+// named, SetDelay slows hibernates or wakes down (or it holds intents,
+// Options.NoExecutors).
 // It keeps per-kind call counts so tests can check what ran. It is its own
 // node.Hypervisor, and a reconcile.Driver that finds every VM alive and no
 // run dir.
@@ -52,8 +53,14 @@ type FakeDriver struct {
 	goldens, clones, hibernates, wakes, destroys atomic.Int64
 	// FailClones makes every clone fail for good (an unrecoverable error).
 	FailClones atomic.Bool
-	hold       atomic.Bool
-	instance   string
+	// FailHibernates and FailWakes make every hibernate and wake fail for
+	// good, the VM still running or the snapshot intact (an unrecoverable
+	// error that is not Lost).
+	FailHibernates, FailWakes atomic.Bool
+	// hibernateDelay and wakeDelay (nanoseconds): see SetDelay.
+	hibernateDelay, wakeDelay atomic.Int64
+	hold                      atomic.Bool
+	instance                  string
 	// templates, when set (SetTemplates), are the only templates the fake
 	// has; nil: every template exists.
 	templates atomic.Pointer[map[string]bool]
@@ -74,6 +81,39 @@ func (f *FakeDriver) SetTemplates(names ...string) {
 func (f *FakeDriver) missing(name string) bool {
 	m := f.templates.Load()
 	return m != nil && !(*m)[name]
+}
+
+// ErrFakeFailure is the error of a hibernate or wake the fake was told to
+// fail (FailHibernates, FailWakes).
+const ErrFakeFailure = "nodetest: failed as asked"
+
+// SetDelay makes every later hibernate (kind fsm.KindHibernate) or wake
+// (fsm.KindWake) take d before it answers, so a test can act while one is
+// in flight; 0 answers at once again.
+func (f *FakeDriver) SetDelay(kind fsm.IntentKind, d time.Duration) {
+	switch kind {
+	case fsm.KindHibernate:
+		f.hibernateDelay.Store(int64(d))
+	case fsm.KindWake:
+		f.wakeDelay.Store(int64(d))
+	default:
+		panic("nodetest: SetDelay takes hibernate or wake, not " + string(kind))
+	}
+}
+
+// delay waits d nanoseconds, or until ctx ends.
+func delay(ctx context.Context, d int64) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(time.Duration(d))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 var (
@@ -161,7 +201,13 @@ func (f *FakeDriver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executo
 	if err := f.held(ctx); err != nil {
 		return executors.Result{}, err
 	}
+	if err := delay(ctx, f.hibernateDelay.Load()); err != nil {
+		return executors.Result{}, err
+	}
 	f.hibernates.Add(1)
+	if f.FailHibernates.Load() {
+		return executors.Result{}, executors.Unrecoverablef("%s", ErrFakeFailure)
+	}
 	return executors.Result{SnapshotDir: "hibernate/" + in.VM}, nil
 }
 
@@ -170,7 +216,13 @@ func (f *FakeDriver) Wake(ctx context.Context, _ fsm.WakeVM) (executors.Result, 
 	if err := f.held(ctx); err != nil {
 		return executors.Result{}, err
 	}
+	if err := delay(ctx, f.wakeDelay.Load()); err != nil {
+		return executors.Result{}, err
+	}
 	f.wakes.Add(1)
+	if f.FailWakes.Load() {
+		return executors.Result{}, executors.Unrecoverablef("%s", ErrFakeFailure)
+	}
 	return executors.Result{}, nil
 }
 

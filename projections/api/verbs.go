@@ -1,0 +1,189 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
+	"github.com/sbxlog/sbxlog/projections/auth"
+)
+
+// RenewRequest is POST /v1/sandboxes/{id}/renew's body. The body is
+// optional, as the old daemon's was: none means ttl_seconds 0.
+type RenewRequest struct {
+	// TTLSeconds is the new lease from now: 0 or negative is the default
+	// (5 min), over 24 h is 24 h (the old daemon clamped, it did not refuse).
+	TTLSeconds int64 `json:"ttl_seconds"`
+	// OnExpire is the old daemon's action at the deadline: "destroy" (or
+	// none) is what sbxlog does; "archive" needs an archive store, which
+	// sbxlog does not have, and is refused rather than ignored.
+	OnExpire string `json:"on_expire,omitempty"`
+}
+
+// normalize validates on_expire and clamps the ttl into what the state
+// machine takes.
+func (r *RenewRequest) normalize() error {
+	switch r.OnExpire {
+	case "", "destroy":
+	case "archive":
+		return errorf(http.StatusBadRequest, `on_expire "archive" is not supported: this node has no archive store (a sandbox is destroyed at its deadline)`)
+	default:
+		return errorf(http.StatusBadRequest, "on_expire %q must be destroy or archive", r.OnExpire)
+	}
+	r.TTLSeconds = clampTTLSeconds(r.TTLSeconds)
+	return nil
+}
+
+// clampTTLSeconds is the old daemon's lease rule: 0 or negative is the
+// default (0 to the state machine), more than MaxTTL is MaxTTL.
+func clampTTLSeconds(ttl int64) int64 {
+	return min(max(ttl, 0), int64(MaxTTL/time.Second))
+}
+
+// The old daemon's 404 texts of the sandbox verbs, which its clients show
+// (and the SDKs' Close takes a 404 for "already gone").
+const (
+	errUnknownSandbox = "unknown sandbox"
+	errNotOwnedHere   = "not owned here"
+)
+
+// sandboxVerbs are the routes that answer callers as the old daemon's
+// sandbox verbs did, by path, with the 404 text of each: no bearer token is
+// 401 "missing bearer token" (even on a node without a root token), and a
+// token that is no credential for the sandbox named (a wrong or forgotten
+// sandbox token, another sandbox's) is the same 404 an unknown id gets, so
+// a client cannot tell an id that exists from one that does not.
+var sandboxVerbs = map[string]string{
+	"/v1/sandboxes/{id}/release":   errUnknownSandbox,
+	"/v1/sandboxes/{id}/hibernate": errUnknownSandbox,
+	"/v1/sandboxes/{id}/wake":      errUnknownSandbox,
+	"/v1/sandboxes/{id}/renew":     errUnknownSandbox,
+	"/v1/sandboxes/{id}/owner":     errNotOwnedHere,
+}
+
+// refuseSandboxCaller is dispatch's answer on a sandbox verb's route to a
+// caller it could not identify.
+func refuseSandboxCaller(bearer, unknown string) error {
+	if bearer == "" {
+		return errorf(http.StatusUnauthorized, "missing bearer token")
+	}
+	return errorf(http.StatusNotFound, "%s", unknown)
+}
+
+// target finds the sandbox a verb is about: root names any by id, a tenant
+// its own tenant's (sbxlog's extension: the old daemon took only root and
+// the sandbox's token here), a sandbox token its own. Anything else is the
+// old daemon's 404. With live set, an ended claim is unknown too, as it was
+// to the old daemon, which forgot a claim once it ended; a root caller
+// naming another node's sandbox gets visible's answer (404 naming the
+// owner).
+func (s *Server) target(r *http.Request, id auth.Identity, live bool) (fsm.ClaimRec, error) {
+	c, err := s.visible(r, id)
+	var he *httpError
+	switch {
+	case errors.As(err, &he):
+		return c, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+	case err != nil:
+		return c, err
+	case live && !c.Status.Live():
+		return c, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+	}
+	return c, nil
+}
+
+// settled maps a rejection of a verb's command about sandbox id: the claim
+// gone from the state, or ended between target and the proposal, is the
+// old daemon's 404; any other answer is returned as it is.
+func (s *Server) settled(err error, id string) error {
+	if _, isRej := fsm.AsRejection(err); isRej {
+		if c, ok := s.claim(id); !ok || !c.Status.Live() {
+			return errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+		}
+	}
+	return err
+}
+
+// handleOwner answers GET /v1/sandboxes/{id}/owner: this node's address
+// for a live sandbox it holds; for root, the owner of another node's
+// sandbox from the cluster view. The old daemon took only the sandbox's
+// token here; root and the sandbox's tenant are sbxlog's extensions.
+func (s *Server) handleOwner(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	c, err := s.visible(r, id)
+	if oe, ok := err.(*ownedElsewhere); ok {
+		writeJSON(w, http.StatusOK, map[string]string{"owner_addr": oe.addr})
+		return nil
+	}
+	if err != nil || !c.Status.Live() {
+		return errorf(http.StatusNotFound, "%s", errNotOwnedHere)
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"owner_addr": s.cfg.OwnerAddr})
+	return nil
+}
+
+// handleRelease ends the claim and answers 204 once that is durable. An
+// ended claim's release is an idempotent 204, as sbxlog always answered
+// (the old daemon said 404, which its SDKs take for success too). Release
+// does not queue behind a waiting hibernate or wake: that one answers 404
+// once the claim ended, as the old daemon's did.
+func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	if err := decodeBody(r, &struct{}{}, true); err != nil {
+		return err
+	}
+	c, err := s.target(r, id, false)
+	if err != nil {
+		return err
+	}
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.Release{Meta: m, Claim: c.ID} }, engine.Hooks{}); err != nil {
+		return s.settled(err, c.ID)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// handleRenew answers POST /v1/sandboxes/{id}/renew: the deadline becomes
+// now + the (clamped) ttl, longer or shorter, and the answer is it.
+func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	var req RenewRequest
+	if err := decodeBody(r, &req, true); err != nil {
+		return err
+	}
+	if err := req.normalize(); err != nil {
+		return err
+	}
+	c, err := s.target(r, id, true)
+	if err != nil {
+		return err
+	}
+	res, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
+		return fsm.Renew{Meta: m, Claim: c.ID, TTLSeconds: req.TTLSeconds}
+	}, engine.Hooks{})
+	if err != nil {
+		return s.settled(err, c.ID)
+	}
+	// The answer is this renew's own deadline, from its own event: the
+	// state may already hold a concurrent renew's, not yet durable.
+	deadline, ok := renewedDeadline(res.Events)
+	if !ok {
+		return fmt.Errorf("renew of %s made no ClaimRenewed event", c.ID)
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"deadline": rfc3339(deadline)})
+	return nil
+}
+
+// renewedDeadline is the deadline a renew's events set.
+func renewedDeadline(evs []event.Event) (int64, bool) {
+	for i := range evs {
+		if evs[i].Type != event.TypeClaimRenewed {
+			continue
+		}
+		p, err := evs[i].Decode()
+		if r, ok := p.(event.ClaimRenewed); err == nil && ok {
+			return r.DeadlineNS, true
+		}
+	}
+	return 0, false
+}
