@@ -288,7 +288,7 @@ func TestTenantIsolation(t *testing.T) {
 	unknown := "sb_0123456789abcdef"
 	for _, id := range []string{a.ID, r.ID, unknown} {
 		for _, rt := range []struct{ method, suffix, body, exact string }{
-			{"GET", "", "", ""}, {"GET", "/owner", "", `{"error":"not owned here"}`},
+			{"GET", "", "", `{"error":"unknown sandbox"}`}, {"GET", "/owner", "", `{"error":"not owned here"}`},
 			{"POST", "/release", "", `{"error":"unknown sandbox"}`}, {"POST", "/hibernate", "", `{"error":"unknown sandbox"}`},
 			{"POST", "/wake", "", `{"error":"unknown sandbox"}`}, {"POST", "/renew", `{"ttl_seconds":60}`, `{"error":"unknown sandbox"}`},
 		} {

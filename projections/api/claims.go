@@ -286,7 +286,7 @@ func (s *Server) visible(r *http.Request, id auth.Identity) (fsm.ClaimRec, error
 			return c, &ownedElsewhere{addr: addr}
 		}
 	}
-	return c, errorf(http.StatusNotFound, "unknown sandbox %q", sid)
+	return c, errorf(http.StatusNotFound, "unknown sandbox")
 }
 
 type ownedElsewhere struct{ addr string }
