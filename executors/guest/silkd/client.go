@@ -16,7 +16,10 @@ const (
 	// StdinChunk is the payload of one stdin frame.
 	StdinChunk = 32 << 10
 	// PortWriteChunk is the payload of one data frame a PortConn writes.
-	PortWriteChunk = 1 << 20
+	// The old SDK sent 1 MiB; a receiver assembles each line in its own
+	// buffer, so a smaller frame keeps hundreds of concurrent streams
+	// affordable on the agent side at no cost in throughput.
+	PortWriteChunk = BulkChunk
 )
 
 // ErrConnUnusable: an earlier RPC left the connection in a state where
