@@ -1,15 +1,15 @@
 package chdriver
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"io"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/ch/chsim"
+	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 )
 
 // DialAgent reaches the guest's silkd port of a running VM, and reports a
@@ -31,13 +31,11 @@ func TestDialAgent(t *testing.T) {
 	if _, ok := c.(*net.UnixConn); !ok {
 		t.Fatalf("DialAgent returned %T, want the raw *net.UnixConn", c)
 	}
-	// The stream is the guest's from its first byte.
-	if _, err := io.WriteString(c, "{\"v\":1,\"op\":\"info\"}\n"); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line == "" {
-		t.Fatalf("no answer from the guest port: %q, %v", line, err)
+	// The stream is the agent's from its first byte: under chsim, its
+	// simulated one, which says so.
+	info, err := silkd.NewConn(c).Info(ctx)
+	if err != nil || !info.Simulated || info.Agent != chsim.SimAgent {
+		t.Fatalf("info through DialAgent = %+v, %v", info, err)
 	}
 
 	for _, rel := range []string{testInstance + "/vm-00000000000000d2", "other/" + vm} {
