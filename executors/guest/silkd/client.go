@@ -63,10 +63,12 @@ func (c *Conn) rpc(ctx context.Context, f func() error) error {
 	}
 	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
 	err := f()
-	if !stop() || ctx.Err() != nil {
+	if !stop() {
+		// The context ended and closed the connection; an RPC that had
+		// completed keeps its result.
 		c.unusable.Store(true)
-		if cerr := ctx.Err(); cerr != nil {
-			return fmt.Errorf("%w (%w)", cerr, err)
+		if err != nil {
+			return fmt.Errorf("%w (%w)", ctx.Err(), err)
 		}
 	}
 	var fe *Error
