@@ -170,6 +170,10 @@ type Meta struct {
 	Initrd      string `json:"initrd"`
 	Append      string `json:"append,omitempty"`
 	Disk        bool   `json:"disk,omitempty"`
+	// AgentNet: the machine has the agent network's NIC (agentnet.go), so a
+	// restore must give it one too. Snapshots made before it existed have
+	// none, and their VMs have no data plane.
+	AgentNet bool `json:"agent_net,omitempty"`
 	// StateBytes is the size of the migration stream (device state plus the RAM
 	// that is not in the shared RAM file: firmware and option ROMs).
 	StateBytes int64     `json:"state_bytes"`
