@@ -143,7 +143,7 @@ func (q *Recipes) Golden(ctx context.Context, spec Spec, name string) (RecipeRes
 		q.abandon(pid, spec.RunDir)
 		return r, err
 	}
-	m.Source = "golden"
+	m.Source = sourceGolden
 	m.QEMUVersion = c.Version().String()
 	if err := q.snapshot(ctx, c, spec, name, m, &r); err != nil {
 		q.abandon(pid, spec.RunDir)
@@ -364,7 +364,7 @@ func (q *Recipes) Hibernate(ctx context.Context, spec Spec, name string) (Recipe
 		return r, err
 	}
 	m.StateBytes, m.Created = 0, time.Time{}
-	m.Source = "hibernate"
+	m.Source = sourceHibernate
 	m.QEMUVersion = c.Version().String()
 	if err := q.snapshot(ctx, c, spec, name, m, &r); err != nil {
 		// Postmigrate: an earlier hibernate stopped it, and snapshot ran it again.

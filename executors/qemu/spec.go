@@ -154,13 +154,19 @@ func validateName(name string) error {
 	return nil
 }
 
+// Meta.Source's values: what made a snapshot.
+const (
+	sourceGolden    = "golden"
+	sourceHibernate = "hibernate"
+)
+
 // MetaFormat is the version of meta.json this package writes and reads.
 const MetaFormat = 1
 
 // Meta is a snapshot's meta.json: what a restore needs to start a matching machine.
 type Meta struct {
 	Format      int    `json:"format"`
-	Source      string `json:"source"` // "golden" or "hibernate"
+	Source      string `json:"source"` // sourceGolden or sourceHibernate
 	QEMUVersion string `json:"qemu_version"`
 	Machine     string `json:"machine"`
 	Accel       Accel  `json:"accel"`
