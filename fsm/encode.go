@@ -46,7 +46,7 @@ var (
 //	            token gen, created, last activity, ended (varints), reason)
 //	[V3] draining, tenants owned by the API,
 //	     n tenants × (name, token sha256 (32 bytes), max_claims (varint), egress class)
-//	[V4] n relays × (id, claim, kind, port, opened (varint))
+//	[V4] n relays × (id, claim, kind, port, passive, opened (varint))
 //
 // Every collection is sorted by its key, so equal states encode to equal
 // bytes. Indexes (timers, pending intents, counters) are not encoded: Decode
@@ -169,6 +169,7 @@ func Encode(s *State) []byte {
 		e.str(r.Claim)
 		e.str(r.Kind)
 		e.u(uint64(r.Port))
+		e.bool(r.Passive)
 		e.i(r.Opened)
 	}
 	return e.b
@@ -340,6 +341,7 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 		for range d.count() {
 			r := &RelayRec{ID: d.str(), Claim: d.claimID(s.claims), Kind: d.istr()}
 			port := d.u()
+			r.Passive = d.bool()
 			r.Opened = d.i()
 			d.check(validRelayKind(r.Kind, port) && s.relays[r.ID] == nil, "relay %s", r.ID)
 			r.Port = int(port)

@@ -21,7 +21,7 @@ func richState(t *testing.T) *harness {
 	c := h.claim(claimID(5))
 	h.do(VMCloned{Meta: h.res(h.intentFor(c.VM, kA)), VM: c.VM}, event.TypeVMCloned, event.TypeClaimServed)
 	h.do(OpenRelay{Meta: h.meta(), ID: relayID(1), Claim: c.ID, Kind: RelayAgent}, event.TypeRelayOpened)
-	h.do(OpenRelay{Meta: h.meta(), ID: relayID(2), Claim: c.ID, Kind: RelayPort, Port: 8080}, event.TypeRelayOpened)
+	h.do(OpenRelay{Meta: h.meta(), ID: relayID(2), Claim: c.ID, Kind: RelayPort, Port: 8080, Passive: true}, event.TypeRelayOpened)
 	h.do(OpenRelay{Meta: h.meta(), ID: relayID(3), Claim: c.ID, Kind: RelayExec}, event.TypeRelayOpened)
 	return h
 }

@@ -42,11 +42,14 @@ const maxRelayReason = 64
 
 // RelayRec is an open relay.
 type RelayRec struct {
-	ID     string
-	Claim  string
-	Kind   string
-	Port   int
-	Opened int64
+	ID    string
+	Claim string
+	Kind  string
+	Port  int
+	// Passive: an operator's relay, which holds the idle timer but is not
+	// activity.
+	Passive bool
+	Opened  int64
 }
 
 // ValidRelayID reports whether id is "rl_" and 16 lowercase hex digits.
@@ -92,13 +95,15 @@ func (s *State) dropRelay(r *RelayRec) {
 
 // OpenRelay records a relay opened to a running claim's guest. ID is
 // minted by the caller; Port is the guest port of a RelayPort relay (0
-// otherwise).
+// otherwise); Passive marks an operator's relay, which holds the claim's
+// idle timer without counting as activity (opening or closing it).
 type OpenRelay struct {
 	Meta
-	ID    string
-	Claim string
-	Kind  string
-	Port  int
+	ID      string
+	Claim   string
+	Kind    string
+	Port    int
+	Passive bool
 }
 
 // CloseRelay records an open relay's end, with what it carried; closing a
@@ -159,7 +164,7 @@ func (cmd OpenRelay) decide(d *decider) error {
 	if n := len(d.s.relaysOf[c.ID]); n >= MaxRelaysPerClaim {
 		return reject(TooMany, "sandbox %s has %d open relays, at most %d", c.ID, n, MaxRelaysPerClaim)
 	}
-	d.emit(event.RelayOpened{Relay: cmd.ID, Claim: c.ID, Kind: cmd.Kind, Port: cmd.Port}, c.ID)
+	d.emit(event.RelayOpened{Relay: cmd.ID, Claim: c.ID, Kind: cmd.Kind, Port: cmd.Port, Passive: cmd.Passive}, c.ID)
 	return nil
 }
 
@@ -205,8 +210,10 @@ func (a *applier) relayOpened(p event.RelayOpened) error {
 	if err != nil {
 		return err
 	}
-	s.addRelay(&RelayRec{ID: p.Relay, Claim: c.ID, Kind: p.Kind, Port: p.Port, Opened: a.ev.Time})
-	c.LastActivity = max(c.LastActivity, a.ev.Time)
+	s.addRelay(&RelayRec{ID: p.Relay, Claim: c.ID, Kind: p.Kind, Port: p.Port, Passive: p.Passive, Opened: a.ev.Time})
+	if !p.Passive {
+		c.LastActivity = max(c.LastActivity, a.ev.Time)
+	}
 	s.syncClaimTimers(c)
 	return nil
 }
@@ -219,8 +226,11 @@ func (a *applier) relayClosed(p event.RelayClosed) error {
 	}
 	s.dropRelay(r)
 	if c := s.claims[r.Claim]; c != nil && c.Status == ClaimRunning {
-		// The end of the last relay is when the idle period starts.
-		c.LastActivity = max(c.LastActivity, a.ev.Time)
+		// A client's relay ending is activity: with its last one, the idle
+		// period starts from there. A passive one's end is not.
+		if !r.Passive {
+			c.LastActivity = max(c.LastActivity, a.ev.Time)
+		}
 		s.syncClaimTimers(c)
 	}
 	return nil

@@ -76,6 +76,20 @@ func TestRelayTransitions(t *testing.T) {
 			h.advance(second)
 			h.do(Tick{Meta: h.meta()}, event.TypeHibernateRequested)
 		}},
+		{"a passive relay holds the idle clock without being activity", func(t *testing.T, h *harness) {
+			c := idleSetup(h)
+			opened := h.claim(c.ID).LastActivity
+			h.advance(30 * second)
+			h.do(OpenRelay{Meta: h.meta(), ID: relayID(1), Claim: c.ID, Kind: RelayPort, Port: 9100, Passive: true}, event.TypeRelayOpened)
+			h.advance(60 * second)
+			h.do(Tick{Meta: h.meta()})
+			h.do(CloseRelay{Meta: h.meta(), ID: relayID(1), Reason: "client"}, event.TypeRelayClosed)
+			if cl := h.claim(c.ID); cl.LastActivity != opened {
+				t.Fatalf("last activity %d, want %d (untouched)", cl.LastActivity, opened)
+			}
+			// Its idle period ran out while the relay held it: due now.
+			h.do(Tick{Meta: h.meta()}, event.TypeHibernateRequested)
+		}},
 		{"closing a relay that is not open is a no-op", func(t *testing.T, h *harness) {
 			c := idleSetup(h)
 			h.openRelay(1, c.ID)

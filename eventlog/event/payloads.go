@@ -355,16 +355,19 @@ type NodeUncordoned struct{}
 // guest, identified by Relay ("rl_" + 16 hex digits, minted by the API).
 // Kind: agent (the guest agent's wire protocol), port (the guest TCP port
 // Port) or exec (a buffered exec). While a claim has an open relay its
-// idle-hibernate timer is held; opening one is activity.
+// idle-hibernate timer is held; opening one is activity, unless Passive (an
+// operator's relay, which holds the timer without counting as use).
 type RelayOpened struct {
-	Relay string `json:"relay"`
-	Claim string `json:"claim"`
-	Kind  string `json:"kind"`
-	Port  int    `json:"port,omitempty"`
+	Relay   string `json:"relay"`
+	Claim   string `json:"claim"`
+	Kind    string `json:"kind"`
+	Port    int    `json:"port,omitempty"`
+	Passive bool   `json:"passive,omitempty"`
 }
 
-// RelayClosed ends an open relay; closing the claim's last one is activity
-// (the idle timer starts over). Reason: client, guest, idle, error,
+// RelayClosed ends an open relay; closing the claim's last one restarts the
+// idle timer from its last activity (the close itself counts, unless the
+// relay was passive). Reason: client, guest, idle, error,
 // shutdown, restart (open when sandboxd died: recorded by its next start),
 // or what ended the claim's running: released, expired, hibernate,
 // vm_exited, failed. BytesIn and BytesOut count client-to-guest and

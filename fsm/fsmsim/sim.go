@@ -333,7 +333,8 @@ func (s *Sim) relay(st *fsm.State) fsm.Command {
 	if kind == fsm.RelayPort {
 		port = 1 + s.rng.intn(65535)
 	}
-	return fsm.OpenRelay{Meta: s.meta(), ID: fmt.Sprintf("rl_%016x", s.rng.next()), Claim: s.someClaim(st), Kind: kind, Port: port}
+	return fsm.OpenRelay{Meta: s.meta(), ID: fmt.Sprintf("rl_%016x", s.rng.next()), Claim: s.someClaim(st), Kind: kind, Port: port,
+		Passive: kind == fsm.RelayPort && s.rng.intn(3) == 0}
 }
 
 // result answers one of st's intents, as an executor would.
