@@ -86,6 +86,9 @@ var sandboxVerbRoutes = map[string]bool{
 // tenant's sandbox 404 (as for an id that does not exist). On the sandbox
 // verbs an unknown token, another sandbox's included, is that 404 too.
 func expectStatus(rt api.Route, c string) (status int, allowed bool) {
+	if upgradeRoutes[rt.Method+" "+rt.Path] {
+		return expectUpgrade(c)
+	}
 	kinds := strings.Split(rt.Auth, "|")
 	has := func(k string) bool { return slices.Contains(kinds, k) }
 	ok := successStatus[rt.Method+" "+rt.Path]
@@ -124,6 +127,24 @@ func expectStatus(rt api.Route, c string) (status int, allowed bool) {
 		return ok, true
 	}
 	panic("unknown caller " + c)
+}
+
+// upgradeRoutes are the data plane's upgrade routes. They authenticate in
+// their handlers, as the old daemon did (a token that is not the sandbox's
+// own is 404, like an unknown id), and they check the Upgrade header before
+// the token: their full matrix, upgrade included, is in relay_test.go.
+var upgradeRoutes = map[string]bool{
+	"GET /v1/sandboxes/{id}/agent": true,
+}
+
+// expectUpgrade is what caller c gets on an upgrade route from the matrix,
+// which sends no Upgrade header: no bearer token is 401, any token 426.
+func expectUpgrade(c string) (int, bool) {
+	switch c {
+	case cNone, cNotBearer:
+		return http.StatusUnauthorized, false
+	}
+	return http.StatusUpgradeRequired, false
 }
 
 // authHeader is the Authorization header caller c sends for sandbox sb

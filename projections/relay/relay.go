@@ -105,7 +105,7 @@ func (p *Pool) put(b *[]byte) { p.p.Put(b) }
 
 var defaultPool = NewPool(DefaultBuffer)
 
-// Relay is one client-guest splice. Create with New, run with Run.
+// Relay is one client-guest splice. Create with Splice, run with Run.
 type Relay struct {
 	client, guest net.Conn
 	o             Options
@@ -119,8 +119,8 @@ type Relay struct {
 	moved atomic.Int64 // bytes the copying path moved (the idle watch's count)
 }
 
-// New returns a relay between client and guest; nothing moves until Run.
-func New(client, guest net.Conn, o Options) *Relay {
+// Splice returns a relay between client and guest; nothing moves until Run.
+func Splice(client, guest net.Conn, o Options) *Relay {
 	if o.Drain <= 0 {
 		o.Drain = DefaultDrain
 	}
@@ -288,11 +288,6 @@ func Spliceable(dst, src net.Conn) bool {
 		return tcp && isStream(d)
 	}
 	return false
-}
-
-func isStream(c *net.UnixConn) bool {
-	a, ok := c.LocalAddr().(*net.UnixAddr)
-	return ok && a.Net == "unix"
 }
 
 // readerOnly hides a connection's WriterTo, so io.CopyBuffer uses the

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -74,7 +76,7 @@ func start(t *testing.T, guestKind string, o Options, pending []byte) *relayed {
 	case "pipe":
 		relayGuest, guestSide = net.Pipe()
 	}
-	rl := &relayed{r: New(relayClient, relayGuest, o), client: userSide, guest: guestSide, done: make(chan Result, 1)}
+	rl := &relayed{r: Splice(relayClient, relayGuest, o), client: userSide, guest: guestSide, done: make(chan Result, 1)}
 	go func() { rl.done <- rl.r.Run(pending) }()
 	return rl
 }
@@ -301,5 +303,25 @@ func TestRelayClientReset(t *testing.T) {
 	}
 	if res := rl.result(t, 5*time.Second); res.Reason != ReasonClient {
 		t.Fatalf("%+v", res)
+	}
+}
+
+// A unix socketpair (no address to tell its type) splices too.
+func TestSpliceableSocketpair(t *testing.T) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fds[0]), "a")
+	c, err := net.FileConn(f)
+	f.Close()
+	syscall.Close(fds[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tc, _ := tcpPair(t)
+	if !Spliceable(tc, c) || !Spliceable(c, tc) {
+		t.Fatal("socketpair end not spliceable")
 	}
 }

@@ -30,3 +30,18 @@ func tcpCounter(c net.Conn) func() (int64, bool) {
 		return int64(info.Bytes_received + info.Bytes_acked), true
 	}
 }
+
+// isStream reports whether c is a stream socket (SOCK_STREAM), the unix
+// sockets splice takes; it asks the kernel, so a socketpair or an inherited
+// descriptor, which have no address to tell, count too.
+func isStream(c *net.UnixConn) bool {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	typ, serr := 0, error(nil)
+	if err := raw.Control(func(fd uintptr) { typ, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE) }); err != nil || serr != nil {
+		return false
+	}
+	return typ == unix.SOCK_STREAM
+}
