@@ -60,7 +60,7 @@ type upgrade struct {
 	passive bool
 	proto   string // what the 101 upgrades to
 	// dial reaches the guest end: the agent, or a port through it.
-	dial func(context.Context, GuestVM) (net.Conn, error)
+	dial func(context.Context, guestVM) (net.Conn, error)
 	// unreachable is the 502's message (default errGuestUnreachable).
 	unreachable string
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/auth"
@@ -28,27 +29,19 @@ import (
 // running (release, reap, hibernate, a VMM exit) closes its relays in the
 // log, and this process ends the connections when that commits.
 
-// GuestVM names the VM whose guest a relay reaches.
-type GuestVM struct {
+// guestVM names the VM whose guest a relay reaches.
+type guestVM struct {
 	ID string
 	// RunDir is the VM's run dir, relative to the runs root (fsm.VMRec.RunDir).
 	RunDir string
 }
 
-// GuestDialer reaches a VM's guest agent.
-type GuestDialer interface {
-	// DialAgent returns a connection to vm's guest agent on which the
-	// agent's wire protocol (silkd v1 frames) flows, the transport's
-	// handshake done and nothing read past it. It should be the raw
-	// connection (a *net.UnixConn for hybrid vsock): the relay then runs on
-	// the kernel's splice path.
-	DialAgent(ctx context.Context, vm GuestVM) (net.Conn, error)
-}
-
 // DataPlane configures the data-plane routes (Options.DataPlane).
 type DataPlane struct {
-	// Dialer reaches guests; nil: every data-plane route answers 502.
-	Dialer GuestDialer
+	// Dialer reaches guests (the hypervisor driver; it must hand back the
+	// raw connection, so that relays splice); nil: every data-plane route
+	// answers 502.
+	Dialer executors.AgentDialer
 	// RelayIdle ends a relay through which nothing moved for that long
 	// (default DefaultRelayIdle; negative: never).
 	RelayIdle time.Duration
@@ -133,6 +126,9 @@ func (l *liveRelay) attach(stop func(string)) string {
 
 // ErrDataPlaneClosed: sandboxd is shutting down and opens no relay.
 var ErrDataPlaneClosed = errors.New("sandboxd is shutting down")
+
+// errNoTransport: the node's hypervisor driver cannot reach guests.
+var errNoTransport = fmt.Errorf("%w: this node's hypervisor driver has no guest transport", executors.ErrAgentUnreachable)
 
 func (d *dataPlane) track(id, claim string) (*liveRelay, error) {
 	d.mu.Lock()
@@ -320,7 +316,7 @@ func (s *Server) sandboxCaller(r *http.Request, rootOK bool) (root bool, err err
 // is woken (the wake goes on if the client leaves) and waited for, within
 // Config.ClaimWait. passive (an operator's relay) never wakes: a sandbox
 // that is not running is 409.
-func (d *dataPlane) guestReady(ctx context.Context, claim string, passive bool) (GuestVM, error) {
+func (d *dataPlane) guestReady(ctx context.Context, claim string, passive bool) (guestVM, error) {
 	bound := time.NewTimer(d.s.cfg.ClaimWait)
 	defer bound.Stop()
 	woke := false
@@ -337,16 +333,16 @@ func (d *dataPlane) guestReady(ctx context.Context, claim string, passive bool) 
 		switch {
 		case !ok || !c.Status.Live():
 			unwatch()
-			return GuestVM{}, unknownSandbox()
+			return guestVM{}, unknownSandbox()
 		case c.Status == fsm.ClaimRunning && vmOK && v.Status == fsm.VMClaimed:
 			unwatch()
-			return GuestVM{ID: v.ID, RunDir: v.RunDir}, nil
+			return guestVM{ID: v.ID, RunDir: v.RunDir}, nil
 		case passive:
 			unwatch()
-			return GuestVM{}, errorf(http.StatusConflict, "sandbox %s is %s: a passive relay does not wake it", claim, c.Status)
+			return guestVM{}, errorf(http.StatusConflict, "sandbox %s is %s: a passive relay does not wake it", claim, c.Status)
 		case c.Status == fsm.ClaimHibernated && woke:
 			unwatch()
-			return GuestVM{}, errorf(http.StatusBadGateway, "%s: sandbox %s could not be woken", errGuestUnreachable, claim)
+			return guestVM{}, errorf(http.StatusBadGateway, "%s: sandbox %s could not be woken", errGuestUnreachable, claim)
 		case c.Status == fsm.ClaimHibernated:
 			woke = true
 			_, err := d.s.eng.ProposeNew(context.WithoutCancel(ctx), func(m fsm.Meta) fsm.Command {
@@ -354,7 +350,7 @@ func (d *dataPlane) guestReady(ctx context.Context, claim string, passive bool) 
 			}, engine.Hooks{})
 			if rej, isRej := fsm.AsRejection(err); err != nil && !(isRej && rej.Code == fsm.InvalidTransition) {
 				unwatch()
-				return GuestVM{}, err
+				return guestVM{}, err
 			}
 		}
 		select {
@@ -362,29 +358,29 @@ func (d *dataPlane) guestReady(ctx context.Context, claim string, passive bool) 
 			unwatch()
 		case <-bound.C:
 			unwatch()
-			return GuestVM{}, errorf(http.StatusServiceUnavailable, "sandbox %s is not running after %s", claim, d.s.cfg.ClaimWait)
+			return guestVM{}, errorf(http.StatusServiceUnavailable, "sandbox %s is not running after %s", claim, d.s.cfg.ClaimWait)
 		case <-ctx.Done():
 			unwatch()
-			return GuestVM{}, ctx.Err()
+			return guestVM{}, ctx.Err()
 		}
 	}
 }
 
 // dialGuest reaches vm's agent within DataPlane.DialTimeout.
-func (d *dataPlane) dialGuest(ctx context.Context, vm GuestVM) (net.Conn, error) {
+func (d *dataPlane) dialGuest(ctx context.Context, vm guestVM) (net.Conn, error) {
 	if d.opts.Dialer == nil {
-		return nil, errors.New("this node's hypervisor driver has no guest transport")
+		return nil, errNoTransport
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.opts.DialTimeout)
 	defer cancel()
-	return d.opts.Dialer.DialAgent(ctx, vm)
+	return d.opts.Dialer.DialAgent(ctx, vm.RunDir)
 }
 
 // opened is a relay recorded open: the guest connection and the live
 // registration.
 type opened struct {
 	id    string
-	vm    GuestVM
+	vm    guestVM
 	guest net.Conn
 	live  *liveRelay
 }
@@ -393,7 +389,7 @@ type opened struct {
 // and records the relay open. A sandbox that leaves running between the
 // wake and the record (a hibernate in between) is readied again, within
 // the same bound.
-func (d *dataPlane) open(ctx context.Context, claim, kind string, port int, passive bool, dial func(context.Context, GuestVM) (net.Conn, error)) (*opened, error) {
+func (d *dataPlane) open(ctx context.Context, claim, kind string, port int, passive bool, dial func(context.Context, guestVM) (net.Conn, error)) (*opened, error) {
 	for attempt := 0; ; attempt++ {
 		vm, err := d.guestReady(ctx, claim, passive)
 		if err != nil {

@@ -1,9 +1,10 @@
 package api_test
 
 // The data plane's relays, against the in-process node: its fake guests are
-// unix socketpairs served by an agent of the test's choosing (EchoAgent by
-// default), so a relay runs exactly as against hybrid vsock, splice
-// included.
+// unix socketpairs served by an agent of the test's choosing, so a relay
+// runs exactly as against hybrid vsock, splice included. The agent relay's
+// tests use nodetest.EchoAgent (raw bytes back); the others the simulated
+// silkd agent.
 
 import (
 	"bufio"
@@ -84,6 +85,23 @@ func dialAgent(t testing.TB, n *nodetest.Node, id, token string, first []byte) (
 	return nil, resp.StatusCode, body.Error
 }
 
+// echoNode is newNode with guests that echo raw bytes (nodetest.EchoAgent).
+func echoNode(t testing.TB, warm int, mod func(*nodetest.Options)) *nodetest.Node {
+	t.Helper()
+	n := newNode(t, warm, mod)
+	n.Driver.SetAgent(nodetest.EchoAgent)
+	return n
+}
+
+// hibernateNow hibernates sandbox id with token and waits until it is.
+func hibernateNow(t testing.TB, n *nodetest.Node, id, token string) {
+	t.Helper()
+	if st, b := call(t, n, "POST", "/v1/sandboxes/"+id+"/hibernate", token, nil); st != http.StatusNoContent {
+		t.Fatalf("hibernate: %d %s", st, b)
+	}
+	waitState(t, n, id, "hibernated")
+}
+
 // relayEvents returns the relay events of claim in the log, once what the
 // state shows is durable, as "type kind" and "type reason".
 func relayEvents(t testing.TB, n *nodetest.Node, claim string) []string {
@@ -136,7 +154,7 @@ func waitRelays(t testing.TB, n *nodetest.Node, claim string, want int) {
 }
 
 func TestAgentRelayStatuses(t *testing.T) {
-	n := newNode(t, 4, nil)
+	n := echoNode(t, 4, nil)
 	a := claimAs(t, n, tokA, "")
 	other := claimAs(t, n, tokB, "")
 	gone := claimAs(t, n, tokA, "")
@@ -199,7 +217,7 @@ func TestAgentRelayStatuses(t *testing.T) {
 // frame reaches the guest, the answer comes back, and the relay is two
 // facts in the log.
 func TestAgentRelayPipelinedFirstFrame(t *testing.T) {
-	n := newNode(t, 1, nil)
+	n := echoNode(t, 1, nil)
 	c := claimAs(t, n, rootTok, "")
 	frame := []byte(`{"v":1,"op":"info"}` + "\n")
 	u, st, msg := dialAgent(t, n, c.ID, c.Token, frame)
@@ -222,7 +240,7 @@ func TestAgentRelayPipelinedFirstFrame(t *testing.T) {
 // right bytes.
 func TestAgentRelayConcurrent(t *testing.T) {
 	const relays, size = 200, 1 << 20
-	n := newNode(t, 8, nil)
+	n := echoNode(t, 8, nil)
 	var ids []api.ClaimResponse
 	for range 8 {
 		ids = append(ids, claimAs(t, n, rootTok, ""))
@@ -304,7 +322,7 @@ func echoMiB(n *nodetest.Node, c api.ClaimResponse, size int) error {
 // A release while relays are open ends them: the clients see the end of
 // the stream, the log records them closed by the release, before it.
 func TestAgentRelayEndsOnRelease(t *testing.T) {
-	n := newNode(t, 1, nil)
+	n := echoNode(t, 1, nil)
 	c := claimAs(t, n, rootTok, "")
 	var conns []*upgraded
 	for range 3 {
@@ -332,12 +350,9 @@ func TestAgentRelayEndsOnRelease(t *testing.T) {
 
 // A relay to a hibernated sandbox wakes it and is answered once it runs.
 func TestAgentRelayWakes(t *testing.T) {
-	n := newNode(t, 1, nil)
+	n := echoNode(t, 1, nil)
 	c := claimAs(t, n, rootTok, "")
-	if st, b := call(t, n, "POST", "/v1/sandboxes/"+c.ID+"/hibernate", c.Token, nil); st != http.StatusNoContent {
-		t.Fatalf("hibernate: %d %s", st, b)
-	}
-	waitState(t, n, c.ID, "hibernated")
+	hibernateNow(t, n, c.ID, c.Token)
 	u, st, msg := dialAgent(t, n, c.ID, c.Token, []byte("ping\n"))
 	if st != http.StatusSwitchingProtocols {
 		t.Fatalf("%d %s", st, msg)
@@ -355,7 +370,7 @@ func TestAgentRelayWakes(t *testing.T) {
 // An open relay holds the sandbox's idle clock; once it closes the idle
 // period runs from its end.
 func TestAgentRelayHoldsIdleClock(t *testing.T) {
-	n := newNode(t, 0, func(o *nodetest.Options) {
+	n := echoNode(t, 0, func(o *nodetest.Options) {
 		o.Pools = []fsm.PoolSpec{{PoolKey: defKey, Warm: 1, IdleHibernateSeconds: 1}}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -384,7 +399,7 @@ func TestAgentRelayHoldsIdleClock(t *testing.T) {
 // end; the next start records the relays closed, and a new relay works.
 func TestAgentRelaysAfterCrash(t *testing.T) {
 	dir := t.TempDir()
-	n := newNode(t, 1, func(o *nodetest.Options) { o.Dir = dir })
+	n := echoNode(t, 1, func(o *nodetest.Options) { o.Dir = dir })
 	c := claimAs(t, n, rootTok, "")
 	var conns []*upgraded
 	for range 2 {
@@ -402,7 +417,7 @@ func TestAgentRelaysAfterCrash(t *testing.T) {
 			t.Fatalf("relay %d still open after the crash", i)
 		}
 	}
-	n2 := newNode(t, 1, func(o *nodetest.Options) { o.Dir = dir })
+	n2 := echoNode(t, 1, func(o *nodetest.Options) { o.Dir = dir })
 	waitRelays(t, n2, c.ID, 0)
 	if got := strings.Join(relayEvents(t, n2, c.ID), ","); got != "relay_opened agent,relay_opened agent,relay_closed restart,relay_closed restart" {
 		t.Fatalf("relay events after restart: %s", got)
@@ -419,7 +434,7 @@ func TestAgentRelaysAfterCrash(t *testing.T) {
 // A clean stop ends the relays and records them closed (reason shutdown).
 func TestAgentRelaysOnStop(t *testing.T) {
 	dir := t.TempDir()
-	n := newNode(t, 1, func(o *nodetest.Options) { o.Dir = dir })
+	n := echoNode(t, 1, func(o *nodetest.Options) { o.Dir = dir })
 	c := claimAs(t, n, rootTok, "")
 	u, st, msg := dialAgent(t, n, c.ID, c.Token, nil)
 	if st != http.StatusSwitchingProtocols {
@@ -433,7 +448,7 @@ func TestAgentRelaysOnStop(t *testing.T) {
 	if _, err := u.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("relay after stop: %v, want EOF", err)
 	}
-	n2 := newNode(t, 1, func(o *nodetest.Options) { o.Dir = dir })
+	n2 := echoNode(t, 1, func(o *nodetest.Options) { o.Dir = dir })
 	if got := strings.Join(relayEvents(t, n2, c.ID), ","); got != "relay_opened agent,relay_closed shutdown" {
 		t.Fatalf("relay events: %s", got)
 	}

@@ -190,7 +190,7 @@ type Config struct {
 	// in from the node when empty.
 	API api.Config
 	// DataPlane configures the routes to guests; its Dialer defaults to
-	// the driver, when the driver is an api.GuestDialer.
+	// the driver, when the driver is an executors.AgentDialer.
 	DataPlane api.DataPlane
 	// Clock is the time the node's logic reads (the engine's stamps and
 	// timers, the API's answers); default the system clock. Durations of
@@ -429,7 +429,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		apiCfg.Hypervisor = hv.Name()
 	}
 	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now, Stats: n.vmmStats, DataPlane: cfg.DataPlane}
-	if gd, ok := n.Driver.(api.GuestDialer); ok && apiOpts.DataPlane.Dialer == nil {
+	if gd, ok := n.Driver.(executors.AgentDialer); ok && apiOpts.DataPlane.Dialer == nil {
 		apiOpts.DataPlane.Dialer = gd
 	}
 	var apiEng api.Engine = n.Engine

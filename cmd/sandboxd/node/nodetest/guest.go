@@ -11,16 +11,17 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/executors"
 )
 
-// Agent serves one connection to a fake VM's guest agent: what the guest
-// side of a relay does. It owns conn and must close it when done.
-type Agent func(conn net.Conn, vm api.GuestVM)
+// Agent serves one connection to the guest agent of the fake VM whose run
+// dir is runDir: what the guest side of a relay does. It owns conn and
+// must close it when done.
+type Agent func(conn net.Conn, runDir string)
 
 // EchoAgent sends back every byte it reads and half-closes at its input's
 // end: a guest that moves as much as it is sent, for relay tests.
-func EchoAgent(conn net.Conn, _ api.GuestVM) {
+func EchoAgent(conn net.Conn, _ string) {
 	defer conn.Close()
 	_, _ = io.Copy(conn, conn)
 	if cw, ok := conn.(interface{ CloseWrite() error }); ok {
@@ -33,8 +34,10 @@ var ErrGuestDown = errors.New("nodetest: guest agent down, as asked")
 
 // guests is the fake's guest side: every DialAgent gets one end of a unix
 // socketpair (a raw *net.UnixConn, like hybrid vsock, so relays take the
-// splice path) and the agent serves the other.
+// splice path) and the agent serves the other: the simulated guest agent
+// (simguest.go) unless SetAgent chose another.
 type guests struct {
+	simGuests
 	agent atomic.Pointer[Agent]
 	// FailDials makes DialAgent fail (a guest that does not answer).
 	FailDials atomic.Bool
@@ -45,7 +48,7 @@ type guests struct {
 }
 
 // SetAgent makes fn serve the guest agent's connections from now on (nil:
-// EchoAgent, the default).
+// the simulated guest agent, the default).
 func (g *guests) SetAgent(fn Agent) {
 	if fn == nil {
 		g.agent.Store(nil)
@@ -57,20 +60,20 @@ func (g *guests) SetAgent(fn Agent) {
 // Dials returns how many connections to guest agents were made.
 func (g *guests) Dials() int64 { return g.dials.Load() }
 
-// DialAgent implements api.GuestDialer.
-func (g *guests) DialAgent(ctx context.Context, vm api.GuestVM) (net.Conn, error) {
+// DialAgent implements executors.AgentDialer.
+func (g *guests) DialAgent(ctx context.Context, runDir string) (net.Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if g.FailDials.Load() {
-		return nil, ErrGuestDown
+		return nil, fmt.Errorf("%w: %w", executors.ErrAgentUnreachable, ErrGuestDown)
 	}
 	host, guest, err := socketPair()
 	if err != nil {
 		return nil, err
 	}
 	g.dials.Add(1)
-	serve := Agent(EchoAgent)
+	serve := Agent(g.SimAgent)
 	if p := g.agent.Load(); p != nil {
 		serve = *p
 	}
@@ -86,7 +89,7 @@ func (g *guests) DialAgent(ctx context.Context, vm api.GuestVM) (net.Conn, error
 			delete(g.conns, guest)
 			g.mu.Unlock()
 		}()
-		serve(guest, vm)
+		serve(guest, runDir)
 	}()
 	return host, nil
 }

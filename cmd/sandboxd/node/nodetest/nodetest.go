@@ -7,8 +7,10 @@
 // without starting any VMM (and, for the reconcile, finds every VM alive),
 // so pools fill and claims are served without chsim or Cloud Hypervisor.
 // Its guests are in-process too: DialAgent hands the data plane one end of
-// a unix socketpair and an Agent (SetAgent; EchoAgent by default) serves
-// the other.
+// a unix socketpair and an Agent serves the other: by default a SIMULATED
+// GUEST AGENT speaking the silkd protocol over an in-memory file tree, with
+// a few simulated commands and an echo port, running nothing on the host
+// (SetAgent picks another, e.g. EchoAgent for raw byte relays).
 //
 // Claims are decided by the fsm, made durable by the eventlog (fsync
 // included) and answered by the api handlers; executor results travel
@@ -122,10 +124,10 @@ func delay(ctx context.Context, d int64) error {
 }
 
 var (
-	_ api.GuestDialer  = (*FakeDriver)(nil)
-	_ node.Driver      = (*FakeDriver)(nil)
-	_ node.Hypervisor  = (*FakeDriver)(nil)
-	_ reconcile.Driver = (*FakeDriver)(nil)
+	_ executors.AgentDialer = (*FakeDriver)(nil)
+	_ node.Driver           = (*FakeDriver)(nil)
+	_ node.Hypervisor       = (*FakeDriver)(nil)
+	_ reconcile.Driver      = (*FakeDriver)(nil)
 )
 
 // Name implements node.Hypervisor.
