@@ -27,12 +27,16 @@ const EchoPort = 7
 // simulated commands and the echo port. NOTHING RUNS ON THE HOST: exec
 // knows echo, stderr (its arguments to stderr), cat (stdin to stdout),
 // true, false, exit N, sleep N and yes [word] (endless output), and
-// answers bad_request for anything else.
+// answers bad_request for anything else. Its tree starts with /tmp and
+// /work.
 type simGuests struct {
 	mu  sync.Mutex
 	fss map[string]*silkagent.MemFS // run dir -> its guest's files
 	srv map[string]*silkagent.Server
 }
+
+// simDirs are the directories a simulated guest starts with.
+var simDirs = []string{"/tmp", "/work"}
 
 // SimAgent is the default Agent: the simulated guest of the VM at runDir.
 func (g *simGuests) SimAgent(conn net.Conn, runDir string) {
@@ -50,6 +54,9 @@ func (g *simGuests) server(runDir string) *silkagent.Server {
 		return s
 	}
 	fs := silkagent.NewMemFS(nil)
+	for _, d := range simDirs {
+		_ = fs.Mkdir(d, true)
+	}
 	s := &silkagent.Server{
 		Version: "nodetest", Agent: "nodetest simulated guest", Simulated: true,
 		Procs: &simProcs{}, FS: fs, Dial: dialEcho,
