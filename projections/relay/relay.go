@@ -53,9 +53,10 @@ const (
 	// DefaultDrain is how long the other direction may run after one side
 	// ended cleanly (the old daemon's drain grace).
 	DefaultDrain = 30 * time.Second
-	// DefaultBuffer is the copy buffer of the pooled path: the guest
-	// agent's bulk chunk, so frame-sized reads stay whole.
-	DefaultBuffer = 256 << 10
+	// DefaultBuffer is the copy buffer of the pooled path, held for a
+	// relay's life by each of its directions: large enough that a frame
+	// per write costs little, small enough for hundreds of relays.
+	DefaultBuffer = 64 << 10
 	// stopGrace is how long a stopped relay's client has, after its FIN,
 	// before it is closed.
 	stopGrace = time.Second
