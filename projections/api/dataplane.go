@@ -270,7 +270,8 @@ func (d *dataPlane) shutdown(ctx context.Context, reason string, abort bool) {
 // CloseRelays ends every relay (sandboxd is stopping: reason "shutdown")
 // and records them closed; relays opened later are refused with 503.
 // http.Server.Shutdown does not track the hijacked connections relays run
-// on, so the node calls this right after it.
+// on (and would wait for a buffered exec), so the node calls this before
+// it.
 func (s *Server) CloseRelays(ctx context.Context) { s.data.shutdown(ctx, "shutdown", false) }
 
 // AbortRelays ends every relay as a crash would: nothing is recorded (the

@@ -28,7 +28,7 @@
 //     op ids), the engine's timer and refill loops started;
 //  10. ready: the VM view may send its first sync; then HTTP is served.
 //
-// Stop is the reverse: stop serving, end the relays (recorded closed), stop
+// Stop is the reverse: end the relays (recorded closed), stop serving, stop
 // the executors (VMs keep running), stop the engine, save a state snapshot,
 // let replication publish the log's tail (bounded), close the driver,
 // replication and the log.
@@ -642,7 +642,7 @@ func (n *Node) snapshot() {
 	n.zl.Info().Uint64("seq", seq).Int("bytes", len(data)).Dur("elapsed", time.Since(start)).Msg("state snapshot saved")
 }
 
-// Stop is SIGTERM: stop serving, end the relays, stop the executors (VMs
+// Stop is SIGTERM: end the relays, stop serving, stop the executors (VMs
 // keep running), stop the engine, snapshot, flush replication, close
 // everything. It is
 // idempotent; the error is the engine's failure, if it failed.
@@ -652,13 +652,15 @@ func (n *Node) Stop() error {
 		close(n.stopped)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if n.http != nil {
-			_ = n.http.Shutdown(ctx)
-		}
 		if n.Server != nil {
 			// Relays run on hijacked connections, which Shutdown leaves
-			// alone: end them and record them closed while the engine runs.
+			// alone, and a buffered exec would hold Shutdown up: end them
+			// first (new ones are refused) and record them closed while the
+			// engine runs.
 			n.Server.CloseRelays(ctx)
+		}
+		if n.http != nil {
+			_ = n.http.Shutdown(ctx)
 		}
 		if n.Executors != nil {
 			if e := n.Executors.Shutdown(ctx); e != nil {
