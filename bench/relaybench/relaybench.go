@@ -71,6 +71,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	if opts.Quick {
 		cfg = quick
 	}
+	loadStart := loadAvg()
 	dir := opts.Scratch
 	if dir == "" {
 		d, err := os.MkdirTemp("", "relaybench")
@@ -191,12 +192,18 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		sec.AddRow(fmt.Sprintf("throughput, %d stream(s) echoing at once", streams), gibps(r), gibps(f), fmt.Sprintf("%.2fx", ratio), gibps(median(bps[2])))
 	}
 	sec.Verdict(worst >= ratioTarget, "relay throughput at worst %.2fx the direct unix-socket copy's (target >= %.1fx)", worst, ratioTarget)
+	sec.Notes = append(sec.Notes,
+		fmt.Sprintf("the client, the node and the echo server share the machine's %d CPUs; load average at start %.2f, at end %.2f (other load dilutes both systems alike; the figures are only comparable within a run)",
+			runtime.NumCPU(), loadStart, loadAvg()),
+		"the relay's extra cost over the direct copy is, at connect, the node's work (parse the request, authenticate, read the state, dial the guest, make relay_opened durable: one fsync, shared with concurrent ones; write the 101) and, in flight, nothing: both splice; the no-hop reference shows what the TCP hop itself costs on this machine")
+	return sec, nil
+}
+
+// loadAvg is the 1-minute load average (0 where unknown).
+func loadAvg() float64 {
 	var load float64
 	if data, err := os.ReadFile("/proc/loadavg"); err == nil {
 		fmt.Sscanf(string(data), "%f", &load)
 	}
-	sec.Notes = append(sec.Notes,
-		fmt.Sprintf("the client, the node and the echo server share the machine's %d CPUs; load average at the end %.2f", runtime.NumCPU(), load),
-		"the relay's extra cost over the direct copy is, at connect, the node's work (parse the request, authenticate, read the state, dial the guest, make relay_opened durable: one fsync, shared with concurrent ones; write the 101) and, in flight, nothing: both splice; the no-hop reference shows what the TCP hop itself costs on this machine")
-	return sec, nil
+	return load
 }
