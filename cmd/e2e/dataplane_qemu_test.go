@@ -12,9 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -88,7 +86,7 @@ func TestDataPlaneQEMU(t *testing.T) {
 		"qemu":  map[string]any{"accel": "tcg", "kernel": g.Kernel, "initrd": g.Initrd},
 		"pools": []any{map[string]any{"template": "default", "warm": 1}}, "nats": map[string]any{"disabled": true},
 	})
-	t.Cleanup(func() { killQEMUs(dir) }) // after sandboxd's stop
+	t.Cleanup(func() { killQEMUs(t, dir) }) // after sandboxd's stop
 	startDaemon(t, dir, data, addr, "-config", cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -218,19 +216,6 @@ func execAfterFirstFrame(ctx context.Context, c *silkd.Conn, stdout, stderr io.W
 
 // killQEMUs kills the QEMU processes whose command line names dir: like
 // chsim's, they outlive sandboxd by design.
-func killQEMUs(dir string) {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		raw, err := os.ReadFile(p)
-		if err != nil || !bytes.Contains(raw, []byte(dir)) {
-			continue
-		}
-		args := strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00")
-		if !strings.HasPrefix(filepath.Base(args[0]), "qemu-system") {
-			continue
-		}
-		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil && pid != os.Getpid() {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
+func killQEMUs(t *testing.T, dir string) {
+	killProcesses(t, dir, func(bin string) bool { return strings.HasPrefix(bin, "qemu-system") })
 }
