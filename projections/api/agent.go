@@ -69,7 +69,7 @@ type upgrade struct {
 // answers 101 and relays until either side ends, then records it closed.
 // Bytes the client sent behind its request head are relayed first.
 func (s *Server) serveUpgrade(w http.ResponseWriter, r *http.Request, u upgrade) error {
-	o, err := s.data.open(r.Context(), r.PathValue("id"), u.kind, u.port, u.passive, u.dial)
+	o, err := s.data.open(r, r.PathValue("id"), u.kind, u.port, u.passive, u.dial)
 	if err != nil {
 		var ge *guestError
 		if errors.As(err, &ge) {

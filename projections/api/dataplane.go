@@ -24,8 +24,9 @@ import (
 // exec). Each connection to a guest is a relay, recorded in the op log when
 // it opens and when it ends (fsm.OpenRelay, fsm.CloseRelay) and never per
 // byte or frame; the state's open relays hold the sandbox's idle clock.
-// The first relay to a hibernated sandbox wakes it and waits (bounded by
-// Config.ClaimWait) until it runs. A decision that takes the sandbox out of
+// The first relay to a hibernated sandbox wakes it and waits until it runs,
+// as POST .../wake does (the same queue, the same bound:
+// Config.LifecycleWait). A decision that takes the sandbox out of
 // running (release, reap, hibernate, a VMM exit) closes its relays in the
 // log, and this process ends the connections when that commits.
 
@@ -68,11 +69,10 @@ type dataPlane struct {
 	opts DataPlane
 
 	mu      sync.Mutex
-	live    map[string]*liveRelay                 // relay id -> its connection
-	waiters map[string]map[chan struct{}]struct{} // claim id -> woken on its events
-	closing bool                                  // shut down: no new relays
-	aborted bool                                  // crashed (Kill): record nothing more
-	idle    *sync.Cond                            // signalled when live shrinks
+	live    map[string]*liveRelay // relay id -> its connection
+	closing bool                  // shut down: no new relays
+	aborted bool                  // crashed (Kill): record nothing more
+	idle    *sync.Cond            // signalled when live shrinks
 
 	execBytes atomic.Int64 // buffered exec output held node-wide
 }
@@ -87,7 +87,7 @@ func newDataPlane(s *Server, o DataPlane) *dataPlane {
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = 30 * time.Second
 	}
-	d := &dataPlane{s: s, opts: o, live: map[string]*liveRelay{}, waiters: map[string]map[chan struct{}]struct{}{}}
+	d := &dataPlane{s: s, opts: o, live: map[string]*liveRelay{}}
 	d.idle = sync.NewCond(&d.mu)
 	return d
 }
@@ -149,48 +149,14 @@ func (d *dataPlane) unregister(id string) (aborted bool) {
 	return d.aborted
 }
 
-// watch returns a channel closed at the next commit about claim (or at
-// shutdown); call the returned func when done with it.
-func (d *dataPlane) watch(claim string) (<-chan struct{}, func()) {
-	ch := make(chan struct{})
-	d.mu.Lock()
-	if d.waiters[claim] == nil {
-		d.waiters[claim] = map[chan struct{}]struct{}{}
-	}
-	d.waiters[claim][ch] = struct{}{}
-	d.mu.Unlock()
-	return ch, func() {
-		d.mu.Lock()
-		if set := d.waiters[claim]; set != nil {
-			if _, ok := set[ch]; ok {
-				delete(set, ch)
-				if len(set) == 0 {
-					delete(d.waiters, claim)
-				}
-			}
-		}
-		d.mu.Unlock()
-	}
-}
-
-// onCommit wakes the waiters of the claims the events are about and ends
-// the connections of relays the log closed (a release, a reap, a
-// hibernate, a VMM exit, a shutdown).
+// onCommit ends the connections of relays the log closed (a release, a
+// reap, a hibernate, a VMM exit, a shutdown).
 func (d *dataPlane) onCommit(evs []event.Event) {
 	var stop []*liveRelay
 	var reasons []string
 	d.mu.Lock()
 	for i := range evs {
 		ev := &evs[i]
-		if ev.AggKind != event.AggClaim {
-			continue
-		}
-		if set := d.waiters[ev.AggID]; set != nil {
-			for ch := range set {
-				close(ch)
-			}
-			delete(d.waiters, ev.AggID)
-		}
 		if ev.Type != event.TypeRelayClosed || len(d.live) == 0 {
 			continue
 		}
@@ -218,12 +184,6 @@ func (d *dataPlane) shutdown(ctx context.Context, reason string, abort bool) {
 	live := make([]*liveRelay, 0, len(d.live))
 	for _, l := range d.live {
 		live = append(live, l)
-	}
-	for claim, set := range d.waiters {
-		for ch := range set {
-			close(ch)
-		}
-		delete(d.waiters, claim)
 	}
 	d.mu.Unlock()
 	for _, l := range live {
@@ -287,10 +247,6 @@ func newRelayID() string {
 	return "rl_" + hex.EncodeToString(b[:])
 }
 
-// unknownSandbox is the old daemon's answer for an unknown id and for a
-// wrong token alike: the two are indistinguishable by design.
-func unknownSandbox() error { return errorf(http.StatusNotFound, "unknown sandbox") }
-
 // requireBearer is the data plane's first check: no bearer token is 401.
 func requireBearer(r *http.Request) error {
 	if auth.Bearer(r) == "" {
@@ -310,61 +266,77 @@ func (s *Server) sandboxCaller(r *http.Request, rootOK bool) (root bool, err err
 	case who.Kind == auth.Root && rootOK:
 		return true, nil
 	}
-	return false, unknownSandbox()
+	// Unknown id or wrong token: indistinguishable by design.
+	return false, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
 }
 
-// guestReady returns claim's VM once the claim runs: a hibernated sandbox
-// is woken (the wake goes on if the client leaves) and waited for, within
-// Config.ClaimWait. passive (an operator's relay) never wakes: a sandbox
-// that is not running is 409.
-func (d *dataPlane) guestReady(ctx context.Context, claim string, passive bool) (guestVM, error) {
-	bound := time.NewTimer(d.s.cfg.ClaimWait)
-	defer bound.Stop()
-	woke := false
+// guestReady returns claim's VM once the claim runs. A sandbox that is not
+// running is brought there as POST .../wake brings it, in the same queue
+// of the sandbox's hibernates and wakes and within Config.LifecycleWait: a
+// hibernated one is woken (the wake goes on if the client leaves), one
+// hibernating or pending is waited for; a failed wake is wake's 500. A VM
+// restarting under a running claim is waited for too. passive (an
+// operator's relay) never wakes: a sandbox that is not running is 409.
+func (d *dataPlane) guestReady(ctx context.Context, r *http.Request, claim string, passive bool) (guestVM, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.s.cfg.LifecycleWait)
+	defer cancel()
 	for {
-		ch, unwatch := d.watch(claim)
-		var c fsm.ClaimRec
-		var v fsm.VMRec
-		var ok, vmOK bool
+		// Watched before the state is read, so a restart's end cannot
+		// slip past.
+		var vmID string
 		d.s.eng.View(func(st *fsm.State) {
-			if c, ok = st.Claim(claim); ok {
-				v, vmOK = st.VM(c.VM)
+			if c, ok := st.Claim(claim); ok {
+				vmID = c.VM
 			}
 		})
+		wt := d.s.watch(vmID, event.TypeVMRestarted, event.TypeVMRestartFailed)
+		c, v, seq := d.state(claim)
 		switch {
-		case !ok || !c.Status.Live():
-			unwatch()
-			return guestVM{}, unknownSandbox()
-		case c.Status == fsm.ClaimRunning && vmOK && v.Status == fsm.VMClaimed:
-			unwatch()
+		case c == nil || !c.Status.Live():
+			d.s.unwatch(wt)
+			return guestVM{}, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+		case c.Status == fsm.ClaimRunning && v != nil && v.Status == fsm.VMClaimed:
+			d.s.unwatch(wt)
 			return guestVM{ID: v.ID, RunDir: v.RunDir}, nil
 		case passive:
-			unwatch()
+			d.s.unwatch(wt)
 			return guestVM{}, errorf(http.StatusConflict, "sandbox %s is %s: a passive relay does not wake it", claim, c.Status)
-		case c.Status == fsm.ClaimHibernated && woke:
-			unwatch()
-			return guestVM{}, errorf(http.StatusBadGateway, "%s: sandbox %s could not be woken", errGuestUnreachable, claim)
-		case c.Status == fsm.ClaimHibernated:
-			woke = true
-			_, err := d.s.eng.ProposeNew(context.WithoutCancel(ctx), func(m fsm.Meta) fsm.Command {
-				return fsm.Wake{Meta: m, Claim: claim}
-			}, engine.Hooks{})
-			if rej, isRej := fsm.AsRejection(err); err != nil && !(isRej && rej.Code == fsm.InvalidTransition) {
-				unwatch()
-				return guestVM{}, err
+		case c.Status == fsm.ClaimRunning && v != nil && v.ID == vmID:
+			// Its VM restarts (its VMM died): wait for the outcome.
+			_, err := d.s.next(ctx, wt, seq, event.TypeVMRestarted, event.TypeVMRestartFailed)
+			d.s.unwatch(wt)
+			if err != nil {
+				return guestVM{}, d.s.waitErr(r, claim, &wakeOp, "waiting for its VM's restart", err)
 			}
+			continue
 		}
-		select {
-		case <-ch:
-			unwatch()
-		case <-bound.C:
-			unwatch()
-			return guestVM{}, errorf(http.StatusServiceUnavailable, "sandbox %s is not running after %s", claim, d.s.cfg.ClaimWait)
-		case <-ctx.Done():
-			unwatch()
-			return guestVM{}, ctx.Err()
+		d.s.unwatch(wt)
+		if err := d.s.queue.enter(ctx, claim); err != nil {
+			return guestVM{}, d.s.waitErr(r, claim, &wakeOp, "queued behind earlier hibernate and wake calls of this sandbox", err)
+		}
+		err := d.s.runTransition(ctx, r, claim, &wakeOp)
+		d.s.queue.leave(claim)
+		if err != nil {
+			return guestVM{}, err
 		}
 	}
+}
+
+// state reads claim and its VM, and the sequence the state reflects.
+func (d *dataPlane) state(claim string) (*fsm.ClaimRec, *fsm.VMRec, uint64) {
+	var c *fsm.ClaimRec
+	var v *fsm.VMRec
+	var seq uint64
+	d.s.eng.View(func(st *fsm.State) {
+		seq = st.Applied()
+		if cr, ok := st.Claim(claim); ok {
+			c = &cr
+			if vr, ok := st.VM(cr.VM); ok {
+				v = &vr
+			}
+		}
+	})
+	return c, v, seq
 }
 
 // dialGuest reaches vm's agent within DataPlane.DialTimeout.
@@ -390,9 +362,10 @@ type opened struct {
 // and records the relay open. A sandbox that leaves running between the
 // wake and the record (a hibernate in between) is readied again, within
 // the same bound.
-func (d *dataPlane) open(ctx context.Context, claim, kind string, port int, passive bool, dial func(context.Context, guestVM) (net.Conn, error)) (*opened, error) {
+func (d *dataPlane) open(r *http.Request, claim, kind string, port int, passive bool, dial func(context.Context, guestVM) (net.Conn, error)) (*opened, error) {
+	ctx := r.Context()
 	for attempt := 0; ; attempt++ {
-		vm, err := d.guestReady(ctx, claim, passive)
+		vm, err := d.guestReady(ctx, r, claim, passive)
 		if err != nil {
 			return nil, err
 		}

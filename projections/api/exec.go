@@ -73,7 +73,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, _ auth.Ident
 	if _, err := s.sandboxCaller(r, false); err != nil {
 		return err
 	}
-	o, err := s.data.open(r.Context(), r.PathValue("id"), fsm.RelayExec, 0, false, s.data.dialGuest)
+	o, err := s.data.open(r, r.PathValue("id"), fsm.RelayExec, 0, false, s.data.dialGuest)
 	if err != nil {
 		var ge *guestError
 		if errors.As(err, &ge) {

@@ -453,3 +453,39 @@ func TestAgentRelaysOnStop(t *testing.T) {
 		t.Fatalf("relay events: %s", got)
 	}
 }
+
+// A relay that arrives during a hibernate waits for it, then wakes the
+// sandbox, as POST .../wake does; a wake that fails is wake's 500.
+func TestAgentRelayDuringHibernateAndFailedWake(t *testing.T) {
+	n := echoNode(t, 1, nil)
+	c := claimAs(t, n, rootTok, "")
+	n.Driver.SetDelay(fsm.KindHibernate, 300*time.Millisecond)
+	hib := make(chan int, 1)
+	go func() {
+		st, _ := call(t, n, "POST", "/v1/sandboxes/"+c.ID+"/hibernate", c.Token, nil)
+		hib <- st
+	}()
+	waitState(t, n, c.ID, "hibernating")
+	u, st, msg := dialAgent(t, n, c.ID, c.Token, []byte("after\n"))
+	if st != http.StatusSwitchingProtocols {
+		t.Fatalf("relay during a hibernate: %d %s", st, msg)
+	}
+	if line, err := u.r.ReadString('\n'); err != nil || line != "after\n" {
+		t.Fatalf("echo %q %v", line, err)
+	}
+	if st := <-hib; st != http.StatusNoContent {
+		t.Fatalf("the hibernate answered %d", st)
+	}
+	if got := n.Driver.Calls()[fsm.KindWake]; got != 1 {
+		t.Fatalf("wakes = %d", got)
+	}
+	u.Close()
+
+	n.Driver.SetDelay(fsm.KindHibernate, 0)
+	hibernateNow(t, n, c.ID, c.Token)
+	n.Driver.FailWakes.Store(true)
+	if _, st, msg := dialAgent(t, n, c.ID, c.Token, nil); st != http.StatusInternalServerError || !strings.HasPrefix(msg, "wake failed: ") {
+		t.Fatalf("failed wake: %d %q", st, msg)
+	}
+	waitState(t, n, c.ID, "hibernated")
+}
