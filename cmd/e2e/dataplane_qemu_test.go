@@ -16,10 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
-	"github.com/sbxlog/sbxlog/executors/qemu"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
@@ -69,9 +67,6 @@ func (c *readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 // started in the guest, and after a hibernate the next exec wakes the
 // sandbox within the call and sees the file.
 func TestDataPlaneQEMU(t *testing.T) {
-	if _, ok := any((*qemu.Driver)(nil)).(executors.AgentDialer); !ok {
-		t.Skip("the QEMU driver of this build has no data-plane transport (executors.AgentDialer)")
-	}
 	g := guesttest.Require(t)
 	dir, err := os.MkdirTemp("", "dpq") // short: socket paths
 	if err != nil {
