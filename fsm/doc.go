@@ -77,6 +77,12 @@
 // node's drain, under which claims are refused with the old daemon's quota
 // text, refills stop and warm VMs are destroyed, until uncordoned.
 //
+// Relays (relays.go) are the data plane's facts: OpenRelay records a client
+// connection spliced to a running claim's guest, CloseRelay its end. An open
+// relay holds its claim's idle clock; a decision that takes a claim out of
+// running closes its relays first, in the same batch; CloseAllRelays is a
+// starting node's record that no relay survived the previous process.
+//
 // Cost model: Decide and Apply are O(1) in the number of live claims, except
 // that PUT pools re-arms the idle timers of the claims in pools whose idle
 // setting changed (O(claims), rarely). Encode/Decode give a versioned

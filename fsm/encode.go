@@ -19,8 +19,10 @@ const (
 	// StateFormatV3 adds the node's drain, the tenant table and whether
 	// the API owns it.
 	StateFormatV3 = 3
+	// StateFormatV4 adds the open relays.
+	StateFormatV4 = 4
 	// StateFormatCurrent is the newest format this build writes and reads.
-	StateFormatCurrent = StateFormatV3
+	StateFormatCurrent = StateFormatV4
 )
 
 // ErrStateFormat means an encoded State is of a format this build cannot
@@ -44,6 +46,7 @@ var (
 //	            token gen, created, last activity, ended (varints), reason)
 //	[V3] draining, tenants owned by the API,
 //	     n tenants × (name, token sha256 (32 bytes), max_claims (varint), egress class)
+//	[V4] n relays × (id, claim, kind, port, passive, opened (varint))
 //
 // Every collection is sorted by its key, so equal states encode to equal
 // bytes. Indexes (timers, pending intents, counters) are not encoded: Decode
@@ -156,6 +159,18 @@ func Encode(s *State) []byte {
 		e.b = append(e.b, t.sum[:]...)
 		e.i(int64(t.MaxClaims))
 		e.str(t.EgressClass)
+	}
+
+	ids = sortedKeys(s.relays)
+	e.u(uint64(len(ids)))
+	for _, id := range ids {
+		r := s.relays[id]
+		e.str(r.ID)
+		e.str(r.Claim)
+		e.str(r.Kind)
+		e.u(uint64(r.Port))
+		e.bool(r.Passive)
+		e.i(r.Opened)
 	}
 	return e.b
 }
@@ -320,6 +335,20 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 			d.check(t.MaxClaims >= 0 && s.tenants[t.Name] == nil && !dupHash, "tenant %q", t.Name)
 			s.tenants[t.Name] = t
 			s.tenantByHash[t.sum] = t.Name
+		}
+	}
+	if format >= StateFormatV4 {
+		for range d.count() {
+			r := &RelayRec{ID: d.str(), Claim: d.claimID(s.claims), Kind: d.istr()}
+			port := d.u()
+			r.Passive = d.bool()
+			r.Opened = d.i()
+			d.check(validRelayKind(r.Kind, port) && s.relays[r.ID] == nil, "relay %s", r.ID)
+			r.Port = int(port)
+			if d.err != nil {
+				break
+			}
+			s.addRelay(r)
 		}
 	}
 	if d.err == nil && len(d.b) != 0 {
@@ -490,6 +519,16 @@ func (d *sdec) raw() []byte {
 	b := d.b[:n]
 	d.b = d.b[n:]
 	return b
+}
+
+// claimID reads a claim id, sharing the record's copy when the claim
+// exists.
+func (d *sdec) claimID(claims map[string]*ClaimRec) string {
+	raw := d.raw()
+	if c, ok := claims[string(raw)]; ok {
+		return c.ID
+	}
+	return string(raw)
 }
 
 // vmID reads a VM id, sharing the record's copy when the VM exists.

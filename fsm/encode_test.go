@@ -14,9 +14,21 @@ import (
 
 // richState has a record of every kind: pools (one draining, one parked),
 // goldens in each status, VMs in each live status (one restarting, with a
-// restart history), claims in each status, tenants (set over the API), and
-// the node draining.
+// restart history), claims in each status, tenants (set over the API), the
+// node draining, and open relays of each kind.
 func richState(t *testing.T) *harness {
+	h := richStateV3(t)
+	c := h.claim(claimID(5))
+	h.do(VMCloned{Meta: h.res(h.intentFor(c.VM, kA)), VM: c.VM}, event.TypeVMCloned, event.TypeClaimServed)
+	h.do(OpenRelay{Meta: h.meta(), ID: relayID(1), Claim: c.ID, Kind: RelayAgent}, event.TypeRelayOpened)
+	h.do(OpenRelay{Meta: h.meta(), ID: relayID(2), Claim: c.ID, Kind: RelayPort, Port: 8080, Passive: true}, event.TypeRelayOpened)
+	h.do(OpenRelay{Meta: h.meta(), ID: relayID(3), Claim: c.ID, Kind: RelayExec}, event.TypeRelayOpened)
+	return h
+}
+
+// richStateV3 is richState as it was when StateFormatV3 was current:
+// testdata/state_v3.bin is its encoding by that build.
+func richStateV3(t *testing.T) *harness {
 	h := richStateV2(t)
 	h.do(SetTenants{Meta: h.meta(), FromConfig: true, Tenants: []TenantSpec{
 		{Name: "acme", TokenSHA256: tokenHash("acme"), MaxClaims: 20},
@@ -122,7 +134,7 @@ func TestEncodeKeepsLIFOOrder(t *testing.T) {
 }
 
 // Snapshots written in an earlier format (V1 before restart histories, V2
-// before drain and tenants) still decode, to the same state the same events
+// before drain and tenants, V3 before relays) still decode, to the same state the same events
 // give today, and re-encode as the current format.
 func TestDecodeOldFormats(t *testing.T) {
 	for _, tc := range []struct {
@@ -132,6 +144,7 @@ func TestDecodeOldFormats(t *testing.T) {
 	}{
 		{"state_v1.bin", StateFormatV1, richStateV1},
 		{"state_v2.bin", StateFormatV2, richStateV2},
+		{"state_v3.bin", StateFormatV3, richStateV3},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			old, err := os.ReadFile(filepath.Join("testdata", tc.file))

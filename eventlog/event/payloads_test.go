@@ -50,6 +50,8 @@ func samplePayloads() []Payload {
 		TenantRemoved{Name: "u:42/west", Config: true},
 		NodeDrained{},
 		NodeUncordoned{},
+		RelayOpened{Relay: "rl_0011223344556677", Claim: "sb_00112233445566ff", Kind: "port", Port: 8080, Passive: true},
+		RelayClosed{Relay: "rl_0011223344556677", Claim: "sb_00112233445566ff", Reason: "client", BytesIn: 1048576, BytesOut: 2097152},
 	}
 }
 

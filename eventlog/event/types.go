@@ -68,6 +68,11 @@ const (
 	// is uncordoned.
 	TypeNodeDrained    Type = 33
 	TypeNodeUncordoned Type = 34
+
+	// Data-plane relays (a client connection spliced to a claim's guest):
+	// facts in the log so audit and the idle rule derive from it.
+	TypeRelayOpened Type = 35
+	TypeRelayClosed Type = 36
 )
 
 // AggKind is the kind of aggregate an event belongs to.
@@ -127,6 +132,8 @@ var typeInfos = map[Type]typeInfo{
 	TypeTenantRemoved:        {"tenant_removed", 1, AggTenant},
 	TypeNodeDrained:          {"node_drained", 1, AggNode},
 	TypeNodeUncordoned:       {"node_uncordoned", 1, AggNode},
+	TypeRelayOpened:          {"relay_opened", 1, AggClaim},
+	TypeRelayClosed:          {"relay_closed", 1, AggClaim},
 }
 
 // Known reports whether this build can read events of type t.

@@ -131,6 +131,8 @@ type Server struct {
 
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
+
+	data *dataPlane // the routes to guests (dataplane.go)
 }
 
 // Options carry the optional parts of a Server.
@@ -145,6 +147,8 @@ type Options struct {
 	// Stats, when set, reads a VM's VMM usage for
 	// GET /v1/sandboxes/{id}/stats; without it usage is never measured.
 	Stats StatsFunc
+	// DataPlane configures the routes to sandboxes' guests.
+	DataPlane DataPlane
 }
 
 // New builds a Server.
@@ -174,6 +178,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 		ready:   make(chan struct{}),
 	}
 	s.vms = newVMView()
+	s.data = newDataPlane(s, opts.DataPlane)
 	s.mux = http.NewServeMux()
 	s.register()
 	return s
@@ -230,6 +235,9 @@ func (s *Server) register() {
 	add("POST", "/v1/sandboxes/{id}/renew", "root|tenant|sandbox", s.handleRenew, root, tenant, sandbox)
 	add("GET", "/v1/sandboxes/{id}/owner", "root|tenant|sandbox", s.handleOwner, root, tenant, sandbox)
 	add("GET", "/v1/sandboxes/{id}/stats", "root|sandbox", s.handleStats, root, sandbox)
+	add("GET", "/v1/sandboxes/{id}/agent", "sandbox", s.handleAgent)            // authenticates itself (agent.go)
+	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort) // authenticates itself (ports.go)
+	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec)             // authenticates itself (exec.go)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
 	add("GET", "/v1/info", "root", s.handleInfo, root)
