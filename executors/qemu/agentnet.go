@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
@@ -133,8 +134,9 @@ func (q *Recipes) rearm(ctx context.Context, runDir string) error {
 
 // DialAgent connects to the data plane of the VM in runDir (absolute): TCP
 // to its loopback port, then the AUTH handshake with its key. A guest that
-// refuses the key is given it again over the serial port, once. Failures
-// wrap executors.ErrAgentUnreachable.
+// refuses the key is given it again over the serial port, once; a refused
+// connection is retried until ctx ends (the agent may still be starting).
+// Failures wrap executors.ErrAgentUnreachable.
 func (q *Recipes) DialAgent(ctx context.Context, runDir string) (net.Conn, error) {
 	fail := func(err error) (net.Conn, error) {
 		return nil, fmt.Errorf("%w: %s: %w", executors.ErrAgentUnreachable, runDir, err)
@@ -146,17 +148,36 @@ func (q *Recipes) DialAgent(ctx context.Context, runDir string) (net.Conn, error
 	if err != nil {
 		return fail(err)
 	}
-	c, err := agent.DialData(ctx, n.addr(), n.Key)
-	if errors.Is(err, agent.ErrDataRefused) {
-		if rerr := q.rearm(ctx, runDir); rerr != nil {
-			return fail(errors.Join(err, rerr))
+	// A refusal is either the guest refusing the key (re-armed once) or
+	// QEMU's user network closing the connection because nothing in the
+	// guest listens yet (an agent still starting after a boot or restore):
+	// the two look alike from here, so a refused dial is retried, with a
+	// short backoff, until ctx ends.
+	backoff, rearmed := 20*time.Millisecond, false
+	for {
+		c, err := agent.DialData(ctx, n.addr(), n.Key)
+		if err == nil {
+			return c, nil
 		}
-		c, err = agent.DialData(ctx, n.addr(), n.Key)
+		if !errors.Is(err, agent.ErrDataRefused) {
+			return fail(err)
+		}
+		if !rearmed {
+			rearmed = true
+			if rerr := q.rearm(ctx, runDir); rerr != nil {
+				return fail(errors.Join(err, rerr))
+			}
+			continue
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fail(errors.Join(err, ctx.Err()))
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
 	}
-	if err != nil {
-		return fail(err)
-	}
-	return c, nil
 }
 
 var _ executors.AgentDialer = (*Driver)(nil)
