@@ -154,6 +154,20 @@ func (s *State) Egress(id string) (egress.Effective, bool) {
 	return s.egressOf(c)
 }
 
+// EgressFor returns the effective policy a claim of key by tenant would
+// get now (with noEgress: none), as Claim would pin it: for checking a
+// claim's credentials before it is proposed.
+func (s *State) EgressFor(tenant string, key PoolKey, noEgress bool) (egress.Effective, bool) {
+	c := &ClaimRec{Key: key, Tenant: tenant, NoEgress: noEgress}
+	if t := s.tenants[tenant]; t != nil && tenant != "" {
+		c.EgressClass = t.EgressClass
+	}
+	if p := s.pools[key]; p == nil || p.Draining {
+		c.Unpooled = true
+	}
+	return s.egressOf(c)
+}
+
 func (s *State) egressOf(c *ClaimRec) (egress.Effective, bool) {
 	in := egress.Claim{NoEgress: c.NoEgress, Tenant: c.Tenant, Unpooled: c.Unpooled, Pool: s.PoolEgress(c.Key)}
 	if cl := s.egressClasses[c.EgressClass]; cl != nil && c.EgressClass != "" {

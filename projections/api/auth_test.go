@@ -52,6 +52,12 @@ var successStatus = map[string]int{
 	"DELETE /v1/tenants/{name}":         http.StatusNoContent,
 	"POST /v1/drain":                    http.StatusOK,
 	"DELETE /v1/drain":                  http.StatusOK,
+	"GET /v1/sandboxes/{id}/env":        http.StatusOK,
+	"PUT /v1/sandboxes/{id}/env":        http.StatusNoContent,
+	"PATCH /v1/sandboxes/{id}/env":      http.StatusNoContent,
+	"GET /v1/egress/classes":            http.StatusOK,
+	"PUT /v1/egress/classes/{name}":     http.StatusNoContent,
+	"DELETE /v1/egress/classes/{name}":  http.StatusNoContent,
 }
 
 // routeBody is a valid body per route, so that a denied request is denied
@@ -64,6 +70,10 @@ var routeBody = map[string]string{
 	// {name} routes delete and put back).
 	"PUT /v1/tenants":        `{"tenants":[{"name":"a"},{"name":"b"},{"name":"` + matrixTenant + `"}]}`,
 	"PUT /v1/tenants/{name}": `{"token":"matrix-tenant-token","max_claims":2}`,
+	// The {name} routes delete the class matrixTenant and put it back.
+	"PUT /v1/egress/classes/{name}": `{"egress":{"allow":[{"host":"*"}]}}`,
+	"PUT /v1/sandboxes/{id}/env":    `{"env":{"A":{"value":"1"},"B":{"value":"s","guest":false}}}`,
+	"PATCH /v1/sandboxes/{id}/env":  `{"env":{"A":null}}`,
 }
 
 // matrixTenant is the tenant the matrix puts in place of {name}.
@@ -194,6 +204,9 @@ func TestAuthMatrix(t *testing.T) {
 	before := getSandbox(t, n, shared.ID)
 	if st, b := call(t, n, "PUT", "/v1/tenants/"+matrixTenant, rootTok, []byte(`{"token":"matrix-tenant-token"}`)); st != http.StatusNoContent {
 		t.Fatalf("put %s: %d %s", matrixTenant, st, b)
+	}
+	if st, b := call(t, n, "PUT", "/v1/egress/classes/"+matrixTenant, rootTok, []byte(`{"egress":{"allow":[]}}`)); st != http.StatusNoContent {
+		t.Fatalf("put class %s: %d %s", matrixTenant, st, b)
 	}
 
 	for _, rt := range routes {
