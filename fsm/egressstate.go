@@ -481,8 +481,7 @@ func (s *State) checkEgress(fail func(format string, args ...any)) {
 			fail("egress class %q: %v", n, err)
 		}
 	}
-	for _, id := range sortedKeys(s.claims) {
-		c := s.claims[id]
+	for id, c := range s.claims { //fsm:unordered verification only; errors.Join order is not state
 		if len(c.Env) > 0 && !c.Status.Live() {
 			fail("ended claim %s keeps an env", id)
 		}

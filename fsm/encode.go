@@ -130,8 +130,12 @@ func Encode(s *State) []byte {
 
 	ids = sortedKeys(s.claims)
 	e.u(uint64(len(ids)))
+	var withEgress []string // the claims the V4 section lists, in id order
 	for _, id := range ids {
 		c := s.claims[id]
+		if c.EgressClass != "" || c.NoEgress || c.Unpooled || len(c.Env) > 0 {
+			withEgress = append(withEgress, id)
+		}
 		e.str(c.ID)
 		e.key(c.Key)
 		e.str(c.VM)
@@ -166,12 +170,13 @@ func Encode(s *State) []byte {
 		e.i(int64(t.MaxClaims))
 		e.str(t.EgressClass)
 	}
-	e.egress(s)
+	e.egress(s, withEgress)
 	return e.b
 }
 
-// egress encodes the V4 section.
-func (e *encoder) egress(s *State) {
+// egress encodes the V4 section; withEgress are the claims with an egress
+// record, sorted.
+func (e *encoder) egress(s *State, withEgress []string) {
 	e.bool(s.classesAPI)
 	names := sortedKeys(s.egressClasses)
 	e.u(uint64(len(names)))
@@ -189,12 +194,6 @@ func (e *encoder) egress(s *State) {
 	for _, k := range withPolicy {
 		e.key(k)
 		e.policy(s.pools[k].Egress)
-	}
-	var withEgress []string
-	for _, id := range sortedKeys(s.claims) {
-		if c := s.claims[id]; c.EgressClass != "" || c.NoEgress || c.Unpooled || len(c.Env) > 0 {
-			withEgress = append(withEgress, id)
-		}
 	}
 	e.u(uint64(len(withEgress)))
 	for _, id := range withEgress {
