@@ -385,3 +385,50 @@ func usageRecorded(t *testing.T, n *nodetest.Node, id string) bool {
 		}
 	}
 }
+
+// Policies, classes, a claim's pinned egress and its sealed env come back
+// from the log after a restart: from the snapshot and tail, and from a
+// full replay.
+func TestEgressSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	opts := nodetest.Options{Dir: dir, RootToken: rootTok, Pools: []fsm.PoolSpec{{PoolKey: defKey, Warm: 2}},
+		Tune: func(c *node.Config) {
+			c.Egress = node.EgressConfig{Secrets: []egress.SecretSpec{{Name: "GW_KEY", Header: "X-Api-Key"}}}
+		}}
+	n, err := nodetest.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustStatus(t, n, http.StatusNoContent, "PUT", "/v1/egress/classes/desk", rootTok, `{"egress":{"allow":[{"host":"*.example.com"}]}}`)
+	mustStatus(t, n, http.StatusNoContent, "PUT", "/v1/tenants/a", rootTok, `{"token":"`+tokA+`","egress_class":"desk"}`)
+	putPools(t, n, `{"allow":[{"host":"*","secret":"GW_KEY"}],"socks5":true}`)
+	sb := claimAs(t, n, tokA, `,"env":{"GW_KEY":{"value":"restart-s3cr3t","guest":false},"MODE":{"value":"m"}}`)
+	before, _ := n.Egress.Policy(sb.ID)
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, full := range []bool{false, true} {
+		o := opts
+		o.Tune = func(c *node.Config) {
+			opts.Tune(c)
+			c.FullReplay = full
+		}
+		n, err := nodetest.Start(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, ok := n.Egress.Policy(sb.ID)
+		if !ok || !egress.Equal(after.Base, before.Base) || !egress.Equal(after.Tenant, before.Tenant) || !after.ServesSocks() {
+			t.Errorf("full replay %v: policy %+v %v, want %+v", full, after, ok, before)
+		}
+		if sec, err := n.Egress.SecretsFor(sb.ID); err != nil || sec["GW_KEY"] != "restart-s3cr3t" {
+			t.Errorf("full replay %v: SecretsFor = %v, %v", full, sec, err)
+		}
+		if env := getEnv(t, n, sb.ID, rootTok); env["MODE"].Value != "m" || env["GW_KEY"].Value != "" {
+			t.Errorf("full replay %v: env %+v", full, env)
+		}
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
