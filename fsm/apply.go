@@ -439,6 +439,12 @@ func (a *applier) apply(p event.Payload) error {
 	case event.NodeUncordoned:
 		return a.setDraining(false)
 
+	case event.RelayOpened:
+		return a.relayOpened(p)
+
+	case event.RelayClosed:
+		return a.relayClosed(p)
+
 	default:
 		return inconsistent("no state transition for %T", p)
 	}

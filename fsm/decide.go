@@ -414,6 +414,7 @@ func (cmd Hibernate) decide(d *decider) error {
 		if v := d.s.vms[c.VM]; v == nil || v.Status != VMClaimed {
 			return reject(InvalidTransition, "sandbox %s: its VM is not running", id)
 		}
+		d.closeRelays(id, "hibernate")
 		d.emit(event.HibernateRequested{Claim: id, VM: c.VM, Reason: "user"}, id)
 		return nil
 	}
@@ -449,6 +450,7 @@ func (cmd Release) decide(d *decider) error {
 	if !c.Status.Live() {
 		return nil
 	}
+	d.closeRelays(id, "released")
 	d.emit(event.ClaimReleased{Claim: id, VM: c.VM}, id)
 	d.destroySettled(c.VM, "release")
 	return nil
@@ -500,6 +502,7 @@ func (Tick) decide(d *decider) error {
 		case t.key.kind == tServe && c.Status == ClaimPending:
 			d.emit(event.ClaimFailed{Claim: c.ID, VM: c.VM, Reason: "deadline", Error: "not served before its serve deadline"}, c.ID)
 		case t.key.kind == tTTL && c.Status.Live() && c.Status != ClaimPending:
+			d.closeRelays(c.ID, "expired")
 			d.emit(event.ClaimExpired{Claim: c.ID, VM: c.VM}, c.ID)
 			d.destroySettled(c.VM, "expire")
 		default:
@@ -750,6 +753,8 @@ func (c VMExited) decide(d *decider) error {
 			d.destroy(v.ID, "exited")
 			return nil
 		}
+		// The guest's connections died with its VMM.
+		d.closeRelays(cl.ID, "vm_exited")
 		if n := recentRestarts(v, d.m.Now, c.Restart.WindowNS); n < c.Restart.Max {
 			d.emit(event.VMRestartRequested{VM: v.ID, Claim: cl.ID, Reason: "exited", Attempt: n + 1}, v.ID)
 			return nil

@@ -83,6 +83,12 @@
 // State.Egress is a claim's effective policy (fsm/egress, pure), read by
 // the proxy per connection, so a change applies to the next one.
 //
+// Relays (relays.go) are the data plane's facts: OpenRelay records a client
+// connection spliced to a running claim's guest, CloseRelay its end. An open
+// relay holds its claim's idle clock; a decision that takes a claim out of
+// running closes its relays first, in the same batch; CloseAllRelays is a
+// starting node's record that no relay survived the previous process.
+//
 // Cost model: Decide and Apply are O(1) in the number of live claims, except
 // that PUT pools re-arms the idle timers of the claims in pools whose idle
 // setting changed (O(claims), rarely). Encode/Decode give a versioned

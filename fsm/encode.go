@@ -20,11 +20,13 @@ const (
 	// StateFormatV3 adds the node's drain, the tenant table and whether
 	// the API owns it.
 	StateFormatV3 = 3
-	// StateFormatV4 adds guarded egress: the egress classes and their
-	// owner, the pools' policies, and the claims' pinned egress and env.
+	// StateFormatV4 adds the open relays.
 	StateFormatV4 = 4
+	// StateFormatV5 adds guarded egress: the egress classes and their
+	// owner, the pools' policies, and the claims' pinned egress and env.
+	StateFormatV5 = 5
 	// StateFormatCurrent is the newest format this build writes and reads.
-	StateFormatCurrent = StateFormatV4
+	StateFormatCurrent = StateFormatV5
 )
 
 // ErrStateFormat means an encoded State is of a format this build cannot
@@ -48,7 +50,8 @@ var (
 //	            token gen, created, last activity, ended (varints), reason)
 //	[V3] draining, tenants owned by the API,
 //	     n tenants × (name, token sha256 (32 bytes), max_claims (varint), egress class)
-//	[V4] classes owned by the API, n classes × (name, policy),
+//	[V4] n relays × (id, claim, kind, port, passive, opened (varint))
+//	[V5] classes owned by the API, n classes × (name, policy),
 //	     n pools with a policy × (key, policy),
 //	     n claims with egress × (id, class, no egress, unpooled, n env × entry)
 //	policy: n rules × (host, n methods × method, n ports × port, secret, intercept), socks5
@@ -130,7 +133,7 @@ func Encode(s *State) []byte {
 
 	ids = sortedKeys(s.claims)
 	e.u(uint64(len(ids)))
-	var withEgress []string // the claims the V4 section lists, in id order
+	var withEgress []string // the claims the V5 section lists, in id order
 	for _, id := range ids {
 		c := s.claims[id]
 		if c.EgressClass != "" || c.NoEgress || c.Unpooled || len(c.Env) > 0 {
@@ -170,11 +173,23 @@ func Encode(s *State) []byte {
 		e.i(int64(t.MaxClaims))
 		e.str(t.EgressClass)
 	}
+
+	ids = sortedKeys(s.relays)
+	e.u(uint64(len(ids)))
+	for _, id := range ids {
+		r := s.relays[id]
+		e.str(r.ID)
+		e.str(r.Claim)
+		e.str(r.Kind)
+		e.u(uint64(r.Port))
+		e.bool(r.Passive)
+		e.i(r.Opened)
+	}
 	e.egress(s, withEgress)
 	return e.b
 }
 
-// egress encodes the V4 section; withEgress are the claims with an egress
+// egress encodes the V5 section; withEgress are the claims with an egress
 // record, sorted.
 func (e *encoder) egress(s *State, withEgress []string) {
 	e.bool(s.classesAPI)
@@ -404,6 +419,20 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 		}
 	}
 	if format >= StateFormatV4 {
+		for range d.count() {
+			r := &RelayRec{ID: d.str(), Claim: d.claimID(s.claims), Kind: d.istr()}
+			port := d.u()
+			r.Passive = d.bool()
+			r.Opened = d.i()
+			d.check(validRelayKind(r.Kind, port) && s.relays[r.ID] == nil, "relay %s", r.ID)
+			r.Port = int(port)
+			if d.err != nil {
+				break
+			}
+			s.addRelay(r)
+		}
+	}
+	if format >= StateFormatV5 {
 		d.egress(s)
 	}
 	if d.err == nil && len(d.b) != 0 {
@@ -576,6 +605,16 @@ func (d *sdec) raw() []byte {
 	return b
 }
 
+// claimID reads a claim id, sharing the record's copy when the claim
+// exists.
+func (d *sdec) claimID(claims map[string]*ClaimRec) string {
+	raw := d.raw()
+	if c, ok := claims[string(raw)]; ok {
+		return c.ID
+	}
+	return string(raw)
+}
+
 // vmID reads a VM id, sharing the record's copy when the VM exists.
 func (d *sdec) vmID(vms map[string]*VMRec) string {
 	raw := d.raw()
@@ -617,7 +656,7 @@ func (d *sdec) sum() [32]byte {
 	return sum
 }
 
-// egress decodes the V4 section.
+// egress decodes the V5 section.
 func (d *sdec) egress(s *State) {
 	s.classesAPI = d.bool()
 	for range d.count() {

@@ -18,9 +18,9 @@ import (
 // one with an egress policy), goldens in each status, VMs in each live
 // status (one restarting, with a restart history), claims in each status
 // (with pinned egress and env), tenants (set over the API), egress
-// classes, and the node draining.
+// classes, the node draining, and open relays of each kind.
 func richState(t *testing.T) *harness {
-	h := richStateV3(t)
+	h := richStateV4(t)
 	h.do(SetEgressClasses{Meta: h.meta(), FromConfig: true, Classes: []EgressClassSpec{
 		{Name: "desk", Policy: *policy(false, egress.Rule{Host: "api.github.com", Methods: []string{"GET"}, Ports: []uint16{443, 8443}})},
 		{Name: "open"},
@@ -39,6 +39,18 @@ func richState(t *testing.T) *harness {
 	h.do(Claim{Meta: h.meta(), ID: claimID(8), Key: PoolKey{Template: "other", Net: "none", Size: "small"}, NoEgress: true,
 		Env: []egress.EnvEntry{entry("TOKEN", true)}}, event.TypeClaimCreated, event.TypeVMCloneRequested)
 	h.do(Drain{Meta: h.meta()}, event.TypeNodeDrained)
+	return h
+}
+
+// richStateV4 is richState as it was when StateFormatV4 was current:
+// testdata/state_v4.bin is its encoding by that build.
+func richStateV4(t *testing.T) *harness {
+	h := richStateV3(t)
+	c := h.claim(claimID(5))
+	h.do(VMCloned{Meta: h.res(h.intentFor(c.VM, kA)), VM: c.VM}, event.TypeVMCloned, event.TypeClaimServed)
+	h.do(OpenRelay{Meta: h.meta(), ID: relayID(1), Claim: c.ID, Kind: RelayAgent}, event.TypeRelayOpened)
+	h.do(OpenRelay{Meta: h.meta(), ID: relayID(2), Claim: c.ID, Kind: RelayPort, Port: 8080, Passive: true}, event.TypeRelayOpened)
+	h.do(OpenRelay{Meta: h.meta(), ID: relayID(3), Claim: c.ID, Kind: RelayExec}, event.TypeRelayOpened)
 	return h
 }
 
@@ -150,8 +162,9 @@ func TestEncodeKeepsLIFOOrder(t *testing.T) {
 }
 
 // Snapshots written in an earlier format (V1 before restart histories, V2
-// before drain and tenants, V3 before guarded egress) still decode, to the same state the same events
-// give today, and re-encode as the current format.
+// before drain and tenants, V3 before relays, V4 before guarded egress)
+// still decode, to the same state the same events give today, and
+// re-encode as the current format.
 func TestDecodeOldFormats(t *testing.T) {
 	for _, tc := range []struct {
 		file   string
@@ -161,6 +174,7 @@ func TestDecodeOldFormats(t *testing.T) {
 		{"state_v1.bin", StateFormatV1, richStateV1},
 		{"state_v2.bin", StateFormatV2, richStateV2},
 		{"state_v3.bin", StateFormatV3, richStateV3},
+		{"state_v4.bin", StateFormatV4, richStateV4},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			old, err := os.ReadFile(filepath.Join("testdata", tc.file))

@@ -24,6 +24,7 @@ type State struct {
 	tenantsAPI bool
 	classesAPI bool
 	draining   bool
+	relays     map[string]*RelayRec // open relays by id
 	// applied counts events applied so far; it orders intents (ReqSeq).
 	applied uint64
 
@@ -38,6 +39,7 @@ type State struct {
 	live           int
 	tenantLive     map[string]int
 	tenantByHash   map[[32]byte]string // token hash -> tenant name
+	relaysOf       map[string][]string // claim -> its open relay ids, sorted
 }
 
 // New returns an empty state.
@@ -47,6 +49,8 @@ func New() *State {
 		goldens:        map[PoolKey]*GoldenRec{},
 		vms:            map[string]*VMRec{},
 		claims:         map[string]*ClaimRec{},
+		relays:         map[string]*RelayRec{},
+		relaysOf:       map[string][]string{},
 		pendingVMs:     map[string]struct{}{},
 		pendingGoldens: map[PoolKey]struct{}{},
 		needRefill:     map[PoolKey]struct{}{},
@@ -263,7 +267,8 @@ func (s *State) claimTimer(c *ClaimRec, k timerKind) (int64, bool) {
 	case tTTL:
 		return c.Deadline, c.Status.Live() && c.Status != ClaimPending
 	case tIdle:
-		if c.Status != ClaimRunning {
+		// An open relay holds the idle clock.
+		if c.Status != ClaimRunning || s.hasRelays(c.ID) {
 			return 0, false
 		}
 		if p := s.pools[c.Key]; p != nil && p.Spec.IdleHibernateSeconds > 0 {

@@ -13,7 +13,8 @@ import (
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
 
-// stdin is what a "-" file argument reads (tests replace it).
+// stdin is what a "-" file argument, exec -i and cp from - read (tests
+// replace it).
 var stdin io.Reader = os.Stdin
 
 func init() {

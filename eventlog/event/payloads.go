@@ -361,6 +361,35 @@ type NodeDrained struct{}
 // NodeUncordoned: the node takes claims and refills again.
 type NodeUncordoned struct{}
 
+// RelayOpened records a client connection spliced to a running claim's
+// guest, identified by Relay ("rl_" + 16 hex digits, minted by the API).
+// Kind: agent (the guest agent's wire protocol), port (the guest TCP port
+// Port) or exec (a buffered exec). While a claim has an open relay its
+// idle-hibernate timer is held; opening one is activity, unless Passive (an
+// operator's relay, which holds the timer without counting as use).
+type RelayOpened struct {
+	Relay   string `json:"relay"`
+	Claim   string `json:"claim"`
+	Kind    string `json:"kind"`
+	Port    int    `json:"port,omitempty"`
+	Passive bool   `json:"passive,omitempty"`
+}
+
+// RelayClosed ends an open relay; closing the claim's last one restarts the
+// idle timer from its last activity (the close itself counts, unless the
+// relay was passive). Reason: client, guest, idle, error,
+// shutdown, restart (open when sandboxd died: recorded by its next start),
+// or what ended the claim's running: released, expired, hibernate,
+// vm_exited, failed. BytesIn and BytesOut count client-to-guest and
+// guest-to-client bytes, when the relay's process measured them.
+type RelayClosed struct {
+	Relay    string `json:"relay"`
+	Claim    string `json:"claim"`
+	Reason   string `json:"reason"`
+	BytesIn  int64  `json:"bytes_in,omitempty"`
+	BytesOut int64  `json:"bytes_out,omitempty"`
+}
+
 // NodeAggID is the aggregate id of node-level events; ParkAggID(nil) is the
 // aggregate id of node-wide parking.
 const NodeAggID = "node"
@@ -407,6 +436,8 @@ func (TenantPut) EventType() Type            { return TypeTenantPut }
 func (TenantRemoved) EventType() Type        { return TypeTenantRemoved }
 func (NodeDrained) EventType() Type          { return TypeNodeDrained }
 func (NodeUncordoned) EventType() Type       { return TypeNodeUncordoned }
+func (RelayOpened) EventType() Type          { return TypeRelayOpened }
+func (RelayClosed) EventType() Type          { return TypeRelayClosed }
 
 // Version 1 of every type. A new schema version adds a registerJSON line (or
 // a custom decoder that upgrades the old shape) and keeps this one.
@@ -446,4 +477,6 @@ func init() {
 	registerJSON[TenantRemoved](1)
 	registerJSON[NodeDrained](1)
 	registerJSON[NodeUncordoned](1)
+	registerJSON[RelayOpened](1)
+	registerJSON[RelayClosed](1)
 }

@@ -51,6 +51,8 @@ func samplePayloads() []Payload {
 		TenantRemoved{Name: "u:42/west", Config: true},
 		NodeDrained{},
 		NodeUncordoned{},
+		RelayOpened{Relay: "rl_0011223344556677", Claim: "sb_00112233445566ff", Kind: "port", Port: 8080, Passive: true},
+		RelayClosed{Relay: "rl_0011223344556677", Claim: "sb_00112233445566ff", Reason: "client", BytesIn: 1048576, BytesOut: 2097152},
 		EgressPoolSet{Key: key, Policy: &EgressPolicy{Socks5: true, Allow: []EgressRule{
 			{Host: "api.github.com", Methods: []string{"GET", "POST"}, Ports: []uint16{443}, Secret: "gh", Intercept: InterceptAlways},
 			{Host: "*.googleapis.com"},

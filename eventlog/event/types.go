@@ -69,14 +69,19 @@ const (
 	TypeNodeDrained    Type = 33
 	TypeNodeUncordoned Type = 34
 
+	// Data-plane relays (a client connection spliced to a claim's guest):
+	// facts in the log so audit and the idle rule derive from it.
+	TypeRelayOpened Type = 35
+	TypeRelayClosed Type = 36
+
 	// Guarded egress: the pools' and egress classes' policies, a claim's
 	// env (its values sealed, never in the clear) and the egress usage the
 	// proxy aggregated per sandbox and interval.
-	TypeEgressPoolSet      Type = 35
-	TypeEgressClassPut     Type = 36
-	TypeEgressClassRemoved Type = 37
-	TypeClaimEnvChanged    Type = 38
-	TypeEgressUsage        Type = 39
+	TypeEgressPoolSet      Type = 37
+	TypeEgressClassPut     Type = 38
+	TypeEgressClassRemoved Type = 39
+	TypeClaimEnvChanged    Type = 40
+	TypeEgressUsage        Type = 41
 )
 
 // AggKind is the kind of aggregate an event belongs to.
@@ -137,6 +142,8 @@ var typeInfos = map[Type]typeInfo{
 	TypeTenantRemoved:        {"tenant_removed", 1, AggTenant},
 	TypeNodeDrained:          {"node_drained", 1, AggNode},
 	TypeNodeUncordoned:       {"node_uncordoned", 1, AggNode},
+	TypeRelayOpened:          {"relay_opened", 1, AggClaim},
+	TypeRelayClosed:          {"relay_closed", 1, AggClaim},
 	TypeEgressPoolSet:        {"egress_pool_set", 1, AggPool},
 	TypeEgressClassPut:       {"egress_class_put", 1, AggEgress},
 	TypeEgressClassRemoved:   {"egress_class_removed", 1, AggEgress},

@@ -17,4 +17,13 @@
 // OnCommit once durable; hibernates and wakes of one sandbox queue in
 // arrival order, bounded by Config.LifecycleWait. The waiting changes
 // nothing the state machine, the log or the executors do.
+//
+// The data plane (agent.go, ports.go, exec.go, dataplane.go) reaches inside
+// sandboxes through the driver's executors.AgentDialer and authenticates as
+// the old daemon did (a token that is not the sandbox's own is 404). Each
+// connection is a relay recorded open and closed in the log (fsm.OpenRelay,
+// fsm.CloseRelay), never per byte; a relay to a sandbox that is not running
+// first brings it there as a wake does, in the same queue; a relay the log
+// closes (a release, a reap, a hibernate) has its connection ended on that
+// commit. The bytes move in package relay.
 package api

@@ -132,6 +132,8 @@ type Server struct {
 
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
+
+	data *dataPlane // the routes to guests (dataplane.go)
 }
 
 // Options carry the optional parts of a Server.
@@ -149,6 +151,8 @@ type Options struct {
 	// Egress is the node's guarded egress (env key, secret registry, CA);
 	// without a key, env is refused.
 	Egress EgressOptions
+	// DataPlane configures the routes to sandboxes' guests.
+	DataPlane DataPlane
 }
 
 // New builds a Server.
@@ -178,6 +182,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 		ready:   make(chan struct{}),
 	}
 	s.vms = newVMView()
+	s.data = newDataPlane(s, opts.DataPlane)
 	s.mux = http.NewServeMux()
 	s.register()
 	return s
@@ -239,6 +244,9 @@ func (s *Server) register() {
 	add("GET", "/v1/sandboxes/{id}/env", "root|tenant", s.handleGetEnv, root, tenant)
 	add("PUT", "/v1/sandboxes/{id}/env", "root|tenant", s.handlePutEnv, root, tenant)
 	add("PATCH", "/v1/sandboxes/{id}/env", "root|tenant", s.handlePatchEnv, root, tenant)
+	add("GET", "/v1/sandboxes/{id}/agent", "sandbox", s.handleAgent)            // authenticates itself (agent.go)
+	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort) // authenticates itself (ports.go)
+	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec)             // authenticates itself (exec.go)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
 	add("GET", "/v1/info", "root", s.handleInfo, root)

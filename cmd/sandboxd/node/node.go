@@ -18,8 +18,9 @@
 //  5. node identity (first start), the config's egress classes (until the
 //     API owns them, egress.go), first-start pools with their egress
 //     policies, the config's tenants (until the API owns them, see
-//     tenants.go), limits (only when they differ from the state's: the
-//     config owns limits);
+//     tenants.go), the relays the last process left open recorded closed,
+//     limits (only when they differ from the state's: the config owns
+//     limits);
 //  6. the hypervisor driver, opened for the node's instance id, and its
 //     Prepare (roots, temp-dir sweep, reflink detection);
 //  7. the start-up reconcile (adopt, report dead, remove orphans), before
@@ -30,10 +31,10 @@
 //     op ids), the engine's timer and refill loops started;
 //  10. ready: the VM view may send its first sync; then HTTP is served.
 //
-// Stop is the reverse: stop serving, stop the executors (VMs keep running),
-// record the egress usage the meter holds, stop the engine, save a state
-// snapshot, let replication publish the log's tail (bounded), close the
-// driver, replication and the log.
+// Stop is the reverse: end the relays (recorded closed), stop serving, stop
+// the executors (VMs keep running), record the egress usage the meter
+// holds, stop the engine, save a state snapshot, let replication publish
+// the log's tail (bounded), close the driver, replication and the log.
 //
 // Beside the order live the two decorators of the claim path that depend on
 // replication: the synchronous-replication engine (an API write answers only
@@ -193,6 +194,9 @@ type Config struct {
 	// API is passed to api.New; OwnerAddr, Node and Hypervisor are filled
 	// in from the node when empty.
 	API api.Config
+	// DataPlane configures the routes to guests; its Dialer defaults to
+	// the driver, when the driver is an executors.AgentDialer.
+	DataPlane api.DataPlane
 	// Clock is the time the node's logic reads (the engine's stamps and
 	// timers, the API's answers); default the system clock. Durations of
 	// I/O (start phases, snapshot timing) are measured on the real clock.
@@ -441,8 +445,11 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if apiCfg.Hypervisor == "" {
 		apiCfg.Hypervisor = hv.Name()
 	}
-	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now, Stats: n.vmmStats,
+	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now, Stats: n.vmmStats, DataPlane: cfg.DataPlane,
 		Egress: api.EgressOptions{Key: n.EnvKey, Secrets: cfg.Egress.Secrets, CanIntercept: cfg.Egress.CanIntercept}}
+	if gd, ok := n.Driver.(executors.AgentDialer); ok && apiOpts.DataPlane.Dialer == nil {
+		apiOpts.DataPlane.Dialer = gd
+	}
 	var apiEng api.Engine = n.Engine
 	if n.Repl != nil {
 		if apiOpts.Redirector == nil {
@@ -559,7 +566,26 @@ func (n *Node) configure(ctx context.Context, firstStart bool) error {
 	if err := n.applyTenants(ctx); err != nil {
 		return err
 	}
+	if err := n.closeStaleRelays(ctx); err != nil {
+		return err
+	}
 	return n.applyLimits(ctx)
+}
+
+// closeStaleRelays records closed every relay the log still holds open:
+// relays run on this process's connections and none survives it, so after
+// a crash the log is set straight before anything is served.
+func (n *Node) closeStaleRelays(ctx context.Context) error {
+	var open int
+	n.Engine.View(func(st *fsm.State) { open = st.OpenRelays() })
+	if open == 0 {
+		return nil
+	}
+	if _, err := n.Engine.Propose(ctx, fsm.CloseAllRelays{Meta: n.Engine.Meta(), Reason: fsm.RelayClosedRestart}); err != nil {
+		return fmt.Errorf("record stale relays closed: %w", err)
+	}
+	n.zl.Info().Int("relays", open).Msg("relays open when the last process ended recorded closed")
+	return nil
 }
 
 // applyLimits records max_claims when it differs from the state's: the
@@ -638,8 +664,9 @@ func (n *Node) snapshot() {
 	n.zl.Info().Uint64("seq", seq).Int("bytes", len(data)).Dur("elapsed", time.Since(start)).Msg("state snapshot saved")
 }
 
-// Stop is SIGTERM: stop serving, stop the executors (VMs keep running),
-// stop the engine, snapshot, flush replication, close everything. It is
+// Stop is SIGTERM: end the relays, stop serving, stop the executors (VMs
+// keep running), stop the engine, snapshot, flush replication, close
+// everything. It is
 // idempotent; the error is the engine's failure, if it failed.
 func (n *Node) Stop() error {
 	var err error
@@ -647,6 +674,13 @@ func (n *Node) Stop() error {
 		close(n.stopped)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
+		if n.Server != nil {
+			// Relays run on hijacked connections, which Shutdown leaves
+			// alone, and a buffered exec would hold Shutdown up: end them
+			// first (new ones are refused) and record them closed while the
+			// engine runs.
+			n.Server.CloseRelays(ctx)
+		}
 		if n.http != nil {
 			_ = n.http.Shutdown(ctx)
 		}
@@ -683,6 +717,9 @@ func (n *Node) Kill() {
 		close(n.stopped)
 		if n.http != nil {
 			_ = n.http.Close()
+		}
+		if n.Server != nil {
+			n.Server.AbortRelays() // a crash takes its connections along
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
