@@ -17,9 +17,12 @@ type State struct {
 	vms            map[string]*VMRec
 	claims         map[string]*ClaimRec
 	tenants        map[string]*TenantRec
+	egressClasses  map[string]*EgressClassRec
 	// tenantsAPI: the API has changed the tenant set (the config's
-	// tenants no longer apply); draining: the node drains.
+	// tenants no longer apply); classesAPI the same for egress classes;
+	// draining: the node drains.
 	tenantsAPI bool
+	classesAPI bool
 	draining   bool
 	relays     map[string]*RelayRec // open relays by id
 	// applied counts events applied so far; it orders intents (ReqSeq).
@@ -54,6 +57,7 @@ func New() *State {
 		tenantLive:     map[string]int{},
 		tenants:        map[string]*TenantRec{},
 		tenantByHash:   map[[32]byte]string{},
+		egressClasses:  map[string]*EgressClassRec{},
 	}
 }
 
@@ -216,6 +220,8 @@ func (s *State) setClaimStatus(c *ClaimRec, st ClaimStatus, now int64) {
 	if wasLive && !st.Live() {
 		s.liveDelta(c, -1)
 		c.Ended = now
+		// The env (its sealed secrets) goes with the claim.
+		c.Env = nil
 		s.purge.set(timerKey{kind: tPurge, id: c.ID}, now+ClaimRetentionNS)
 		s.syncClaimTimers(c)
 		s.maybeDropPool(c.Key)

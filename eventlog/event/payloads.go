@@ -207,18 +207,28 @@ type VMRestartFailed struct {
 // claim runs at once; "clone" and "cold" leave the claim pending until VM, an
 // on-demand clone (or cold boot) requested in the same batch, is ready or
 // ServeByNS passes.
+//
+// Version 2 adds the claim's egress, pinned for its life: EgressClass (the
+// tenant's class when the claim was made), NoEgress (the claim asked for
+// none), PolicyLayer ("pooled": the key had a configured pool; "unpooled":
+// it had none; a v1 record, without it, reads as pooled) and Env (the
+// claim's env, each value sealed).
 type ClaimCreated struct {
-	Claim      string            `json:"claim"`
-	Key        PoolKey           `json:"key"`
-	VM         string            `json:"vm"`
-	Tier       string            `json:"tier"`
-	Tenant     string            `json:"tenant,omitempty"`
-	ClaimRef   string            `json:"claim_ref,omitempty"`
-	Metadata   map[string]string `json:"metadata,omitempty"`
-	TTLSeconds int64             `json:"ttl_seconds"`
-	DeadlineNS int64             `json:"deadline_ns"`
-	ServeByNS  int64             `json:"serve_by_ns"`
-	TokenGen   uint32            `json:"token_gen"`
+	Claim       string            `json:"claim"`
+	Key         PoolKey           `json:"key"`
+	VM          string            `json:"vm"`
+	Tier        string            `json:"tier"`
+	Tenant      string            `json:"tenant,omitempty"`
+	ClaimRef    string            `json:"claim_ref,omitempty"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+	TTLSeconds  int64             `json:"ttl_seconds"`
+	DeadlineNS  int64             `json:"deadline_ns"`
+	ServeByNS   int64             `json:"serve_by_ns"`
+	TokenGen    uint32            `json:"token_gen"`
+	EgressClass string            `json:"egress_class,omitempty"`
+	NoEgress    bool              `json:"no_egress,omitempty"`
+	PolicyLayer string            `json:"policy_layer,omitempty"`
+	Env         []EnvEntry        `json:"env,omitempty"`
 }
 
 // ClaimServed: a pending claim's VM is ready; the claim runs.
@@ -445,6 +455,7 @@ func init() {
 	registerJSON[VMDestroyed](1)
 	registerJSON[VMExited](1)
 	registerJSON[ClaimCreated](1)
+	registerJSON[ClaimCreated](2)
 	registerJSON[ClaimServed](1)
 	registerJSON[ClaimFailed](1)
 	registerJSON[ClaimRenewed](1)

@@ -73,6 +73,15 @@ const (
 	// facts in the log so audit and the idle rule derive from it.
 	TypeRelayOpened Type = 35
 	TypeRelayClosed Type = 36
+
+	// Guarded egress: the pools' and egress classes' policies, a claim's
+	// env (its values sealed, never in the clear) and the egress usage the
+	// proxy aggregated per sandbox and interval.
+	TypeEgressPoolSet      Type = 37
+	TypeEgressClassPut     Type = 38
+	TypeEgressClassRemoved Type = 39
+	TypeClaimEnvChanged    Type = 40
+	TypeEgressUsage        Type = 41
 )
 
 // AggKind is the kind of aggregate an event belongs to.
@@ -87,6 +96,7 @@ const (
 	AggVM      AggKind = 4
 	AggClaim   AggKind = 5
 	AggTenant  AggKind = 6
+	AggEgress  AggKind = 7 // an egress class
 )
 
 type typeInfo struct {
@@ -109,7 +119,7 @@ var typeInfos = map[Type]typeInfo{
 	TypeVMDestroyRequested:   {"vm_destroy_requested", 1, AggVM},
 	TypeVMDestroyed:          {"vm_destroyed", 1, AggVM},
 	TypeVMExited:             {"vm_exited", 1, AggVM},
-	TypeClaimCreated:         {"claim_created", 1, AggClaim},
+	TypeClaimCreated:         {"claim_created", 2, AggClaim},
 	TypeClaimServed:          {"claim_served", 1, AggClaim},
 	TypeClaimFailed:          {"claim_failed", 1, AggClaim},
 	TypeClaimRenewed:         {"claim_renewed", 1, AggClaim},
@@ -134,6 +144,11 @@ var typeInfos = map[Type]typeInfo{
 	TypeNodeUncordoned:       {"node_uncordoned", 1, AggNode},
 	TypeRelayOpened:          {"relay_opened", 1, AggClaim},
 	TypeRelayClosed:          {"relay_closed", 1, AggClaim},
+	TypeEgressPoolSet:        {"egress_pool_set", 1, AggPool},
+	TypeEgressClassPut:       {"egress_class_put", 1, AggEgress},
+	TypeEgressClassRemoved:   {"egress_class_removed", 1, AggEgress},
+	TypeClaimEnvChanged:      {"claim_env_changed", 1, AggClaim},
+	TypeEgressUsage:          {"egress_usage", 1, AggClaim},
 }
 
 // Known reports whether this build can read events of type t.
@@ -173,7 +188,7 @@ func Types() []Type {
 	return out
 }
 
-var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant"}
+var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant", AggEgress: "egress"}
 
 // String returns the aggregate kind's stable name.
 func (k AggKind) String() string {

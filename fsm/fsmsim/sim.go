@@ -3,7 +3,8 @@
 // hibernate, wake, release, renew, relays opened and closed, ticks) interleaved with the results an
 // executor would report for the state's intents, some of them failures, some
 // stale, VMMs dying on their own under varied restart policies, tenant
-// changes (single, whole-set, from the API or the config) and node drains.
+// changes (single, whole-set, from the API or the config), node drains and
+// guarded egress (classes, pool policies, claims' env, usage records).
 // The same seed against the same code gives the same stream, so a failing
 // prefix can be replayed exactly.
 //
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
 // Start is the simulated clock's origin (2026-09-01T00:00:00Z).
@@ -113,6 +115,8 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 		return fsm.Drain{Meta: s.meta()}
 	case x < 30 && st.Draining():
 		return fsm.Uncordon{Meta: s.meta()}
+	case x >= 970:
+		return s.egress(st)
 	}
 	r := s.rng.intn(1000)
 	switch {
@@ -206,7 +210,7 @@ func (s *Sim) tenantSpec() fsm.TenantSpec {
 		spec.MaxClaims = s.rng.intn(6)
 	}
 	if s.rng.intn(4) == 0 {
-		spec.EgressClass = "desk"
+		spec.EgressClass = s.className()
 	}
 	return spec
 }
@@ -250,6 +254,13 @@ func (s *Sim) pools() fsm.Command {
 			sp.IdleHibernateSeconds = int64(5 + s.rng.intn(120))
 		}
 		c.Pools = append(c.Pools, sp)
+		if s.rng.intn(3) == 0 {
+			if c.Egress == nil {
+				c.Egress = map[fsm.PoolKey]*egress.Policy{}
+			}
+			p := s.policy(true)
+			c.Egress[k] = &p
+		}
 	}
 	return c
 }
@@ -283,6 +294,12 @@ func (s *Sim) claim(st *fsm.State) fsm.Command {
 	if s.rng.intn(3) == 0 {
 		c.ClaimRef = fmt.Sprintf("job-%d", s.rng.intn(50))
 		c.Metadata = map[string]string{"user": fmt.Sprintf("u%d", s.rng.intn(5)), "x": "y"}
+	}
+	if s.rng.intn(10) == 0 {
+		c.NoEgress = true
+	}
+	if s.rng.intn(8) == 0 {
+		c.Env = s.env(1 + s.rng.intn(3))
 	}
 	return c
 }

@@ -52,6 +52,12 @@ var successStatus = map[string]int{
 	"DELETE /v1/tenants/{name}":         http.StatusNoContent,
 	"POST /v1/drain":                    http.StatusOK,
 	"DELETE /v1/drain":                  http.StatusOK,
+	"GET /v1/sandboxes/{id}/env":        http.StatusOK,
+	"PUT /v1/sandboxes/{id}/env":        http.StatusNoContent,
+	"PATCH /v1/sandboxes/{id}/env":      http.StatusNoContent,
+	"GET /v1/egress/classes":            http.StatusOK,
+	"PUT /v1/egress/classes/{name}":     http.StatusNoContent,
+	"DELETE /v1/egress/classes/{name}":  http.StatusNoContent,
 	"POST /v1/sandboxes/{id}/exec":      http.StatusOK,
 }
 
@@ -63,9 +69,13 @@ var routeBody = map[string]string{
 	"PUT /v1/pools":                 `{"pools":[{"template":"default","net":"none","size":"small","warm":4}]}`,
 	// The whole set keeps tenants a and b (and matrixTenant, which the
 	// {name} routes delete and put back).
-	"PUT /v1/tenants":              `{"tenants":[{"name":"a"},{"name":"b"},{"name":"` + matrixTenant + `"}]}`,
-	"PUT /v1/tenants/{name}":       `{"token":"matrix-tenant-token","max_claims":2}`,
-	"POST /v1/sandboxes/{id}/exec": `{"argv":["true"]}`,
+	"PUT /v1/tenants":        `{"tenants":[{"name":"a"},{"name":"b"},{"name":"` + matrixTenant + `"}]}`,
+	"PUT /v1/tenants/{name}": `{"token":"matrix-tenant-token","max_claims":2}`,
+	// The {name} routes delete the class matrixTenant and put it back.
+	"PUT /v1/egress/classes/{name}": `{"egress":{"allow":[{"host":"*"}]}}`,
+	"PUT /v1/sandboxes/{id}/env":    `{"env":{"A":{"value":"1"},"B":{"value":"s","guest":false}}}`,
+	"PATCH /v1/sandboxes/{id}/env":  `{"env":{"A":null}}`,
+	"POST /v1/sandboxes/{id}/exec":  `{"argv":["true"]}`,
 }
 
 // matrixTenant is the tenant the matrix puts in place of {name}.
@@ -234,6 +244,9 @@ func TestAuthMatrix(t *testing.T) {
 	before := getSandbox(t, n, shared.ID)
 	if st, b := call(t, n, "PUT", "/v1/tenants/"+matrixTenant, rootTok, []byte(`{"token":"matrix-tenant-token"}`)); st != http.StatusNoContent {
 		t.Fatalf("put %s: %d %s", matrixTenant, st, b)
+	}
+	if st, b := call(t, n, "PUT", "/v1/egress/classes/"+matrixTenant, rootTok, []byte(`{"egress":{"allow":[]}}`)); st != http.StatusNoContent {
+		t.Fatalf("put class %s: %d %s", matrixTenant, st, b)
 	}
 
 	for _, rt := range routes {

@@ -4,10 +4,12 @@
 //
 // Handlers only translate: they authenticate, validate the body, stamp what
 // the state machine must not invent (claim ids, op ids, token generations,
-// the time) into an fsm command and hand it to the engine, which answers once
-// the command's events are durable and applied. A *fsm.Rejection becomes its
-// 4xx; an engine append failure becomes 503, never a 4xx. Every error body is
-// {"error": "..."}; bodies are capped at 1 MiB.
+// the time, and the sealing of env values under the node's key, so no
+// secret reaches the log in the clear) into an fsm command and hand it to
+// the engine, which answers once the command's events are durable and
+// applied. A *fsm.Rejection becomes its 4xx; an engine append failure
+// becomes 503, never a 4xx. Every error body is {"error": "..."}; bodies
+// are capped at 1 MiB.
 //
 // Requests that answer with an outcome rather than the command (a claim
 // served by a clone, a hibernate or wake, which answer once done as the old

@@ -128,6 +128,7 @@ type Server struct {
 
 	replication func() any // Options.Replication
 	stats       StatsFunc  // Options.Stats
+	egress      EgressOptions
 
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
@@ -147,6 +148,9 @@ type Options struct {
 	// Stats, when set, reads a VM's VMM usage for
 	// GET /v1/sandboxes/{id}/stats; without it usage is never measured.
 	Stats StatsFunc
+	// Egress is the node's guarded egress (env key, secret registry, CA);
+	// without a key, env is refused.
+	Egress EgressOptions
 	// DataPlane configures the routes to sandboxes' guests.
 	DataPlane DataPlane
 }
@@ -173,7 +177,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	}
 	s := &Server{
 		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
-		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats,
+		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats, egress: opts.Egress,
 		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
 	}
@@ -235,6 +239,11 @@ func (s *Server) register() {
 	add("POST", "/v1/sandboxes/{id}/renew", "root|tenant|sandbox", s.handleRenew, root, tenant, sandbox)
 	add("GET", "/v1/sandboxes/{id}/owner", "root|tenant|sandbox", s.handleOwner, root, tenant, sandbox)
 	add("GET", "/v1/sandboxes/{id}/stats", "root|sandbox", s.handleStats, root, sandbox)
+	// env takes the node's API token (root or the sandbox's tenant), as the
+	// old daemon's did, not the sandbox token.
+	add("GET", "/v1/sandboxes/{id}/env", "root|tenant", s.handleGetEnv, root, tenant)
+	add("PUT", "/v1/sandboxes/{id}/env", "root|tenant", s.handlePutEnv, root, tenant)
+	add("PATCH", "/v1/sandboxes/{id}/env", "root|tenant", s.handlePatchEnv, root, tenant)
 	add("GET", "/v1/sandboxes/{id}/agent", "sandbox", s.handleAgent)            // authenticates itself (agent.go)
 	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort) // authenticates itself (ports.go)
 	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec)             // authenticates itself (exec.go)
@@ -255,6 +264,9 @@ func (s *Server) register() {
 	add("PUT", "/v1/tenants", "root", s.handlePutTenants, root, tenant)
 	add("PUT", "/v1/tenants/{name}", "root", s.handlePutTenant, root, tenant)
 	add("DELETE", "/v1/tenants/{name}", "root", s.handleDeleteTenant, root, tenant)
+	add("GET", "/v1/egress/classes", "root", s.handleGetEgressClasses, root, tenant)
+	add("PUT", "/v1/egress/classes/{name}", "root", s.handlePutEgressClass, root, tenant)
+	add("DELETE", "/v1/egress/classes/{name}", "root", s.handleDeleteEgressClass, root, tenant)
 	add("POST", "/v1/drain", "root", s.handleDrain, root, tenant)
 	add("DELETE", "/v1/drain", "root", s.handleUncordon, root, tenant)
 

@@ -8,16 +8,19 @@
 // Start order (each step only once the previous one succeeded; a failure
 // undoes the steps taken, in reverse):
 //
-//  1. data dir, node secret, authenticator (its tenants: the state's, from
-//     step 4);
+//  1. data dir, node secret, env key (seals claims' env values),
+//     authenticator (its tenants: the state's, from step 4);
 //  2. open the op log;
 //  3. replication (when configured): it follows the log from here on,
 //     publishing what is durable, independently of the rebuild;
-//  4. rebuild the state (latest snapshot + tail) and wrap it in the engine;
-//  5. node identity (first start), first-start pools, the config's tenants
-//     (until the API owns them, see tenants.go), the relays the last
-//     process left open recorded closed, limits (only when they differ
-//     from the state's: the config owns limits);
+//  4. rebuild the state (latest snapshot + tail) and wrap it in the engine,
+//     and the egress view over it (egress.go);
+//  5. node identity (first start), the config's egress classes (until the
+//     API owns them, egress.go), first-start pools with their egress
+//     policies, the config's tenants (until the API owns them, see
+//     tenants.go), the relays the last process left open recorded closed,
+//     limits (only when they differ from the state's: the config owns
+//     limits);
 //  6. the hypervisor driver, opened for the node's instance id, and its
 //     Prepare (roots, temp-dir sweep, reflink detection);
 //  7. the start-up reconcile (adopt, report dead, remove orphans), before
@@ -29,9 +32,9 @@
 //  10. ready: the VM view may send its first sync; then HTTP is served.
 //
 // Stop is the reverse: end the relays (recorded closed), stop serving, stop
-// the executors (VMs keep running), stop the engine, save a state snapshot,
-// let replication publish the log's tail (bounded), close the driver,
-// replication and the log.
+// the executors (VMs keep running), record the egress usage the meter
+// holds, stop the engine, save a state snapshot, let replication publish
+// the log's tail (bounded), close the driver, replication and the log.
 //
 // Beside the order live the two decorators of the claim path that depend on
 // replication: the synchronous-replication engine (an API write answers only
@@ -68,6 +71,8 @@ import (
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/auth"
+	"github.com/sbxlog/sbxlog/projections/egressview"
+	"github.com/sbxlog/sbxlog/projections/envseal"
 )
 
 // DefaultSnapshotEvery bounds the tail a restart replays: a snapshot is
@@ -196,7 +201,9 @@ type Config struct {
 	// timers, the API's answers); default the system clock. Durations of
 	// I/O (start phases, snapshot timing) are measured on the real clock.
 	Clock engine.Clock
-	Log   zerolog.Logger
+	// Egress configures guarded egress (egress.go).
+	Egress EgressConfig
+	Log    zerolog.Logger
 }
 
 // Replication configures step 3.
@@ -237,6 +244,10 @@ type Node struct {
 	Driver    Driver
 	Auth      *auth.Authenticator
 	Metrics   *api.Metrics
+	// EnvKey seals claims' env values; Egress is what the egress proxy
+	// asks about each sandbox (egress.go).
+	EnvKey *envseal.Key
+	Egress *egressview.View
 	// Instance is the instance id owning this node's VMs.
 	Instance string
 	// Phases are the start steps as they ran; Replayed is how many events
@@ -331,6 +342,9 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if err != nil {
 		return nil, err
 	}
+	if n.EnvKey, err = loadEnvKey(dataDir); err != nil {
+		return nil, err
+	}
 	if n.tenants, err = configTenants(cfg.Tenants, cfg.RootToken); err != nil {
 		return nil, err
 	}
@@ -376,6 +390,9 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	})
 	metrics = api.NewMetrics(n.Engine)
 	n.Metrics = metrics
+	if err := n.startEgress(metrics); err != nil {
+		return nil, err
+	}
 	n.Auth.UseTenants(n.tenantByHash)
 	phase("rebuild", t0)
 
@@ -428,7 +445,8 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if apiCfg.Hypervisor == "" {
 		apiCfg.Hypervisor = hv.Name()
 	}
-	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now, Stats: n.vmmStats, DataPlane: cfg.DataPlane}
+	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now, Stats: n.vmmStats, DataPlane: cfg.DataPlane,
+		Egress: api.EgressOptions{Key: n.EnvKey, Secrets: cfg.Egress.Secrets, CanIntercept: cfg.Egress.CanIntercept}}
 	if gd, ok := n.Driver.(executors.AgentDialer); ok && apiOpts.DataPlane.Dialer == nil {
 		apiOpts.DataPlane.Dialer = gd
 	}
@@ -474,6 +492,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		n.serveErr <- err
 	})
 	n.spawn(n.snapshotLoop)
+	n.spawn(n.runMeter)
 	if n.Repl != nil {
 		n.spawn(func() { replicatedGauge(n.stopped, n.Repl, metrics) })
 	}
@@ -533,8 +552,11 @@ func (n *Node) configure(ctx context.Context, firstStart bool) error {
 		}
 		zl.Info().Str("node", cfg.NodeID).Str("instance", n.Instance).Msg("new node: identity recorded in the log")
 	}
+	if err := n.applyEgressClasses(ctx); err != nil {
+		return err
+	}
 	if firstStart && len(cfg.Pools) > 0 {
-		if _, err := n.Engine.Propose(ctx, fsm.ConfigurePools{Meta: n.Engine.Meta(), Pools: cfg.Pools}); err != nil {
+		if _, err := n.Engine.Propose(ctx, fsm.ConfigurePools{Meta: n.Engine.Meta(), Pools: cfg.Pools, Egress: cfg.Egress.PoolEgress}); err != nil {
 			return fmt.Errorf("apply configured pools: %w", err)
 		}
 		zl.Info().Int("pools", len(cfg.Pools)).Msg("first start: pools from the config applied; PUT /v1/pools owns them from now on")
@@ -668,6 +690,7 @@ func (n *Node) Stop() error {
 			}
 		}
 		if n.Engine != nil {
+			n.flushMeter()
 			n.Engine.Shutdown()
 			if e := n.Engine.Err(); e != nil && !errors.Is(e, engine.ErrStopped) {
 				err = e
