@@ -2,11 +2,8 @@ package chdriver
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
@@ -98,32 +95,25 @@ func (d *Driver) HibernateSnapshotDir(vm string, op event.OpID) string {
 // crash cut short. Snapshots of VMs not in keep are left alone, and so is
 // anything that is not a complete snapshot naming its VM.
 func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) ([]string, error) {
-	dir := filepath.Join(d.roots.Store, layout.HibernateStore)
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	stale, err := d.roots.StaleHibernateSnapshots(keep, func(dir string) string {
+		m, err := ReadMeta(dir)
+		if err != nil || m.Kind != fsm.KindHibernate {
+			return ""
+		}
+		return m.VM
+	})
 	if err != nil {
 		return nil, fmt.Errorf("chdriver: %w", err)
 	}
 	var removed []string
-	for _, e := range ents {
+	for _, rel := range stale {
 		if ctx.Err() != nil {
 			return removed, ctx.Err()
-		}
-		rel := filepath.Join(layout.HibernateStore, e.Name())
-		m, err := ReadMeta(filepath.Join(d.roots.Store, rel))
-		if err != nil || m.Kind != fsm.KindHibernate || !strings.HasPrefix(e.Name(), layout.HibernatePrefix(m.VM)) {
-			continue
-		}
-		kept, known := keep[m.VM]
-		if !known || slices.Contains(kept, rel) {
-			continue
 		}
 		if err := d.fs.RemoveAll(filepath.Join(d.roots.Store, rel)); err != nil {
 			return removed, err
 		}
-		d.log.Info().Str("snapshot", rel).Str("vm", m.VM).Msg("removed a snapshot no longer needed (a crash cut its removal short)")
+		d.log.Info().Str("snapshot", rel).Msg("removed a snapshot no longer needed (a crash cut its removal short)")
 		removed = append(removed, rel)
 	}
 	return removed, nil

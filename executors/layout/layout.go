@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -261,4 +262,32 @@ func within(root, rel, what string) (string, error) {
 		return "", executors.Unrecoverablef("%s %q: not a clean path inside %s", what, rel, root)
 	}
 	return filepath.Join(root, clean), nil
+}
+
+// StaleHibernateSnapshots lists the hibernate snapshots (relative to the
+// store) of the VMs in keep (VM id -> the snapshot dirs to keep) that are
+// not kept: the snapshot a woken VM restored from, whose removal after the
+// wake a crash cut short. vmOf names the VM a complete hibernate snapshot
+// in dir (absolute) belongs to, or "" for anything else (incomplete, a
+// golden, unreadable). Snapshots of VMs not in keep are never listed. The
+// caller removes what it is given: each driver owns its filesystem calls.
+func (r Roots) StaleHibernateSnapshots(keep map[string][]string, vmOf func(dir string) string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(r.Store, HibernateStore))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("layout: %w", err)
+	}
+	var stale []string
+	for _, e := range ents {
+		rel := filepath.Join(HibernateStore, e.Name())
+		vm := vmOf(filepath.Join(r.Store, rel))
+		kept, known := keep[vm]
+		if vm == "" || !known || !strings.HasPrefix(e.Name(), HibernatePrefix(vm)) || slices.Contains(kept, rel) {
+			continue
+		}
+		stale = append(stale, rel)
+	}
+	return stale, nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
@@ -142,34 +141,26 @@ func (d *Driver) HibernateSnapshotDir(vm string, op event.OpID) string {
 // Snapshots of VMs not in keep are left alone, and so is anything that is
 // not a complete hibernate snapshot (meta.json) named after its VM.
 func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) ([]string, error) {
-	dir := filepath.Join(d.roots.Store, layout.HibernateStore)
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	stale, err := d.roots.StaleHibernateSnapshots(keep, func(dir string) string {
+		// meta.json names no VM; the dir's name does (layout), and keep
+		// holds the VM ids it may name.
+		if m, err := ReadMeta(dir); err != nil || m.Source != sourceHibernate {
+			return ""
+		}
+		return vmOfSnapshot(filepath.Base(dir), keep)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
 	var removed []string
-	for _, e := range ents {
+	for _, rel := range stale {
 		if ctx.Err() != nil {
 			return removed, ctx.Err()
-		}
-		vm := vmOfSnapshot(e.Name(), keep)
-		if vm == "" {
-			continue
-		}
-		rel := filepath.Join(layout.HibernateStore, e.Name())
-		if slices.Contains(keep[vm], rel) {
-			continue
-		}
-		if m, err := ReadMeta(filepath.Join(d.roots.Store, rel)); err != nil || m.Source != sourceHibernate {
-			continue
 		}
 		if err := os.RemoveAll(filepath.Join(d.roots.Store, rel)); err != nil {
 			return removed, fmt.Errorf("qemu: %w", err)
 		}
-		d.log.Info().Str("snapshot", rel).Str("vm", vm).Msg("removed a snapshot no longer needed (a crash cut its removal short)")
+		d.log.Info().Str("snapshot", rel).Msg("removed a snapshot no longer needed (a crash cut its removal short)")
 		removed = append(removed, rel)
 	}
 	return removed, nil

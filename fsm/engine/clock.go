@@ -25,10 +25,14 @@ type Timer interface {
 // default; other clocks may embed it and change only Now.
 func SystemClock() Clock { return systemClock{} }
 
+// wallClock is where the engine's time comes from when no clock is
+// injected: the one reading of the system clock, at the injection seam.
+var wallClock = time.Now
+
 // systemClock is the default Clock: time.Now and time.NewTimer.
 type systemClock struct{}
 
-func (systemClock) Now() time.Time                 { return time.Now() }
+func (systemClock) Now() time.Time                 { return wallClock() }
 func (systemClock) NewTimer(d time.Duration) Timer { return systemTimer{time.NewTimer(d)} }
 
 type systemTimer struct{ t *time.Timer }
