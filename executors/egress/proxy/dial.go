@@ -1,0 +1,119 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// blockedError is a dial the guard refused: every address the name had
+// was refused (or the one it was).
+type blockedError struct {
+	host string
+	ip   netip.Addr
+	err  error
+}
+
+func (e *blockedError) Error() string {
+	return fmt.Sprintf("blocked internal address %s (for %s): %v", e.ip, e.host, e.err)
+}
+
+func (e *blockedError) Unwrap() error { return e.err }
+
+func isBlocked(err error) bool {
+	var b *blockedError
+	return errors.As(err, &b)
+}
+
+// canonical unwraps the forms an address can hide an IPv4 one in: v4-mapped
+// IPv6 and NAT64 (64:ff9b::/96), so the guard judges the address reached.
+func canonical(ip netip.Addr) netip.Addr {
+	ip = ip.Unmap()
+	if ip.Is6() {
+		b := ip.As16()
+		if b[0] == 0x00 && b[1] == 0x64 && b[2] == 0xff && b[3] == 0x9b && b[4]|b[5]|b[6]|b[7]|b[8]|b[9]|b[10]|b[11] == 0 {
+			return netip.AddrFrom4([4]byte(b[12:]))
+		}
+	}
+	return ip
+}
+
+// dial connects to host:port: the name resolved here (never by the guest),
+// each address checked by the guard before the connect and again, as the
+// kernel is asked to connect it, in the dialer's Control hook. Addresses
+// the guard refuses are skipped; when none is left the error is a
+// blockedError (502, reason internal).
+func (s *Server) dial(ctx context.Context, host string, port uint16) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	var addrs []netip.Addr
+	if ip, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		addrs = []netip.Addr{ip}
+	} else {
+		if addrs, err = s.cfg.Lookup(ctx, host); err != nil {
+			return nil, fmt.Errorf("resolve %s: %w", host, err)
+		}
+		if len(addrs) == 0 {
+			return nil, fmt.Errorf("resolve %s: no address", host)
+		}
+	}
+	var blocked, last error
+	for _, ip := range addrs {
+		ip = canonical(ip)
+		if err := s.pol.Check(ip, port); err != nil {
+			if blocked == nil {
+				blocked = &blockedError{host: host, ip: ip, err: err}
+			}
+			continue
+		}
+		d := net.Dialer{Control: func(network, address string, _ syscall.RawConn) error {
+			ap, err := netip.ParseAddrPort(address)
+			if err != nil {
+				return err
+			}
+			if err := s.pol.Check(canonical(ap.Addr()), ap.Port()); err != nil {
+				return &blockedError{host: host, ip: ap.Addr(), err: err}
+			}
+			return nil
+		}}
+		var c net.Conn
+		err := s.cfg.DialIn(func() error {
+			var err error
+			c, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(ip, port).String())
+			return err
+		})
+		if err == nil {
+			return c, nil
+		}
+		if isBlocked(err) && blocked == nil {
+			blocked = err
+		}
+		last = err
+	}
+	if last == nil {
+		return nil, blocked
+	}
+	return nil, last
+}
+
+// splitHostPort splits an authority; def is the port when there is none
+// (0: required). The port must be 1-65535.
+func splitHostPort(authority string, def uint16) (string, uint16, error) {
+	host, ps, err := net.SplitHostPort(authority)
+	if err != nil {
+		if def == 0 || strings.Contains(err.Error(), "too many colons") && !strings.HasPrefix(authority, "[") {
+			return "", 0, fmt.Errorf("bad authority %q", authority)
+		}
+		host, ps = strings.Trim(authority, "[]"), strconv.Itoa(int(def))
+	}
+	p, err := strconv.ParseUint(ps, 10, 16)
+	if err != nil || p == 0 || host == "" {
+		return "", 0, fmt.Errorf("bad authority %q", authority)
+	}
+	return strings.ToLower(host), uint16(p), nil
+}
