@@ -80,6 +80,13 @@ type Config struct {
 	Bridge string
 	// Taps defaults to netlink taps (package tap).
 	Taps Taps
+	// Egress, when set, locks every egress VM's tap (egress.go): after the
+	// tap is made and before the VMM opens it, so no guest runs with open
+	// egress; removed after the VMM is gone. Nil: taps are not locked.
+	Egress EgressLane
+	// Doors, when set, opens each VM's egress proxy doors once it runs and
+	// closes them when it stops (refill and destroy, never a claim).
+	Doors Doors
 	// FS performs every filesystem side effect (default fsx.NewOS(Log)).
 	FS fsx.FS
 	// NewAPI returns the API client of a VMM socket (default ch.New).
@@ -123,6 +130,8 @@ type Driver struct {
 	synth    templates.SynthOptions
 	bridge   string
 	taps     Taps
+	egress   EgressLane
+	doors    Doors
 	fs       fsx.FS
 	newAPI   func(string) API
 	now      func() time.Time
@@ -175,7 +184,7 @@ func New(cfg Config) (*Driver, error) {
 		roots: cfg.Roots, instance: cfg.Instance, vmmBin: cfg.VMM, hv: cfg.Hypervisor,
 		env: cfg.VMMEnv, slice: cfg.CgroupSlice, mode: cfg.RestoreMode,
 		port: cfg.AgentPort, sizes: cfg.Sizes, synth: cfg.Synth, bridge: cfg.Bridge,
-		taps: cfg.Taps, fs: cfg.FS, newAPI: cfg.NewAPI, now: cfg.Now,
+		taps: cfg.Taps, egress: cfg.Egress, doors: cfg.Doors, fs: cfg.FS, newAPI: cfg.NewAPI, now: cfg.Now,
 		readyTO: cfg.ReadyTimeout, bootTO: cfg.BootTimeout, launchTO: cfg.LaunchTimeout,
 		grace: cfg.StopGrace, balloon: cfg.Balloon, warmup: cfg.Warmup, hook: cfg.StepHook,
 		log:   cfg.Log.With().Str("component", "chdriver").Logger(),
