@@ -69,8 +69,12 @@ type Config struct {
 	CHBinary string `json:"ch_binary,omitempty"`
 	// QEMU configures hypervisor qemu (see qemu.go).
 	QEMU QEMUConfig `json:"qemu"`
-	// Bridge is the bridge taps of egress pools attach to.
+	// Bridge is the bridge taps of egress pools attach to. Every egress tap
+	// is locked with nftables to its VM's proxy door on the bridge's IPv4
+	// address (guarded egress, egress.go).
 	Bridge string `json:"bridge,omitempty"`
+	// Egress configures guarded egress (egress.go).
+	Egress *EgressConfig `json:"egress,omitempty"`
 	// NATS configures replication.
 	NATS NATSConfig `json:"nats"`
 	// HTTP bounds the API's connections.
@@ -299,6 +303,9 @@ func (c *Config) finish() error {
 		errs = append(errs, err)
 	}
 	if err := c.HTTP.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.Egress.ports(); err != nil {
 		errs = append(errs, err)
 	}
 	switch c.MetricsAuth {

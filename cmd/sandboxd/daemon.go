@@ -66,6 +66,9 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 		API: api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth},
 		Log: zl,
 	}
+	if nc.Egress, err = cfg.nodeEgress(); err != nil {
+		return nil, zl, err
+	}
 	if !cfg.NATS.Disabled {
 		nc.Replication = replicationConfig(cfg, zl)
 	} else {

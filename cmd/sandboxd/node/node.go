@@ -17,10 +17,12 @@
 //  5. node identity (first start), first-start pools, the config's tenants
 //     (until the API owns them, see tenants.go), limits (only when they
 //     differ from the state's: the config owns limits);
-//  6. the hypervisor driver, opened for the node's instance id, and its
-//     Prepare (roots, temp-dir sweep, reflink detection);
-//  7. the start-up reconcile (adopt, report dead, remove orphans), before
-//     any executor runs;
+//  6. guarded egress (egress.go: the proxy and the lane of egress taps,
+//     when configured), then the hypervisor driver, opened for the node's
+//     instance id with them, and its Prepare (roots, temp-dir sweep,
+//     reflink detection);
+//  7. the start-up reconcile (egress taps' locks repaired, adopt, report
+//     dead, remove orphans), before any executor runs;
 //  8. the API server and the executors, both fed by every commit from now
 //     on;
 //  9. every pending intent offered (in-flight recipes resume under their
@@ -57,6 +59,8 @@ import (
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/egress/nft"
+	"github.com/sbxlog/sbxlog/executors/egress/proxy"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/procstat"
@@ -184,6 +188,9 @@ type Config struct {
 	// Redirector, when set, replaces the redirector replication provides
 	// (tests of the redirect path without a cluster).
 	Redirector api.Redirector
+	// Egress, when set, runs guarded egress (egress.go): the proxy's doors
+	// for every VM and, with a bridge, the nftables locks of egress taps.
+	Egress *EgressConfig
 	// API is passed to api.New; OwnerAddr, Node and Hypervisor are filled
 	// in from the node when empty.
 	API api.Config
@@ -230,8 +237,12 @@ type Node struct {
 	Server    *api.Server
 	Executors *scheduler.Scheduler
 	Driver    Driver
-	Auth      *auth.Authenticator
-	Metrics   *api.Metrics
+	// Proxy is the egress proxy and Lane the egress taps' locks (nil
+	// without Config.Egress; Lane nil without its bridge).
+	Proxy   *proxy.Server
+	Lane    *nft.Lane
+	Auth    *auth.Authenticator
+	Metrics *api.Metrics
 	// Instance is the instance id owning this node's VMs.
 	Instance string
 	// Phases are the start steps as they ran; Replayed is how many events
@@ -384,7 +395,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	// 6. The driver.
 	t0 = time.Now()
 	zl.Info().Str("hypervisor", hv.Name()).Msg("hypervisor selected")
-	if n.Driver, err = hv.Open(layout.RootsIn(dataDir), n.Instance); err != nil {
+	if n.Driver, err = n.openDriver(hv, layout.RootsIn(dataDir)); err != nil {
 		return nil, err
 	}
 	// VMMs that die on their own from now on (adopted by the reconcile
@@ -678,6 +689,10 @@ func (n *Node) Kill() {
 func (n *Node) closeAll() {
 	if n.Driver != nil {
 		n.Driver.Close()
+	}
+	if n.Proxy != nil {
+		// The doors go with the process; the taps' locks stay in the kernel.
+		n.Proxy.Close()
 	}
 	if n.Repl != nil {
 		if err := n.Repl.Close(); err != nil {

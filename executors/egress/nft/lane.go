@@ -95,7 +95,8 @@ var (
 )
 
 // NewLane returns the lane of cfg.Bridge. Without Addr and MAC it reads the
-// bridge (netlink, once, at start-up).
+// bridge (netlink, once, at start-up), and pins the bridge's MAC (sets it to
+// itself), so that ports joining never change the door's MAC.
 func NewLane(cfg LaneConfig) (*Lane, error) {
 	l := &Lane{bridge: cfg.Bridge, addr: cfg.Addr, mac: cfg.MAC, ports: cfg.Ports, doors: map[string]uint16{}, used: map[uint16]string{}}
 	if l.ports == (PortRange{}) {
@@ -115,7 +116,13 @@ func NewLane(cfg LaneConfig) (*Lane, error) {
 			return nil, fmt.Errorf("nft: bridge %q: %w", cfg.Bridge, err)
 		}
 		if len(l.mac) == 0 {
+			// A bridge whose MAC was never set takes its ports' lowest:
+			// a tap joining would move the door's MAC from under every
+			// lock. Setting it to itself pins it.
 			l.mac = br.Attrs().HardwareAddr
+			if err := netlink.LinkSetHardwareAddr(br, l.mac); err != nil {
+				return nil, fmt.Errorf("nft: pin the MAC of bridge %q: %w", cfg.Bridge, err)
+			}
 		}
 		if !l.addr.IsValid() {
 			addrs, err := netlink.AddrList(br, netlink.FAMILY_V4)

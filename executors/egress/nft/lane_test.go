@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 )
 
@@ -198,4 +200,19 @@ func TestNewLaneReadsBridge(t *testing.T) {
 		}
 		return nil
 	})
+	// A port with a lower MAC joining does not move the door's MAC.
+	lane.AddGuest(t, 1, "sbxlow", net.HardwareAddr{0x02, 0, 0, 0, 0, 0x42})
+	lane.Host.MustDo(t, func() error {
+		l, err := netlink.LinkByName("sbxlow")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetHardwareAddr(l, net.HardwareAddr{0x00, 0, 0, 0, 0, 1}); err != nil {
+			return err
+		}
+		return nil
+	})
+	if got := lane.BridgeMAC(t); !slices.Equal(got, want) {
+		t.Fatalf("bridge MAC moved to %s, want %s pinned", got, want)
+	}
 }

@@ -1,0 +1,120 @@
+package node
+
+// Guarded egress: the node's egress proxy (its doors, one set per VM) and
+// the egress lane (the nftables locks of the egress taps). Both are made in
+// step 6, before the driver opens, and handed to a hypervisor that can use
+// them (EgressOpener); the driver then locks taps and opens doors as VMs
+// are made and stopped, and the reconcile of step 7 repairs the locks
+// before anything is served.
+
+import (
+	"fmt"
+	"net/netip"
+	"path/filepath"
+
+	"github.com/sbxlog/sbxlog/executors/egress/nft"
+	"github.com/sbxlog/sbxlog/executors/egress/proxy"
+	"github.com/sbxlog/sbxlog/executors/layout"
+)
+
+// EgressConfig configures guarded egress.
+type EgressConfig struct {
+	// Bridge is the egress lane's bridge; empty: no lane (no egress pools,
+	// only vsock doors).
+	Bridge string
+	// DoorPorts are the lane's TCP door ports (default nft.DefaultPorts).
+	DoorPorts nft.PortRange
+	// Intercept loads (or makes, on the first start) the node CA in
+	// <data dir>/egress-ca, so rules that intercept can.
+	Intercept bool
+	// Proxy configures the proxy; Policies defaults to proxy.DenyAll (no
+	// policy source: every request refused), CA and Log are the node's.
+	Proxy proxy.Config
+	// LaneOps, when set, replaces the lane's kernel operations (tests).
+	LaneOps *nft.Ops
+	// DoorAddr, when valid, is the lane's door address instead of the
+	// bridge's (tests).
+	DoorAddr netip.Addr
+}
+
+// Egress is what an EgressOpener's driver gets: the lane (nil without a
+// bridge) and the proxy.
+type Egress struct {
+	Lane  *nft.Lane
+	Proxy *proxy.Server
+}
+
+// EgressOpener is a Hypervisor whose driver locks egress taps and opens
+// proxy doors.
+type EgressOpener interface {
+	OpenEgress(roots layout.Roots, instance string, eg Egress) (Driver, error)
+}
+
+// EgressCADir is where the node CA is kept, under the data dir.
+const EgressCADir = "egress-ca"
+
+// openEgress makes the proxy and the lane of cfg.
+func (n *Node) openEgress(cfg *EgressConfig) (Egress, error) {
+	pc := cfg.Proxy
+	if cfg.Intercept {
+		ca, err := proxy.LoadOrCreateCA(filepath.Join(n.cfg.DataDir, EgressCADir))
+		if err != nil {
+			return Egress{}, fmt.Errorf("egress CA: %w", err)
+		}
+		pc.CA = ca
+	}
+	pc.Log = n.zl
+	var eg Egress
+	if cfg.Bridge != "" {
+		lane, err := nft.NewLane(nft.LaneConfig{Bridge: cfg.Bridge, Ports: cfg.DoorPorts, Ops: cfg.LaneOps, Addr: cfg.DoorAddr})
+		if err != nil {
+			return Egress{}, err
+		}
+		eg.Lane = lane
+	}
+	eg.Proxy = proxy.New(pc)
+	return eg, nil
+}
+
+// Doors adapts a proxy to the chdriver's Doors: a TCP door when the VM's
+// lock has one, else the vsock doors next to its hybrid-vsock socket.
+type Doors struct{ Proxy *proxy.Server }
+
+// Open implements chdriver.Doors.
+func (d Doors) Open(vm string, tcp netip.AddrPort, vsockSocket string) error {
+	if tcp.IsValid() {
+		return d.Proxy.Open(vm, proxy.Doors{TCP: tcp})
+	}
+	return d.Proxy.Open(vm, proxy.VsockDoors(vsockSocket))
+}
+
+// Close implements chdriver.Doors.
+func (d Doors) Close(vm string) { d.Proxy.CloseDoors(vm) }
+
+// openDriver opens the hypervisor's driver, with guarded egress when it is
+// configured and the hypervisor can use it.
+func (n *Node) openDriver(hv Hypervisor, roots layout.Roots) (Driver, error) {
+	cfg := n.cfg.Egress
+	if cfg == nil {
+		return hv.Open(roots, n.Instance)
+	}
+	eo, ok := hv.(EgressOpener)
+	if !ok {
+		if cfg.Bridge != "" {
+			return nil, fmt.Errorf("hypervisor %s cannot lock egress taps: remove the bridge or use cloud-hypervisor", hv.Name())
+		}
+		n.zl.Warn().Str("hypervisor", hv.Name()).Msg("this hypervisor opens no egress proxy doors")
+		return hv.Open(roots, n.Instance)
+	}
+	eg, err := n.openEgress(cfg)
+	if err != nil {
+		return nil, err
+	}
+	n.Proxy, n.Lane = eg.Proxy, eg.Lane
+	ev := n.zl.Info().Bool("intercept", cfg.Intercept)
+	if eg.Lane != nil {
+		ev = ev.Str("bridge", cfg.Bridge).Str("door_addr", eg.Lane.Addr().String())
+	}
+	ev.Msg("guarded egress: proxy doors per VM; egress taps locked with nftables")
+	return eo.OpenEgress(roots, n.Instance, eg)
+}
