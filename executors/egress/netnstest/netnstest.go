@@ -17,18 +17,26 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
-	"testing"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
+// TB is what the helpers need of a test: testing.TB, or a benchmark's
+// stand-in (Runner).
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Skip(args ...any)
+	Cleanup(func())
+}
+
 // RequireEnv is the variable that turns skips into failures.
 const RequireEnv = "SBX_REQUIRE_NETNS"
 
 // Unavailable skips t with the reason, or fails it when SBX_REQUIRE_NETNS=1.
-func Unavailable(t testing.TB, format string, args ...any) {
+func Unavailable(t TB, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
 	if os.Getenv(RequireEnv) == "1" {
@@ -39,7 +47,7 @@ func Unavailable(t testing.TB, format string, args ...any) {
 
 // Require skips (or fails, see Unavailable) t unless network namespaces can
 // be made: it runs as root and unshare(CLONE_NEWNET) works.
-func Require(t testing.TB) {
+func Require(t TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		Unavailable(t, "netnstest: network namespaces need root (euid %d)", os.Geteuid())
@@ -55,7 +63,7 @@ type NS struct {
 }
 
 // New makes a namespace with loopback up. Name is for messages only.
-func New(t testing.TB, name string) *NS {
+func New(t TB, name string) *NS {
 	t.Helper()
 	Require(t)
 	n := &NS{Name: name, calls: make(chan func()), done: make(chan struct{})}
@@ -99,7 +107,7 @@ func (n *NS) Do(f func() error) error {
 func (n *NS) Path() string { return n.path }
 
 // MustDo runs f on the namespace's thread and fails t on error.
-func (n *NS) MustDo(t testing.TB, f func() error) {
+func (n *NS) MustDo(t TB, f func() error) {
 	t.Helper()
 	if err := n.Do(f); err != nil {
 		t.Fatalf("%s: %v", n.Name, err)
@@ -131,7 +139,7 @@ func (n *NS) Listen(network, addr string) (net.Listener, error) {
 }
 
 // AddrAdd gives link name the address prefix (e.g. 10.9.0.1/24) and brings it up.
-func (n *NS) AddrAdd(t testing.TB, name string, prefix netip.Prefix) {
+func (n *NS) AddrAdd(t TB, name string, prefix netip.Prefix) {
 	t.Helper()
 	n.MustDo(t, func() error {
 		l, err := netlink.LinkByName(name)
@@ -147,7 +155,7 @@ func (n *NS) AddrAdd(t testing.TB, name string, prefix netip.Prefix) {
 }
 
 // RouteDefault routes everything not on a link via gw.
-func (n *NS) RouteDefault(t testing.TB, gw netip.Addr) {
+func (n *NS) RouteDefault(t TB, gw netip.Addr) {
 	t.Helper()
 	n.MustDo(t, func() error {
 		return netlink.RouteAdd(&netlink.Route{Gw: gw.AsSlice()})
@@ -155,7 +163,7 @@ func (n *NS) RouteDefault(t testing.TB, gw netip.Addr) {
 }
 
 // Veth makes a veth pair, aName in a and bName in b, both up.
-func Veth(t testing.TB, a *NS, aName string, b *NS, bName string) {
+func Veth(t TB, a *NS, aName string, b *NS, bName string) {
 	t.Helper()
 	var bFd int
 	b.MustDo(t, func() error {
@@ -188,7 +196,7 @@ func Veth(t testing.TB, a *NS, aName string, b *NS, bName string) {
 }
 
 // Bridge makes bridge name in n, up, with the address prefix when valid.
-func (n *NS) Bridge(t testing.TB, name string, prefix netip.Prefix) {
+func (n *NS) Bridge(t TB, name string, prefix netip.Prefix) {
 	t.Helper()
 	n.MustDo(t, func() error {
 		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
@@ -206,7 +214,7 @@ func (n *NS) Bridge(t testing.TB, name string, prefix netip.Prefix) {
 }
 
 // Enslave attaches link to bridge.
-func (n *NS) Enslave(t testing.TB, link, bridge string) {
+func (n *NS) Enslave(t TB, link, bridge string) {
 	t.Helper()
 	n.MustDo(t, func() error {
 		l, err := netlink.LinkByName(link)
@@ -222,7 +230,7 @@ func (n *NS) Enslave(t testing.TB, link, bridge string) {
 }
 
 // SetMAC sets link's hardware address.
-func (n *NS) SetMAC(t testing.TB, link string, mac net.HardwareAddr) {
+func (n *NS) SetMAC(t TB, link string, mac net.HardwareAddr) {
 	t.Helper()
 	n.MustDo(t, func() error {
 		l, err := netlink.LinkByName(link)
@@ -255,7 +263,7 @@ type Guest struct {
 }
 
 // NewLane makes the host namespace with bridge sbxbr0 at 10.77.0.1/24.
-func NewLane(t testing.TB) *Lane {
+func NewLane(t TB) *Lane {
 	t.Helper()
 	l := &Lane{Host: New(t, "host"), Bridge: "sbxbr0", Subnet: netip.MustParsePrefix("10.77.0.0/24"), HostAddr: netip.MustParseAddr("10.77.0.1")}
 	l.Host.Bridge(t, l.Bridge, netip.PrefixFrom(l.HostAddr, 24))
@@ -263,7 +271,7 @@ func NewLane(t testing.TB) *Lane {
 }
 
 // BridgeMAC is the bridge's hardware address (the door's L2 address).
-func (l *Lane) BridgeMAC(t testing.TB) net.HardwareAddr {
+func (l *Lane) BridgeMAC(t TB) net.HardwareAddr {
 	t.Helper()
 	var mac net.HardwareAddr
 	l.Host.MustDo(t, func() error {
@@ -280,7 +288,7 @@ func (l *Lane) BridgeMAC(t testing.TB) net.HardwareAddr {
 // AddGuest puts guest number i (1..200) on the lane: tap is the host end's
 // name, mac the guest NIC's, its address 10.77.0.(i+1) with the bridge as
 // its default route.
-func (l *Lane) AddGuest(t testing.TB, i int, tap string, mac net.HardwareAddr) *Guest {
+func (l *Lane) AddGuest(t TB, i int, tap string, mac net.HardwareAddr) *Guest {
 	t.Helper()
 	g := &Guest{NS: New(t, fmt.Sprintf("guest%d", i)), Tap: tap, MAC: mac, Addr: netip.AddrFrom4([4]byte{10, 77, 0, byte(i + 1)})}
 	Veth(t, l.Host, tap, g.NS, "eth0")
@@ -289,4 +297,44 @@ func (l *Lane) AddGuest(t testing.TB, i int, tap string, mac net.HardwareAddr) *
 	g.AddrAdd(t, "eth0", netip.PrefixFrom(g.Addr, 24))
 	g.RouteDefault(t, l.HostAddr)
 	return g
+}
+
+// Runner is a TB for code that is not a test (benchmarks): Fatalf and Skip
+// end Run with the error, Cleanup runs at its end.
+type Runner struct {
+	cleanups []func()
+}
+
+type runnerStop struct{ err error }
+
+func (*Runner) Helper() {}
+
+// Fatalf ends Run with the error.
+func (*Runner) Fatalf(format string, args ...any) { panic(runnerStop{fmt.Errorf(format, args...)}) }
+
+// Skip ends Run with the reason as its error.
+func (*Runner) Skip(args ...any) { panic(runnerStop{fmt.Errorf("%s", fmt.Sprint(args...))}) }
+
+// Cleanup registers f, run (last first) when Run returns.
+func (r *Runner) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+
+// Run calls f with a fresh Runner and returns its error, or the one a
+// Fatalf or Skip ended it with, after the cleanups.
+func Run(f func(r *Runner) error) (err error) {
+	r := &Runner{}
+	defer func() {
+		for i := len(r.cleanups) - 1; i >= 0; i-- {
+			r.cleanups[i]()
+		}
+	}()
+	defer func() {
+		if v := recover(); v != nil {
+			s, ok := v.(runnerStop)
+			if !ok {
+				panic(v)
+			}
+			err = s.err
+		}
+	}()
+	return f(r)
 }

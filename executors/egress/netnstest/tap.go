@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"testing"
 
 	"golang.org/x/sys/unix"
 )
@@ -14,7 +13,7 @@ import (
 // VMM holds. Frames written to it are what the guest sends (the tap's
 // ingress); frames read from it are what the host sends the guest. Plain
 // Ethernet frames: no packet-information or virtio-net header.
-func OpenTap(t testing.TB, ns *NS, name string) *os.File {
+func OpenTap(t TB, ns *NS, name string) *os.File {
 	t.Helper()
 	var f *os.File
 	ns.MustDo(t, func() error {
@@ -47,7 +46,7 @@ func OpenTap(t testing.TB, ns *NS, name string) *os.File {
 // Relay copies frames both ways between two taps' files until either is
 // closed (at cleanup): a guest namespace's tap stands in for the guest NIC
 // of a VM whose host tap is b, as the VMM would carry its frames.
-func Relay(t testing.TB, a, b *os.File) {
+func Relay(t TB, a, b *os.File) {
 	t.Helper()
 	var wg sync.WaitGroup
 	pump := func(dst, src *os.File) {

@@ -240,18 +240,37 @@ func (d *door) connect(w http.ResponseWriter, r *http.Request, sb string, known 
 }
 
 // splice copies both ways until both halves end (half-closing each way),
-// counting into f; it closes both connections.
+// counting into f; it closes both connections. The copies run on the
+// door's own connection, not its wrapper, so TCP to TCP moves through the
+// kernel (splice(2)) instead of a user-space buffer.
 func splice(guest, up net.Conn, f *flow) {
+	g := guest
+	if tc, ok := guest.(*trackedConn); ok {
+		if tc.r != nil {
+			if n := tc.r.Buffered(); n > 0 {
+				b, _ := tc.r.Peek(n)
+				m, err := up.Write(b)
+				f.tx.Add(int64(m))
+				if err != nil {
+					guest.Close()
+					up.Close()
+					return
+				}
+				_, _ = tc.r.Discard(n)
+			}
+		}
+		g = tc.Conn
+	}
 	done := make(chan struct{})
 	go func() {
-		n, _ := io.Copy(up, guest)
+		n, _ := io.Copy(up, g)
 		f.tx.Add(n)
 		_ = closeWrite(up)
 		close(done)
 	}()
-	n, _ := io.Copy(guest, up)
+	n, _ := io.Copy(g, up)
 	f.rx.Add(n)
-	_ = closeWrite(guest)
+	_ = closeWrite(g)
 	<-done
 	guest.Close()
 	up.Close()

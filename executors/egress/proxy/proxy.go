@@ -206,7 +206,7 @@ func (s *Server) Close() {
 	}
 }
 
-// Open reports vm's open doors.
+// OpenDoors reports vm's open doors.
 func (s *Server) OpenDoors(vm string) (Doors, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -219,8 +219,9 @@ func (s *Server) OpenDoors(vm string) (Doors, bool) {
 
 // GuestEnv is what a guest needs to use its doors: the proxy variables
 // (a vsock guest's point at the relay the guest image runs on
-// 127.0.0.1:3128 toward port 2049) and, when the node has a CA, where the
-// guest image installs it.
+// 127.0.0.1:3128 toward port 2049) and, when the node has a CA, its
+// certificate (SBX_EGRESS_CA_PEM, public) and where the guest installs it
+// (SBX_EGRESS_CA_FILE). Nothing secret: the guest env is the guest's.
 func (s *Server) GuestEnv(vm string) map[string]string {
 	d, ok := s.OpenDoors(vm)
 	if !ok {
@@ -233,6 +234,7 @@ func (s *Server) GuestEnv(vm string) map[string]string {
 	env := map[string]string{"http_proxy": url, "https_proxy": url, "HTTP_PROXY": url, "HTTPS_PROXY": url}
 	if s.cfg.CA != nil {
 		env["SBX_EGRESS_CA_FILE"] = GuestCAFile
+		env["SBX_EGRESS_CA_PEM"] = string(s.cfg.CA.PEM())
 	}
 	return env
 }

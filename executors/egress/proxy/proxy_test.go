@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -500,5 +501,67 @@ func TestMeterAggregates(t *testing.T) {
 	}
 	if len(m.closed) != 1 || m.closed[0] != testSandbox {
 		t.Fatalf("closed %v", m.closed)
+	}
+}
+
+// TestGuestEnv: the guest learns its door and the node CA, nothing secret.
+func TestGuestEnv(t *testing.T) {
+	ca, err := NewCA("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{CA: ca})
+	t.Cleanup(s.Close)
+	if env := s.GuestEnv("vm"); env != nil {
+		t.Fatalf("env of a VM without doors: %v", env)
+	}
+	vs := filepath.Join(t.TempDir(), "v.sock")
+	if err := s.Open("vm", VsockDoors(vs)); err != nil {
+		t.Fatal(err)
+	}
+	env := s.GuestEnv("vm")
+	if env["http_proxy"] != "http://127.0.0.1:3128" || env["HTTPS_PROXY"] != "http://127.0.0.1:3128" || env["SBX_EGRESS_CA_PEM"] != string(ca.PEM()) || env["SBX_EGRESS_CA_FILE"] != GuestCAFile {
+		t.Fatalf("vsock guest env %v", env)
+	}
+	if d, ok := s.OpenDoors("vm"); !ok || d.HTTPSocket != vs+"_2049" || d.SocksSocket != vs+"_2050" {
+		t.Fatalf("doors %+v %v", d, ok)
+	}
+	// Opening the same doors again is a no-op; CloseDoors removes the sockets.
+	if err := s.Open("vm", VsockDoors(vs)); err != nil {
+		t.Fatal(err)
+	}
+	s.CloseDoors("vm")
+	if _, err := os.Stat(vs + "_2049"); !os.IsNotExist(err) {
+		t.Fatalf("door socket left: %v", err)
+	}
+}
+
+// TestCAPersists: the node CA is made once and loaded back; its leaves
+// verify against it for the host they name.
+func TestCAPersists(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ca")
+	a, err := LoadOrCreateCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := LoadOrCreateCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a.PEM(), b.PEM()) {
+		t.Fatal("a second load made another CA")
+	}
+	if fi, err := os.Stat(filepath.Join(dir, CAKeyFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file %v %v", fi, err)
+	}
+	leaf, err := b.Leaf("api.example.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Leaf.Verify(x509.VerifyOptions{DNSName: "api.example.test", Roots: a.Pool()}); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := b.Leaf("api.example.test"); again != leaf {
+		t.Fatal("leaf not cached")
 	}
 }
