@@ -246,6 +246,7 @@ func TestEgressSurvivesSIGKILL(t *testing.T) {
 	if !reach(door, 3*time.Second) {
 		t.Fatalf("the guest does not reach its door %s after the restart", door)
 	}
+	n.lane.Host.MustDo(t, func() error { _, err := nft.GuardDrops(); return err }) // the bridge's guard is in place
 	time.Sleep(300 * time.Millisecond)
 	close(stop)
 	wg.Wait()

@@ -247,8 +247,13 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	if err := d.roots.Make(d.instance, layout.GoldenStore, layout.HibernateStore); err != nil {
 		return rep, fmt.Errorf("chdriver: %w", err)
 	}
-	// vsock.sock is longer than vmm's api.sock.
-	if err := d.roots.CheckSocketPath(d.instance, VsockFile); err != nil {
+	// vsock.sock is longer than vmm's api.sock, and its proxy doors
+	// (vsock.sock_2049) longer still.
+	sock := VsockFile
+	if d.doors != nil {
+		sock = VsockFile + "_00000"
+	}
+	if err := d.roots.CheckSocketPath(d.instance, sock); err != nil {
 		return rep, fmt.Errorf("chdriver: %w", err)
 	}
 	for _, root := range []string{d.roots.Store, d.roots.Templates} {

@@ -32,6 +32,7 @@ type Lane struct {
 	mac    net.HardwareAddr
 	ports  PortRange
 	ops    Ops
+	prefix string
 
 	mu    sync.Mutex
 	doors map[string]uint16 // VM -> port
@@ -55,11 +56,13 @@ type Ops struct {
 	Tables  func() (map[string]State, error)
 	// TapExists reports whether the device exists (a lock hooks a device).
 	TapExists func(tap string) (bool, error)
+	// Guard installs the bridge's guard (nil: none).
+	Guard func(Guard) error
 }
 
 // KernelOps act on the calling thread's network namespace.
 func KernelOps() Ops {
-	return Ops{Install: Install, Remove: Remove, Tables: Tables, TapExists: linkExists}
+	return Ops{Install: Install, Remove: Remove, Tables: Tables, TapExists: linkExists, Guard: InstallGuard}
 }
 
 func linkExists(name string) (bool, error) {
@@ -85,6 +88,9 @@ type LaneConfig struct {
 	Ports PortRange
 	// Ops defaults to KernelOps.
 	Ops *Ops
+	// TapPrefix starts the name of every VM tap on the bridge (the guard
+	// closes the door ports to other ports); default "sbx".
+	TapPrefix string
 }
 
 var (
@@ -98,7 +104,10 @@ var (
 // bridge (netlink, once, at start-up), and pins the bridge's MAC (sets it to
 // itself), so that ports joining never change the door's MAC.
 func NewLane(cfg LaneConfig) (*Lane, error) {
-	l := &Lane{bridge: cfg.Bridge, addr: cfg.Addr, mac: cfg.MAC, ports: cfg.Ports, doors: map[string]uint16{}, used: map[uint16]string{}}
+	l := &Lane{bridge: cfg.Bridge, addr: cfg.Addr, mac: cfg.MAC, ports: cfg.Ports, prefix: cfg.TapPrefix, doors: map[string]uint16{}, used: map[uint16]string{}}
+	if l.prefix == "" {
+		l.prefix = "sbx"
+	}
 	if l.ports == (PortRange{}) {
 		l.ports = DefaultPorts
 	}
@@ -252,13 +261,19 @@ type Report struct {
 }
 
 // Reconcile brings the kernel in line with members at start-up, before
-// anything else uses the lane: one read of every table, then a repair per
+// anything else uses the lane: the bridge's guard (guard.go) installed,
+// one read of every table, then a repair per
 // member whose lock is missing or wrong (a tap that exists is never left
 // without one: Install replaces atomically), then the removal of tables no
 // member owns. Door ports are taken from the locks found, so every door
 // stays where its guest knows it.
 func (l *Lane) Reconcile(members []Member) (Report, error) {
 	rep := Report{Failed: map[string]error{}}
+	if l.ops.Guard != nil {
+		if err := l.ops.Guard(Guard{Bridge: l.bridge, Addr: l.addr, Ports: l.ports, TapPrefix: l.prefix}); err != nil {
+			return rep, err
+		}
+	}
 	tables, err := l.ops.Tables()
 	if err != nil {
 		return rep, err

@@ -239,3 +239,41 @@ func TestValidateAndRuleset(t *testing.T) {
 		}
 	}
 }
+
+// TestGuardKeepsDoorsToTaps: a bridge port that is not a VM tap reaches no
+// door port (its other ports it still does); a tap reaches its door.
+func TestGuardKeepsDoorsToTaps(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	tapGuest := lane.AddGuest(t, 1, "sbxguard000001", guestMAC)
+	other := lane.AddGuest(t, 2, "uplink0", net.HardwareAddr{0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0x02})
+	door, svc := lane.HostAddr.String()+":20001", lane.HostAddr.String()+":8080"
+	for _, a := range []string{door, svc} {
+		ln, err := lane.Host.Listen("tcp", a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, ln)
+	}
+	if !reach(other, door, 2*time.Second) {
+		t.Fatal("no reach before the guard")
+	}
+	g := Guard{Bridge: lane.Bridge, Addr: lane.HostAddr, Ports: PortRange{First: 20000, Last: 20010}, TapPrefix: "sbx"}
+	lane.Host.MustDo(t, func() error { return InstallGuard(g) })
+	lane.Host.MustDo(t, func() error { return InstallGuard(g) }) // replaces
+	if !reach(tapGuest, door, 2*time.Second) {
+		t.Fatal("a tap does not reach the door through the guard")
+	}
+	if reach(other, door, 500*time.Millisecond) {
+		t.Fatal("a bridge port that is not a tap reached a door")
+	}
+	if !reach(other, svc, 2*time.Second) {
+		t.Fatal("the guard closed a port outside the door range")
+	}
+	lane.Host.MustDo(t, func() error {
+		c, err := GuardDrops()
+		if err == nil && c.Packets == 0 {
+			t.Error("guard counter did not move")
+		}
+		return err
+	})
+}
