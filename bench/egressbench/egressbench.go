@@ -320,7 +320,7 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 	addr := lane.HostAddr.String() + ":7777"
 	cfgPath := filepath.Join(dir, "sandboxd.json")
 	pools := `[{"template":"default","net":"none","size":"small","warm":6},{"template":"default","net":"egress","size":"small","warm":6}]`
-	conf := fmt.Sprintf(`{"listen":%q,"data_dir":%q,"node_id":"bench","api_token":"root","hypervisor":"chsim","bridge":%q,"egress":{},"pools":%s,"nats":{"disabled":true},"log_level":"warn"}`,
+	conf := fmt.Sprintf(`{"listen":%q,"data_dir":%q,"node_id":"bench","api_token":"root","hypervisor":"chsim","bridge":%q,"egress_proxy":{},"pools":%s,"nats":{"disabled":true},"log_level":"warn"}`,
 		addr, filepath.Join(dir, "data"), lane.Bridge, pools)
 	if err := os.WriteFile(cfgPath, []byte(conf), 0o600); err != nil {
 		return err

@@ -71,10 +71,10 @@ type Config struct {
 	QEMU QEMUConfig `json:"qemu"`
 	// Bridge is the bridge taps of egress pools attach to. Every egress tap
 	// is locked with nftables to its VM's proxy door on the bridge's IPv4
-	// address (guarded egress, egress.go).
+	// address (guarded egress, proxy.go).
 	Bridge string `json:"bridge,omitempty"`
-	// Egress configures guarded egress (egress.go).
-	Egress *EgressConfig `json:"egress,omitempty"`
+	// EgressProxy configures the egress proxy and the door ports (proxy.go).
+	EgressProxy *ProxyConfig `json:"egress_proxy,omitempty"`
 	// NATS configures replication.
 	NATS NATSConfig `json:"nats"`
 	// HTTP bounds the API's connections.
@@ -305,7 +305,7 @@ func (c *Config) finish() error {
 	if err := c.HTTP.validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := c.Egress.ports(); err != nil {
+	if _, err := c.EgressProxy.ports(); err != nil {
 		errs = append(errs, err)
 	}
 	switch c.MetricsAuth {

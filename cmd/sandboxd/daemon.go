@@ -66,7 +66,7 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 		API: api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth},
 		Log: zl,
 	}
-	if nc.Egress, err = cfg.nodeEgress(); err != nil {
+	if nc.Proxy, err = cfg.nodeProxy(); err != nil {
 		return nil, zl, err
 	}
 	if !cfg.NATS.Disabled {

@@ -32,14 +32,14 @@ func (h hypervisor) Open(roots layout.Roots, instance string) (node.Driver, erro
 }
 
 // chHV runs Cloud Hypervisor, or chsim in its place; with guarded egress
-// (OpenEgress, egress.go) its driver locks egress taps and opens doors.
+// (OpenGuarded, proxy.go) its driver locks egress taps and opens doors.
 type chHV struct {
 	cfg       Config
 	name, bin string
 	zl        zerolog.Logger
 }
 
-var _ node.EgressOpener = chHV{}
+var _ node.GuardedOpener = chHV{}
 
 // chHypervisor runs Cloud Hypervisor, or chsim in its place.
 func chHypervisor(cfg Config, name, bin string, zl zerolog.Logger) node.Hypervisor {

@@ -17,7 +17,7 @@
 //  5. node identity (first start), first-start pools, the config's tenants
 //     (until the API owns them, see tenants.go), limits (only when they
 //     differ from the state's: the config owns limits);
-//  6. guarded egress (egress.go: the proxy and the lane of egress taps,
+//  6. guarded egress (proxy.go: the proxy and the lane of egress taps,
 //     when configured), then the hypervisor driver, opened for the node's
 //     instance id with them, and its Prepare (roots, temp-dir sweep,
 //     reflink detection);
@@ -188,9 +188,10 @@ type Config struct {
 	// Redirector, when set, replaces the redirector replication provides
 	// (tests of the redirect path without a cluster).
 	Redirector api.Redirector
-	// Egress, when set, runs guarded egress (egress.go): the proxy's doors
-	// for every VM and, with a bridge, the nftables locks of egress taps.
-	Egress *EgressConfig
+	// Proxy, when set, runs guarded egress's enforcement (proxy.go): the
+	// egress proxy's doors for every VM and, with a bridge, the nftables
+	// locks of egress taps.
+	Proxy *ProxyConfig
 	// API is passed to api.New; OwnerAddr, Node and Hypervisor are filled
 	// in from the node when empty.
 	API api.Config
@@ -238,7 +239,7 @@ type Node struct {
 	Executors *scheduler.Scheduler
 	Driver    Driver
 	// Proxy is the egress proxy and Lane the egress taps' locks (nil
-	// without Config.Egress; Lane nil without its bridge).
+	// without Config.Proxy; Lane nil without its bridge).
 	Proxy   *proxy.Server
 	Lane    *nft.Lane
 	Auth    *auth.Authenticator

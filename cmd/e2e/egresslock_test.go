@@ -58,7 +58,7 @@ func startEgressNode(t *testing.T) *egressNode {
 	n.cfg = filepath.Join(n.dir, "sandboxd.json")
 	writeJSON(t, n.cfg, map[string]any{
 		"listen": n.apiAddr, "data_dir": filepath.Join(n.dir, "data"), "node_id": "e2e", "api_token": "root", "hypervisor": "chsim",
-		"bridge": n.lane.Bridge, "egress": map[string]any{},
+		"bridge": n.lane.Bridge, "egress_proxy": map[string]any{},
 		"pools": []any{map[string]any{"template": "default", "net": "egress", "size": "small", "warm": 2}},
 		"nats":  map[string]any{"disabled": true},
 	})

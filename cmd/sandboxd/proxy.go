@@ -1,7 +1,7 @@
 package main
 
-// The egress section of the config, and the Cloud Hypervisor driver opened
-// with guarded egress (node.EgressOpener).
+// The egress_proxy section of the config, and the Cloud Hypervisor driver opened
+// with guarded egress (node.GuardedOpener).
 
 import (
 	"fmt"
@@ -14,10 +14,10 @@ import (
 	"github.com/sbxlog/sbxlog/executors/layout"
 )
 
-// EgressConfig is the egress section. Guarded egress runs whenever a bridge
+// ProxyConfig is the egress_proxy section. Guarded egress runs whenever a bridge
 // is configured (every egress tap is locked to its VM's proxy door) or the
 // section is present (vsock doors for every VM).
-type EgressConfig struct {
+type ProxyConfig struct {
 	// DoorPorts is the egress lane's TCP door ports, "first-last" (default
 	// 20000-29999: below Linux's ephemeral range).
 	DoorPorts string `json:"door_ports,omitempty"`
@@ -26,7 +26,7 @@ type EgressConfig struct {
 	Intercept bool `json:"intercept,omitempty"`
 }
 
-func (e *EgressConfig) ports() (nft.PortRange, error) {
+func (e *ProxyConfig) ports() (nft.PortRange, error) {
 	if e == nil || e.DoorPorts == "" {
 		return nft.DefaultPorts, nil
 	}
@@ -34,25 +34,25 @@ func (e *EgressConfig) ports() (nft.PortRange, error) {
 	first, err1 := strconv.ParseUint(a, 10, 16)
 	last, err2 := strconv.ParseUint(b, 10, 16)
 	if !ok || err1 != nil || err2 != nil || first == 0 || last < first {
-		return nft.PortRange{}, fmt.Errorf("egress.door_ports %q: want first-last, 1 <= first <= last <= 65535", e.DoorPorts)
+		return nft.PortRange{}, fmt.Errorf("egress_proxy.door_ports %q: want first-last, 1 <= first <= last <= 65535", e.DoorPorts)
 	}
 	return nft.PortRange{First: uint16(first), Last: uint16(last)}, nil
 }
 
-// nodeEgress is the node's egress configuration (nil: off).
-func (c *Config) nodeEgress() (*node.EgressConfig, error) {
-	if c.Bridge == "" && c.Egress == nil {
+// nodeProxy is the node's egress proxy configuration (nil: off).
+func (c *Config) nodeProxy() (*node.ProxyConfig, error) {
+	if c.Bridge == "" && c.EgressProxy == nil {
 		return nil, nil
 	}
-	ports, err := c.Egress.ports()
+	ports, err := c.EgressProxy.ports()
 	if err != nil {
 		return nil, err
 	}
-	return &node.EgressConfig{Bridge: c.Bridge, DoorPorts: ports, Intercept: c.Egress != nil && c.Egress.Intercept}, nil
+	return &node.ProxyConfig{Bridge: c.Bridge, DoorPorts: ports, Intercept: c.EgressProxy != nil && c.EgressProxy.Intercept}, nil
 }
 
-// OpenEgress implements node.EgressOpener for Cloud Hypervisor and chsim.
-func (h chHV) OpenEgress(roots layout.Roots, instance string, eg node.Egress) (node.Driver, error) {
+// OpenGuarded implements node.GuardedOpener for Cloud Hypervisor and chsim.
+func (h chHV) OpenGuarded(roots layout.Roots, instance string, eg node.Guarded) (node.Driver, error) {
 	return h.openWith(roots, instance, func(c *chdriver.Config) {
 		if eg.Lane != nil {
 			c.Egress = eg.Lane

@@ -3,7 +3,7 @@ package node
 // Guarded egress: the node's egress proxy (its doors, one set per VM) and
 // the egress lane (the nftables locks of the egress taps). Both are made in
 // step 6, before the driver opens, and handed to a hypervisor that can use
-// them (EgressOpener); the driver then locks taps and opens doors as VMs
+// them (GuardedOpener); the driver then locks taps and opens doors as VMs
 // are made and stopped, and the reconcile of step 7 repairs the locks
 // before anything is served.
 
@@ -17,8 +17,8 @@ import (
 	"github.com/sbxlog/sbxlog/executors/layout"
 )
 
-// EgressConfig configures guarded egress.
-type EgressConfig struct {
+// ProxyConfig configures guarded egress.
+type ProxyConfig struct {
 	// Bridge is the egress lane's bridge; empty: no lane (no egress pools,
 	// only vsock doors).
 	Bridge string
@@ -37,38 +37,38 @@ type EgressConfig struct {
 	DoorAddr netip.Addr
 }
 
-// Egress is what an EgressOpener's driver gets: the lane (nil without a
+// Guarded is what a GuardedOpener's driver gets: the lane (nil without a
 // bridge) and the proxy.
-type Egress struct {
+type Guarded struct {
 	Lane  *nft.Lane
 	Proxy *proxy.Server
 }
 
-// EgressOpener is a Hypervisor whose driver locks egress taps and opens
+// GuardedOpener is a Hypervisor whose driver locks egress taps and opens
 // proxy doors.
-type EgressOpener interface {
-	OpenEgress(roots layout.Roots, instance string, eg Egress) (Driver, error)
+type GuardedOpener interface {
+	OpenGuarded(roots layout.Roots, instance string, eg Guarded) (Driver, error)
 }
 
-// EgressCADir is where the node CA is kept, under the data dir.
-const EgressCADir = "egress-ca"
+// ProxyCADir is where the node CA is kept, under the data dir.
+const ProxyCADir = "egress-ca"
 
-// openEgress makes the proxy and the lane of cfg.
-func (n *Node) openEgress(cfg *EgressConfig) (Egress, error) {
+// openGuarded makes the proxy and the lane of cfg.
+func (n *Node) openGuarded(cfg *ProxyConfig) (Guarded, error) {
 	pc := cfg.Proxy
 	if cfg.Intercept {
-		ca, err := proxy.LoadOrCreateCA(filepath.Join(n.cfg.DataDir, EgressCADir))
+		ca, err := proxy.LoadOrCreateCA(filepath.Join(n.cfg.DataDir, ProxyCADir))
 		if err != nil {
-			return Egress{}, fmt.Errorf("egress CA: %w", err)
+			return Guarded{}, fmt.Errorf("egress CA: %w", err)
 		}
 		pc.CA = ca
 	}
 	pc.Log = n.zl
-	var eg Egress
+	var eg Guarded
 	if cfg.Bridge != "" {
 		lane, err := nft.NewLane(nft.LaneConfig{Bridge: cfg.Bridge, Ports: cfg.DoorPorts, Ops: cfg.LaneOps, Addr: cfg.DoorAddr})
 		if err != nil {
-			return Egress{}, err
+			return Guarded{}, err
 		}
 		eg.Lane = lane
 	}
@@ -94,11 +94,11 @@ func (d Doors) Close(vm string) { d.Proxy.CloseDoors(vm) }
 // openDriver opens the hypervisor's driver, with guarded egress when it is
 // configured and the hypervisor can use it.
 func (n *Node) openDriver(hv Hypervisor, roots layout.Roots) (Driver, error) {
-	cfg := n.cfg.Egress
+	cfg := n.cfg.Proxy
 	if cfg == nil {
 		return hv.Open(roots, n.Instance)
 	}
-	eo, ok := hv.(EgressOpener)
+	eo, ok := hv.(GuardedOpener)
 	if !ok {
 		if cfg.Bridge != "" {
 			return nil, fmt.Errorf("hypervisor %s cannot lock egress taps: remove the bridge or use cloud-hypervisor", hv.Name())
@@ -106,7 +106,7 @@ func (n *Node) openDriver(hv Hypervisor, roots layout.Roots) (Driver, error) {
 		n.zl.Warn().Str("hypervisor", hv.Name()).Msg("this hypervisor opens no egress proxy doors")
 		return hv.Open(roots, n.Instance)
 	}
-	eg, err := n.openEgress(cfg)
+	eg, err := n.openGuarded(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -116,5 +116,5 @@ func (n *Node) openDriver(hv Hypervisor, roots layout.Roots) (Driver, error) {
 		ev = ev.Str("bridge", cfg.Bridge).Str("door_addr", eg.Lane.Addr().String())
 	}
 	ev.Msg("guarded egress: proxy doors per VM; egress taps locked with nftables")
-	return eo.OpenEgress(roots, n.Instance, eg)
+	return eo.OpenGuarded(roots, n.Instance, eg)
 }
