@@ -59,7 +59,7 @@ func configFor(quick bool) config {
 	if quick {
 		return config{rounds: 2, requests: 50, bulk: 16 << 20, bulkRuns: 2, claims: 6, locks: 10}
 	}
-	return config{rounds: 10, requests: 200, bulk: 256 << 20, bulkRuns: 6, claims: 60, locks: 200}
+	return config{rounds: 10, requests: 200, bulk: 256 << 20, bulkRuns: 6, claims: 100, locks: 200}
 }
 
 var upstreamIP = netip.MustParseAddr("93.184.0.10")
