@@ -32,6 +32,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -313,10 +314,12 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 		return fmt.Errorf("egressbench: build sandboxd: %v: %s", err, out)
 	}
 	lane := netnstest.NewLane(r)
-	dir := filepath.Join(scratch, "egressbench-node")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// A short data dir: a VM's sockets must fit a unix socket path.
+	dir, err := os.MkdirTemp("", "egb")
+	if err != nil {
 		return err
 	}
+	defer os.RemoveAll(dir)
 	addr := lane.HostAddr.String() + ":7777"
 	cfgPath := filepath.Join(dir, "sandboxd.json")
 	pools := `[{"template":"default","net":"none","size":"small","warm":6},{"template":"default","net":"egress","size":"small","warm":6}]`
@@ -326,7 +329,8 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 		return err
 	}
 	cmd := exec.Command("nsenter", "--net="+lane.Host.Path(), "--", sandboxd, "-config", cfgPath)
-	cmd.Stderr = io.Discard
+	out := &lockedBuffer{}
+	cmd.Stderr = out
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -378,7 +382,7 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("egressbench: pools not warm after 2 minutes (%d, %d, %v)", n, e, err)
+			return fmt.Errorf("egressbench: pools not warm after 2 minutes (%d, %d, %v); sandboxd said: %s", n, e, err, lastLines(out.String(), 2000))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -433,6 +437,31 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 	rt := ratio(e50, n50)
 	sec.Verdict(rt <= 1.10, "warm claim of an egress pool p50 %s vs net none %s: %.2fx (target <= 1.10x; the claim path touches no netlink)", report.Fmt(e50), report.Fmt(n50), rt)
 	return nil
+}
+
+// lockedBuffer is sandboxd's stderr, read while it writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func lastLines(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
 }
 
 // killChsims kills the chsim processes whose command line names dir (VMs
