@@ -26,14 +26,23 @@ test:
 	$(GO) test -run '^$$' -fuzz '^FuzzPutPools$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMIN) ./projections/api
 
 # run starts sandboxd with its built-in defaults: data in ./data, one pool
-# "default" (net none, size small, warm 2), API on 127.0.0.1:7777, hypervisor
-# auto (cloud-hypervisor from PATH, else chsim from bin/), no NATS needed. On
-# its first start it generates a root token into ./data/api.token, which
-# sbxctl run from this directory reads: in another shell,
-# bin/sbxctl claim --template default.
+# "default" (net none, size small, warm 2), API on 127.0.0.1:7777, no NATS
+# needed. Where QEMU is installed (apt-get install -y qemu-system-x86
+# busybox-static cpio) it builds the guest (make guest, cached) and runs real
+# Linux guests (-hypervisor qemu); otherwise hypervisor auto
+# (cloud-hypervisor from PATH, else chsim from bin/, whose guest is
+# simulated). On its first start it generates a root token into
+# ./data/api.token, which sbxctl run from this directory reads: in another
+# shell, bin/sbxctl claim --template default.
 .PHONY: run
 run: build
-	./$(BIN)/sandboxd
+	@if command -v qemu-system-x86_64 >/dev/null 2>&1 && ./executors/guest/build.sh >/dev/null; then \
+		echo "make run: QEMU and the guest are here: real Linux guests (-hypervisor qemu)"; \
+		exec ./$(BIN)/sandboxd -hypervisor qemu; \
+	else \
+		echo "make run: no QEMU guest (apt-get install -y qemu-system-x86 busybox-static cpio, then make run again): hypervisor auto, chsim's simulated guest unless cloud-hypervisor is installed"; \
+		exec ./$(BIN)/sandboxd; \
+	fi
 
 # bench runs every benchmark section in bench/, prints a table per section and
 # rewrites those sections of docs/benchmarks.md. BENCH=name[,name] runs a subset.

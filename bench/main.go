@@ -24,6 +24,7 @@ import (
 	"github.com/sbxlog/sbxlog/bench/fsmbench"
 	"github.com/sbxlog/sbxlog/bench/logbench"
 	"github.com/sbxlog/sbxlog/bench/qemubench"
+	"github.com/sbxlog/sbxlog/bench/relaybench"
 	"github.com/sbxlog/sbxlog/bench/replbench"
 	"github.com/sbxlog/sbxlog/bench/report"
 	"github.com/sbxlog/sbxlog/bench/restartbench"
@@ -47,6 +48,7 @@ var sections = []section{
 	{"qemubench", qemubench.Run},
 	{"replbench", replbench.Run},
 	{"restartbench", restartbench.Run},
+	{"relaybench", relaybench.Run},
 	{"egressbench", egressbench.Run},
 }
 

@@ -18,6 +18,11 @@
 //     as a failure at once (Lost on it says the VM or snapshot is gone for
 //     good), or ErrCapacity (ENOSPC and friends), which reports the failure
 //     and parks refills through an fsm.CapacityFull command.
+//   - AgentDialer (agent.go) is the data plane's transport: a driver that
+//     implements it connects to a VM's guest agent, which speaks silkd v1
+//     (package executors/guest/silkd). Cloud Hypervisor reaches it over
+//     hybrid vsock (package executors/hvsock), QEMU over its agent network
+//     (package executors/qemu). Failures wrap ErrAgentUnreachable.
 //
 // Package executors/scheduler runs a Driver for intents and proposes their
 // results; package executors/layout lays out the data directory the drivers

@@ -421,8 +421,29 @@ func (a *applier) apply(p event.Payload) error {
 	case event.NodeDrained:
 		return a.setDraining(true)
 
+	case event.EgressPoolSet:
+		return a.egressPoolSet(p)
+
+	case event.EgressClassPut:
+		return a.egressClassPut(p)
+
+	case event.EgressClassRemoved:
+		return a.egressClassRemoved(p)
+
+	case event.ClaimEnvChanged:
+		return a.claimEnvChanged(p)
+
+	case event.EgressUsage:
+		// Usage is the journal's; the state does not change.
+
 	case event.NodeUncordoned:
 		return a.setDraining(false)
+
+	case event.RelayOpened:
+		return a.relayOpened(p)
+
+	case event.RelayClosed:
+		return a.relayClosed(p)
 
 	default:
 		return inconsistent("no state transition for %T", p)
@@ -509,7 +530,8 @@ func (a *applier) claimCreated(p event.ClaimCreated) error {
 	}
 	c := &ClaimRec{ID: p.Claim, Key: pool.Spec.PoolKey, VM: p.VM, Tenant: p.Tenant, ClaimRef: p.ClaimRef, Metadata: maps.Clone(p.Metadata),
 		Tier: tier, Status: ClaimPending, TTLSeconds: p.TTLSeconds, Deadline: p.DeadlineNS, ServeBy: p.ServeByNS,
-		TokenGen: p.TokenGen, Created: now}
+		TokenGen: p.TokenGen, Created: now,
+		EgressClass: p.EgressClass, NoEgress: p.NoEgress, Unpooled: p.PolicyLayer == PolicyUnpooled, Env: p.Env}
 	if len(c.Metadata) == 0 {
 		c.Metadata = nil
 	}

@@ -189,6 +189,8 @@ func (s *State) Check() error {
 		}
 	}
 	s.checkTenants(fail)
+	s.checkRelays(fail)
+	s.checkEgress(fail)
 	checkHeap("timers", &s.timers, nTimers)
 	checkHeap("purge", &s.purge, nPurge)
 	return errors.Join(errs...)

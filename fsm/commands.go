@@ -1,6 +1,9 @@
 package fsm
 
-import "github.com/sbxlog/sbxlog/eventlog/event"
+import (
+	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm/egress"
+)
 
 // Meta is what the caller stamps on every command.
 type Meta struct {
@@ -37,9 +40,14 @@ type ConfigureNode struct {
 // ConfigurePools replaces the set of active pools (PUT /v1/pools). Pools left
 // out drain: their warm VMs are destroyed, claimed ones are left alone.
 // WarmMax 0 means Warm.
+//
+// Egress holds the pools' egress policies (each key one of Pools'; a pool
+// left out, or nil, has none); a pool left out of Pools keeps its policy
+// while it drains.
 type ConfigurePools struct {
 	Meta
-	Pools []PoolSpec
+	Pools  []PoolSpec
+	Egress map[PoolKey]*egress.Policy
 }
 
 // ConfigureLimits sets max_claims and tenant caps (0 = unlimited). A
@@ -68,6 +76,10 @@ type Claim struct {
 	ServeTimeoutSeconds int64
 	// TokenGen is the sandbox token's generation (0 means 1).
 	TokenGen uint32
+	// NoEgress: the claim asks for no egress policy ("egress": false).
+	NoEgress bool
+	// Env is the claim's env, values sealed by the caller.
+	Env []egress.EnvEntry
 }
 
 // Refill requests clones to bring pool Key (every pool short of its target

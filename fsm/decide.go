@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
 // Decide checks cmd against s and returns the events recording its outcome,
@@ -171,6 +172,10 @@ func (c ConfigurePools) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
+	pols, err := poolEgress(specs, c.Egress)
+	if err != nil {
+		return err
+	}
 	s := d.s
 	active := 0
 	for _, p := range s.pools { //fsm:unordered counting
@@ -179,15 +184,30 @@ func (c ConfigurePools) decide(d *decider) error {
 		}
 	}
 	changed := active != len(specs)
+	var policies []event.EgressPoolSet
 	for _, sp := range specs {
-		if p := s.pools[sp.PoolKey]; p == nil || p.Draining || p.Spec != sp {
+		p := s.pools[sp.PoolKey]
+		if p == nil || p.Draining || p.Spec != sp {
 			changed = true
 		}
+		var cur *egress.Policy
+		if p != nil {
+			cur = p.Egress
+		}
+		if !egress.Equal(cur, pols[sp.PoolKey]) {
+			policies = append(policies, event.EgressPoolSet{Key: sp.PoolKey, Policy: pols[sp.PoolKey]})
+		}
+	}
+	if changed {
+		d.emit(event.PoolsConfigured{Pools: specs}, event.NodeAggID)
+	}
+	// After the PoolsConfigured that (re)creates the pools' records.
+	for _, ps := range policies {
+		d.emit(ps, ps.Key.String())
 	}
 	if !changed {
 		return nil
 	}
-	d.emit(event.PoolsConfigured{Pools: specs}, event.NodeAggID)
 	keep := make(map[PoolKey]bool, len(specs))
 	for _, sp := range specs {
 		keep[sp.PoolKey] = true
@@ -297,15 +317,29 @@ func (c Claim) decide(d *decider) error {
 	if l := s.TenantCap(c.Tenant); l > 0 && s.tenantLive[c.Tenant] >= l {
 		return reject(TooMany, "tenant %q is at its cap of %d claims", c.Tenant, l)
 	}
+	env, err := envOf(c.Env)
+	if err != nil {
+		return err
+	}
 	gen := c.TokenGen
 	if gen == 0 {
 		gen = 1
 	}
 	deadline := d.m.Now + ttl*second
 	ev := event.ClaimCreated{Claim: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
-		TTLSeconds: ttl, DeadlineNS: deadline, ServeByNS: min(deadline, d.m.Now+serve*second), TokenGen: gen}
+		TTLSeconds: ttl, DeadlineNS: deadline, ServeByNS: min(deadline, d.m.Now+serve*second), TokenGen: gen,
+		NoEgress: c.NoEgress, Env: env}
 	if len(ev.Metadata) == 0 {
 		ev.Metadata = nil
+	}
+	// The claim pins its egress: the tenant's class now (a later change
+	// of the tenant's class is for its next claims) and whether the key
+	// has a configured pool.
+	if t := s.tenants[c.Tenant]; t != nil && c.Tenant != "" {
+		ev.EgressClass = t.EgressClass
+	}
+	if p == nil || p.Draining {
+		ev.PolicyLayer = PolicyUnpooled
 	}
 	// A key no configured pool has (never configured, or left out of the
 	// last ConfigurePools and draining) is not refused: as the old daemon,
@@ -380,6 +414,7 @@ func (cmd Hibernate) decide(d *decider) error {
 		if v := d.s.vms[c.VM]; v == nil || v.Status != VMClaimed {
 			return reject(InvalidTransition, "sandbox %s: its VM is not running", id)
 		}
+		d.closeRelays(id, "hibernate")
 		d.emit(event.HibernateRequested{Claim: id, VM: c.VM, Reason: "user"}, id)
 		return nil
 	}
@@ -415,6 +450,7 @@ func (cmd Release) decide(d *decider) error {
 	if !c.Status.Live() {
 		return nil
 	}
+	d.closeRelays(id, "released")
 	d.emit(event.ClaimReleased{Claim: id, VM: c.VM}, id)
 	d.destroySettled(c.VM, "release")
 	return nil
@@ -466,6 +502,7 @@ func (Tick) decide(d *decider) error {
 		case t.key.kind == tServe && c.Status == ClaimPending:
 			d.emit(event.ClaimFailed{Claim: c.ID, VM: c.VM, Reason: "deadline", Error: "not served before its serve deadline"}, c.ID)
 		case t.key.kind == tTTL && c.Status.Live() && c.Status != ClaimPending:
+			d.closeRelays(c.ID, "expired")
 			d.emit(event.ClaimExpired{Claim: c.ID, VM: c.VM}, c.ID)
 			d.destroySettled(c.VM, "expire")
 		default:
@@ -716,6 +753,8 @@ func (c VMExited) decide(d *decider) error {
 			d.destroy(v.ID, "exited")
 			return nil
 		}
+		// The guest's connections died with its VMM.
+		d.closeRelays(cl.ID, "vm_exited")
 		if n := recentRestarts(v, d.m.Now, c.Restart.WindowNS); n < c.Restart.Max {
 			d.emit(event.VMRestartRequested{VM: v.ID, Claim: cl.ID, Reason: "exited", Attempt: n + 1}, v.ID)
 			return nil

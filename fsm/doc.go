@@ -75,7 +75,19 @@
 // (name, token SHA-256 — never the token — and caps), changed at runtime
 // and by the config's tenants until the API first changes it; and the
 // node's drain, under which claims are refused with the old daemon's quota
-// text, refills stop and warm VMs are destroyed, until uncordoned.
+// text, refills stop and warm VMs are destroyed, until uncordoned. So is
+// guarded egress (egressstate.go): the pools' policies, the egress classes
+// tenants point at, what each claim pinned when it was made (its tenant's
+// class, egress false, whether its key had a pool) and its env, whose
+// values the caller seals (the state never holds a secret in the clear);
+// State.Egress is a claim's effective policy (fsm/egress, pure), read by
+// the proxy per connection, so a change applies to the next one.
+//
+// Relays (relays.go) are the data plane's facts: OpenRelay records a client
+// connection spliced to a running claim's guest, CloseRelay its end. An open
+// relay holds its claim's idle clock; a decision that takes a claim out of
+// running closes its relays first, in the same batch; CloseAllRelays is a
+// starting node's record that no relay survived the previous process.
 //
 // Cost model: Decide and Apply are O(1) in the number of live claims, except
 // that PUT pools re-arms the idle timers of the claims in pools whose idle

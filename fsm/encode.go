@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
 // State formats: the first byte of an encoded State. Decode reads every
@@ -19,8 +20,13 @@ const (
 	// StateFormatV3 adds the node's drain, the tenant table and whether
 	// the API owns it.
 	StateFormatV3 = 3
+	// StateFormatV4 adds the open relays.
+	StateFormatV4 = 4
+	// StateFormatV5 adds guarded egress: the egress classes and their
+	// owner, the pools' policies, and the claims' pinned egress and env.
+	StateFormatV5 = 5
 	// StateFormatCurrent is the newest format this build writes and reads.
-	StateFormatCurrent = StateFormatV3
+	StateFormatCurrent = StateFormatV5
 )
 
 // ErrStateFormat means an encoded State is of a format this build cannot
@@ -44,6 +50,12 @@ var (
 //	            token gen, created, last activity, ended (varints), reason)
 //	[V3] draining, tenants owned by the API,
 //	     n tenants × (name, token sha256 (32 bytes), max_claims (varint), egress class)
+//	[V4] n relays × (id, claim, kind, port, passive, opened (varint))
+//	[V5] classes owned by the API, n classes × (name, policy),
+//	     n pools with a policy × (key, policy),
+//	     n claims with egress × (id, class, no egress, unpooled, n env × entry)
+//	policy: n rules × (host, n methods × method, n ports × port, secret, intercept), socks5
+//	entry:  name, sealed, size (varint), host only, has inject, [n hosts × host, header, query, body, placeholder]
 //
 // Every collection is sorted by its key, so equal states encode to equal
 // bytes. Indexes (timers, pending intents, counters) are not encoded: Decode
@@ -121,8 +133,12 @@ func Encode(s *State) []byte {
 
 	ids = sortedKeys(s.claims)
 	e.u(uint64(len(ids)))
+	var withEgress []string // the claims the V5 section lists, in id order
 	for _, id := range ids {
 		c := s.claims[id]
+		if c.EgressClass != "" || c.NoEgress || c.Unpooled || len(c.Env) > 0 {
+			withEgress = append(withEgress, id)
+		}
 		e.str(c.ID)
 		e.key(c.Key)
 		e.str(c.VM)
@@ -157,7 +173,87 @@ func Encode(s *State) []byte {
 		e.i(int64(t.MaxClaims))
 		e.str(t.EgressClass)
 	}
+
+	ids = sortedKeys(s.relays)
+	e.u(uint64(len(ids)))
+	for _, id := range ids {
+		r := s.relays[id]
+		e.str(r.ID)
+		e.str(r.Claim)
+		e.str(r.Kind)
+		e.u(uint64(r.Port))
+		e.bool(r.Passive)
+		e.i(r.Opened)
+	}
+	e.egress(s, withEgress)
 	return e.b
+}
+
+// egress encodes the V5 section; withEgress are the claims with an egress
+// record, sorted.
+func (e *encoder) egress(s *State, withEgress []string) {
+	e.bool(s.classesAPI)
+	names := sortedKeys(s.egressClasses)
+	e.u(uint64(len(names)))
+	for _, n := range names {
+		e.str(n)
+		e.policy(&s.egressClasses[n].Policy)
+	}
+	var withPolicy []PoolKey
+	for _, k := range sortedPoolKeys(s.pools) {
+		if s.pools[k].Egress != nil {
+			withPolicy = append(withPolicy, k)
+		}
+	}
+	e.u(uint64(len(withPolicy)))
+	for _, k := range withPolicy {
+		e.key(k)
+		e.policy(s.pools[k].Egress)
+	}
+	e.u(uint64(len(withEgress)))
+	for _, id := range withEgress {
+		c := s.claims[id]
+		e.str(id)
+		e.str(c.EgressClass)
+		e.bool(c.NoEgress)
+		e.bool(c.Unpooled)
+		e.u(uint64(len(c.Env)))
+		for _, en := range c.Env {
+			e.str(en.Name)
+			e.str(en.Sealed)
+			e.i(int64(en.Size))
+			e.bool(en.HostOnly)
+			e.bool(en.Inject != nil)
+			if in := en.Inject; in != nil {
+				e.u(uint64(len(in.Hosts)))
+				for _, h := range in.Hosts {
+					e.str(h)
+				}
+				e.str(in.Header)
+				e.str(in.Query)
+				e.bool(in.Body)
+				e.str(in.Placeholder)
+			}
+		}
+	}
+}
+
+func (e *encoder) policy(p *egress.Policy) {
+	e.u(uint64(len(p.Allow)))
+	for _, r := range p.Allow {
+		e.str(r.Host)
+		e.u(uint64(len(r.Methods)))
+		for _, m := range r.Methods {
+			e.str(m)
+		}
+		e.u(uint64(len(r.Ports)))
+		for _, port := range r.Ports {
+			e.u(uint64(port))
+		}
+		e.str(r.Secret)
+		e.u(uint64(r.Intercept))
+	}
+	e.bool(p.Socks5)
 }
 
 // Hash returns the SHA-256 of s's encoding: equal states, equal hashes.
@@ -321,6 +417,23 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 			s.tenants[t.Name] = t
 			s.tenantByHash[t.sum] = t.Name
 		}
+	}
+	if format >= StateFormatV4 {
+		for range d.count() {
+			r := &RelayRec{ID: d.str(), Claim: d.claimID(s.claims), Kind: d.istr()}
+			port := d.u()
+			r.Passive = d.bool()
+			r.Opened = d.i()
+			d.check(validRelayKind(r.Kind, port) && s.relays[r.ID] == nil, "relay %s", r.ID)
+			r.Port = int(port)
+			if d.err != nil {
+				break
+			}
+			s.addRelay(r)
+		}
+	}
+	if format >= StateFormatV5 {
+		d.egress(s)
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrStateCorrupt, len(d.b))
@@ -492,6 +605,16 @@ func (d *sdec) raw() []byte {
 	return b
 }
 
+// claimID reads a claim id, sharing the record's copy when the claim
+// exists.
+func (d *sdec) claimID(claims map[string]*ClaimRec) string {
+	raw := d.raw()
+	if c, ok := claims[string(raw)]; ok {
+		return c.ID
+	}
+	return string(raw)
+}
+
 // vmID reads a VM id, sharing the record's copy when the VM exists.
 func (d *sdec) vmID(vms map[string]*VMRec) string {
 	raw := d.raw()
@@ -531,6 +654,86 @@ func (d *sdec) sum() [32]byte {
 	copy(sum[:], d.b)
 	d.b = d.b[len(sum):]
 	return sum
+}
+
+// egress decodes the V5 section.
+func (d *sdec) egress(s *State) {
+	s.classesAPI = d.bool()
+	for range d.count() {
+		n := d.str()
+		p := d.policy()
+		d.check(s.egressClasses[n] == nil, "egress class %q twice", n)
+		s.egressClasses[n] = &EgressClassRec{Name: n, Policy: p}
+	}
+	for range d.count() {
+		k := d.key()
+		p := d.policy()
+		pool := s.pools[k]
+		d.check(pool != nil && pool.Egress == nil, "egress policy of pool %s", k)
+		if pool != nil {
+			pool.Egress = &p
+		}
+	}
+	for range d.count() {
+		id := d.str()
+		c := s.claims[id]
+		d.check(c != nil, "egress of claim %s", id)
+		if c == nil {
+			c = &ClaimRec{}
+		}
+		c.EgressClass = d.istr()
+		c.NoEgress = d.bool()
+		c.Unpooled = d.bool()
+		if n := d.count(); n > 0 {
+			c.Env = make([]egress.EnvEntry, n)
+			for i := range c.Env {
+				en := egress.EnvEntry{Name: d.str(), Sealed: d.str(), Size: int(d.i()), HostOnly: d.bool()}
+				if d.bool() {
+					in := &egress.EnvInject{}
+					if m := d.count(); m > 0 {
+						in.Hosts = make([]string, m)
+						for j := range in.Hosts {
+							in.Hosts[j] = d.str()
+						}
+					}
+					in.Header, in.Query, in.Body, in.Placeholder = d.str(), d.str(), d.bool(), d.str()
+					en.Inject = in
+				}
+				c.Env[i] = en
+			}
+		}
+	}
+}
+
+func (d *sdec) policy() egress.Policy {
+	var p egress.Policy
+	if n := d.count(); n > 0 {
+		p.Allow = make([]egress.Rule, n)
+		for i := range p.Allow {
+			r := egress.Rule{Host: d.str()}
+			if m := d.count(); m > 0 {
+				r.Methods = make([]string, m)
+				for j := range r.Methods {
+					r.Methods[j] = d.str()
+				}
+			}
+			if m := d.count(); m > 0 {
+				r.Ports = make([]uint16, m)
+				for j := range r.Ports {
+					v := d.u()
+					d.check(v > 0 && v <= 65535, "port %d", v)
+					r.Ports[j] = uint16(v)
+				}
+			}
+			r.Secret = d.str()
+			mode := d.u()
+			d.check(mode <= uint64(egress.InterceptAlways), "intercept mode %d", mode)
+			r.Intercept = egress.Intercept(mode)
+			p.Allow[i] = r
+		}
+	}
+	p.Socks5 = d.bool()
+	return p
 }
 
 func (d *sdec) key() PoolKey {

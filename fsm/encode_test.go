@@ -6,17 +6,57 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
-// richState has a record of every kind: pools (one draining, one parked),
-// goldens in each status, VMs in each live status (one restarting, with a
-// restart history), claims in each status, tenants (set over the API), and
-// the node draining.
+// richState has a record of every kind: pools (one draining, one parked,
+// one with an egress policy), goldens in each status, VMs in each live
+// status (one restarting, with a restart history), claims in each status
+// (with pinned egress and env), tenants (set over the API), egress
+// classes, the node draining, and open relays of each kind.
 func richState(t *testing.T) *harness {
+	h := richStateV4(t)
+	h.do(SetEgressClasses{Meta: h.meta(), FromConfig: true, Classes: []EgressClassSpec{
+		{Name: "desk", Policy: *policy(false, egress.Rule{Host: "api.github.com", Methods: []string{"GET"}, Ports: []uint16{443, 8443}})},
+		{Name: "open"},
+	}}, event.TypeEgressClassPut, event.TypeEgressClassPut)
+	h.do(PutEgressClass{Meta: h.meta(), Class: EgressClassSpec{Name: "ops", Policy: *policy(false, egress.Rule{Host: "*.ops.net"})}}, event.TypeEgressClassPut)
+	pool := policy(true, egress.Rule{Host: "api.github.com", Secret: "gh", Intercept: egress.InterceptAlways}, egress.Rule{Host: "*", Intercept: egress.InterceptInject})
+	h.do(ConfigurePools{Meta: h.meta(), Pools: []PoolSpec{{PoolKey: kA, Warm: 4, WarmMax: 6, IdleHibernateSeconds: 300}, {PoolKey: kB, Warm: 1}},
+		Egress: map[PoolKey]*egress.Policy{kA: pool}}, event.TypeEgressPoolSet)
+	inj := egress.EnvEntry{Name: "GW_KEY", Sealed: "k1:c2VhbGVk", Size: 24, HostOnly: true,
+		Inject: &egress.EnvInject{Hosts: []string{"gw.example.com", "*.gw.net"}, Query: "key", Body: true, Placeholder: "PH"}}
+	h.do(SetClaimEnv{Meta: h.meta(), Claim: claimID(1), Set: []egress.EnvEntry{inj, entry("MODE", false)}}, event.TypeClaimEnvChanged)
+	// Claims pinning a class, egress false and an unpooled key, made
+	// between an uncordon and a second drain.
+	h.do(Uncordon{Meta: h.meta()}, event.TypeNodeUncordoned)
+	h.do(Claim{Meta: h.meta(), ID: claimID(7), Key: kA, Tenant: "beta"}, event.TypeClaimCreated, event.TypeVMCloneRequested)
+	h.do(Claim{Meta: h.meta(), ID: claimID(8), Key: PoolKey{Template: "other", Net: "none", Size: "small"}, NoEgress: true,
+		Env: []egress.EnvEntry{entry("TOKEN", true)}}, event.TypeClaimCreated, event.TypeVMCloneRequested)
+	h.do(Drain{Meta: h.meta()}, event.TypeNodeDrained)
+	return h
+}
+
+// richStateV4 is richState as it was when StateFormatV4 was current:
+// testdata/state_v4.bin is its encoding by that build.
+func richStateV4(t *testing.T) *harness {
+	h := richStateV3(t)
+	c := h.claim(claimID(5))
+	h.do(VMCloned{Meta: h.res(h.intentFor(c.VM, kA)), VM: c.VM}, event.TypeVMCloned, event.TypeClaimServed)
+	h.do(OpenRelay{Meta: h.meta(), ID: relayID(1), Claim: c.ID, Kind: RelayAgent}, event.TypeRelayOpened)
+	h.do(OpenRelay{Meta: h.meta(), ID: relayID(2), Claim: c.ID, Kind: RelayPort, Port: 8080, Passive: true}, event.TypeRelayOpened)
+	h.do(OpenRelay{Meta: h.meta(), ID: relayID(3), Claim: c.ID, Kind: RelayExec}, event.TypeRelayOpened)
+	return h
+}
+
+// richStateV3 is richState as it was when StateFormatV3 was current:
+// testdata/state_v3.bin is its encoding by that build.
+func richStateV3(t *testing.T) *harness {
 	h := richStateV2(t)
 	h.do(SetTenants{Meta: h.meta(), FromConfig: true, Tenants: []TenantSpec{
 		{Name: "acme", TokenSHA256: tokenHash("acme"), MaxClaims: 20},
@@ -122,8 +162,9 @@ func TestEncodeKeepsLIFOOrder(t *testing.T) {
 }
 
 // Snapshots written in an earlier format (V1 before restart histories, V2
-// before drain and tenants) still decode, to the same state the same events
-// give today, and re-encode as the current format.
+// before drain and tenants, V3 before relays, V4 before guarded egress)
+// still decode, to the same state the same events give today, and
+// re-encode as the current format.
 func TestDecodeOldFormats(t *testing.T) {
 	for _, tc := range []struct {
 		file   string
@@ -132,6 +173,8 @@ func TestDecodeOldFormats(t *testing.T) {
 	}{
 		{"state_v1.bin", StateFormatV1, richStateV1},
 		{"state_v2.bin", StateFormatV2, richStateV2},
+		{"state_v3.bin", StateFormatV3, richStateV3},
+		{"state_v4.bin", StateFormatV4, richStateV4},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			old, err := os.ReadFile(filepath.Join("testdata", tc.file))
@@ -267,7 +310,21 @@ func TestHashDiffersOnEveryField(t *testing.T) {
 		"tenant class":    func() { h.s.tenants["beta"].EgressClass = "" },
 		"draining":        func() { h.s.draining = false },
 		"tenants owner":   func() { h.s.tenantsAPI = false },
-		"applied":         func() { h.s.applied++ },
+		"classes owner":   func() { h.s.classesAPI = false },
+		"class policy":    func() { h.s.egressClasses["desk"].Policy.Allow[0].Ports = []uint16{443} },
+		"class added":     func() { h.s.egressClasses["x"] = &EgressClassRec{Name: "x"} },
+		"pool policy":     func() { h.s.pools[kA].Egress = nil },
+		"pool socks":      func() { p := *h.s.pools[kA].Egress; p.Socks5 = false; h.s.pools[kA].Egress = &p },
+		"claim class":     func() { h.s.claims[claimID(7)].EgressClass = "ops" },
+		"claim no egress": func() { h.s.claims[claimID(8)].NoEgress = false },
+		"claim unpooled":  func() { h.s.claims[claimID(8)].Unpooled = false },
+		"claim env":       func() { c.Env = c.Env[:1] },
+		"env inject": func() {
+			in := *c.Env[0].Inject
+			in.Body = false
+			c.Env = []egress.EnvEntry{{Name: "GW_KEY", Sealed: "k1:c2VhbGVk", Size: 24, HostOnly: true, Inject: &in}, c.Env[1]}
+		},
+		"applied": func() { h.s.applied++ },
 	} {
 		saved := Encode(h.s)
 		mut()
@@ -304,5 +361,36 @@ func TestDecodeSkipCheck(t *testing.T) {
 	}
 	if _, err := DecodeWith(enc[:len(enc)-1], DecodeOptions{SkipCheck: true}); !errors.Is(err, ErrStateCorrupt) {
 		t.Fatalf("skip-check decode of a truncated state: %v", err)
+	}
+}
+
+// Classes, pool policies and the claims' pinned egress and env survive an
+// encoding, and answer the same effective policies.
+func TestEgressIsEncoded(t *testing.T) {
+	h := richState(t)
+	back, err := Decode(Encode(h.s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !back.EgressClassesOwnedByAPI() || len(back.EgressClasses()) != 3 || !egress.Equal(back.PoolEgress(kA), h.s.PoolEgress(kA)) {
+		t.Fatalf("classes %+v, pool policy %+v", back.EgressClasses(), back.PoolEgress(kA))
+	}
+	for _, id := range h.s.ClaimIDs() {
+		a, _ := h.s.Claim(id)
+		b, _ := back.Claim(id)
+		if !reflect.DeepEqual(a.Env, b.Env) || a.EgressClass != b.EgressClass || a.NoEgress != b.NoEgress || a.Unpooled != b.Unpooled {
+			t.Fatalf("claim %s: %+v after decode, want %+v", id, b, a)
+		}
+		e1, ok1 := h.s.Egress(id)
+		e2, ok2 := back.Egress(id)
+		if ok1 != ok2 || !egress.Equal(e1.Base, e2.Base) || !egress.Equal(e1.Tenant, e2.Tenant) {
+			t.Fatalf("claim %s: effective policy differs after decode", id)
+		}
+	}
+	if c, _ := back.Claim(claimID(7)); c.EgressClass != "desk" {
+		t.Fatalf("claim 7 pinned %q", c.EgressClass)
+	}
+	if e, ok := back.Egress(claimID(7)); !ok || e.Tenant == nil || e.Tenant.Allow[0].Host != "api.github.com" {
+		t.Fatalf("claim 7 policy %+v %v", e, ok)
 	}
 }

@@ -17,10 +17,14 @@ type State struct {
 	vms            map[string]*VMRec
 	claims         map[string]*ClaimRec
 	tenants        map[string]*TenantRec
+	egressClasses  map[string]*EgressClassRec
 	// tenantsAPI: the API has changed the tenant set (the config's
-	// tenants no longer apply); draining: the node drains.
+	// tenants no longer apply); classesAPI the same for egress classes;
+	// draining: the node drains.
 	tenantsAPI bool
+	classesAPI bool
 	draining   bool
+	relays     map[string]*RelayRec // open relays by id
 	// applied counts events applied so far; it orders intents (ReqSeq).
 	applied uint64
 
@@ -35,6 +39,7 @@ type State struct {
 	live           int
 	tenantLive     map[string]int
 	tenantByHash   map[[32]byte]string // token hash -> tenant name
+	relaysOf       map[string][]string // claim -> its open relay ids, sorted
 }
 
 // New returns an empty state.
@@ -44,12 +49,15 @@ func New() *State {
 		goldens:        map[PoolKey]*GoldenRec{},
 		vms:            map[string]*VMRec{},
 		claims:         map[string]*ClaimRec{},
+		relays:         map[string]*RelayRec{},
+		relaysOf:       map[string][]string{},
 		pendingVMs:     map[string]struct{}{},
 		pendingGoldens: map[PoolKey]struct{}{},
 		needRefill:     map[PoolKey]struct{}{},
 		tenantLive:     map[string]int{},
 		tenants:        map[string]*TenantRec{},
 		tenantByHash:   map[[32]byte]string{},
+		egressClasses:  map[string]*EgressClassRec{},
 	}
 }
 
@@ -212,6 +220,8 @@ func (s *State) setClaimStatus(c *ClaimRec, st ClaimStatus, now int64) {
 	if wasLive && !st.Live() {
 		s.liveDelta(c, -1)
 		c.Ended = now
+		// The env (its sealed secrets) goes with the claim.
+		c.Env = nil
 		s.purge.set(timerKey{kind: tPurge, id: c.ID}, now+ClaimRetentionNS)
 		s.syncClaimTimers(c)
 		s.maybeDropPool(c.Key)
@@ -257,7 +267,8 @@ func (s *State) claimTimer(c *ClaimRec, k timerKind) (int64, bool) {
 	case tTTL:
 		return c.Deadline, c.Status.Live() && c.Status != ClaimPending
 	case tIdle:
-		if c.Status != ClaimRunning {
+		// An open relay holds the idle clock.
+		if c.Status != ClaimRunning || s.hasRelays(c.ID) {
 			return 0, false
 		}
 		if p := s.pools[c.Key]; p != nil && p.Spec.IdleHibernateSeconds > 0 {

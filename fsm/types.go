@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
 // PoolKey identifies a pool (template, net, size) and its golden.
@@ -175,6 +176,8 @@ type PoolRec struct {
 	// ParkedUntil/ParkReason: refills are parked until that time.
 	ParkedUntil int64
 	ParkReason  string
+	// Egress is the pool's egress policy (nil: none), read-only.
+	Egress *egress.Policy
 
 	// warm is the LIFO stack of warm VM ids (top = newest = next claimed).
 	warm []string
@@ -249,6 +252,14 @@ type ClaimRec struct {
 	LastActivity int64
 	Ended        int64
 	Reason       string
+	// Egress, pinned when the claim was made: the tenant's class then,
+	// egress false, and whether the key had no configured pool.
+	EgressClass string
+	NoEgress    bool
+	Unpooled    bool
+	// Env is the claim's env, sorted by name, values sealed (read-only);
+	// dropped when the claim ends.
+	Env []egress.EnvEntry
 }
 
 // Limits are the claim limits; 0 means unlimited. TenantCaps are the caps

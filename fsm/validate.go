@@ -109,8 +109,12 @@ func contains(list []string, s string) bool {
 }
 
 // ValidClaimID reports whether id is "sb_" followed by 16 lowercase hex digits.
-func ValidClaimID(id string) bool {
-	if len(id) != 19 || id[:3] != "sb_" {
+func ValidClaimID(id string) bool { return prefixedHex16(id, "sb_") }
+
+// prefixedHex16 reports whether id is prefix (3 bytes) and 16 lowercase hex
+// digits: the form of the ids the API mints.
+func prefixedHex16(id, prefix string) bool {
+	if len(id) != 19 || id[:3] != prefix {
 		return false
 	}
 	for _, c := range []byte(id[3:]) {

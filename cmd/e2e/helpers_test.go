@@ -240,6 +240,12 @@ func (d *daemon) stop(t *testing.T) {
 // killVMMs kills the VMM processes (chsim) whose command line names dir:
 // they outlive sandboxd by design.
 func killVMMs(t *testing.T, dir string) {
+	killProcesses(t, dir, func(bin string) bool { return bin == "chsim" })
+}
+
+// killProcesses kills the processes whose command line names dir and whose
+// binary's base name is, by isVMM, a VMM.
+func killProcesses(t *testing.T, dir string, isVMM func(bin string) bool) {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		raw, err := os.ReadFile(p)
@@ -247,7 +253,7 @@ func killVMMs(t *testing.T, dir string) {
 			continue
 		}
 		args := strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00")
-		if filepath.Base(args[0]) != "chsim" {
+		if !isVMM(filepath.Base(args[0])) {
 			continue
 		}
 		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
@@ -255,7 +261,7 @@ func killVMMs(t *testing.T, dir string) {
 			continue
 		}
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			t.Logf("kill chsim %d: %v", pid, err)
+			t.Logf("kill %s %d: %v", args[0], pid, err)
 		}
 	}
 }

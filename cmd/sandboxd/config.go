@@ -8,12 +8,15 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsauth"
 	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
+	"github.com/sbxlog/sbxlog/executors/netguard"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
@@ -89,6 +92,114 @@ type Config struct {
 	// from the VM's own disk, at most max within window_seconds, then the
 	// claim fails. Default 3 per 600 s; max 0 turns restarts off.
 	VMRestart *RestartConfig `json:"vm_restart,omitempty"`
+	// Secrets is guarded egress's secret registry, the old daemon's:
+	// {name, header, value_env}. A rule's secret names one; its value is
+	// the claim's host-only env entry named value_env (or name), else the
+	// node's, read from the process environment variable value_env at
+	// start (never from this file: a "value" is refused).
+	Secrets []SecretConfig `json:"secrets,omitempty"`
+	// EgressClasses seed the egress classes ({name, egress}) tenants name
+	// with egress_class, until the API (/v1/egress/classes) first changes
+	// them, as with tenants.
+	EgressClasses []EgressClassConfig `json:"egress_classes,omitempty"`
+	// EgressInternalAllow are internal destinations the egress proxy may
+	// reach all the same: "CIDR" or "CIDR:port,port".
+	EgressInternalAllow []string `json:"egress_internal_allow,omitempty"`
+	// EgressUsageSeconds is how often each sandbox's egress bytes are
+	// recorded (default 60; a sandbox's last record is written at its
+	// release).
+	EgressUsageSeconds int `json:"egress_usage_seconds,omitempty"`
+}
+
+// SecretConfig is one secret of the registry. Value exists only to refuse
+// it with the old daemon's text.
+type SecretConfig struct {
+	egress.SecretSpec
+	Value *string `json:"value,omitempty"`
+}
+
+// EgressClassConfig is one egress class, the old config's shape.
+type EgressClassConfig struct {
+	Name   string         `json:"name"`
+	Egress *egress.Policy `json:"egress"`
+}
+
+// egressConfig is the node's egress configuration.
+func (c *Config) egressConfig() node.EgressConfig {
+	ec := node.EgressConfig{InternalAllow: c.EgressInternalAllow, UsageEvery: time.Duration(c.EgressUsageSeconds) * time.Second}
+	for _, s := range c.Secrets {
+		ec.Secrets = append(ec.Secrets, s.SecretSpec)
+	}
+	for _, cl := range c.EgressClasses {
+		ec.Classes = append(ec.Classes, fsm.EgressClassSpec{Name: cl.Name, Policy: *cl.Egress})
+	}
+	for _, p := range c.Pools {
+		if p.Egress != nil {
+			if ec.PoolEgress == nil {
+				ec.PoolEgress = map[fsm.PoolKey]*egress.Policy{}
+			}
+			ec.PoolEgress[fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}] = p.Egress
+		}
+	}
+	return ec
+}
+
+// validateEgress checks the egress settings the node cannot check later
+// with the old daemon's texts: secrets, classes, pools' policies (their
+// rules and secrets), internal allow entries.
+func (c *Config) validateEgress() error {
+	var errs []error
+	specs := make([]egress.SecretSpec, 0, len(c.Secrets))
+	for i, s := range c.Secrets {
+		if s.Value != nil {
+			errs = append(errs, fmt.Errorf("secrets[%d]: value is not supported, use value_env", i))
+		}
+		specs = append(specs, s.SecretSpec)
+	}
+	if err := egress.ValidateSecrets(specs); err != nil {
+		errs = append(errs, err)
+	}
+	known := func(name string) bool {
+		return slices.ContainsFunc(specs, func(s egress.SecretSpec) bool { return s.Name == name })
+	}
+	check := func(p egress.Policy, what string, scope egress.Scope) {
+		n := egress.Normalize(p)
+		if err := egress.Validate(n, scope); err != nil {
+			errs = append(errs, fmt.Errorf("%s egress: %w", what, err))
+		}
+		for i, r := range n.Allow {
+			if r.Secret != "" && !known(r.Secret) {
+				errs = append(errs, fmt.Errorf("%s egress: allow[%d]: unknown secret %q", what, i, r.Secret))
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, cl := range c.EgressClasses {
+		switch {
+		case seen[cl.Name]:
+			errs = append(errs, fmt.Errorf("duplicate egress class %q", cl.Name))
+		case cl.Egress == nil:
+			errs = append(errs, fmt.Errorf("egress class %q needs egress", cl.Name))
+		default:
+			check(*cl.Egress, fmt.Sprintf("egress class %q", cl.Name), egress.ScopeClass)
+		}
+		seen[cl.Name] = true
+	}
+	for _, p := range c.Pools {
+		if p.Egress != nil {
+			check(*p.Egress, fmt.Sprintf("pool %q", p.Template), egress.ScopePool)
+			if egress.Intercepts(*p.Egress) {
+				errs = append(errs, fmt.Errorf("pool %q: intercept needs egress_ca (root_cert + this node's intermediate_cert/intermediate_key)", p.Template))
+			}
+		}
+	}
+	if _, err := netguard.ParseAllow(c.EgressInternalAllow); err != nil {
+		errs = append(errs, err)
+	}
+	if c.EgressUsageSeconds < 0 || c.EgressUsageSeconds > 3600 {
+		errs = append(errs, fmt.Errorf("egress_usage_seconds %d out of [0, 3600]", c.EgressUsageSeconds))
+	}
+	return errors.Join(errs...)
 }
 
 // HTTPConfig is the http section: how long a client may take to send a
@@ -129,13 +240,16 @@ func (c *Config) restartPolicy() fsm.RestartPolicy {
 }
 
 // PoolConfig is one pool as written in config and in PUT /v1/pools.
+// Egress is the pool's egress policy (applied with the pool on a first
+// start; PUT /v1/pools changes it afterwards).
 type PoolConfig struct {
-	Template             string `json:"template"`
-	Net                  string `json:"net"`
-	Size                 string `json:"size"`
-	Warm                 int    `json:"warm"`
-	WarmMax              int    `json:"warm_max,omitempty"`
-	IdleHibernateSeconds int64  `json:"idle_hibernate_seconds,omitempty"`
+	Template             string         `json:"template"`
+	Net                  string         `json:"net"`
+	Size                 string         `json:"size"`
+	Warm                 int            `json:"warm"`
+	WarmMax              int            `json:"warm_max,omitempty"`
+	IdleHibernateSeconds int64          `json:"idle_hibernate_seconds,omitempty"`
+	Egress               *egress.Policy `json:"egress,omitempty"`
 }
 
 // NATSConfig selects embedded NATS (default) or an existing cluster.
@@ -326,6 +440,9 @@ func (c *Config) finish() error {
 	}
 	if c.MaxClaims < 0 {
 		errs = append(errs, fmt.Errorf("max_claims %d is negative", c.MaxClaims))
+	}
+	if err := c.validateEgress(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -9,17 +9,23 @@ import (
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
 
-// The config's tenants take the old daemon's plaintext token or its hash;
-// a plaintext token is hashed at load and kept nowhere.
-func TestConfigTenants(t *testing.T) {
+// configWriter returns a function that writes a config file body into a
+// temp dir and returns its path.
+func configWriter(t *testing.T) func(body string) string {
 	dir := t.TempDir()
-	write := func(body string) string {
+	return func(body string) string {
 		p := filepath.Join(dir, "sandboxd.json")
 		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
+}
+
+// The config's tenants take the old daemon's plaintext token or its hash;
+// a plaintext token is hashed at load and kept nowhere.
+func TestConfigTenants(t *testing.T) {
+	write := configWriter(t)
 	cfg, err := loadConfig(write(`{"tenants":[{"name":"acme","token":"plain-secret","max_claims":5,"egress_class":"desk"},` +
 		`{"name":"beta","token_sha256":"` + strings.ToUpper(auth.HashToken("b")) + `"}]}`))
 	if err != nil {

@@ -1,6 +1,13 @@
-// Command sbx-agent is the guest side of the agent protocol (package executors/guest/agent).
-// The initramfs's init starts it on the agent serial port; it is built static
-// (CGO_ENABLED=0) because the initramfs has no libc.
+// Command sbx-agent is the project's guest agent. The initramfs's init starts
+// it; it is built static (CGO_ENABLED=0) because the initramfs has no libc.
+// It serves two things:
+//   - the agent protocol (package executors/guest/agent) on the agent serial
+//     port (-tty): readiness, the test verbs, and the data plane's key;
+//   - the data plane, silkd v1 (package executors/guest/silkagent with the
+//     machine's own processes, files and ports), on TCP (-listen), each
+//     connection after the AUTH handshake with the key the host last gave
+//     on the serial port (agent.AcceptData). The host reaches it through
+//     QEMU's port forward (package executors/qemu).
 package main
 
 import (
@@ -8,17 +15,20 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxlog/sbxlog/executors/guest/agent"
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
 )
 
 func main() {
 	tty := flag.String("tty", "/dev/ttyS1", "serial device the host talks to")
 	data := flag.String("data", "/tmp/sbx-data", "data file for write and sha (on tmpfs)")
+	listen := flag.String("listen", ":2048", "TCP address of the data plane (silkd v1 after the AUTH handshake); empty: none")
 	flag.Parse()
 
 	id := make([]byte, 8)
@@ -36,6 +46,14 @@ func main() {
 			srv.Count()
 		}
 	}()
+	if *listen != "" {
+		silk := &silkagent.Server{
+			Version: "sbx-agent", Agent: "sbx-agent",
+			Procs: silkagent.OSProcs{}, FS: silkagent.OSFS{}, Dial: silkagent.DialTCP,
+			Uptime: func() time.Duration { d, _ := bootTime(); return d },
+		}
+		go serveData(srv, silk, *listen)
+	}
 	for {
 		if err := serve(srv, *tty); err != nil {
 			fmt.Fprintf(os.Stderr, "sbx-agent: %v\n", err)
@@ -43,6 +61,39 @@ func main() {
 		time.Sleep(time.Second)
 	}
 }
+
+// serveData serves the data plane on addr for good: a listen that fails
+// is retried, every connection is served once it has shown the key.
+func serveData(srv *agent.Server, silk *silkagent.Server, addr string) {
+	for {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "sbx-agent: data plane: %v\n", err)
+			time.Sleep(time.Second)
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "sbx-agent: data plane on %s\n", l.Addr())
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "sbx-agent: data plane: %v\n", err)
+				l.Close()
+				break
+			}
+			go func() {
+				if err := agent.AcceptData(c, srv.DataKey(), dataHandshakeTimeout); err != nil {
+					c.Close()
+					return
+				}
+				silk.ServeConn(c)
+			}()
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// dataHandshakeTimeout bounds a data connection's AUTH line.
+const dataHandshakeTimeout = 10 * time.Second
 
 func serve(srv *agent.Server, path string) error {
 	f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOCTTY, 0)

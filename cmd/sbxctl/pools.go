@@ -13,7 +13,8 @@ import (
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
 
-// stdin is what a "-" file argument reads (tests replace it).
+// stdin is what a "-" file argument, exec -i and cp from - read (tests
+// replace it).
 var stdin io.Reader = os.Stdin
 
 func init() {
@@ -119,7 +120,7 @@ func poolsGetFlags(*flag.FlagSet) remoteBody {
 // poolsSetFlags: --file replaces the whole set (pools left out drain, as
 // PUT /v1/pools does); the per-pool flags read the current set, change or
 // add the one pool they name (or drop it with --drain) and put the result,
-// so the other pools are kept. The read-modify-write is not atomic: two
+// so the other pools (and the named pool's egress policy) are kept. The read-modify-write is not atomic: two
 // operators editing at once can lose one edit, so scripts should use
 // --file.
 func poolsSetFlags(fs *flag.FlagSet) remoteBody {
@@ -165,6 +166,8 @@ func poolsSetFlags(fs *flag.FlagSet) remoteBody {
 					if !idle.set {
 						spec.IdleHibernateSeconds = p.IdleHibernateSeconds
 					}
+					// The flags do not set a policy: the pool keeps its own.
+					spec.Egress = p.Egress
 					req.Pools = append(req.Pools, spec)
 				}
 			}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 	"github.com/sbxlog/sbxlog/projections/api"
 )
 
@@ -47,10 +48,21 @@ func TestPoolsAndInfoCommands(t *testing.T) {
 	if len(in.Pools) != 2 {
 		t.Fatalf("pools set answer: %+v", in)
 	}
-	// Changing warm keeps the idle setting unless given.
+	// Changing warm keeps the idle setting unless given, and the pool's
+	// egress policy.
+	f0 := filepath.Join(t.TempDir(), "pools.json")
+	if err := os.WriteFile(f0, []byte(`{"pools":[{"template":"default","warm":1},{"template":"py","size":"medium","warm":2,"idle_hibernate_seconds":600,"egress":{"allow":[{"host":"*.github.com"}]}}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "pools", "set", "--file", f0)
 	mustRun(t, "pools", "set", "--template", "py", "--size", "medium", "--warm", "3")
 	if p := statePools(n.Engine)["py/none/medium"]; p.Warm != 3 || p.IdleHibernateSeconds != 600 {
 		t.Fatalf("after warm change: %+v", p)
+	}
+	var pol *egress.Policy
+	n.Engine.View(func(st *fsm.State) { pol = st.PoolEgress(fsm.PoolKey{Template: "py", Net: "none", Size: "medium"}) })
+	if pol == nil || pol.Allow[0].Host != "*.github.com" {
+		t.Fatalf("the flags dropped the pool's egress policy: %+v", pol)
 	}
 	settle(t, n)
 	info := mustRun(t, "info")

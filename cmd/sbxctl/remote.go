@@ -50,6 +50,12 @@ func (e *usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
+// exitCode is a body's way to exit with a code of its own (exec passes on
+// its command's).
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
 // remoteBody runs a command against a client. ctx carries --timeout (none
 // for streams) and ends on SIGINT/SIGTERM.
 type remoteBody func(ctx context.Context, c *apiclient.Client, cl *call) error
@@ -58,8 +64,9 @@ type remoteBody func(ctx context.Context, c *apiclient.Client, cl *call) error
 type remoteSpec struct {
 	name string
 	// args names the positional arguments, for usage; exactly that many are
-	// required.
+	// required, unless rest names more that may follow.
 	args []string
+	rest string
 	// stream commands get no --timeout (they run until stopped).
 	stream bool
 	// flags defines the command's own flags and returns its body.
@@ -75,6 +82,9 @@ func remoteCommand(spec remoteSpec) func(args []string, stdout, stderr io.Writer
 		usageLine := "usage: sbxctl " + spec.name
 		for _, a := range spec.args {
 			usageLine += " " + a
+		}
+		if spec.rest != "" {
+			usageLine += " " + spec.rest
 		}
 		fs.Usage = func() {
 			fmt.Fprintln(stderr, usageLine+" [flags]")
@@ -96,7 +106,7 @@ func remoteCommand(spec remoteSpec) func(args []string, stdout, stderr io.Writer
 			}
 			return 2
 		}
-		if len(pos) != len(spec.args) {
+		if len(pos) != len(spec.args) && (spec.rest == "" || len(pos) < len(spec.args)) {
 			fmt.Fprintf(stderr, "sbxctl %s: want %d argument(s) %s, got %d\n", spec.name, len(spec.args), strings.Join(spec.args, " "), len(pos))
 			fs.Usage()
 			return 2
@@ -120,9 +130,12 @@ func remoteCommand(spec remoteSpec) func(args []string, stdout, stderr io.Writer
 		}
 		err = body(ctx, c, &call{args: pos, json: *asJSON, stdout: stdout, stderr: stderr})
 		var ue *usageError
+		var ec exitCode
 		switch {
 		case err == nil:
 			return 0
+		case errors.As(err, &ec):
+			return int(ec)
 		case errors.As(err, &ue):
 			fmt.Fprintf(stderr, "sbxctl %s: %v\n", spec.name, err)
 			fs.Usage()

@@ -207,18 +207,28 @@ type VMRestartFailed struct {
 // claim runs at once; "clone" and "cold" leave the claim pending until VM, an
 // on-demand clone (or cold boot) requested in the same batch, is ready or
 // ServeByNS passes.
+//
+// Version 2 adds the claim's egress, pinned for its life: EgressClass (the
+// tenant's class when the claim was made), NoEgress (the claim asked for
+// none), PolicyLayer ("pooled": the key had a configured pool; "unpooled":
+// it had none; a v1 record, without it, reads as pooled) and Env (the
+// claim's env, each value sealed).
 type ClaimCreated struct {
-	Claim      string            `json:"claim"`
-	Key        PoolKey           `json:"key"`
-	VM         string            `json:"vm"`
-	Tier       string            `json:"tier"`
-	Tenant     string            `json:"tenant,omitempty"`
-	ClaimRef   string            `json:"claim_ref,omitempty"`
-	Metadata   map[string]string `json:"metadata,omitempty"`
-	TTLSeconds int64             `json:"ttl_seconds"`
-	DeadlineNS int64             `json:"deadline_ns"`
-	ServeByNS  int64             `json:"serve_by_ns"`
-	TokenGen   uint32            `json:"token_gen"`
+	Claim       string            `json:"claim"`
+	Key         PoolKey           `json:"key"`
+	VM          string            `json:"vm"`
+	Tier        string            `json:"tier"`
+	Tenant      string            `json:"tenant,omitempty"`
+	ClaimRef    string            `json:"claim_ref,omitempty"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+	TTLSeconds  int64             `json:"ttl_seconds"`
+	DeadlineNS  int64             `json:"deadline_ns"`
+	ServeByNS   int64             `json:"serve_by_ns"`
+	TokenGen    uint32            `json:"token_gen"`
+	EgressClass string            `json:"egress_class,omitempty"`
+	NoEgress    bool              `json:"no_egress,omitempty"`
+	PolicyLayer string            `json:"policy_layer,omitempty"`
+	Env         []EnvEntry        `json:"env,omitempty"`
 }
 
 // ClaimServed: a pending claim's VM is ready; the claim runs.
@@ -351,6 +361,35 @@ type NodeDrained struct{}
 // NodeUncordoned: the node takes claims and refills again.
 type NodeUncordoned struct{}
 
+// RelayOpened records a client connection spliced to a running claim's
+// guest, identified by Relay ("rl_" + 16 hex digits, minted by the API).
+// Kind: agent (the guest agent's wire protocol), port (the guest TCP port
+// Port) or exec (a buffered exec). While a claim has an open relay its
+// idle-hibernate timer is held; opening one is activity, unless Passive (an
+// operator's relay, which holds the timer without counting as use).
+type RelayOpened struct {
+	Relay   string `json:"relay"`
+	Claim   string `json:"claim"`
+	Kind    string `json:"kind"`
+	Port    int    `json:"port,omitempty"`
+	Passive bool   `json:"passive,omitempty"`
+}
+
+// RelayClosed ends an open relay; closing the claim's last one restarts the
+// idle timer from its last activity (the close itself counts, unless the
+// relay was passive). Reason: client, guest, idle, error,
+// shutdown, restart (open when sandboxd died: recorded by its next start),
+// or what ended the claim's running: released, expired, hibernate,
+// vm_exited, failed. BytesIn and BytesOut count client-to-guest and
+// guest-to-client bytes, when the relay's process measured them.
+type RelayClosed struct {
+	Relay    string `json:"relay"`
+	Claim    string `json:"claim"`
+	Reason   string `json:"reason"`
+	BytesIn  int64  `json:"bytes_in,omitempty"`
+	BytesOut int64  `json:"bytes_out,omitempty"`
+}
+
 // NodeAggID is the aggregate id of node-level events; ParkAggID(nil) is the
 // aggregate id of node-wide parking.
 const NodeAggID = "node"
@@ -397,6 +436,8 @@ func (TenantPut) EventType() Type            { return TypeTenantPut }
 func (TenantRemoved) EventType() Type        { return TypeTenantRemoved }
 func (NodeDrained) EventType() Type          { return TypeNodeDrained }
 func (NodeUncordoned) EventType() Type       { return TypeNodeUncordoned }
+func (RelayOpened) EventType() Type          { return TypeRelayOpened }
+func (RelayClosed) EventType() Type          { return TypeRelayClosed }
 
 // Version 1 of every type. A new schema version adds a registerJSON line (or
 // a custom decoder that upgrades the old shape) and keeps this one.
@@ -414,6 +455,7 @@ func init() {
 	registerJSON[VMDestroyed](1)
 	registerJSON[VMExited](1)
 	registerJSON[ClaimCreated](1)
+	registerJSON[ClaimCreated](2)
 	registerJSON[ClaimServed](1)
 	registerJSON[ClaimFailed](1)
 	registerJSON[ClaimRenewed](1)
@@ -435,4 +477,6 @@ func init() {
 	registerJSON[TenantRemoved](1)
 	registerJSON[NodeDrained](1)
 	registerJSON[NodeUncordoned](1)
+	registerJSON[RelayOpened](1)
+	registerJSON[RelayClosed](1)
 }

@@ -28,7 +28,8 @@ func samplePayloads() []Payload {
 		VMDestroyed{VM: "vm-0011223344556677", Report: rep},
 		VMExited{VM: "vm-0011223344556677", Detail: "signal: killed"},
 		ClaimCreated{Claim: "sb_00112233445566ff", Key: key, VM: "vm-0011223344556677", Tier: "warm", Tenant: "acme", ClaimRef: "job-17",
-			Metadata: map[string]string{"a": "1", "b": "2"}, TTLSeconds: 300, DeadlineNS: 1_790_000_300_000_000_000, ServeByNS: 1_790_000_060_000_000_000, TokenGen: 1},
+			Metadata: map[string]string{"a": "1", "b": "2"}, TTLSeconds: 300, DeadlineNS: 1_790_000_300_000_000_000, ServeByNS: 1_790_000_060_000_000_000, TokenGen: 1,
+			EgressClass: "desk", PolicyLayer: "pooled", Env: sampleEnv()},
 		ClaimServed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677"},
 		ClaimFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Reason: "clone_failed", Error: "vm.restore: 500"},
 		ClaimRenewed{Claim: "sb_00112233445566ff", TTLSeconds: 600, DeadlineNS: 1_790_000_600_000_000_000},
@@ -50,6 +51,28 @@ func samplePayloads() []Payload {
 		TenantRemoved{Name: "u:42/west", Config: true},
 		NodeDrained{},
 		NodeUncordoned{},
+		RelayOpened{Relay: "rl_0011223344556677", Claim: "sb_00112233445566ff", Kind: "port", Port: 8080, Passive: true},
+		RelayClosed{Relay: "rl_0011223344556677", Claim: "sb_00112233445566ff", Reason: "client", BytesIn: 1048576, BytesOut: 2097152},
+		EgressPoolSet{Key: key, Policy: &EgressPolicy{Socks5: true, Allow: []EgressRule{
+			{Host: "api.github.com", Methods: []string{"GET", "POST"}, Ports: []uint16{443}, Secret: "gh", Intercept: InterceptAlways},
+			{Host: "*.googleapis.com"},
+			{Host: "*", Intercept: InterceptInject},
+		}}},
+		EgressClassPut{Name: "desk", Policy: EgressPolicy{Allow: []EgressRule{{Host: "api.github.com", Methods: []string{"CONNECT"}}}}, Config: true},
+		EgressClassRemoved{Name: "desk", Config: true},
+		ClaimEnvChanged{Claim: "sb_00112233445566ff", Set: sampleEnv(), Remove: []string{"OLD"}},
+		EgressUsage{Claim: "sb_00112233445566ff", Key: &key, Tenant: "acme", FromNS: 1_790_000_000_000_000_000, ToNS: 1_790_000_060_000_000_000,
+			Tx: 5120, Rx: 1_048_576, Allowed: 12, Denied: 2, Final: true},
+	}
+}
+
+// sampleEnv is a claim env: a guest entry and a host-only credential,
+// each value sealed (the bytes here stand for a ciphertext).
+func sampleEnv() []EnvEntry {
+	return []EnvEntry{
+		{Name: "API_KEY", Sealed: "k1a2b3c4:c2VhbGVkIHZhbHVl", Size: 32, HostOnly: true,
+			Inject: &EnvInject{Hosts: []string{"api.example.com", "*.example.net"}, Query: "key", Body: true, Placeholder: "PLACEHOLDER"}},
+		{Name: "MODE", Sealed: "k1a2b3c4:bW9kZQ", Size: 4},
 	}
 }
 

@@ -68,6 +68,20 @@ const (
 	// is uncordoned.
 	TypeNodeDrained    Type = 33
 	TypeNodeUncordoned Type = 34
+
+	// Data-plane relays (a client connection spliced to a claim's guest):
+	// facts in the log so audit and the idle rule derive from it.
+	TypeRelayOpened Type = 35
+	TypeRelayClosed Type = 36
+
+	// Guarded egress: the pools' and egress classes' policies, a claim's
+	// env (its values sealed, never in the clear) and the egress usage the
+	// proxy aggregated per sandbox and interval.
+	TypeEgressPoolSet      Type = 37
+	TypeEgressClassPut     Type = 38
+	TypeEgressClassRemoved Type = 39
+	TypeClaimEnvChanged    Type = 40
+	TypeEgressUsage        Type = 41
 )
 
 // AggKind is the kind of aggregate an event belongs to.
@@ -82,6 +96,7 @@ const (
 	AggVM      AggKind = 4
 	AggClaim   AggKind = 5
 	AggTenant  AggKind = 6
+	AggEgress  AggKind = 7 // an egress class
 )
 
 type typeInfo struct {
@@ -104,7 +119,7 @@ var typeInfos = map[Type]typeInfo{
 	TypeVMDestroyRequested:   {"vm_destroy_requested", 1, AggVM},
 	TypeVMDestroyed:          {"vm_destroyed", 1, AggVM},
 	TypeVMExited:             {"vm_exited", 1, AggVM},
-	TypeClaimCreated:         {"claim_created", 1, AggClaim},
+	TypeClaimCreated:         {"claim_created", 2, AggClaim},
 	TypeClaimServed:          {"claim_served", 1, AggClaim},
 	TypeClaimFailed:          {"claim_failed", 1, AggClaim},
 	TypeClaimRenewed:         {"claim_renewed", 1, AggClaim},
@@ -127,6 +142,13 @@ var typeInfos = map[Type]typeInfo{
 	TypeTenantRemoved:        {"tenant_removed", 1, AggTenant},
 	TypeNodeDrained:          {"node_drained", 1, AggNode},
 	TypeNodeUncordoned:       {"node_uncordoned", 1, AggNode},
+	TypeRelayOpened:          {"relay_opened", 1, AggClaim},
+	TypeRelayClosed:          {"relay_closed", 1, AggClaim},
+	TypeEgressPoolSet:        {"egress_pool_set", 1, AggPool},
+	TypeEgressClassPut:       {"egress_class_put", 1, AggEgress},
+	TypeEgressClassRemoved:   {"egress_class_removed", 1, AggEgress},
+	TypeClaimEnvChanged:      {"claim_env_changed", 1, AggClaim},
+	TypeEgressUsage:          {"egress_usage", 1, AggClaim},
 }
 
 // Known reports whether this build can read events of type t.
@@ -166,7 +188,7 @@ func Types() []Type {
 	return out
 }
 
-var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant"}
+var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant", AggEgress: "egress"}
 
 // String returns the aggregate kind's stable name.
 func (k AggKind) String() string {

@@ -13,6 +13,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/tap"
 	"github.com/sbxlog/sbxlog/executors/templates"
@@ -72,6 +73,9 @@ type Config struct {
 	// AgentPort is the guest agent's vsock port the readiness probe
 	// connects to (default 1024).
 	AgentPort uint32
+	// SilkdPort is the guest agent's vsock port DialAgent connects to, the
+	// data plane's (default silkd.Port, 2048).
+	SilkdPort uint32
 	// Sizes maps pool sizes to resources (default templates.DefaultSizes).
 	Sizes templates.Sizes
 	// Synth shapes synthesized chsim templates.
@@ -126,6 +130,7 @@ type Driver struct {
 	slice    string
 	mode     ch.MemoryRestoreMode
 	port     uint32
+	silkd    uint32
 	sizes    templates.Sizes
 	synth    templates.SynthOptions
 	bridge   string
@@ -183,7 +188,7 @@ func New(cfg Config) (*Driver, error) {
 	d := &Driver{
 		roots: cfg.Roots, instance: cfg.Instance, vmmBin: cfg.VMM, hv: cfg.Hypervisor,
 		env: cfg.VMMEnv, slice: cfg.CgroupSlice, mode: cfg.RestoreMode,
-		port: cfg.AgentPort, sizes: cfg.Sizes, synth: cfg.Synth, bridge: cfg.Bridge,
+		port: cfg.AgentPort, silkd: cfg.SilkdPort, sizes: cfg.Sizes, synth: cfg.Synth, bridge: cfg.Bridge,
 		taps: cfg.Taps, egress: cfg.Egress, doors: cfg.Doors, fs: cfg.FS, newAPI: cfg.NewAPI, now: cfg.Now,
 		readyTO: cfg.ReadyTimeout, bootTO: cfg.BootTimeout, launchTO: cfg.LaunchTimeout,
 		grace: cfg.StopGrace, balloon: cfg.Balloon, warmup: cfg.Warmup, hook: cfg.StepHook,
@@ -192,6 +197,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if d.port == 0 {
 		d.port = 1024
+	}
+	if d.silkd == 0 {
+		d.silkd = silkd.Port
 	}
 	if d.sizes == nil {
 		d.sizes = templates.DefaultSizes

@@ -4,8 +4,10 @@
 #
 #   <dir>/vmlinuz      kernel of the linux-image-*-cloud-amd64 package that
 #                      linux-image-cloud-amd64 depends on (apt-get download, dpkg-deb -x)
-#   <dir>/initrd.img   gzip'd newc cpio: busybox-static, executors/guest/init as /init, and
-#                      sbx-agent (cmd/sbx-agent, static Go) as /sbin/sbx-agent
+#   <dir>/initrd.img   gzip'd newc cpio: busybox-static, executors/guest/init as /init,
+#                      sbx-agent (cmd/sbx-agent, static Go) as /sbin/sbx-agent, and the
+#                      kernel's modules for the agent's NIC (MODULES and what they depend
+#                      on) in /lib/modules, with their load order in /lib/modules/load
 #   <dir>/manifest     the inputs the directory name hashes
 #
 # The output is cached in ${SBX_CACHE:-$HOME/.cache/sbxlog}/guest/<hash>, where hash
@@ -18,6 +20,9 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# The modules the guest loads: virtio over PCI and the virtio NIC that carries
+# the agent's data plane (the cloud kernel builds them as modules).
+MODULES="virtio_pci virtio_net"
 CACHE=${SBX_CACHE:-${HOME:-/root}/.cache/sbxlog}/guest
 GO=${GO:-go}
 
@@ -109,7 +114,37 @@ vmlinuz=$(ls "$work/kernel"/boot/vmlinuz-* 2>/dev/null | head -n1)
 cp "$vmlinuz" "$stage/vmlinuz"
 
 rootfs="$work/rootfs"
-mkdir -p "$rootfs"/{bin,sbin,dev,proc,sys,tmp}
+mkdir -p "$rootfs"/{bin,sbin,dev,proc,sys,tmp,lib/modules}
+
+# MODULES and their dependencies (each module's modinfo "depends=" line; the
+# package has no modules.dep), dependencies first. Built-in ones need nothing.
+kmods=$(ls -d "$work/kernel"/lib/modules/*/ 2>/dev/null | head -n1)
+[ -n "$kmods" ] || die "no lib/modules in $deb"
+declare -A modfile=() loaded=()
+while IFS= read -r f; do
+	n=$(basename "$f" .ko)
+	modfile[${n//-/_}]=$f
+done < <(find "$kmods" -name '*.ko')
+load=()
+add_module() {
+	local m=${1//-/_} dep
+	[ -n "${loaded[$m]:-}" ] && return 0
+	loaded[$m]=1
+	if [ -z "${modfile[$m]:-}" ]; then
+		grep -q "/$m.ko\$" "$kmods/modules.builtin" 2>/dev/null && return 0
+		die "kernel module $m is neither in $kpkg nor built in (compressed modules are not supported)"
+	fi
+	for dep in $(tr '\0' '\n' <"${modfile[$m]}" | sed -n 's/^depends=//p' | tr ',' ' '); do
+		add_module "$dep"
+	done
+	load+=("$m")
+	cp "${modfile[$m]}" "$rootfs/lib/modules/$m.ko"
+}
+for m in $MODULES; do
+	add_module "$m"
+done
+printf '%s\n' "${load[@]}" >"$rootfs/lib/modules/load"
+
 cp "$BUSYBOX" "$rootfs/bin/busybox"
 ln -s busybox "$rootfs/bin/sh"
 install -m 0755 "$ROOT/executors/guest/init" "$rootfs/init"

@@ -19,13 +19,12 @@
 package probe
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strings"
 	"time"
+
+	"github.com/sbxlog/sbxlog/executors/hvsock"
 )
 
 const (
@@ -34,8 +33,6 @@ const (
 	// DefaultAttemptTimeout bounds one dial plus answer: a VMM that has accepted the
 	// connection but whose guest never answers must not stall the whole probe.
 	DefaultAttemptTimeout = time.Second
-	// maxAnswer bounds the answer line; a real one is "OK " and a port number.
-	maxAnswer = 64
 )
 
 var (
@@ -77,45 +74,16 @@ type Result struct {
 }
 
 // Connect performs one hybrid-vsock handshake with the guest's port via the VM's
-// vsock unix socket.
+// vsock unix socket (package hvsock), and closes the connection.
 func Connect(ctx context.Context, socket string, port uint32) error {
 	if socket == "" {
 		return fmt.Errorf("%w: empty vsock socket path", ErrInvalid)
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socket)
+	conn, err := hvsock.Dial(ctx, socket, port)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	// Closing on cancel unblocks a read the deadline does not cover.
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-	if _, err := fmt.Fprintf(conn, "CONNECT %d\n", port); err != nil {
-		return fmt.Errorf("send CONNECT: %w", ctxErr(ctx, err))
-	}
-	line, err := bufio.NewReaderSize(conn, maxAnswer).ReadSlice('\n')
-	if err != nil {
-		if len(line) > 0 && errors.Is(err, bufio.ErrBufferFull) {
-			return fmt.Errorf("answer to CONNECT %d too long: %q", port, line)
-		}
-		return fmt.Errorf("no answer to CONNECT %d: %w", port, ctxErr(ctx, err))
-	}
-	if !strings.HasPrefix(string(line), "OK ") {
-		return fmt.Errorf("answer to CONNECT %d: %q", port, strings.TrimSpace(string(line)))
-	}
-	return nil
-}
-
-// ctxErr prefers the context's reason over the I/O error it caused.
-func ctxErr(ctx context.Context, err error) error {
-	if cerr := ctx.Err(); cerr != nil {
-		return cerr
-	}
-	return err
+	return conn.Close()
 }
 
 // Vsock retries Connect until it succeeds or the probe times out.
@@ -189,14 +157,21 @@ func wait(ctx context.Context, running RunningFunc, socket string, port uint32, 
 // gives up when ctx ends.
 func retry(ctx context.Context, opt Options, try func() (bool, error), what string) error {
 	var t *time.Timer
+	var prev error
 	for {
 		done, err := try()
 		if done {
 			return nil
 		}
 		if ctx.Err() != nil {
+			// An attempt the context's end cut short tells nothing about the
+			// VM; the one before it does.
+			if prev != nil {
+				err = prev
+			}
 			return fmt.Errorf("%w: %s: %w (last: %w)", ErrNotReady, what, ctx.Err(), err)
 		}
+		prev = err
 		if t == nil {
 			t = time.NewTimer(opt.Interval)
 			defer t.Stop()

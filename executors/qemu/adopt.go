@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -122,4 +125,63 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 	}
 	d.watch(runDir, r.PID)
 	return executors.Result{Report: d.report(r)}, nil
+}
+
+var _ reconcile.SnapshotSweeper = (*Driver)(nil)
+
+// HibernateSnapshotDir implements reconcile.SnapshotSweeper: the snapshot
+// (relative to the store) the hibernate of vm with intent op makes.
+func (d *Driver) HibernateSnapshotDir(vm string, op event.OpID) string {
+	return layout.HibernateRel(vm, op)
+}
+
+// SweepSnapshots implements reconcile.SnapshotSweeper: it removes the
+// hibernate snapshots of the VMs in keep (VM id -> the snapshot dirs,
+// relative to the store, to keep) that are not kept: the snapshot a woken
+// VM restored from, whose removal after the wake a crash cut short.
+// Snapshots of VMs not in keep are left alone, and so is anything that is
+// not a complete hibernate snapshot (meta.json) named after its VM.
+func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) ([]string, error) {
+	dir := filepath.Join(d.roots.Store, layout.HibernateStore)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
+	var removed []string
+	for _, e := range ents {
+		if ctx.Err() != nil {
+			return removed, ctx.Err()
+		}
+		vm := vmOfSnapshot(e.Name(), keep)
+		if vm == "" {
+			continue
+		}
+		rel := filepath.Join(layout.HibernateStore, e.Name())
+		if slices.Contains(keep[vm], rel) {
+			continue
+		}
+		if m, err := ReadMeta(filepath.Join(d.roots.Store, rel)); err != nil || m.Source != sourceHibernate {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(d.roots.Store, rel)); err != nil {
+			return removed, fmt.Errorf("qemu: %w", err)
+		}
+		d.log.Info().Str("snapshot", rel).Str("vm", vm).Msg("removed a snapshot no longer needed (a crash cut its removal short)")
+		removed = append(removed, rel)
+	}
+	return removed, nil
+}
+
+// vmOfSnapshot is the VM of keep whose hibernate snapshots are named like
+// name ("" for none): snapshot names lead with the VM id (layout).
+func vmOfSnapshot(name string, keep map[string][]string) string {
+	for vm := range keep {
+		if strings.HasPrefix(name, layout.HibernatePrefix(vm)) {
+			return vm
+		}
+	}
+	return ""
 }

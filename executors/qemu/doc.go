@@ -1,6 +1,7 @@
 // Package qemu runs sandbox VMs under qemu-system-x86_64, for machines where
 // Cloud Hypervisor cannot run (`hypervisor: qemu`): the project's test guest,
-// or any kernel+initrd that speaks the executors/guest/agent protocol on ttyS1.
+// or any kernel+initrd that speaks the executors/guest/agent protocol on ttyS1
+// (and, for the data plane, silkd on TCP port 2048 of its NIC).
 // It has two layers:
 //
 //   - Driver (Config, New) is the executors.Driver: it maps the state
@@ -15,12 +16,42 @@
 //
 // Process model: one QEMU per VM, in its own process group, started with the
 // guest RAM in a memory-backend-file (share=on) at <run dir>/ram, a QMP socket,
-// the console (ttyS0) in console.log and the agent (ttyS1) on agent.sock. The
+// the console (ttyS0) in console.log, the agent (ttyS1) on agent.sock and the
+// agent network's NIC (below). The
 // pid is recorded in qemu.pid and the launch parameters in vm.json; after a
 // daemon restart a pid is trusted only if /proc/<pid>/cmdline names the QEMU
 // binary and this run dir's QMP socket (Recipes.Adopt); a QEMU started just
 // before a crash, with vm.json but no pid file yet, is found by the same check
 // over /proc.
+//
+// Agent network (the data plane's transport; executors.AgentDialer): there
+// is no vhost-vsock on the machines this driver is for, so the guest agent's
+// silkd port is reached over QEMU's user-mode networking, restricted to the
+// one VM:
+//   - every machine booted by this driver gets a virtio NIC on a user-mode
+//     netdev with restrict=on: the guest can send nothing to the host or to
+//     any network (no NAT, no DNS, no host services); its only reachable
+//     peer is the one forward below;
+//   - one hostfwd, from 127.0.0.1:<port> on the host to the agent's TCP
+//     port 2048 in the guest (10.0.2.15, set by the guest's init); the port
+//     is free when chosen at every launch (a launch whose port was taken
+//     before QEMU bound it is retried with another) and bound on loopback
+//     only, so it is reachable from this host alone;
+//   - as other local processes can reach a loopback port, every connection
+//     starts with "AUTH <key>": a 32-byte key made at every launch, kept in
+//     the run dir's agent.json (0600, next to the port) and given to the
+//     guest agent over its serial port once it answers (every boot and
+//     restore: a restored guest still holds the key of the VM it was
+//     snapshotted from, a golden's for a clone). The agent refuses a wrong
+//     key and, until it has one, everyone. DialAgent reads agent.json,
+//     connects, sends the key and reads "OK"; a guest that refuses the key
+//     (a VM adopted after a crash between launch and arming) is given it
+//     again, once.
+//
+// Many connections run at once (each is a TCP connection through QEMU's
+// user-mode stack). Snapshots record the NIC (Meta.AgentNet), so a restore
+// builds the same machine; one made before the NIC existed restores
+// without it, and its VM has no data plane.
 //
 // Snapshots live in the store as directories holding ram (a reflink of the RAM
 // file), state (the migration stream, saved with x-ignore-shared so it holds
@@ -56,7 +87,7 @@
 //
 //	<runs>/<instance>/<vm>/           one VM's run dir (intent RunDir): ram,
 //	                                  qmp.sock, agent.sock, console.log,
-//	                                  qemu.log, qemu.pid, vm.json
+//	                                  qemu.log, qemu.pid, vm.json, agent.json
 //	<runs>/<instance>/golden-<h>/     a golden build's VM (h derived from the op)
 //	<store>/golden/<key>-<op>/        a golden: ram state meta.json
 //	<store>/hibernate/<vm>-<op>/      a hibernated VM, same files
@@ -117,7 +148,8 @@
 // 256 MiB, medium 512 MiB, larger sizes 1 GiB. An emulated guest gains little
 // from more, and every VM's RAM file is as large as its memory. Restores take
 // memory and vCPUs from the snapshot.
-// Pools with net "egress" are refused (Unrecoverable): the guest has no NIC.
+// Pools with net "egress" are refused (Unrecoverable): the guest's only NIC
+// is the agent network, which reaches nothing but the agent.
 //
 // Errors: the recipes return ErrInvalidSpec, ErrNotRunning, ErrNoSnapshot,
 // ErrExited, ErrMigration, ErrSnapshotExists (all wrapped with detail); QMP

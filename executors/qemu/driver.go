@@ -74,7 +74,8 @@ func (s Sizes) Lookup(name string) (Size, error) {
 // after the halving of underTCG.
 const DefaultTCGMaxMemoryMiB = 1024
 
-// NetEgress is the pool net this driver refuses: the guest has no NIC.
+// NetEgress is the pool net this driver refuses: the guest has no NIC to the
+// outside (its one NIC is the agent network, restricted to the agent).
 const NetEgress = "egress"
 
 // Config configures a Driver. Zero values take the defaults named per field.

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -534,5 +535,43 @@ func TestCachedGuest(t *testing.T) {
 	t.Setenv("SBX_CACHE", "/sbx-cache")
 	if got := GuestCacheDir(); got != "/sbx-cache/guest" {
 		t.Fatalf("GuestCacheDir with SBX_CACHE = %s", got)
+	}
+}
+
+// SweepSnapshots removes exactly the hibernate snapshots of known VMs that
+// the state no longer keeps (a woken VM's, whose removal a crash cut
+// short), and leaves kept ones, unknown VMs' and incomplete dirs alone.
+func TestSweepSnapshots(t *testing.T) {
+	roots := layout.RootsIn(t.TempDir())
+	d, err := New(Config{Roots: roots, Instance: testInstance, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := func(vm string, op uint64, damage func(string)) string {
+		rel := layout.HibernateRel(vm, event.OpIDFromUint(1_700_000_000_000, op))
+		writeSnapshot(t, filepath.Join(roots.Store, rel), 1, damage)
+		return rel
+	}
+	kept := snap("vm-a", 1, nil)
+	stale := snap("vm-a", 2, nil)
+	golden := snap("vm-a", 3, func(dir string) {
+		m, _ := ReadMeta(dir)
+		m.Source = sourceGolden
+		b, _ := json.Marshal(m)
+		os.WriteFile(filepath.Join(dir, FileMeta), b, 0o600)
+	})
+	incomplete := snap("vm-a", 4, func(dir string) { os.Remove(filepath.Join(dir, FileMeta)) })
+	unknownVM := snap("vm-b", 5, nil)
+	removed, err := d.SweepSnapshots(context.Background(), map[string][]string{"vm-a": {kept}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{stale}) {
+		t.Fatalf("removed %v, want only %s", removed, stale)
+	}
+	for rel, want := range map[string]bool{kept: true, stale: false, golden: true, incomplete: true, unknownVM: true} {
+		if _, err := os.Stat(filepath.Join(roots.Store, rel)); (err == nil) != want {
+			t.Errorf("%s present %v, want %v", rel, err == nil, want)
+		}
 	}
 }

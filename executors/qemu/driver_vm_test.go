@@ -17,6 +17,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/fsx/xfstest"
 	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
+	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -98,6 +99,9 @@ func TestIntentsWithQEMU(t *testing.T) {
 	if p, err := d.Recipes().Adopt(spec); err != nil || p != pid {
 		t.Fatalf("after re-run Clone: pid %d, %v; want %d", p, err, pid)
 	}
+	// A clone of the golden answers on the data plane with its own key (the
+	// golden's guest was armed with the golden's).
+	dataPlaneInfo(t, ctx, d, run)
 	sum := guestDo(t, ctx, runDir, func(a *agent.Client) (string, error) { return a.Write(ctx, 8<<20) })
 	before := guestDo(t, ctx, runDir, func(a *agent.Client) (agent.Uptime, error) { return a.Uptime(ctx) })
 	hibStore := filepath.Join(store, "hibernate")
@@ -178,6 +182,7 @@ func TestIntentsWithQEMU(t *testing.T) {
 	if got := guestDo(t, ctx, runDir, func(a *agent.Client) (string, error) { return a.Sha(ctx) }); got != sum {
 		t.Fatalf("sha after wake %s, want %s", got, sum)
 	}
+	dataPlaneInfo(t, ctx, restart(), run)
 	after := guestDo(t, ctx, runDir, func(a *agent.Client) (agent.Uptime, error) { return a.Uptime(ctx) })
 	if after.BootID != before.BootID || after.Counter < before.Counter {
 		t.Fatalf("guest after wake %+v, before %+v: rebooted or counter went back", after, before)
@@ -287,6 +292,19 @@ func TestIntentsWithQEMU(t *testing.T) {
 	case e := <-exits:
 		t.Fatalf("exit reported for a QEMU the driver stopped: %+v", e)
 	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// dataPlaneInfo runs info through Driver.DialAgent on the VM of run.
+func dataPlaneInfo(t *testing.T, ctx context.Context, d *Driver, run string) {
+	t.Helper()
+	c, err := d.DialAgent(ctx, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if info, err := silkd.NewConn(c).Info(ctx); err != nil || info.Agent != "sbx-agent" {
+		t.Fatalf("info through DialAgent(%s) = %+v, %v", run, info, err)
 	}
 }
 

@@ -73,7 +73,9 @@ func (q *Recipes) Boot(ctx context.Context, spec Spec) (RecipeResult, error) {
 	return r, nil
 }
 
-// waitAgent waits up to timeout for the guest agent to answer "ready".
+// waitAgent waits up to timeout for the guest agent to answer "ready", then
+// gives it the VM's data-plane key (every boot and restore: a restored
+// guest remembers the key of the VM it was snapshotted from).
 func (q *Recipes) waitAgent(ctx context.Context, runDir string, timeout time.Duration) error {
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -81,7 +83,8 @@ func (q *Recipes) waitAgent(ctx context.Context, runDir string, timeout time.Dur
 	if err != nil {
 		return fmt.Errorf("qemu: guest agent in %s: %w (console: %s)", runDir, err, consoleTail(runDir))
 	}
-	return a.Close()
+	defer a.Close()
+	return q.armAgent(actx, a, runDir)
 }
 
 func consoleTail(runDir string) string {
@@ -140,7 +143,7 @@ func (q *Recipes) Golden(ctx context.Context, spec Spec, name string) (RecipeRes
 		q.abandon(pid, spec.RunDir)
 		return r, err
 	}
-	m.Source = "golden"
+	m.Source = sourceGolden
 	m.QEMUVersion = c.Version().String()
 	if err := q.snapshot(ctx, c, spec, name, m, &r); err != nil {
 		q.abandon(pid, spec.RunDir)
@@ -361,7 +364,7 @@ func (q *Recipes) Hibernate(ctx context.Context, spec Spec, name string) (Recipe
 		return r, err
 	}
 	m.StateBytes, m.Created = 0, time.Time{}
-	m.Source = "hibernate"
+	m.Source = sourceHibernate
 	m.QEMUVersion = c.Version().String()
 	if err := q.snapshot(ctx, c, spec, name, m, &r); err != nil {
 		// Postmigrate: an earlier hibernate stopped it, and snapshot ran it again.

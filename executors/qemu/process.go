@@ -21,8 +21,33 @@ import (
 
 // launch starts QEMU for m in runDir and returns its pid and a QMP connection.
 // QEMU runs in its own process group with its output in qemu.log, so neither a
-// signal to the daemon's group nor the daemon's exit reaches it.
+// signal to the daemon's group nor the daemon's exit reaches it. A machine with
+// an agent network gets a fresh one (port and key) in agent.json first; if
+// another process took the port before QEMU bound it, the launch is retried
+// with another.
 func (q *Recipes) launch(ctx context.Context, runDir string, m Meta, incoming bool) (int, *qmp.Client, error) {
+	for attempt := 1; ; attempt++ {
+		var an *agentNet
+		if m.AgentNet {
+			n, err := newAgentNet()
+			if err != nil {
+				return 0, nil, err
+			}
+			if err := writeAgentNet(runDir, n); err != nil {
+				return 0, nil, fmt.Errorf("qemu: launch: %w", err)
+			}
+			an = &n
+		}
+		pid, c, err := q.launchOnce(ctx, runDir, m, incoming, an)
+		if err != nil && an != nil && attempt < launchAttempts && hostPortTaken(err) {
+			q.log.Warn().Err(err).Str("run_dir", runDir).Msg("qemu: agent network port taken; launching again")
+			continue
+		}
+		return pid, c, err
+	}
+}
+
+func (q *Recipes) launchOnce(ctx context.Context, runDir string, m Meta, incoming bool, an *agentNet) (int, *qmp.Client, error) {
 	// vm.json first: whoever finds the pid file can then always learn how the VM
 	// was started, even after a daemon restart.
 	vm, err := json.Marshal(m)
@@ -41,7 +66,11 @@ func (q *Recipes) launch(ctx context.Context, runDir string, m Meta, incoming bo
 	if err != nil {
 		return 0, nil, fmt.Errorf("qemu: launch: %w", err)
 	}
-	cmd := exec.Command(q.qemu, cmdline(runDir, m, incoming)...)
+	args := cmdline(runDir, m, incoming)
+	if an != nil {
+		args = append(args, an.args()...)
+	}
+	cmd := exec.Command(q.qemu, args...)
 	cmd.Dir = runDir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

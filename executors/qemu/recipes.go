@@ -70,6 +70,8 @@ type Recipes struct {
 	accelMu  sync.Mutex
 	accel    Accel // AccelAuto until resolved
 	accelWhy string
+
+	rearmMu sync.Mutex // one re-arming of a guest agent at a time (agentnet.go)
 }
 
 // children are the QEMU processes started by any Recipes of this process, each
@@ -205,6 +207,7 @@ func (q *Recipes) bootMeta(spec Spec, accel Accel) Meta {
 		Initrd:    spec.Initrd,
 		Append:    spec.Append,
 		Disk:      spec.Disk != "",
+		AgentNet:  true,
 	}
 }
 

@@ -154,13 +154,19 @@ func validateName(name string) error {
 	return nil
 }
 
+// Meta.Source's values: what made a snapshot.
+const (
+	sourceGolden    = "golden"
+	sourceHibernate = "hibernate"
+)
+
 // MetaFormat is the version of meta.json this package writes and reads.
 const MetaFormat = 1
 
 // Meta is a snapshot's meta.json: what a restore needs to start a matching machine.
 type Meta struct {
 	Format      int    `json:"format"`
-	Source      string `json:"source"` // "golden" or "hibernate"
+	Source      string `json:"source"` // sourceGolden or sourceHibernate
 	QEMUVersion string `json:"qemu_version"`
 	Machine     string `json:"machine"`
 	Accel       Accel  `json:"accel"`
@@ -170,6 +176,10 @@ type Meta struct {
 	Initrd      string `json:"initrd"`
 	Append      string `json:"append,omitempty"`
 	Disk        bool   `json:"disk,omitempty"`
+	// AgentNet: the machine has the agent network's NIC (agentnet.go), so a
+	// restore must give it one too. Snapshots made before it existed have
+	// none, and their VMs have no data plane.
+	AgentNet bool `json:"agent_net,omitempty"`
 	// StateBytes is the size of the migration stream (device state plus the RAM
 	// that is not in the shared RAM file: firmware and option ROMs).
 	StateBytes int64     `json:"state_bytes"`

@@ -1,9 +1,10 @@
 // Package fsmsim generates seeded, reproducible workloads for the state
 // machine: a stream of valid and invalid commands (configuration, claims,
-// hibernate, wake, release, renew, ticks) interleaved with the results an
+// hibernate, wake, release, renew, relays opened and closed, ticks) interleaved with the results an
 // executor would report for the state's intents, some of them failures, some
 // stale, VMMs dying on their own under varied restart policies, tenant
-// changes (single, whole-set, from the API or the config) and node drains.
+// changes (single, whole-set, from the API or the config), node drains and
+// guarded egress (classes, pool policies, claims' env, usage records).
 // The same seed against the same code gives the same stream, so a failing
 // prefix can be replayed exactly.
 //
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
 // Start is the simulated clock's origin (2026-09-01T00:00:00Z).
@@ -113,6 +115,8 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 		return fsm.Drain{Meta: s.meta()}
 	case x < 30 && st.Draining():
 		return fsm.Uncordon{Meta: s.meta()}
+	case x >= 970:
+		return s.egress(st)
 	}
 	r := s.rng.intn(1000)
 	switch {
@@ -133,8 +137,10 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 		return fsm.Release{Meta: s.meta(), Claim: s.someClaim(st)}
 	case r < 820:
 		return fsm.Renew{Meta: s.meta(), Claim: s.someClaim(st), TTLSeconds: int64(s.rng.intn(600))}
-	case r < 840:
+	case r < 828:
 		return fsm.Touch{Meta: s.meta(), Claim: s.someClaim(st)}
+	case r < 840:
+		return s.relay(st)
 	case r < 950:
 		// Mostly short steps; sometimes far enough to expire leases,
 		// serve deadlines and retention.
@@ -204,7 +210,7 @@ func (s *Sim) tenantSpec() fsm.TenantSpec {
 		spec.MaxClaims = s.rng.intn(6)
 	}
 	if s.rng.intn(4) == 0 {
-		spec.EgressClass = "desk"
+		spec.EgressClass = s.className()
 	}
 	return spec
 }
@@ -248,6 +254,13 @@ func (s *Sim) pools() fsm.Command {
 			sp.IdleHibernateSeconds = int64(5 + s.rng.intn(120))
 		}
 		c.Pools = append(c.Pools, sp)
+		if s.rng.intn(3) == 0 {
+			if c.Egress == nil {
+				c.Egress = map[fsm.PoolKey]*egress.Policy{}
+			}
+			p := s.policy(true)
+			c.Egress[k] = &p
+		}
 	}
 	return c
 }
@@ -282,6 +295,12 @@ func (s *Sim) claim(st *fsm.State) fsm.Command {
 		c.ClaimRef = fmt.Sprintf("job-%d", s.rng.intn(50))
 		c.Metadata = map[string]string{"user": fmt.Sprintf("u%d", s.rng.intn(5)), "x": "y"}
 	}
+	if s.rng.intn(10) == 0 {
+		c.NoEgress = true
+	}
+	if s.rng.intn(8) == 0 {
+		c.Env = s.env(1 + s.rng.intn(3))
+	}
 	return c
 }
 
@@ -308,6 +327,31 @@ func (s *Sim) someClaim(st *fsm.State) string {
 		return s.claims[n-1-s.rng.intn(min(n, 20))]
 	}
 	return s.claims[s.rng.intn(n)]
+}
+
+// relay opens a relay to some claim (mostly a running one), closes an
+// open one, or, rarely, closes them all as a starting node does.
+func (s *Sim) relay(st *fsm.State) fsm.Command {
+	switch s.rng.intn(12) {
+	case 0:
+		return fsm.CloseAllRelays{Meta: s.meta(), Reason: fsm.RelayClosedRestart}
+	case 1, 2, 3, 4, 5:
+		var open []string
+		for _, id := range st.ClaimIDs() {
+			open = append(open, st.RelaysOf(id)...)
+		}
+		if len(open) > 0 {
+			return fsm.CloseRelay{Meta: s.meta(), ID: open[s.rng.intn(len(open))], Reason: "client",
+				BytesIn: int64(s.rng.intn(1 << 20)), BytesOut: int64(s.rng.intn(1 << 20))}
+		}
+	}
+	kind := []string{fsm.RelayAgent, fsm.RelayPort, fsm.RelayExec}[s.rng.intn(3)]
+	port := 0
+	if kind == fsm.RelayPort {
+		port = 1 + s.rng.intn(65535)
+	}
+	return fsm.OpenRelay{Meta: s.meta(), ID: fmt.Sprintf("rl_%016x", s.rng.next()), Claim: s.someClaim(st), Kind: kind, Port: port,
+		Passive: kind == fsm.RelayPort && s.rng.intn(3) == 0}
 }
 
 // result answers one of st's intents, as an executor would.
@@ -361,7 +405,7 @@ func (s *Sim) result(st *fsm.State) fsm.Command {
 // invalid returns a command that should be rejected or ignored: malformed
 // input, unknown ids, stale executor results.
 func (s *Sim) invalid(st *fsm.State) fsm.Command {
-	switch s.rng.intn(12) {
+	switch s.rng.intn(13) {
 	case 0:
 		return fsm.Claim{Meta: s.meta(), ID: "sb_BAD", Key: s.keys[0]}
 	case 1:
@@ -418,6 +462,12 @@ func (s *Sim) invalid(st *fsm.State) fsm.Command {
 		return fsm.ConfigurePools{Meta: s.meta(), Pools: []fsm.PoolSpec{{PoolKey: s.keys[0], Warm: 3, WarmMax: 1}}}
 	case 10:
 		return fsm.Renew{Meta: s.meta(), Claim: s.someClaim(st), TTLSeconds: -5}
+	case 11:
+		// A malformed relay: bad id, or a port relay without a port.
+		if s.rng.intn(2) == 0 {
+			return fsm.OpenRelay{Meta: s.meta(), ID: "rl_BAD", Claim: s.someClaim(st), Kind: fsm.RelayAgent}
+		}
+		return fsm.OpenRelay{Meta: s.meta(), ID: fmt.Sprintf("rl_%016x", s.rng.next()), Claim: s.someClaim(st), Kind: fsm.RelayPort}
 	default:
 		return fsm.Refill{Meta: s.meta(), Key: fsm.PoolKey{Template: "nope", Net: "none", Size: "small"}}
 	}

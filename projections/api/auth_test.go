@@ -52,6 +52,13 @@ var successStatus = map[string]int{
 	"DELETE /v1/tenants/{name}":         http.StatusNoContent,
 	"POST /v1/drain":                    http.StatusOK,
 	"DELETE /v1/drain":                  http.StatusOK,
+	"GET /v1/sandboxes/{id}/env":        http.StatusOK,
+	"PUT /v1/sandboxes/{id}/env":        http.StatusNoContent,
+	"PATCH /v1/sandboxes/{id}/env":      http.StatusNoContent,
+	"GET /v1/egress/classes":            http.StatusOK,
+	"PUT /v1/egress/classes/{name}":     http.StatusNoContent,
+	"DELETE /v1/egress/classes/{name}":  http.StatusNoContent,
+	"POST /v1/sandboxes/{id}/exec":      http.StatusOK,
 }
 
 // routeBody is a valid body per route, so that a denied request is denied
@@ -64,6 +71,11 @@ var routeBody = map[string]string{
 	// {name} routes delete and put back).
 	"PUT /v1/tenants":        `{"tenants":[{"name":"a"},{"name":"b"},{"name":"` + matrixTenant + `"}]}`,
 	"PUT /v1/tenants/{name}": `{"token":"matrix-tenant-token","max_claims":2}`,
+	// The {name} routes delete the class matrixTenant and put it back.
+	"PUT /v1/egress/classes/{name}": `{"egress":{"allow":[{"host":"*"}]}}`,
+	"PUT /v1/sandboxes/{id}/env":    `{"env":{"A":{"value":"1"},"B":{"value":"s","guest":false}}}`,
+	"PATCH /v1/sandboxes/{id}/env":  `{"env":{"A":null}}`,
+	"POST /v1/sandboxes/{id}/exec":  `{"argv":["true"]}`,
 }
 
 // matrixTenant is the tenant the matrix puts in place of {name}.
@@ -86,6 +98,12 @@ var sandboxVerbRoutes = map[string]bool{
 // tenant's sandbox 404 (as for an id that does not exist). On the sandbox
 // verbs an unknown token, another sandbox's included, is that 404 too.
 func expectStatus(rt api.Route, c string) (status int, allowed bool) {
+	if upgradeRoutes[rt.Method+" "+rt.Path] {
+		return expectUpgrade(c)
+	}
+	if rt.Method+" "+rt.Path == "POST /v1/sandboxes/{id}/exec" {
+		return expectSandboxOnly(c, successStatus[rt.Method+" "+rt.Path])
+	}
 	kinds := strings.Split(rt.Auth, "|")
 	has := func(k string) bool { return slices.Contains(kinds, k) }
 	ok := successStatus[rt.Method+" "+rt.Path]
@@ -124,6 +142,38 @@ func expectStatus(rt api.Route, c string) (status int, allowed bool) {
 		return ok, true
 	}
 	panic("unknown caller " + c)
+}
+
+// upgradeRoutes are the data plane's upgrade routes. They authenticate in
+// their handlers, as the old daemon did (a token that is not the sandbox's
+// own is 404, like an unknown id), and they check the Upgrade header before
+// the token: their full matrix, upgrade included, is in relay_test.go.
+var upgradeRoutes = map[string]bool{
+	"GET /v1/sandboxes/{id}/agent":        true,
+	"GET /v1/sandboxes/{id}/ports/{port}": true,
+}
+
+// expectUpgrade is what caller c gets on an upgrade route from the matrix,
+// which sends no Upgrade header: no bearer token is 401, any token 426.
+func expectUpgrade(c string) (int, bool) {
+	switch c {
+	case cNone, cNotBearer:
+		return http.StatusUnauthorized, false
+	}
+	return http.StatusUpgradeRequired, false
+}
+
+// expectSandboxOnly is what caller c gets on a data-plane route only the
+// sandbox's own token opens (the buffered exec): no bearer token is 401,
+// any other token 404.
+func expectSandboxOnly(c string, ok int) (int, bool) {
+	switch c {
+	case cNone, cNotBearer:
+		return http.StatusUnauthorized, false
+	case cSandboxOwn:
+		return ok, true
+	}
+	return http.StatusNotFound, false
 }
 
 // authHeader is the Authorization header caller c sends for sandbox sb
@@ -194,6 +244,9 @@ func TestAuthMatrix(t *testing.T) {
 	before := getSandbox(t, n, shared.ID)
 	if st, b := call(t, n, "PUT", "/v1/tenants/"+matrixTenant, rootTok, []byte(`{"token":"matrix-tenant-token"}`)); st != http.StatusNoContent {
 		t.Fatalf("put %s: %d %s", matrixTenant, st, b)
+	}
+	if st, b := call(t, n, "PUT", "/v1/egress/classes/"+matrixTenant, rootTok, []byte(`{"egress":{"allow":[]}}`)); st != http.StatusNoContent {
+		t.Fatalf("put class %s: %d %s", matrixTenant, st, b)
 	}
 
 	for _, rt := range routes {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
@@ -127,6 +128,16 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	}
 	redirect := s.redir != nil && !req.NoRedirect
 	claimID := newClaimID()
+	noEgress := req.Egress != nil && !*req.Egress
+	var env []egress.EnvEntry
+	if len(req.Env) > 0 {
+		var pol egress.Effective
+		s.eng.View(func(st *fsm.State) { pol, _ = st.EgressFor(id.Tenant, key, noEgress) })
+		var err error
+		if env, _, err = s.sealEnv(claimID, req.Env, pol, false); err != nil {
+			return err
+		}
+	}
 	// With no warm VM here, a node that has some for this key is a better
 	// answer than a clone: the old daemon's redirect (rule 1, a warm miss).
 	if redirect {
@@ -154,7 +165,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	_, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
 		return fsm.Claim{
 			Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
-			Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1,
+			Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1, NoEgress: noEgress, Env: env,
 		}
 	}, engine.Hooks{
 		Prepare: func() {

@@ -4,10 +4,12 @@
 //
 // Handlers only translate: they authenticate, validate the body, stamp what
 // the state machine must not invent (claim ids, op ids, token generations,
-// the time) into an fsm command and hand it to the engine, which answers once
-// the command's events are durable and applied. A *fsm.Rejection becomes its
-// 4xx; an engine append failure becomes 503, never a 4xx. Every error body is
-// {"error": "..."}; bodies are capped at 1 MiB.
+// the time, and the sealing of env values under the node's key, so no
+// secret reaches the log in the clear) into an fsm command and hand it to
+// the engine, which answers once the command's events are durable and
+// applied. A *fsm.Rejection becomes its 4xx; an engine append failure
+// becomes 503, never a 4xx. Every error body is {"error": "..."}; bodies
+// are capped at 1 MiB.
 //
 // Requests that answer with an outcome rather than the command (a claim
 // served by a clone, a hibernate or wake, which answer once done as the old
@@ -15,4 +17,13 @@
 // OnCommit once durable; hibernates and wakes of one sandbox queue in
 // arrival order, bounded by Config.LifecycleWait. The waiting changes
 // nothing the state machine, the log or the executors do.
+//
+// The data plane (agent.go, ports.go, exec.go, dataplane.go) reaches inside
+// sandboxes through the driver's executors.AgentDialer and authenticates as
+// the old daemon did (a token that is not the sandbox's own is 404). Each
+// connection is a relay recorded open and closed in the log (fsm.OpenRelay,
+// fsm.CloseRelay), never per byte; a relay to a sandbox that is not running
+// first brings it there as a wake does, in the same queue; a relay the log
+// closes (a release, a reap, a hibernate) has its connection ended on that
+// commit. The bytes move in package relay.
 package api

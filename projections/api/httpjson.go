@@ -98,9 +98,14 @@ func writeError(w http.ResponseWriter, err error) {
 // case, duplicate fields and trailing data are all 400 with the old
 // daemon's message, with the reason appended for people.
 func decodeBody(r *http.Request, v any, allowEmpty bool) error {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return errorf(http.StatusBadRequest, "%s: %v", errInvalidBody, err)
+	var body []byte
+	if rb, ok := r.Body.(*bufferedBody); ok {
+		body = rb.b
+	} else {
+		var err error
+		if body, err = io.ReadAll(r.Body); err != nil {
+			return errorf(http.StatusBadRequest, "%s: %v", errInvalidBody, err)
+		}
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		if allowEmpty {

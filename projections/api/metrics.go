@@ -27,6 +27,7 @@ type Metrics struct {
 	sse        prometheus.Gauge
 	replicated prometheus.Gauge
 	old        *oldMetrics // the old daemon's sandboxd_* families
+	egress     egressMetrics
 }
 
 var _ scheduler.Observer = (*Metrics)(nil)
@@ -69,6 +70,7 @@ func NewMetrics(eng Engine) *Metrics {
 	}
 	m.reg.MustRegister(m.claims, m.claimLat, m.appendLat, m.opDur, m.stepDur, m.retries, m.queue, m.sse, m.replicated,
 		&poolCollector{eng: eng}, m.old, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	m.egress = newEgressMetrics(m.reg)
 	return m
 }
 

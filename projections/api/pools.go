@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
@@ -133,6 +134,7 @@ func (s *Server) handleGetPools(w http.ResponseWriter, r *http.Request, _ auth.I
 			out.Pools = append(out.Pools, PoolSpec{
 				Template: p.Spec.Template, Net: p.Spec.Net, Size: p.Spec.Size,
 				Warm: p.Spec.Warm, WarmMax: p.Spec.WarmMax, IdleHibernateSeconds: p.Spec.IdleHibernateSeconds,
+				Egress: policyJSON(p.Egress),
 			})
 		}
 	})
@@ -150,13 +152,24 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, id auth.
 		return err
 	}
 	specs := make([]fsm.PoolSpec, len(req.Pools))
+	var pols map[fsm.PoolKey]*egress.Policy
 	for i, p := range req.Pools {
 		specs[i] = fsm.PoolSpec{
 			PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size},
 			Warm:    p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds,
 		}
+		if p.Egress != nil {
+			pol := p.Egress.policy()
+			if err := s.checkPolicy(pol, fmt.Sprintf("pool %q", p.Template), true); err != nil {
+				return err
+			}
+			if pols == nil {
+				pols = map[fsm.PoolKey]*egress.Policy{}
+			}
+			pols[specs[i].PoolKey] = &pol
+		}
 	}
-	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.ConfigurePools{Meta: m, Pools: specs} }, engine.Hooks{}); err != nil {
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.ConfigurePools{Meta: m, Pools: specs, Egress: pols} }, engine.Hooks{}); err != nil {
 		return err
 	}
 	// The answer reports the state at its log_seq: it acknowledges the

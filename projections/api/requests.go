@@ -17,9 +17,9 @@ const (
 
 // ClaimRequest is POST /v1/claim's body. Besides sbxlog's fields it takes
 // every field the old daemon's SDKs send: what this node can honour is
-// honoured or ignored (engine; on_expire "destroy"; egress), what it cannot
-// is refused with a 400 naming the feature, but only when it is asked for
-// (a volume, volumes_attach_only, on_expire "archive", an env entry).
+// honoured or ignored (engine; on_expire "destroy"; egress; env), what it
+// cannot is refused with a 400 naming the feature, but only when it is
+// asked for (a volume, volumes_attach_only, on_expire "archive").
 type ClaimRequest struct {
 	Template   string            `json:"template"`
 	Net        string            `json:"net,omitempty"`
@@ -40,12 +40,12 @@ type ClaimRequest struct {
 	// OnExpire: "destroy" (or empty) is what every claim does; "archive"
 	// is refused (no archive store).
 	OnExpire string `json:"on_expire,omitempty"`
-	// Egress false asks for no egress policy; there are no egress
-	// policies here, so any value keeps the pool's network as it is.
+	// Egress false asks for no egress policy (absent or true: the
+	// pool's, or the tenant's class's).
 	Egress *bool `json:"egress,omitempty"`
-	// Env entries ({value, guest?, inject?} per name) are refused: no env
-	// injection yet.
-	Env map[string]json.RawMessage `json:"env,omitempty"`
+	// Env is the claim's env ({value, guest?, inject?} per name), as
+	// PUT /v1/sandboxes/{id}/env takes it.
+	Env map[string]*EnvVar `json:"env,omitempty"`
 	// Volumes and VolumesAttachOnly are refused when asked for: no volumes.
 	Volumes           []json.RawMessage `json:"volumes,omitempty"`
 	VolumesAttachOnly bool              `json:"volumes_attach_only,omitempty"`
@@ -83,8 +83,6 @@ func (c *ClaimRequest) normalize() error {
 		return errorf(http.StatusBadRequest, "invalid volume request: volumes are not supported on this node")
 	case c.VolumesAttachOnly:
 		return errorf(http.StatusBadRequest, "invalid volume request: volumes_attach_only is not supported on this node (it has no volumes)")
-	case len(c.Env) > 0:
-		return errorf(http.StatusBadRequest, "invalid env: env is not supported on this node")
 	}
 	return nil
 }
@@ -134,16 +132,18 @@ type PoolsRequest struct {
 
 // PoolSpec is one pool in PUT /v1/pools, with the old daemon's fields: the
 // archive settings are accepted at 0 and refused otherwise (no archive
-// store).
+// store). Egress is the pool's egress policy (the old config's per-pool
+// field; absent: none), changed at runtime.
 type PoolSpec struct {
-	Template                  string `json:"template"`
-	Net                       string `json:"net"`
-	Size                      string `json:"size"`
-	Warm                      int    `json:"warm"`
-	WarmMax                   int    `json:"warm_max,omitempty"`
-	IdleHibernateSeconds      int64  `json:"idle_hibernate_seconds,omitempty"`
-	ArchiveAfterSeconds       int64  `json:"archive_after_seconds,omitempty"`
-	ArchiveDeleteAfterSeconds int64  `json:"archive_delete_after_seconds,omitempty"`
+	Template                  string      `json:"template"`
+	Net                       string      `json:"net"`
+	Size                      string      `json:"size"`
+	Warm                      int         `json:"warm"`
+	WarmMax                   int         `json:"warm_max,omitempty"`
+	IdleHibernateSeconds      int64       `json:"idle_hibernate_seconds,omitempty"`
+	ArchiveAfterSeconds       int64       `json:"archive_after_seconds,omitempty"`
+	ArchiveDeleteAfterSeconds int64       `json:"archive_delete_after_seconds,omitempty"`
+	Egress                    *PolicyJSON `json:"egress,omitempty"`
 }
 
 func (p *PoolsRequest) validate() error {

@@ -128,9 +128,12 @@ type Server struct {
 
 	replication func() any // Options.Replication
 	stats       StatsFunc  // Options.Stats
+	egress      EgressOptions
 
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
+
+	data *dataPlane // the routes to guests (dataplane.go)
 }
 
 // Options carry the optional parts of a Server.
@@ -145,6 +148,11 @@ type Options struct {
 	// Stats, when set, reads a VM's VMM usage for
 	// GET /v1/sandboxes/{id}/stats; without it usage is never measured.
 	Stats StatsFunc
+	// Egress is the node's guarded egress (env key, secret registry, CA);
+	// without a key, env is refused.
+	Egress EgressOptions
+	// DataPlane configures the routes to sandboxes' guests.
+	DataPlane DataPlane
 }
 
 // New builds a Server.
@@ -169,11 +177,12 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	}
 	s := &Server{
 		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
-		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats,
+		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats, egress: opts.Egress,
 		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
 	}
 	s.vms = newVMView()
+	s.data = newDataPlane(s, opts.DataPlane)
 	s.mux = http.NewServeMux()
 	s.register()
 	return s
@@ -230,6 +239,14 @@ func (s *Server) register() {
 	add("POST", "/v1/sandboxes/{id}/renew", "root|tenant|sandbox", s.handleRenew, root, tenant, sandbox)
 	add("GET", "/v1/sandboxes/{id}/owner", "root|tenant|sandbox", s.handleOwner, root, tenant, sandbox)
 	add("GET", "/v1/sandboxes/{id}/stats", "root|sandbox", s.handleStats, root, sandbox)
+	// env takes the node's API token (root or the sandbox's tenant), as the
+	// old daemon's did, not the sandbox token.
+	add("GET", "/v1/sandboxes/{id}/env", "root|tenant", s.handleGetEnv, root, tenant)
+	add("PUT", "/v1/sandboxes/{id}/env", "root|tenant", s.handlePutEnv, root, tenant)
+	add("PATCH", "/v1/sandboxes/{id}/env", "root|tenant", s.handlePatchEnv, root, tenant)
+	add("GET", "/v1/sandboxes/{id}/agent", "sandbox", s.handleAgent)            // authenticates itself (agent.go)
+	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort) // authenticates itself (ports.go)
+	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec)             // authenticates itself (exec.go)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
 	add("GET", "/v1/info", "root", s.handleInfo, root)
@@ -247,6 +264,9 @@ func (s *Server) register() {
 	add("PUT", "/v1/tenants", "root", s.handlePutTenants, root, tenant)
 	add("PUT", "/v1/tenants/{name}", "root", s.handlePutTenant, root, tenant)
 	add("DELETE", "/v1/tenants/{name}", "root", s.handleDeleteTenant, root, tenant)
+	add("GET", "/v1/egress/classes", "root", s.handleGetEgressClasses, root, tenant)
+	add("PUT", "/v1/egress/classes/{name}", "root", s.handlePutEgressClass, root, tenant)
+	add("DELETE", "/v1/egress/classes/{name}", "root", s.handleDeleteEgressClass, root, tenant)
 	add("POST", "/v1/drain", "root", s.handleDrain, root, tenant)
 	add("DELETE", "/v1/drain", "root", s.handleUncordon, root, tenant)
 
@@ -316,13 +336,22 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 				refuseBody(w, err)
 				return
 			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
+			r.Body = &bufferedBody{Reader: bytes.NewReader(body), b: body}
 		}
 		if err := entry.h(w, r, id); err != nil {
 			s.writeErr(w, r, err)
 		}
 	}
 }
+
+// bufferedBody is a request body dispatch has read: handlers decode its bytes
+// without copying them again.
+type bufferedBody struct {
+	*bytes.Reader
+	b []byte
+}
+
+func (*bufferedBody) Close() error { return nil }
 
 // bodyMethods are the methods whose requests may carry a body.
 var bodyMethods = map[string]bool{http.MethodPost: true, http.MethodPut: true, http.MethodPatch: true}
@@ -336,7 +365,18 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	rc := http.NewResponseController(w)
 	// A socket deadline: the real clock, not the injectable one.
 	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	var body []byte
+	var err error
+	if r.ContentLength > 0 {
+		// Declared (and at most MaxBody, checked before): one buffer of
+		// that size; net/http ends the body there.
+		body = make([]byte, r.ContentLength)
+		var n int
+		n, err = io.ReadFull(r.Body, body)
+		body = body[:n]
+	} else {
+		body, err = io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	}
 	_ = rc.SetReadDeadline(time.Time{})
 	var ne net.Error
 	switch {

@@ -3,9 +3,7 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"reflect"
 	"strings"
 	"sync"
@@ -15,90 +13,233 @@ import (
 // would accept but a strict reading refuses: a key that matches a field of
 // t only case-insensitively ({"POOLS": ...} for "pools"), and a key that
 // appears twice in one object (encoding/json keeps the last, so
-// {"template":"nope","Template":"default"} would claim "default"). Type
-// errors and unknown fields are left to the decoder that runs after it.
+// {"template":"nope","Template":"default"} would claim "default"). Syntax
+// errors, type errors and unknown fields are left to the decoder that runs
+// after it: on input it cannot follow, the scan stops and reports nothing.
+//
+// It scans the bytes itself, without allocating for a well-formed body
+// whose keys have no escapes: it runs on every claim.
 func checkStrictJSON(data []byte, t reflect.Type) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	return walkStrict(dec, t, "")
+	s := scanner{b: data}
+	if err := s.value(t, ""); err != nil && err != errStop {
+		return err
+	}
+	return nil
 }
 
-// walkStrict consumes one JSON value from dec, checking it against t (nil:
-// any value, checked for duplicate keys only).
-func walkStrict(dec *json.Decoder, t reflect.Type, path string) error {
+// scanner walks one JSON text. Its methods return errStop (not a
+// strictness error) when the text is not well-formed.
+type scanner struct {
+	b []byte
+	i int
+}
+
+// errStop ends the scan quietly: the decoder reports what is wrong.
+var errStop = fmt.Errorf("api: not well-formed JSON")
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// elem is the type a JSON value decodes into, with pointers stripped; nil
+// for any value (interface, json.RawMessage), checked for duplicates only.
+func elem(t reflect.Type) reflect.Type {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	if t == reflect.TypeFor[json.RawMessage]() || (t != nil && t.Kind() == reflect.Interface) {
-		t = nil
+		return nil
 	}
-	tok, err := dec.Token()
-	if err != nil {
-		return err
+	return t
+}
+
+func (s *scanner) value(t reflect.Type, path string) error {
+	t = elem(t)
+	s.ws()
+	if s.i >= len(s.b) {
+		return nil
 	}
-	d, ok := tok.(json.Delim)
-	if !ok {
-		return nil // a scalar; its type is the decoder's to check
-	}
-	switch d {
-	case '[':
-		var elem reflect.Type
-		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
-			elem = t.Elem()
-		}
-		for i := 0; dec.More(); i++ {
-			if err := walkStrict(dec, elem, fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return err
-			}
-		}
+	switch s.b[s.i] {
 	case '{':
-		var fields map[string]reflect.Type
-		var elem reflect.Type
-		if t != nil {
-			switch t.Kind() {
-			case reflect.Struct:
-				fields = jsonFields(t)
-			case reflect.Map:
-				elem = t.Elem()
-			}
+		return s.object(t, path)
+	case '[':
+		var et reflect.Type
+		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+			et = t.Elem()
 		}
-		seen := map[string]bool{}
-		for dec.More() {
-			tok, err := dec.Token()
-			if err != nil {
+		s.i++
+		for n := 0; ; n++ {
+			s.ws()
+			if s.i < len(s.b) && s.b[s.i] == ']' {
+				s.i++
+				return nil
+			}
+			ep := ""
+			if nested(et) {
+				ep = fmt.Sprintf("%s[%d]", path, n)
+			}
+			if err := s.value(et, ep); err != nil {
 				return err
 			}
-			key, _ := tok.(string)
-			at := key
-			if path != "" {
-				at = path + "." + key
+			s.ws()
+			if s.i >= len(s.b) {
+				return errStop
 			}
-			if seen[key] {
-				return fmt.Errorf("duplicate field %q", at)
+			switch s.b[s.i] {
+			case ',':
+				s.i++
+			case ']':
+				s.i++
+				return nil
+			default:
+				return errStop
 			}
-			seen[key] = true
-			vt := elem
-			if fields != nil {
-				ft, exact := fields[key]
-				if !exact {
-					for name := range fields {
-						if strings.EqualFold(name, key) {
-							return fmt.Errorf("unknown field %q (field names are case-sensitive: %q)", at, name)
-						}
+		}
+	case '"':
+		_, _, err := s.str()
+		return err
+	default:
+		// A number, true, false or null.
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case ',', ']', '}', ' ', '\t', '\n', '\r':
+				return nil
+			}
+			s.i++
+		}
+		return nil
+	}
+}
+
+// str scans a string at s.i and returns its raw contents (between the
+// quotes) and whether it holds escapes.
+func (s *scanner) str() (raw []byte, escaped bool, err error) {
+	start := s.i + 1
+	for j := start; j < len(s.b); j++ {
+		switch s.b[j] {
+		case '\\':
+			escaped = true
+			j++
+		case '"':
+			s.i = j + 1
+			return s.b[start:j], escaped, nil
+		}
+	}
+	return nil, false, errStop
+}
+
+func (s *scanner) object(t reflect.Type, path string) error {
+	var fields map[string]reflect.Type
+	var mapElem reflect.Type
+	if t != nil {
+		switch t.Kind() {
+		case reflect.Struct:
+			fields = jsonFields(t)
+		case reflect.Map:
+			mapElem = t.Elem()
+		}
+	}
+	// The keys seen in this object: a few, compared as bytes.
+	var seenArr [16][]byte
+	seen := seenArr[:0]
+	s.i++
+	for {
+		s.ws()
+		if s.i >= len(s.b) {
+			return errStop
+		}
+		if s.b[s.i] == '}' {
+			s.i++
+			return nil
+		}
+		if s.b[s.i] != '"' {
+			return errStop
+		}
+		raw, escaped, err := s.str()
+		if err != nil {
+			return err
+		}
+		key := raw
+		if escaped {
+			var k string
+			if json.Unmarshal(s.b[s.i-len(raw)-2:s.i], &k) != nil {
+				return errStop
+			}
+			key = []byte(k)
+		}
+		for _, k := range seen {
+			if bytes.Equal(k, key) {
+				return fmt.Errorf("duplicate field %q", joinPath(path, key))
+			}
+		}
+		seen = append(seen, key)
+		vt := mapElem
+		if fields != nil {
+			ft, exact := fields[string(key)]
+			if !exact {
+				for name := range fields {
+					if strings.EqualFold(name, string(key)) {
+						return fmt.Errorf("unknown field %q (field names are case-sensitive: %q)", joinPath(path, key), name)
 					}
 				}
-				vt = ft
 			}
-			if err := walkStrict(dec, vt, at); err != nil {
-				return err
-			}
+			vt = ft
+		}
+		s.ws()
+		if s.i >= len(s.b) || s.b[s.i] != ':' {
+			return errStop
+		}
+		s.i++
+		var sub string
+		if nested(vt) {
+			// A path only where a nested error could name it.
+			sub = joinPath(path, key)
+		}
+		if err := s.value(vt, sub); err != nil {
+			return err
+		}
+		s.ws()
+		if s.i >= len(s.b) {
+			return errStop
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return nil
+		default:
+			return errStop
 		}
 	}
-	// The closing delimiter.
-	if _, err := dec.Token(); err != nil && !errors.Is(err, io.EOF) {
-		return err
+}
+
+// nested reports whether a value of type t holds objects whose keys an
+// error could name (the path is built only then).
+func nested(t reflect.Type) bool {
+	t = elem(t)
+	if t == nil {
+		return false
 	}
-	return nil
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map, reflect.Slice, reflect.Array:
+		return true
+	}
+	return false
+}
+
+func joinPath(path string, key []byte) string {
+	if path == "" {
+		return string(key)
+	}
+	return path + "." + string(key)
 }
 
 var fieldCache sync.Map // reflect.Type -> map[string]reflect.Type

@@ -82,7 +82,9 @@ func (s *Server) operatorOnly(id auth.Identity) error {
 }
 
 // tenantSpec validates what the fsm cannot see (the token itself: not the
-// root token; the egress class against the node's) and hashes the token.
+// root token) and the egress class against the node's classes (the state
+// lets a tenant name a class that does not exist: its sandboxes get no
+// policy; the old daemon refused it), and hashes the token.
 func (s *Server) tenantSpec(name, token string, maxClaims int, class string) (fsm.TenantSpec, error) {
 	spec := fsm.TenantSpec{Name: name, MaxClaims: maxClaims, EgressClass: class}
 	if token != "" {
@@ -92,9 +94,11 @@ func (s *Server) tenantSpec(name, token string, maxClaims int, class string) (fs
 		spec.TokenSHA256 = auth.HashToken(token)
 	}
 	if class != "" {
-		// This node has no egress classes (egress is its own issue), so
-		// every name is unknown, as on an old node without any.
-		return spec, errorf(http.StatusBadRequest, "invalid tenant: tenant %q names unknown egress class %q", name, class)
+		var known bool
+		s.eng.View(func(st *fsm.State) { _, known = st.EgressClass(class) })
+		if !known {
+			return spec, errorf(http.StatusBadRequest, "invalid tenant: tenant %q names unknown egress class %q", name, class)
+		}
 	}
 	return spec, nil
 }

@@ -94,6 +94,7 @@ func (s *Server) next(ctx context.Context, w *watch, seq uint64, want ...event.T
 // events to the watches of their sandboxes (claims waiting for their VM,
 // hibernates and wakes waiting for their outcome) and updates the VM view.
 func (s *Server) OnCommit(evs []event.Event) {
+	s.data.onCommit(evs)
 	s.waitMu.Lock()
 	if len(s.waiters) > 0 {
 		for i := range evs {

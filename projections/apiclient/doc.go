@@ -15,4 +15,9 @@
 // client that fell too far behind) ends a stream with a *StreamError; Follow
 // resumes after one only if events arrived since the last connect, so a
 // cursor that can never be served is reported rather than retried forever.
+//
+// Guests: DialAgent and DialPort open the data plane's relays with the old
+// SDK's exact upgrade request and return the connection after its 101
+// (the raw one when nothing came with the answer, so it can half-close and
+// splice); Exec is the buffered exec. They need the sandbox's own token.
 package apiclient

@@ -14,6 +14,12 @@
 //	fail       the claim failed (reason)
 //	summary    the claim ended: start, end, end_ev, compute_s,
 //	           hibernated_s, wall_s, hibernations
+//	egress_bytes  what the sandbox's egress proxy moved over [start, end):
+//	           tx (guest to destination) and rx payload bytes, allowed and
+//	           denied decisions; final on its last one. One per sandbox per
+//	           flush interval and one when its proxy closed, never one per
+//	           request; the last may follow the summary, so a sandbox's
+//	           egress is the sum of its egress_bytes records.
 //
 // Compute time runs from the moment the sandbox runs (claim for the warm
 // tier, serve for clone and cold) to its end, minus every hibernate-to-wake
@@ -50,6 +56,7 @@ const (
 	EvReap      = "reap"
 	EvFail      = "fail"
 	EvSummary   = "summary"
+	EvEgress    = "egress_bytes"
 )
 
 // Record is one line of usage.jsonl.
@@ -74,6 +81,13 @@ type Record struct {
 	HibernatedS  *float64 `json:"hibernated_s,omitempty"`
 	WallS        *float64 `json:"wall_s,omitempty"`
 	Hibernations int      `json:"hibernations,omitempty"`
+
+	// egress_bytes fields (with start and end).
+	Tx      int64 `json:"tx,omitempty"`
+	Rx      int64 `json:"rx,omitempty"`
+	Allowed int64 `json:"allowed,omitempty"`
+	Denied  int64 `json:"denied,omitempty"`
+	Final   bool  `json:"final,omitempty"`
 }
 
 // Sandbox is an open (not yet summarised) claim's accounting state.
@@ -188,7 +202,7 @@ func parseStamp(s string) (int64, error) {
 func (c *Consumer) apply(ev *event.Event) error {
 	switch ev.Type {
 	case event.TypeClaimCreated, event.TypeClaimServed, event.TypeHibernated, event.TypeWoken,
-		event.TypeClaimRenewed, event.TypeClaimReleased, event.TypeClaimExpired, event.TypeClaimFailed:
+		event.TypeClaimRenewed, event.TypeClaimReleased, event.TypeClaimExpired, event.TypeClaimFailed, event.TypeEgressUsage:
 	default:
 		return nil
 	}
@@ -214,9 +228,20 @@ func (c *Consumer) apply(ev *event.Event) error {
 		r.Ev, r.ID, r.VM = EvReap, p.Claim, p.VM
 	case event.ClaimFailed:
 		r.Ev, r.ID, r.VM, r.Reason = EvFail, p.Claim, p.VM, p.Reason
+	case event.EgressUsage:
+		r.Ev, r.ID, r.Tenant, r.Start, r.End = EvEgress, p.Claim, p.Tenant, stamp(p.FromNS), stamp(p.ToNS)
+		r.Tx, r.Rx, r.Allowed, r.Denied, r.Final = p.Tx, p.Rx, p.Allowed, p.Denied, p.Final
+		if p.Key != nil {
+			r.Key = p.Key.String()
+		}
 	}
 	key := ev.Node + "/" + r.ID
 	sb := c.open[key]
+	if sb == nil && r.Ev == EvEgress {
+		// Egress is billed whether or not this journal saw the claim
+		// (its final record may follow the summary).
+		return c.add(r)
+	}
 	if sb == nil && r.Ev != EvClaim {
 		// A claim this journal never saw created (it was summarised, or its
 		// creation precedes the journal): nothing to account.

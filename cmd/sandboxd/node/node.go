@@ -8,19 +8,23 @@
 // Start order (each step only once the previous one succeeded; a failure
 // undoes the steps taken, in reverse):
 //
-//  1. data dir, node secret, authenticator (its tenants: the state's, from
-//     step 4);
+//  1. data dir, node secret, env key (seals claims' env values),
+//     authenticator (its tenants: the state's, from step 4);
 //  2. open the op log;
 //  3. replication (when configured): it follows the log from here on,
 //     publishing what is durable, independently of the rebuild;
-//  4. rebuild the state (latest snapshot + tail) and wrap it in the engine;
-//  5. node identity (first start), first-start pools, the config's tenants
-//     (until the API owns them, see tenants.go), limits (only when they
-//     differ from the state's: the config owns limits);
-//  6. guarded egress (proxy.go: the proxy and the lane of egress taps,
-//     when configured), then the hypervisor driver, opened for the node's
-//     instance id with them, and its Prepare (roots, temp-dir sweep,
-//     reflink detection);
+//  4. rebuild the state (latest snapshot + tail) and wrap it in the engine,
+//     and the egress view over it (egress.go);
+//  5. node identity (first start), the config's egress classes (until the
+//     API owns them, egress.go), first-start pools with their egress
+//     policies, the config's tenants (until the API owns them, see
+//     tenants.go), the relays the last process left open recorded closed,
+//     limits (only when they differ from the state's: the config owns
+//     limits);
+//  6. guarded egress's enforcement (proxy.go: the proxy, answering from the
+//     egress view, and the lane of egress taps, when configured), then the
+//     hypervisor driver, opened for the node's instance id with them, and
+//     its Prepare (roots, temp-dir sweep, reflink detection);
 //  7. the start-up reconcile (egress taps' locks repaired, adopt, report
 //     dead, remove orphans), before any executor runs;
 //  8. the API server and the executors, both fed by every commit from now
@@ -29,9 +33,10 @@
 //     op ids), the engine's timer and refill loops started;
 //  10. ready: the VM view may send its first sync; then HTTP is served.
 //
-// Stop is the reverse: stop serving, stop the executors (VMs keep running),
-// stop the engine, save a state snapshot, let replication publish the log's
-// tail (bounded), close the driver, replication and the log.
+// Stop is the reverse: end the relays (recorded closed), stop serving, stop
+// the executors (VMs keep running), record the egress usage the meter
+// holds, stop the engine, save a state snapshot, let replication publish
+// the log's tail (bounded), close the driver, replication and the log.
 //
 // Beside the order live the two decorators of the claim path that depend on
 // replication: the synchronous-replication engine (an API write answers only
@@ -70,6 +75,8 @@ import (
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/auth"
+	"github.com/sbxlog/sbxlog/projections/egressview"
+	"github.com/sbxlog/sbxlog/projections/envseal"
 )
 
 // DefaultSnapshotEvery bounds the tail a restart replays: a snapshot is
@@ -195,11 +202,16 @@ type Config struct {
 	// API is passed to api.New; OwnerAddr, Node and Hypervisor are filled
 	// in from the node when empty.
 	API api.Config
+	// DataPlane configures the routes to guests; its Dialer defaults to
+	// the driver, when the driver is an executors.AgentDialer.
+	DataPlane api.DataPlane
 	// Clock is the time the node's logic reads (the engine's stamps and
 	// timers, the API's answers); default the system clock. Durations of
 	// I/O (start phases, snapshot timing) are measured on the real clock.
 	Clock engine.Clock
-	Log   zerolog.Logger
+	// Egress configures guarded egress (egress.go).
+	Egress EgressConfig
+	Log    zerolog.Logger
 }
 
 // Replication configures step 3.
@@ -238,12 +250,16 @@ type Node struct {
 	Server    *api.Server
 	Executors *scheduler.Scheduler
 	Driver    Driver
+	Auth      *auth.Authenticator
+	Metrics   *api.Metrics
 	// Proxy is the egress proxy and Lane the egress taps' locks (nil
 	// without Config.Proxy; Lane nil without its bridge).
-	Proxy   *proxy.Server
-	Lane    *nft.Lane
-	Auth    *auth.Authenticator
-	Metrics *api.Metrics
+	Proxy *proxy.Server
+	Lane  *nft.Lane
+	// EnvKey seals claims' env values; Egress is what the egress proxy
+	// asks about each sandbox (egress.go).
+	EnvKey *envseal.Key
+	Egress *egressview.View
 	// Instance is the instance id owning this node's VMs.
 	Instance string
 	// Phases are the start steps as they ran; Replayed is how many events
@@ -338,6 +354,9 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if err != nil {
 		return nil, err
 	}
+	if n.EnvKey, err = loadEnvKey(dataDir); err != nil {
+		return nil, err
+	}
 	if n.tenants, err = configTenants(cfg.Tenants, cfg.RootToken); err != nil {
 		return nil, err
 	}
@@ -383,6 +402,9 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	})
 	metrics = api.NewMetrics(n.Engine)
 	n.Metrics = metrics
+	if err := n.startEgress(metrics); err != nil {
+		return nil, err
+	}
 	n.Auth.UseTenants(n.tenantByHash)
 	phase("rebuild", t0)
 
@@ -435,7 +457,11 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if apiCfg.Hypervisor == "" {
 		apiCfg.Hypervisor = hv.Name()
 	}
-	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now, Stats: n.vmmStats}
+	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now, Stats: n.vmmStats, DataPlane: cfg.DataPlane,
+		Egress: api.EgressOptions{Key: n.EnvKey, Secrets: cfg.Egress.Secrets, CanIntercept: cfg.Egress.CanIntercept}}
+	if gd, ok := n.Driver.(executors.AgentDialer); ok && apiOpts.DataPlane.Dialer == nil {
+		apiOpts.DataPlane.Dialer = gd
+	}
 	var apiEng api.Engine = n.Engine
 	if n.Repl != nil {
 		if apiOpts.Redirector == nil {
@@ -478,6 +504,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		n.serveErr <- err
 	})
 	n.spawn(n.snapshotLoop)
+	n.spawn(n.runMeter)
 	if n.Repl != nil {
 		n.spawn(func() { replicatedGauge(n.stopped, n.Repl, metrics) })
 	}
@@ -537,8 +564,11 @@ func (n *Node) configure(ctx context.Context, firstStart bool) error {
 		}
 		zl.Info().Str("node", cfg.NodeID).Str("instance", n.Instance).Msg("new node: identity recorded in the log")
 	}
+	if err := n.applyEgressClasses(ctx); err != nil {
+		return err
+	}
 	if firstStart && len(cfg.Pools) > 0 {
-		if _, err := n.Engine.Propose(ctx, fsm.ConfigurePools{Meta: n.Engine.Meta(), Pools: cfg.Pools}); err != nil {
+		if _, err := n.Engine.Propose(ctx, fsm.ConfigurePools{Meta: n.Engine.Meta(), Pools: cfg.Pools, Egress: cfg.Egress.PoolEgress}); err != nil {
 			return fmt.Errorf("apply configured pools: %w", err)
 		}
 		zl.Info().Int("pools", len(cfg.Pools)).Msg("first start: pools from the config applied; PUT /v1/pools owns them from now on")
@@ -548,7 +578,26 @@ func (n *Node) configure(ctx context.Context, firstStart bool) error {
 	if err := n.applyTenants(ctx); err != nil {
 		return err
 	}
+	if err := n.closeStaleRelays(ctx); err != nil {
+		return err
+	}
 	return n.applyLimits(ctx)
+}
+
+// closeStaleRelays records closed every relay the log still holds open:
+// relays run on this process's connections and none survives it, so after
+// a crash the log is set straight before anything is served.
+func (n *Node) closeStaleRelays(ctx context.Context) error {
+	var open int
+	n.Engine.View(func(st *fsm.State) { open = st.OpenRelays() })
+	if open == 0 {
+		return nil
+	}
+	if _, err := n.Engine.Propose(ctx, fsm.CloseAllRelays{Meta: n.Engine.Meta(), Reason: fsm.RelayClosedRestart}); err != nil {
+		return fmt.Errorf("record stale relays closed: %w", err)
+	}
+	n.zl.Info().Int("relays", open).Msg("relays open when the last process ended recorded closed")
+	return nil
 }
 
 // applyLimits records max_claims when it differs from the state's: the
@@ -627,8 +676,9 @@ func (n *Node) snapshot() {
 	n.zl.Info().Uint64("seq", seq).Int("bytes", len(data)).Dur("elapsed", time.Since(start)).Msg("state snapshot saved")
 }
 
-// Stop is SIGTERM: stop serving, stop the executors (VMs keep running),
-// stop the engine, snapshot, flush replication, close everything. It is
+// Stop is SIGTERM: end the relays, stop serving, stop the executors (VMs
+// keep running), stop the engine, snapshot, flush replication, close
+// everything. It is
 // idempotent; the error is the engine's failure, if it failed.
 func (n *Node) Stop() error {
 	var err error
@@ -636,6 +686,13 @@ func (n *Node) Stop() error {
 		close(n.stopped)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
+		if n.Server != nil {
+			// Relays run on hijacked connections, which Shutdown leaves
+			// alone, and a buffered exec would hold Shutdown up: end them
+			// first (new ones are refused) and record them closed while the
+			// engine runs.
+			n.Server.CloseRelays(ctx)
+		}
 		if n.http != nil {
 			_ = n.http.Shutdown(ctx)
 		}
@@ -645,6 +702,7 @@ func (n *Node) Stop() error {
 			}
 		}
 		if n.Engine != nil {
+			n.flushMeter()
 			n.Engine.Shutdown()
 			if e := n.Engine.Err(); e != nil && !errors.Is(e, engine.ErrStopped) {
 				err = e
@@ -671,6 +729,9 @@ func (n *Node) Kill() {
 		close(n.stopped)
 		if n.http != nil {
 			_ = n.http.Close()
+		}
+		if n.Server != nil {
+			n.Server.AbortRelays() // a crash takes its connections along
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

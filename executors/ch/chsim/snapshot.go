@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
 )
 
 // Snapshot file names, as CH writes them.
@@ -31,6 +32,9 @@ type snapState struct {
 	Heartbeats    int64         `json:"heartbeats"`
 	Resumes       int64         `json:"resumes"`
 	BootID        uint64        `json:"boot_id"`
+	// GuestFiles is the simulated guest's file tree (its tmpfs, which a
+	// real guest keeps in the memory snapshotted above).
+	GuestFiles []silkagent.MemFile `json:"guest_files,omitempty"`
 }
 
 type memoryRange struct {
@@ -144,6 +148,9 @@ func (s *Server) snapshot(body []byte) (any, *apiError) {
 		Heartbeats:    v.heartbeats,
 		Resumes:       v.resumes,
 		BootID:        v.bootID,
+	}
+	if v.guest != nil {
+		st.GuestFiles = v.guest.files.Files()
 	}
 	stData, _ := json.Marshal(st)
 	if err := writeNew(b, filepath.Join(dir, StateFile), stData); err != nil {
@@ -285,6 +292,7 @@ func (s *Server) restore(body []byte) (any, *apiError) {
 	v.memSize = st.MemorySize
 	v.balloonActual = st.BalloonActual
 	v.heartbeats, v.resumes, v.bootID = st.Heartbeats, st.Resumes, st.BootID
+	v.guest = newSimGuest(st.GuestFiles, s.now)
 	s.vm = v
 	s.startGuestLocked(v)
 	s.log.Printf("restored from %s (%s, %d bytes of data)", dir, mode, mem.dataBytes())

@@ -34,6 +34,9 @@ type vmInstance struct {
 	bootID       uint64
 
 	guestStop chan struct{}
+	// guest is the simulated guest's files and agent (guest.go), new at
+	// every boot, restored from the snapshot by vm.restore.
+	guest *simGuest
 }
 
 func (v *vmInstance) booted() bool {
@@ -332,6 +335,7 @@ func (s *Server) boot(_ []byte) (any, *apiError) {
 	v.state = ch.StateRunning
 	v.balloonActual, v.balloonAt = 0, now
 	v.agentReadyAt = now.Add(s.opts.AgentDelay)
+	v.guest = newSimGuest(nil, s.now)
 	devs.writeConsole(fmt.Sprintf("[    0.000000] Linux version 6.1.0-chsim (simulated guest, boot id %x)\n", v.bootID))
 	s.startGuestLocked(v)
 	return nil, nil
@@ -362,6 +366,7 @@ func (s *Server) reboot(_ []byte) (any, *apiError) {
 		return nil, vmmErr(http.StatusInternalServerError, "The VM could not reboot", "VM is not running")
 	}
 	v.agentReadyAt = s.now().Add(s.opts.AgentDelay)
+	v.guest = newSimGuest(nil, s.now) // a reboot empties the guest's tmpfs
 	return nil, nil
 }
 

@@ -12,12 +12,14 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 )
 
 // vsockServer is the host side of CH's hybrid vsock: a unix socket where a
 // host process writes "CONNECT <port>\n" and, once the guest accepts on that
-// port, reads "OK <host port>\n" and then talks to the guest. The simulated
-// guest agent echoes every line back.
+// port, reads "OK <host port>\n" and then talks to the guest. On the silkd
+// port (silkd.Port) the simulated guest's agent answers (guest.go); on any
+// other port the guest echoes every line back.
 type vsockServer struct {
 	s    *Server
 	ln   *net.UnixListener
@@ -110,6 +112,12 @@ func (v *vsockServer) handle(c net.Conn, hostPort uint32) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
+	if port == silkd.Port {
+		if g := v.guest(); g != nil {
+			g.serveAgent(c, r)
+		}
+		return
+	}
 	for {
 		l, err := r.ReadString('\n')
 		if err != nil {
@@ -119,6 +127,16 @@ func (v *vsockServer) handle(c net.Conn, hostPort uint32) {
 			return
 		}
 	}
+}
+
+// guest returns the simulated guest of the VM the device belongs to.
+func (v *vsockServer) guest() *simGuest {
+	v.s.mu.Lock()
+	defer v.s.mu.Unlock()
+	if vm := v.s.vm; vm != nil && vm.devs != nil && vm.devs.vsock == v {
+		return vm.guest
+	}
+	return nil
 }
 
 // guestReady reports whether the guest accepts now and whether the device

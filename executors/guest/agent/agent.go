@@ -15,7 +15,17 @@
 //	write <n>          -> sha <hex>      n random bytes replace the data file; hex is their sha256
 //	sha                -> sha <hex>      sha256 of the data file as it is now
 //	uptime             -> uptime <ns> <counter> <bootid>
+//	key <hex>          -> key            the data plane's key (KeyHexLen hex digits) from now on
 //	anything else      -> error <verb> <message>
+//
+// The data plane (the silkd protocol, package executors/guest/silkd) runs
+// on connections of its own; where its transport is reachable by more than
+// the VM's host process (QEMU's loopback port forward), a connection starts
+// with a handshake: the host sends "AUTH <key>\n" with the key it last gave
+// over this serial line, and the agent answers "OK\n" (then silkd frames
+// follow) or closes the connection. An agent that was never given a key
+// refuses every data connection. DialData and AcceptData are its two ends;
+// both read the other's line byte by byte, so no frame is consumed.
 //
 // uptime reports CLOCK_BOOTTIME in nanoseconds, a counter the guest increments every
 // Tick (so it only advances while the guest runs), and a random id chosen when the
@@ -61,8 +71,13 @@ const (
 	VerbWrite  = "write"
 	VerbSha    = "sha"
 	VerbUptime = "uptime"
+	VerbKey    = "key"
 	VerbError  = "error"
 )
+
+// KeyHexLen is the length of a data-plane key in hex digits (32 random
+// bytes).
+const KeyHexLen = 64
 
 // ErrLineTooLong is returned when a peer sends a line longer than MaxLine.
 var ErrLineTooLong = errors.New("agent: line too long")
@@ -89,6 +104,15 @@ type Server struct {
 	Uptime func() (time.Duration, error)
 
 	counter atomic.Uint64
+	key     atomic.Pointer[string]
+}
+
+// DataKey returns the data plane's key, "" until the host gave one.
+func (s *Server) DataKey() string {
+	if k := s.key.Load(); k != nil {
+		return *k
+	}
+	return ""
 }
 
 // Count advances the counter by one; the guest calls it every Tick.
@@ -156,10 +180,17 @@ func (s *Server) handle(verb string, args []string) (string, error) {
 			return "", err
 		}
 		return fmt.Sprintf("%s %d %d %s", VerbUptime, up.Nanoseconds(), s.Counter(), s.BootID), nil
+	case VerbKey:
+		if len(args) != 1 || !validKey(args[0]) {
+			return "", fmt.Errorf("usage: key <%d hex digits>", KeyHexLen)
+		}
+		k := args[0]
+		s.key.Store(&k)
+		return VerbKey, nil
 	case "":
 		return "", errors.New("empty request")
 	}
-	return "", fmt.Errorf("unknown command (want ready, write, sha, uptime)")
+	return "", fmt.Errorf("unknown command (want ready, write, sha, uptime, key)")
 }
 
 // write replaces the data file with n random bytes, through a temp file and a
@@ -414,6 +445,19 @@ func (c *Client) sha(ctx context.Context, verb string, args ...string) (string, 
 		return "", fmt.Errorf("agent: bad sha256 %q", sum)
 	}
 	return sum, nil
+}
+
+// SetKey gives the guest the data plane's key (see AcceptData).
+func (c *Client) SetKey(ctx context.Context, key string) error {
+	if !validKey(key) {
+		return fmt.Errorf("agent: key must be %d hex digits", KeyHexLen)
+	}
+	resp, err := c.Do(ctx, VerbKey, key)
+	if err != nil {
+		return err
+	}
+	_, err = expect(resp, VerbKey)
+	return err
 }
 
 // Uptime returns the guest's uptime, counter and boot id.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -60,6 +61,23 @@ func TestBuiltGuest(t *testing.T) {
 	}
 	if target, err := os.Readlink(filepath.Join(tmp, "bin", "sh")); err != nil || target != "busybox" {
 		t.Fatalf("/bin/sh -> %q, %v", target, err)
+	}
+	// The agent network's NIC driver and what it needs, in load order.
+	load, err := os.ReadFile(filepath.Join(tmp, "lib", "modules", "load"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mods := strings.Fields(string(load))
+	if len(mods) == 0 || mods[len(mods)-1] != "virtio_net" || !slices.Contains(mods, "virtio_pci") ||
+		slices.Index(mods, "virtio_ring") > slices.Index(mods, "virtio_net") {
+		t.Fatalf("lib/modules/load = %q, want virtio_pci and virtio_net after their dependencies", mods)
+	}
+	for _, m := range mods {
+		ef, err := elf.Open(filepath.Join(tmp, "lib", "modules", m+".ko"))
+		if err != nil {
+			t.Fatalf("module %s: %v", m, err)
+		}
+		ef.Close()
 	}
 	for _, bin := range []string{"bin/busybox", "sbin/sbx-agent"} {
 		ef, err := elf.Open(filepath.Join(tmp, bin))

@@ -6,6 +6,11 @@
 // IN-PROCESS HYPERVISOR FAKE (FakeDriver): it answers every intent at once
 // without starting any VMM (and, for the reconcile, finds every VM alive),
 // so pools fill and claims are served without chsim or Cloud Hypervisor.
+// Its guests are in-process too: DialAgent hands the data plane one end of
+// a unix socketpair and an Agent serves the other: by default a SIMULATED
+// GUEST AGENT speaking the silkd protocol over an in-memory file tree, with
+// a few simulated commands and an echo port, running nothing on the host
+// (SetAgent picks another, e.g. EchoAgent for raw byte relays).
 //
 // Claims are decided by the fsm, made durable by the eventlog (fsync
 // included) and answered by the api handlers; executor results travel
@@ -64,6 +69,8 @@ type FakeDriver struct {
 	// templates, when set (SetTemplates), are the only templates the fake
 	// has; nil: every template exists.
 	templates atomic.Pointer[map[string]bool]
+
+	guests // the guest agents, for the data plane (guest.go)
 }
 
 // SetTemplates makes names the only templates the fake has: a golden build
@@ -117,9 +124,10 @@ func delay(ctx context.Context, d int64) error {
 }
 
 var (
-	_ node.Driver      = (*FakeDriver)(nil)
-	_ node.Hypervisor  = (*FakeDriver)(nil)
-	_ reconcile.Driver = (*FakeDriver)(nil)
+	_ executors.AgentDialer = (*FakeDriver)(nil)
+	_ node.Driver           = (*FakeDriver)(nil)
+	_ node.Hypervisor       = (*FakeDriver)(nil)
+	_ reconcile.Driver      = (*FakeDriver)(nil)
 )
 
 // Name implements node.Hypervisor.
@@ -137,8 +145,8 @@ func (f *FakeDriver) Prepare(context.Context) (node.Prepared, error) { return no
 // OnExit implements node.Driver: fake VMs never exit.
 func (f *FakeDriver) OnExit(func(vm, detail string)) {}
 
-// Close implements node.Driver.
-func (f *FakeDriver) Close() {}
+// Close implements node.Driver: the guest agents' connections end.
+func (f *FakeDriver) Close() { f.closeGuests() }
 
 // VMMUsage implements node.Driver: a fake VM has no VMM process, so it
 // reports the usage of the process the fake runs in (the test binary), a

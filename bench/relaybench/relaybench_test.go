@@ -1,0 +1,29 @@
+package relaybench
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/sbxlog/sbxlog/bench/report"
+)
+
+// TestRun runs the section in quick mode so the benchmark keeps working;
+// the figures of record come from `make bench`.
+func TestRun(t *testing.T) {
+	sec, err := Run(context.Background(), report.Options{Quick: true, Scratch: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	sec.Text(&b)
+	t.Log(b.String())
+	if len(sec.Rows) != 4 || len(sec.Verdicts) != 2 {
+		t.Fatalf("section has %d rows and %d verdicts", len(sec.Rows), len(sec.Verdicts))
+	}
+	for _, r := range sec.Rows {
+		if strings.Contains(r[1], "0.00 GiB/s") || r[1] == "0 ns" {
+			t.Errorf("row %q measured nothing", r[0])
+		}
+	}
+}

@@ -1,0 +1,291 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sbxlog/sbxlog/executors/guest/silkd"
+	"github.com/sbxlog/sbxlog/projections/apiclient"
+	"github.com/sbxlog/sbxlog/projections/relay"
+)
+
+// The commands that reach inside a sandbox: exec, cp and port-forward.
+// They go through sandboxd's data plane as the old SDK does (the agent
+// relay and the ports route, with their exact upgrade requests), so they
+// need the sandbox's own token: --sandbox-token, else $SBX_SANDBOX_TOKEN,
+// else --token itself when it is a sandbox token (sbt_...). A hibernated
+// sandbox is woken by the call.
+
+const envSandboxToken = "SBX_SANDBOX_TOKEN"
+
+func init() {
+	register("exec", command{summary: "run a command in a sandbox (-- ARGV; streams its output, exits with its code; -i: stdin)", run: remoteCommand(remoteSpec{
+		name: "exec", args: []string{"ID"}, rest: "-- COMMAND [ARG...]", stream: true, flags: execFlags})})
+	register("cp", command{summary: "copy a file to or from a sandbox (ID:/path on one side; - is stdin or stdout)", run: remoteCommand(remoteSpec{
+		name: "cp", args: []string{"SRC", "DST"}, stream: true, flags: cpFlags})})
+	register("port-forward", command{summary: "forward a local port to a sandbox's TCP port ([LOCAL:]PORT)", run: remoteCommand(remoteSpec{
+		name: "port-forward", args: []string{"ID", "[LOCAL:]PORT"}, stream: true, flags: portForwardFlags})})
+}
+
+// sandboxTokenFlag adds --sandbox-token and returns what picks the
+// sandbox's token: --sandbox-token, $SBX_SANDBOX_TOKEN, else --token or
+// $SBX_API_TOKEN when that is a sandbox token.
+func sandboxTokenFlag(fs *flag.FlagSet) func(c *apiclient.Client) (*apiclient.Client, error) {
+	tok := fs.String("sandbox-token", "", "the sandbox's own token, from its claim (default $"+envSandboxToken+", else --token if it is a sandbox token)")
+	return func(c *apiclient.Client) (*apiclient.Client, error) {
+		if t := cmpOr(*tok, os.Getenv(envSandboxToken)); t != "" {
+			return c.WithToken(t), nil
+		}
+		if t := cmpOr(fs.Lookup("token").Value.String(), os.Getenv(envToken)); strings.HasPrefix(t, "sbt_") {
+			return c.WithToken(t), nil
+		}
+		return nil, usagef("the sandbox's own token is needed (the TOKEN its claim printed): --sandbox-token or $%s", envSandboxToken)
+	}
+}
+
+// cmpOr returns the first of a, b that is not empty.
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func execFlags(fs *flag.FlagSet) remoteBody {
+	interactive := fs.Bool("i", false, "pass standard input to the command")
+	cwd := fs.String("cwd", "", "working directory in the guest")
+	var env kvFlag
+	fs.Var(&env, "env", "environment variable key=value (repeatable)")
+	sandbox := sandboxTokenFlag(fs)
+	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
+		id, argv := cl.args[0], cl.args[1:]
+		if len(argv) == 0 {
+			return usagef("no command: sbxctl exec ID -- COMMAND [ARG...]")
+		}
+		sc, err := sandbox(c)
+		if err != nil {
+			return err
+		}
+		conn, err := sc.DialAgent(ctx, id)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		sio := silkd.ExecIO{Stdout: cl.stdout, Stderr: cl.stderr}
+		if *interactive {
+			sio.Stdin = stdin
+		}
+		var pid uint32
+		sio.Started = func(p uint32) { pid = p }
+		res, err := silkd.NewConn(conn).Exec(ctx, silkd.Exec{Argv: argv, Cwd: *cwd, Env: env.m}, sio)
+		if err != nil {
+			if pid != 0 && ctx.Err() != nil {
+				// Interrupted: the command must not outlive us.
+				killGuest(sc, id, pid)
+			}
+			return err
+		}
+		if res.Code < 0 {
+			fmt.Fprintf(cl.stderr, "sbxctl exec: the command was killed\n")
+			return exitCode(255)
+		}
+		return exitCode(res.Code & 0xff)
+	}
+}
+
+// killGuest kills pid over a fresh relay, within 5 s.
+func killGuest(c *apiclient.Client, id string, pid uint32) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := c.DialAgent(ctx, id)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	_ = silkd.NewConn(conn).Kill(ctx, pid, nil)
+}
+
+// guestPath splits "ID:/path"; ok is false for a local path.
+func guestPath(arg string) (id, path string, ok bool) {
+	id, path, ok = strings.Cut(arg, ":")
+	if !ok || !strings.HasPrefix(id, "sb_") || path == "" {
+		return "", "", false
+	}
+	return id, path, true
+}
+
+func cpFlags(fs *flag.FlagSet) remoteBody {
+	mode := fs.String("mode", "", "permission bits of a file copied in (octal; default: the local file's, or the replaced file's)")
+	sandbox := sandboxTokenFlag(fs)
+	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
+		src, dst := cl.args[0], cl.args[1]
+		sid, spath, fromGuest := guestPath(src)
+		did, dpath, toGuest := guestPath(dst)
+		if fromGuest == toGuest {
+			return usagef("exactly one of SRC and DST is in a sandbox (ID:/path)")
+		}
+		sc, err := sandbox(c)
+		if err != nil {
+			return err
+		}
+		if toGuest {
+			return copyIn(ctx, sc, src, did, dpath, *mode, cl)
+		}
+		return copyOut(ctx, sc, sid, spath, dst, cl)
+	}
+}
+
+// copyIn writes local file src (or stdin) to path in sandbox id: fs_write,
+// atomic in the guest.
+func copyIn(ctx context.Context, c *apiclient.Client, src, id, path, mode string, cl *call) error {
+	var r io.Reader
+	req := silkd.FsWrite{Path: path}
+	if src == "-" {
+		r = stdin
+	} else {
+		f, err := os.Open(src)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if st.IsDir() {
+			return fmt.Errorf("%s is a directory: cp copies files", src)
+		}
+		perm := uint32(st.Mode().Perm())
+		req.Mode = &perm
+		r = f
+	}
+	if mode != "" {
+		m, err := strconv.ParseUint(mode, 8, 32)
+		if err != nil || m > 0o7777 {
+			return usagef("--mode %q: want octal permission bits", mode)
+		}
+		perm := uint32(m)
+		req.Mode = &perm
+	}
+	conn, err := c.DialAgent(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return silkd.NewConn(conn).WriteFile(ctx, req, r)
+}
+
+// copyOut reads path in sandbox id into local file dst (or stdout); a
+// local file is written whole under a temporary name, then renamed.
+func copyOut(ctx context.Context, c *apiclient.Client, id, path, dst string, cl *call) error {
+	conn, err := c.DialAgent(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	sc := silkd.NewConn(conn)
+	if dst == "-" {
+		_, err := sc.ReadFile(ctx, path, cl.stdout)
+		return err
+	}
+	if st, err := os.Stat(dst); err == nil && st.IsDir() {
+		dst = strings.TrimSuffix(dst, "/") + "/" + path[strings.LastIndexByte(path, '/')+1:]
+	}
+	tmp, err := os.CreateTemp(dirOf(dst), ".sbxctl-cp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := sc.ReadFile(ctx, path, tmp); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	perm := fs.FileMode(0o644)
+	if st, err := sc.Stat(ctx, path); err == nil {
+		perm = fs.FileMode(st.Mode) & fs.ModePerm
+	}
+	if err := os.Chmod(tmp.Name(), perm); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
+}
+
+func dirOf(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[:i+1]
+	}
+	return "."
+}
+
+func portForwardFlags(fs *flag.FlagSet) remoteBody {
+	bind := fs.String("bind", "127.0.0.1", "local address to listen on")
+	sandbox := sandboxTokenFlag(fs)
+	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
+		id, spec := cl.args[0], cl.args[1]
+		local, remote := "0", spec
+		if l, r, ok := strings.Cut(spec, ":"); ok {
+			local, remote = l, r
+		}
+		port, err := strconv.ParseUint(remote, 10, 16)
+		if err != nil || port == 0 {
+			return usagef("port %q: want [LOCAL:]PORT, ports 1-65535", spec)
+		}
+		sc, err := sandbox(c)
+		if err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(*bind, local))
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		fmt.Fprintf(cl.stdout, "forwarding %s -> %s port %d (Ctrl-C to stop)\n", ln.Addr(), id, port)
+		stop := context.AfterFunc(ctx, func() { ln.Close() })
+		defer stop()
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		for {
+			lc, err := ln.Accept()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				forwardOne(ctx, sc, id, int(port), lc, cl.stderr)
+			}()
+		}
+	}
+}
+
+// forwardOne relays one local connection to the sandbox's port through
+// the ports route, until either side ends or ctx does.
+func forwardOne(ctx context.Context, c *apiclient.Client, id string, port int, lc net.Conn, stderr io.Writer) {
+	gc, err := c.DialPort(ctx, id, port)
+	if err != nil {
+		lc.Close()
+		fmt.Fprintf(stderr, "sbxctl port-forward: %v\n", err)
+		return
+	}
+	r := relay.Splice(lc, gc, relay.Options{})
+	defer context.AfterFunc(ctx, func() { r.Stop("interrupted") })()
+	if res := r.Run(nil); res.Reason != relay.ReasonClient && res.Reason != relay.ReasonGuest && !errors.Is(ctx.Err(), context.Canceled) {
+		fmt.Fprintf(stderr, "sbxctl port-forward: connection ended: %s\n", res.Reason)
+	}
+}

@@ -1,0 +1,185 @@
+package chsim_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/ch/chsim"
+	"github.com/sbxlog/sbxlog/executors/guest/silkd"
+	"github.com/sbxlog/sbxlog/executors/hvsock"
+)
+
+// simVM boots an in-process simulated VM with a vsock device and returns
+// its API client and a dialer for its silkd agent.
+func simVM(t *testing.T) (*ch.Client, string, func() *silkd.Conn) {
+	t.Helper()
+	dir := shortDir(t)
+	c := inProc(t, dir, chsim.DefaultOptions())
+	cfg := vmConfig(t, dir, 32<<20)
+	sock := filepath.Join(dir, "v.sock")
+	cfg.SetVsock(3, sock)
+	boot(t, c, cfg)
+	return c, dir, func() *silkd.Conn {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		nc, err := hvsock.Dial(ctx, sock, silkd.Port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		return silkd.NewConn(nc)
+	}
+}
+
+func gctx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// The agent on the silkd port is the real protocol over a simulated guest,
+// and says so.
+func TestSimulatedAgent(t *testing.T) {
+	_, _, dial := simVM(t)
+	c := dial()
+	ctx := gctx(t)
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Simulated || info.Agent != chsim.SimAgent || info.Proto != silkd.ProtoKeepAlive {
+		t.Fatalf("info %+v: must say it is simulated", info)
+	}
+
+	var out, errb bytes.Buffer
+	res, err := c.Exec(ctx, silkd.Exec{Argv: []string{"echo", "hello", "guest"}}, silkd.ExecIO{Stdout: &out})
+	if err != nil || res.Code != 0 || out.String() != "hello guest\n" || res.Pid == 0 {
+		t.Fatalf("echo = %+v, %v, %q", res, err, out.String())
+	}
+	out.Reset()
+	in := strings.Repeat("stdin ", 50000)
+	if res, err := c.Exec(ctx, silkd.Exec{Argv: []string{"cat"}}, silkd.ExecIO{Stdin: strings.NewReader(in), Stdout: &out}); err != nil || res.Code != 0 || out.String() != in {
+		t.Fatalf("cat = %+v, %v, %d bytes", res, err, out.Len())
+	}
+	if res, err := c.Exec(ctx, silkd.Exec{Argv: []string{"/bin/false"}}, silkd.ExecIO{}); err != nil || res.Code != 1 {
+		t.Fatalf("false = %+v, %v", res, err)
+	}
+	// Nothing else runs: the refusal names the simulation.
+	for _, argv := range [][]string{{"sh", "-c", "echo $((6*7))"}, {"/usr/bin/id"}, {"touch", "/tmp/x"}} {
+		_, err := c.Exec(ctx, silkd.Exec{Argv: argv}, silkd.ExecIO{Stdout: &out, Stderr: &errb})
+		if !errors.Is(err, silkd.ErrBadRequest) || !strings.Contains(err.Error(), "chsim simulates the guest and runs no commands") {
+			t.Fatalf("exec %v = %v, want the simulation's refusal", argv, err)
+		}
+	}
+
+	// A sleeping command is killed from another connection.
+	pid := make(chan uint32, 1)
+	done := make(chan silkd.ExecResult, 1)
+	go func() {
+		r, err := dial().Exec(ctx, silkd.Exec{Argv: []string{"sleep", "60"}}, silkd.ExecIO{Started: func(p uint32) { pid <- p }})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	if err := c.Kill(ctx, <-pid, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.Code != -1 {
+		t.Fatalf("killed sleep exit %d", r.Code)
+	}
+
+	// Files: the VM's own tree in memory.
+	data := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	if err := c.WriteFile(ctx, silkd.FsWrite{Path: "/tmp/f"}, bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	var back bytes.Buffer
+	if _, err := c.ReadFile(ctx, "/tmp/f", &back); err != nil || !bytes.Equal(back.Bytes(), data) {
+		t.Fatalf("read back %d bytes, %v", back.Len(), err)
+	}
+	out.Reset()
+	if res, err := c.Exec(ctx, silkd.Exec{Argv: []string{"cat", "/tmp/f", "/tmp/nope"}}, silkd.ExecIO{Stdout: &out, Stderr: &errb}); err != nil || res.Code != 1 || !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("cat of a file = %+v, %v, %d bytes", res, err, out.Len())
+	}
+	if _, err := c.Stat(ctx, "/etc/passwd"); !errors.Is(err, silkd.ErrNotFound) {
+		t.Fatalf("the host's files must not show: %v", err)
+	}
+}
+
+// port_forward reaches the simulated echo server; 24 streams at once, 512
+// KiB each way, all intact (kept small: -race slows base64 twentyfold).
+func TestSimulatedPortForward(t *testing.T) {
+	_, _, dial := simVM(t)
+	ctx := gctx(t)
+	var wg sync.WaitGroup
+	for i := range 24 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := dial().PortForward(ctx, chsim.SimEchoPort)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			msg := bytes.Repeat([]byte{byte(i), byte(i >> 8), 7}, 512<<10/3)
+			go func() {
+				_, _ = p.Write(msg)
+				_ = p.CloseWrite()
+			}()
+			got, err := io.ReadAll(p)
+			if err != nil || sha256.Sum256(got) != sha256.Sum256(msg) {
+				t.Errorf("stream %d: %d bytes back, %v", i, len(got), err)
+			}
+		}()
+	}
+	wg.Wait()
+	if _, err := dial().PortForward(ctx, 8080); !errors.Is(err, silkd.ErrNotFound) {
+		t.Fatalf("port_forward to a port nothing listens on = %v", err)
+	}
+}
+
+// The guest's files are in its memory: they survive a snapshot and
+// restore, and a fresh boot starts empty.
+func TestSimulatedFilesSurviveSnapshot(t *testing.T) {
+	c, dir, dial := simVM(t)
+	ctx := gctx(t)
+	if err := dial().WriteFile(ctx, silkd.FsWrite{Path: "/root/kept"}, strings.NewReader("across hibernate")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, url := snapshotDir(t, dir, "snap")
+	if err := c.Snapshot(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restore(ctx, ch.RestoreConfig{SourceURL: url, MemoryRestoreMode: ch.RestoreCopy, Resume: true}); err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if _, err := dial().ReadFile(ctx, "/root/kept", &b); err != nil || b.String() != "across hibernate" {
+		t.Fatalf("after restore: %q, %v", b.String(), err)
+	}
+	if err := c.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Boot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dial().Stat(ctx, "/root/kept"); !errors.Is(err, silkd.ErrNotFound) {
+		t.Fatalf("after a fresh boot: %v, want the tmpfs empty", err)
+	}
+}
