@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/sbxlog/sbxlog/executors/netguard"
 )
 
 // blockedError is a dial the guard refused: every address the name had
@@ -30,24 +32,12 @@ func isBlocked(err error) bool {
 	return errors.As(err, &b)
 }
 
-// canonical unwraps the forms an address can hide an IPv4 one in: v4-mapped
-// IPv6 and NAT64 (64:ff9b::/96), so the guard judges the address reached.
-func canonical(ip netip.Addr) netip.Addr {
-	ip = ip.Unmap()
-	if ip.Is6() {
-		b := ip.As16()
-		if b[0] == 0x00 && b[1] == 0x64 && b[2] == 0xff && b[3] == 0x9b && b[4]|b[5]|b[6]|b[7]|b[8]|b[9]|b[10]|b[11] == 0 {
-			return netip.AddrFrom4([4]byte(b[12:]))
-		}
-	}
-	return ip
-}
-
 // dial connects to host:port: the name resolved here (never by the guest),
-// each address checked by the guard before the connect and again, as the
-// kernel is asked to connect it, in the dialer's Control hook. Addresses
-// the guard refuses are skipped; when none is left the error is a
-// blockedError (502, reason internal).
+// each address checked by the node's guard (executors/netguard: it judges
+// the address a v4-mapped or NAT64 one reaches) before the connect and
+// again, as the kernel is asked to connect it, in the dialer's Control
+// hook. Addresses the guard refuses are skipped; when none is left the
+// error is a blockedError (502, reason internal).
 func (s *Server) dial(ctx context.Context, host string, port uint16) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
@@ -64,8 +54,8 @@ func (s *Server) dial(ctx context.Context, host string, port uint16) (net.Conn, 
 	}
 	var blocked, last error
 	for _, ip := range addrs {
-		ip = canonical(ip)
-		if err := s.pol.Check(ip, port); err != nil {
+		ip = netguard.Unwrap(ip)
+		if err := s.guard.Check(ip, port); err != nil {
 			if blocked == nil {
 				blocked = &blockedError{host: host, ip: ip, err: err}
 			}
@@ -76,8 +66,8 @@ func (s *Server) dial(ctx context.Context, host string, port uint16) (net.Conn, 
 			if err != nil {
 				return err
 			}
-			if err := s.pol.Check(canonical(ap.Addr()), ap.Port()); err != nil {
-				return &blockedError{host: host, ip: ap.Addr(), err: err}
+			if err := s.guard.Check(ap.Addr(), ap.Port()); err != nil {
+				return &blockedError{host: host, ip: netguard.Unwrap(ap.Addr()), err: err}
 			}
 			return nil
 		}}

@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -33,7 +31,6 @@ type fakePolicies struct {
 	rules     map[string][]rule // sandbox -> rules
 	socks     map[string]bool
 	secrets   map[string][2]string // name -> header, value
-	host      []netip.Addr         // the host's own addresses
 }
 
 func newFakePolicies() *fakePolicies {
@@ -113,28 +110,6 @@ func (f *fakePolicies) Secret(_, name string) (string, string, bool) {
 	defer f.mu.Unlock()
 	s, ok := f.secrets[name]
 	return s[0], s[1], ok
-}
-
-// internalPrefixes is the fake guard's table: what a node never reaches
-// unless told (the real one is the policy side's).
-var internalPrefixes = func() []netip.Prefix {
-	var out []netip.Prefix
-	for _, s := range []string{"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16", "::1/128", "fc00::/7", "fe80::/10"} {
-		out = append(out, netip.MustParsePrefix(s))
-	}
-	return out
-}()
-
-func (f *fakePolicies) Check(ip netip.Addr, port uint16) error {
-	for _, p := range internalPrefixes {
-		if p.Contains(ip) {
-			return fmt.Errorf("%w %s", ErrInternal, ip)
-		}
-	}
-	if slices.Contains(f.host, ip) {
-		return fmt.Errorf("%w %s (the host's)", ErrInternal, ip)
-	}
-	return nil
 }
 
 // fakeMeter records what the proxy reports.

@@ -1,10 +1,5 @@
 package proxy
 
-import (
-	"errors"
-	"net/netip"
-)
-
 // Intercept is how a tunnel's decision says to treat its TLS.
 type Intercept uint8
 
@@ -70,9 +65,6 @@ type Policies interface {
 	// Secret returns the header and host-held value of the secret name for
 	// the sandbox (ok false: nothing to inject).
 	Secret(sandbox, name string) (header, value string, ok bool)
-	// Check says whether the proxy may connect to ip:port (nil), or why
-	// not: internal addresses are refused unless the node allows them.
-	Check(ip netip.Addr, port uint16) error
 }
 
 // Meter receives the proxy's accounting: every decision, and the bytes
@@ -95,13 +87,8 @@ const (
 	DoorInner   = "inner"
 )
 
-// ErrInternal is what DenyAll's and the fakes' Check wrap for an internal
-// address; the proxy answers any Check error with 502.
-var ErrInternal = errors.New("egress: blocked internal address")
-
 // DenyAll is the Policies of a node without an egress policy source: no
-// VM serves a sandbox, so every request is refused (403, no_policy) and no
-// address may be connected.
+// VM serves a sandbox, so every request is refused (403, no_policy).
 type DenyAll struct{}
 
 func (DenyAll) SandboxOfVM(string) (string, bool) { return "", false }
@@ -118,7 +105,6 @@ func (DenyAll) ServesSocks(string) bool                      { return false }
 func (DenyAll) Intercepts(string) bool                       { return false }
 func (DenyAll) HasCredential(string, string) bool            { return false }
 func (DenyAll) Secret(string, string) (string, string, bool) { return "", "", false }
-func (DenyAll) Check(ip netip.Addr, _ uint16) error          { return ErrInternal }
 
 type noMeter struct{}
 

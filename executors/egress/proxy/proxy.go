@@ -31,8 +31,9 @@
 // Answers: a refusal by the policy is 403 "egress denied: <host>" (SOCKS5
 // reply 0x02); a destination the guard refuses, or one that cannot be
 // reached, is 502 "egress: upstream unreachable: <why>" (SOCKS5 0x04).
-// The proxy resolves names itself and Policies.Check sees every address
-// it connects to, inside the dialer's Control hook, so a name that resolves
+// The proxy resolves names itself and the node's guard (Config.Guard,
+// executors/netguard) sees every address it connects to, inside the
+// dialer's Control hook, so a name that resolves
 // (or rebinds) to an internal address is refused whatever the policy said,
 // and no packet leaves toward it.
 //
@@ -61,6 +62,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/executors/netguard"
 )
 
 // Guest ports of the vsock doors (hybrid vsock: <socket>_<port>).
@@ -82,6 +85,9 @@ type Config struct {
 	Policies Policies
 	// Meter is told every decision and the bytes moved (default: nothing).
 	Meter Meter
+	// Guard judges every address the proxy connects to (default: netguard's
+	// fixed table, with no allow list and no host addresses).
+	Guard *netguard.Guard
 	// CA signs the leaves of intercepted tunnels (nil: nothing is
 	// intercepted; a tunnel whose decision asks for it is refused).
 	CA *CA
@@ -103,10 +109,11 @@ type Config struct {
 
 // Server runs the doors of every VM.
 type Server struct {
-	cfg Config
-	pol Policies
-	met Meter
-	log zerolog.Logger
+	cfg   Config
+	pol   Policies
+	met   Meter
+	guard *netguard.Guard
+	log   zerolog.Logger
 
 	mu    sync.Mutex
 	doors map[string]*door
@@ -122,6 +129,9 @@ func New(cfg Config) *Server {
 	if cfg.Meter == nil {
 		cfg.Meter = noMeter{}
 	}
+	if cfg.Guard == nil {
+		cfg.Guard, _ = netguard.New(nil, nil) // no entries to parse: no error
+	}
 	if cfg.Lookup == nil {
 		cfg.Lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
 			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
@@ -136,7 +146,7 @@ func New(cfg Config) *Server {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	return &Server{cfg: cfg, pol: cfg.Policies, met: cfg.Meter, log: cfg.Log.With().Str("component", "egress-proxy").Logger(), doors: map[string]*door{}}
+	return &Server{cfg: cfg, pol: cfg.Policies, met: cfg.Meter, guard: cfg.Guard, log: cfg.Log.With().Str("component", "egress-proxy").Logger(), doors: map[string]*door{}}
 }
 
 // Doors are one VM's doors; a zero field is not opened.

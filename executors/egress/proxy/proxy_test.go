@@ -24,6 +24,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
+	"github.com/sbxlog/sbxlog/executors/netguard"
 )
 
 const (
@@ -90,7 +91,11 @@ func newEnv(t *testing.T) *env {
 	e := &env{lane: netnstest.NewLane(t), pol: newFakePolicies(), meter: newFakeMeter()}
 	e.guest = e.lane.AddGuest(t, 1, "sbxtestproxy01", net.HardwareAddr{0x02, 1, 2, 3, 4, 5})
 	e.door = netip.AddrPortFrom(e.lane.HostAddr, 20001)
-	e.pol.host = []netip.Addr{e.lane.HostAddr, upstreamIP.Next()}
+	// The guard knows the host's own addresses: the bridge's and another.
+	guard, err := netguard.New(nil, []netip.Addr{e.lane.HostAddr, upstreamIP.Next()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.pol.sandboxOf[testVM] = testSandbox
 	e.pol.secrets["gh"] = [2]string{"Authorization", "Bearer " + testSecret}
 
@@ -130,7 +135,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	e.srv = New(Config{
-		Policies: e.pol, Meter: e.meter, CA: e.ca, RootCAs: upCA.Pool(), DialIn: e.lane.Host.Do, Timeout: 3 * time.Second,
+		Policies: e.pol, Meter: e.meter, Guard: guard, CA: e.ca, RootCAs: upCA.Pool(), DialIn: e.lane.Host.Do, Timeout: 3 * time.Second,
 		Lookup: func(_ context.Context, host string) ([]netip.Addr, error) {
 			if a, ok := names[host]; ok {
 				return a, nil
