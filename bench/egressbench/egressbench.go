@@ -43,6 +43,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
 	"github.com/sbxlog/sbxlog/executors/egress/proxy"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
@@ -95,25 +96,21 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	return sec, nil
 }
 
-// allowAll is the bench's policy: everything allowed (the proxy's guard,
-// netguard's fixed table, stays on the measured path and refuses internal
-// addresses).
+// allowAll is the bench's egress state: the VM serves one sandbox whose
+// policy allows every host (decided by fsm/egress, as on a node); the
+// proxy's guard, netguard's fixed table, stays on the measured path.
 type allowAll struct{ vm, sb string }
 
+var allowEverything = &egress.Policy{Allow: []egress.Rule{{Host: "*"}}}
+
 func (a allowAll) SandboxOfVM(vm string) (string, bool) { return a.sb, vm == a.vm }
-func (allowAll) Decide(string, string, string, uint16) proxy.Decision {
-	return proxy.Decision{Allow: true}
+func (allowAll) Policy(string) (egress.Effective, bool) {
+	return egress.Effective{Base: allowEverything}, true
 }
-func (allowAll) DecideTunnel(string, string, uint16, proxy.Tunnel) proxy.Decision {
-	return proxy.Decision{Allow: true}
-}
-func (allowAll) DecideInner(string, string, string, uint16, proxy.Intercept) proxy.Decision {
-	return proxy.Decision{Allow: true}
-}
-func (allowAll) ServesSocks(string) bool                      { return false }
-func (allowAll) Intercepts(string) bool                       { return false }
-func (allowAll) HasCredential(string, string) bool            { return false }
-func (allowAll) Secret(string, string) (string, string, bool) { return "", "", false }
+func (allowAll) SecretsFor(string) (map[string]string, error)    { return nil, nil }
+func (allowAll) SecretHeader(string) (string, bool)              { return "", false }
+func (allowAll) Credentials(string) ([]egress.Credential, error) { return nil, nil }
+
 // upstream answers /small with 22 bytes and /bulk?n= with n bytes.
 func upstream(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/bulk" {

@@ -161,8 +161,9 @@ func (d *door) served(sandbox string) {
 }
 
 // close ends the doors: listeners, the HTTP server and its connections,
-// every tunnel; the flows' last bytes are reported, then Meter.Close.
-func (d *door) close() {
+// every tunnel; the flows' last bytes are reported, then, when final (the
+// VM stopped), Meter.Close for every sandbox the doors served.
+func (d *door) close(final bool) {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -194,6 +195,9 @@ func (d *door) close() {
 	d.mu.Unlock()
 	for _, f := range flows {
 		d.report(f)
+	}
+	if !final {
+		return
 	}
 	for sb := range sbs {
 		d.s.met.Close(sb)

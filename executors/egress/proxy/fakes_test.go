@@ -1,46 +1,43 @@
 package proxy
 
 import (
-	"slices"
-	"strings"
 	"sync"
+
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
-// rule is the fake policy's rule: a host (exact, "*.suffix" or "*"), the
-// secret it injects and whether it intercepts.
+// rule is a test's shorthand for an egress rule: a host (exact, "*.suffix"
+// or "*"), the secret it injects and whether it intercepts.
 type rule struct {
 	host      string
 	secret    string
-	intercept Intercept
+	intercept egress.Intercept
 }
 
-func (r rule) matches(host string) bool {
-	switch {
-	case r.host == "*":
-		return true
-	case strings.HasPrefix(r.host, "*."):
-		return strings.HasSuffix(host, r.host[1:])
-	}
-	return r.host == host
-}
-
-// fakePolicies is Policies over maps a test changes at will.
+// fakePolicies is Policies over maps a test changes at will; the policy
+// a sandbox has is its rules as a pool's (decided by fsm/egress).
 type fakePolicies struct {
 	mu        sync.Mutex
-	sandboxOf map[string]string // VM -> sandbox
-	rules     map[string][]rule // sandbox -> rules
-	socks     map[string]bool
-	secrets   map[string][2]string // name -> header, value
+	sandboxOf map[string]string              // VM -> sandbox
+	rules     map[string][]egress.Rule       // sandbox -> rules (absent: no policy)
+	socks     map[string]bool                // sandbox -> socks5 opted in
+	secrets   map[string][2]string           // name -> header, value
+	creds     map[string][]egress.Credential // sandbox -> claim credentials
 }
 
 func newFakePolicies() *fakePolicies {
-	return &fakePolicies{sandboxOf: map[string]string{}, rules: map[string][]rule{}, socks: map[string]bool{}, secrets: map[string][2]string{}}
+	return &fakePolicies{sandboxOf: map[string]string{}, rules: map[string][]egress.Rule{}, socks: map[string]bool{},
+		secrets: map[string][2]string{}, creds: map[string][]egress.Credential{}}
 }
 
 func (f *fakePolicies) setRules(sb string, rs ...rule) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.rules[sb] = rs
+	out := []egress.Rule{}
+	for _, r := range rs {
+		out = append(out, egress.Rule{Host: r.host, Secret: r.secret, Intercept: r.intercept})
+	}
+	f.rules[sb] = out
 }
 
 func (f *fakePolicies) SandboxOfVM(vm string) (string, bool) {
@@ -50,66 +47,37 @@ func (f *fakePolicies) SandboxOfVM(vm string) (string, bool) {
 	return sb, ok
 }
 
-func (f *fakePolicies) match(sb, host string, keep func(rule) bool) (rule, bool) {
+func (f *fakePolicies) Policy(sb string) (egress.Effective, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, r := range f.rules[sb] {
-		if r.matches(host) && keep(r) {
-			return r, true
-		}
-	}
-	return rule{}, false
-}
-
-func (f *fakePolicies) Decide(sb, host, _ string, _ uint16) Decision {
-	r, ok := f.match(sb, host, func(r rule) bool { return r.intercept != InterceptAlways })
+	rs, ok := f.rules[sb]
 	if !ok {
-		return Decision{Reason: "no_rule"}
+		return egress.Effective{}, false
 	}
-	return Decision{Allow: true, Secret: r.secret}
+	return egress.Effective{Base: &egress.Policy{Allow: rs, Socks5: f.socks[sb]}}, true
 }
 
-func (f *fakePolicies) DecideTunnel(sb, host string, _ uint16, t Tunnel) Decision {
-	r, ok := f.match(sb, host, func(rule) bool { return true })
-	if !ok {
-		return Decision{Reason: "no_rule"}
-	}
-	if r.intercept == InterceptAlways || (r.intercept == InterceptInject && t.HasCredential) {
-		if t.Socks || !t.CanIntercept {
-			return Decision{Reason: "intercept"}
-		}
-		return Decision{Allow: true, Intercept: r.intercept}
-	}
-	return Decision{Allow: true}
-}
-
-func (f *fakePolicies) DecideInner(sb, host, _ string, _ uint16, mode Intercept) Decision {
-	r, ok := f.match(sb, host, func(r rule) bool { return r.intercept == mode })
-	if !ok {
-		return Decision{Reason: "no_rule"}
-	}
-	return Decision{Allow: true, Secret: r.secret, Intercept: mode}
-}
-
-func (f *fakePolicies) ServesSocks(sb string) bool {
+func (f *fakePolicies) SecretsFor(string) (map[string]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.socks[sb]
+	out := map[string]string{}
+	for name, s := range f.secrets {
+		out[name] = s[1]
+	}
+	return out, nil
 }
 
-func (f *fakePolicies) Intercepts(sb string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.ContainsFunc(f.rules[sb], func(r rule) bool { return r.intercept != InterceptOff })
-}
-
-func (f *fakePolicies) HasCredential(string, string) bool { return false }
-
-func (f *fakePolicies) Secret(_, name string) (string, string, bool) {
+func (f *fakePolicies) SecretHeader(name string) (string, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.secrets[name]
-	return s[0], s[1], ok
+	return s[0], ok
+}
+
+func (f *fakePolicies) Credentials(sb string) ([]egress.Credential, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.creds[sb], nil
 }
 
 // fakeMeter records what the proxy reports.
@@ -123,12 +91,12 @@ type fakeMeter struct {
 
 func newFakeMeter() *fakeMeter { return &fakeMeter{tx: map[string]int64{}, rx: map[string]int64{}} }
 
-func (m *fakeMeter) Decision(sb, door string, d Decision) {
+func (m *fakeMeter) Decision(sb, door string, d egress.Decision) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := "allow"
 	if !d.Allow {
-		out = d.Reason
+		out = string(d.Reason)
 	}
 	m.decisions = append(m.decisions, sb+" "+door+" "+out)
 }

@@ -10,6 +10,8 @@ import (
 	"net/textproto"
 	"strings"
 	"sync/atomic"
+
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
 // ServeHTTP is a door's HTTP handler: CONNECT tunnels, everything else a
@@ -33,11 +35,11 @@ func denied(w http.ResponseWriter, host string) {
 
 // unreachable answers a dial or transport failure, the guard's included,
 // and returns the reason it counts as.
-func unreachable(w http.ResponseWriter, err error) string {
-	why, reason := "upstream unreachable", ReasonUnreachable
+func unreachable(w http.ResponseWriter, err error) egress.Reason {
+	why, reason := "upstream unreachable", egress.ReasonUpstream
 	var b *blockedError
 	if errors.As(err, &b) {
-		why, reason = fmt.Sprintf("upstream unreachable: blocked internal address %s", b.ip), ReasonInternal
+		why, reason = fmt.Sprintf("upstream unreachable: blocked internal address %s", b.ip), egress.ReasonInternal
 	}
 	http.Error(w, "egress: "+why, http.StatusBadGateway)
 	return reason
@@ -66,7 +68,7 @@ func stripHop(h http.Header) {
 // forward serves a forward-proxy request.
 func (d *door) forward(w http.ResponseWriter, r *http.Request, sb string, known bool) {
 	if !r.URL.IsAbs() || (r.URL.Scheme != "http" && r.URL.Scheme != "https") {
-		d.s.record(sb, DoorHTTP, Decision{Reason: ReasonBadRequest})
+		d.s.record(sb, doorHTTP, egress.Decision{Reason: ReasonBadRequest})
 		http.Error(w, "egress: proxy requires an absolute-form request URI", http.StatusBadRequest)
 		return
 	}
@@ -76,16 +78,13 @@ func (d *door) forward(w http.ResponseWriter, r *http.Request, sb string, known 
 	}
 	host, port, err := splitHostPort(r.URL.Host, def)
 	if err != nil {
-		d.s.record(sb, DoorHTTP, Decision{Reason: ReasonBadRequest})
+		d.s.record(sb, doorHTTP, egress.Decision{Reason: ReasonBadRequest})
 		denied(w, r.URL.Host)
 		return
 	}
-	dec := Decision{Reason: ReasonNoPolicy}
-	if known {
-		dec = d.s.pol.Decide(sb, host, r.Method, port)
-	}
+	dec := egress.Decide(d.s.policy(sb, known), host, r.Method, port)
 	if !dec.Allow {
-		d.s.record(sb, DoorHTTP, dec)
+		d.s.record(sb, doorHTTP, dec)
 		denied(w, host)
 		return
 	}
@@ -97,23 +96,27 @@ func (d *door) forward(w http.ResponseWriter, r *http.Request, sb string, known 
 	}
 	stripHop(out.Header)
 	d.inject(out, sb, dec.Secret)
-	d.roundTrip(w, out, sb, DoorHTTP, dec)
+	d.roundTrip(w, out, sb, doorHTTP, dec)
 }
 
-// inject sets the rule's secret on the request toward the destination.
-func (d *door) inject(r *http.Request, sb, secret string) {
+// inject sets the rule's secret on the request toward the destination and
+// returns the header it set ("": none).
+func (d *door) inject(r *http.Request, sb, secret string) string {
 	if secret == "" {
-		return
+		return ""
 	}
-	if h, v, ok := d.s.pol.Secret(sb, secret); ok && h != "" && v != "" {
-		r.Header.Set(h, v)
+	h, v, ok := d.s.secret(sb, secret)
+	if !ok {
+		return ""
 	}
+	r.Header.Set(h, v)
+	return http.CanonicalHeaderKey(h)
 }
 
 // roundTrip sends out upstream and streams the answer back, counting the
 // payload both ways. The decision is recorded once its outcome is known: a
 // policy allow that the guard or the network refuses counts as that.
-func (d *door) roundTrip(w http.ResponseWriter, out *http.Request, sb, doorName string, dec Decision) {
+func (d *door) roundTrip(w http.ResponseWriter, out *http.Request, sb, doorName string, dec egress.Decision) {
 	f := d.newFlow(sb)
 	defer d.endFlow(f)
 	if out.Body != nil && out.Body != http.NoBody {
@@ -174,37 +177,34 @@ func (f *flushWriter) Write(p []byte) (int, error) {
 func (d *door) connect(w http.ResponseWriter, r *http.Request, sb string, known bool) {
 	host, port, err := splitHostPort(r.Host, 443)
 	if err != nil {
-		d.s.record(sb, DoorConnect, Decision{Reason: ReasonBadRequest})
+		d.s.record(sb, doorConnect, egress.Decision{Reason: ReasonBadRequest})
 		denied(w, r.Host)
 		return
 	}
-	dec := Decision{Reason: ReasonNoPolicy}
-	if known {
-		t := Tunnel{CanIntercept: d.s.cfg.CA != nil && d.s.pol.Intercepts(sb)}
-		if t.CanIntercept {
-			t.HasCredential = d.s.pol.HasCredential(sb, host)
-		}
-		dec = d.s.pol.DecideTunnel(sb, host, port, t)
+	pol := d.s.policy(sb, known)
+	// Only a sandbox whose policy intercepts, on a node with a CA, may have
+	// its TLS terminated; a credential turns an "inject" rule on.
+	t := egress.Tunnel{CanIntercept: d.s.cfg.CA != nil && pol.Intercepts()}
+	if t.CanIntercept {
+		t.HasCredential = len(d.s.credentials(sb, host)) > 0
 	}
-	if dec.Allow && dec.Intercept != InterceptOff && d.s.cfg.CA == nil {
-		dec = Decision{Reason: "intercept"}
-	}
+	dec := egress.DecideTunnel(pol, host, port, t)
 	if !dec.Allow {
-		d.s.record(sb, DoorConnect, dec)
+		d.s.record(sb, doorConnect, dec)
 		denied(w, host)
 		return
 	}
-	if dec.Intercept != InterceptOff {
+	if dec.Intercept != egress.InterceptOff {
 		d.intercept(w, r, sb, host, port, dec)
 		return
 	}
 	up, err := d.s.dial(r.Context(), host, port)
 	if err != nil {
 		dec.Allow, dec.Reason = false, unreachable(w, err)
-		d.s.record(sb, DoorConnect, dec)
+		d.s.record(sb, doorConnect, dec)
 		return
 	}
-	d.s.record(sb, DoorConnect, dec)
+	d.s.record(sb, doorConnect, dec)
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		up.Close()

@@ -10,21 +10,24 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
 // intercept terminates an allowed CONNECT's TLS with a leaf of the node CA
 // for host and serves the tunnel's requests one by one (HTTP/1.1 only),
-// each decided by DecideInner and re-originated over verified TLS with its
-// rule's secret injected.
-func (d *door) intercept(w http.ResponseWriter, r *http.Request, sb, host string, port uint16, dec Decision) {
+// each decided by egress.DecideInner and re-originated over verified TLS
+// with its rule's secret and the claim's credentials for the host
+// injected.
+func (d *door) intercept(w http.ResponseWriter, r *http.Request, sb, host string, port uint16, dec egress.Decision) {
 	leaf, err := d.s.cfg.CA.Leaf(host)
 	if err != nil {
-		dec.Allow, dec.Reason = false, "intercept"
-		d.s.record(sb, DoorConnect, dec)
+		dec.Allow, dec.Reason = false, egress.ReasonIntercept
+		d.s.record(sb, doorConnect, dec)
 		http.Error(w, "egress: intercept setup failed", http.StatusInternalServerError)
 		return
 	}
-	d.s.record(sb, DoorConnect, dec)
+	d.s.record(sb, doorConnect, dec)
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		http.Error(w, "egress: connection cannot be hijacked", http.StatusInternalServerError)
@@ -63,14 +66,14 @@ type inner struct {
 	sb   string
 	host string
 	port uint16
-	mode Intercept
+	mode egress.Intercept
 }
 
 func (in *inner) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d := in.d
-	dec := d.s.pol.DecideInner(in.sb, in.host, r.Method, in.port, in.mode)
+	dec := egress.DecideInner(d.s.policy(in.sb, true), in.host, r.Method, in.port, in.mode)
 	if !dec.Allow {
-		d.s.record(in.sb, DoorInner, dec)
+		d.s.record(in.sb, doorInner, dec)
 		denied(w, in.host)
 		return
 	}
@@ -87,8 +90,28 @@ func (in *inner) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out.Host = ""
 	}
 	stripHop(out.Header)
-	d.inject(out, in.sb, dec.Secret)
-	d.roundTrip(w, out, in.sb, DoorInner, dec)
+	set := d.inject(out, in.sb, dec.Secret)
+	d.injectCredentials(out, in.sb, in.host, set)
+	d.roundTrip(w, out, in.sb, doorInner, dec)
+}
+
+// injectCredentials sets the claim's header credentials for host on out,
+// in name order (the old daemon's): one with a placeholder only where the
+// guest sent exactly the placeholder, and none over a header an earlier
+// injection set (secretHeader, the rule's secret; an earlier credential).
+func (d *door) injectCredentials(out *http.Request, sb, host, secretHeader string) {
+	set := map[string]bool{secretHeader: true}
+	for _, c := range d.s.credentials(sb, host) {
+		if c.Inject.Header == "" {
+			continue // a query credential: not injected by this proxy
+		}
+		k := http.CanonicalHeaderKey(c.Inject.Header)
+		if set[k] || (c.Inject.Placeholder != "" && out.Header.Get(k) != c.Inject.Placeholder) {
+			continue
+		}
+		out.Header.Set(k, c.Value)
+		set[k] = true
+	}
 }
 
 // readAhead is a connection whose first bytes were read into r.

@@ -15,17 +15,21 @@
 //
 // At most 256 connections per door at a time; more wait in the backlog.
 //
-// What a door serves (the old daemon's contract):
+// What a door serves (the old daemon's contract), each request or tunnel
+// decided by fsm/egress over the sandbox's effective policy as
+// Policies.Policy reads it at that moment:
 //   - HTTP forward requests (absolute-form URI; 400 otherwise), decided by
-//     Policies.Decide with the URL's port (or the scheme's); an https URL is
+//     egress.Decide with the URL's port (or the scheme's); an https URL is
 //     re-originated over verified TLS. Hop-by-hop headers are stripped both
 //     ways, the rule's secret injected as its header, the body streamed.
-//   - CONNECT, decided by Policies.DecideTunnel: spliced, or, when the
-//     decision says so and the node has a CA, intercepted: TLS terminated
-//     with a leaf of the node CA for the host, each inner request decided by
-//     DecideInner and re-originated over verified TLS with the secret
-//     injected.
-//   - SOCKS5 (RFC 1928, no-auth, CONNECT only) when Policies.ServesSocks;
+//   - CONNECT, decided by egress.DecideTunnel: spliced, or, when the
+//     decision says so (the node has a CA, the policy intercepts the host,
+//     or its "inject" rule does and the claim holds a credential for it),
+//     intercepted: TLS terminated with a leaf of the node CA for the host,
+//     each inner request decided by egress.DecideInner and re-originated
+//     over verified TLS with the rule's secret and the claim's header
+//     credentials for the host injected.
+//   - SOCKS5 (RFC 1928, no-auth, CONNECT only) when the policy opts in;
 //     names resolved host-side; never intercepted.
 //
 // Answers: a refusal by the policy is 403 "egress denied: <host>" (SOCKS5
@@ -33,9 +37,9 @@
 // reached, is 502 "egress: upstream unreachable: <why>" (SOCKS5 0x04).
 // The proxy resolves names itself and the node's guard (Config.Guard,
 // executors/netguard) sees every address it connects to, inside the
-// dialer's Control hook, so a name that resolves
-// (or rebinds) to an internal address is refused whatever the policy said,
-// and no packet leaves toward it.
+// dialer's Control hook, so a name that resolves (or rebinds) to an
+// internal address is refused whatever the policy said, and no packet
+// leaves toward it.
 //
 // Every decision is counted (Counts) and handed to the Meter with its door;
 // payload bytes go to Meter.Transfer at the end of each request and tunnel
@@ -43,9 +47,9 @@
 // nothing records one line per request. Policies are asked per request or
 // tunnel: a policy change applies to the next one.
 //
-// Secrets are looked up per request (Policies.Secret) and set on the
-// request toward the destination only: nothing the guest receives carries
-// them.
+// Secrets and credentials are looked up per request (Policies.SecretsFor,
+// Credentials) and set on the request toward the destination only: nothing
+// the guest receives carries them.
 package proxy
 
 import (
@@ -64,6 +68,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sbxlog/sbxlog/executors/netguard"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
 // Guest ports of the vsock doors (hybrid vsock: <socket>_<port>).
@@ -81,7 +86,7 @@ const (
 
 // Config configures a Server. Zero values take the defaults named.
 type Config struct {
-	// Policies decides (default DenyAll).
+	// Policies is the egress state asked (default DenyAll).
 	Policies Policies
 	// Meter is told every decision and the bytes moved (default: nothing).
 	Meter Meter
@@ -182,7 +187,7 @@ func (s *Server) Open(vm string, d Doors) error {
 	if cur := s.doors[vm]; cur != nil {
 		// A concurrent Open won: keep its doors.
 		s.mu.Unlock()
-		dr.close()
+		dr.close(false)
 		return nil
 	}
 	s.doors[vm] = dr
@@ -198,11 +203,13 @@ func (s *Server) CloseDoors(vm string) {
 	delete(s.doors, vm)
 	s.mu.Unlock()
 	if d != nil {
-		d.close()
+		d.close(true)
 	}
 }
 
-// Close closes every door.
+// Close closes every door as the process stops: the bytes in flight are
+// reported, but no sandbox's accounting is closed (its VM keeps running,
+// and the next process's doors go on counting it).
 func (s *Server) Close() {
 	s.mu.Lock()
 	ds := make([]*door, 0, len(s.doors))
@@ -212,7 +219,7 @@ func (s *Server) Close() {
 	}
 	s.mu.Unlock()
 	for _, d := range ds {
-		d.close()
+		d.close(false)
 	}
 }
 
@@ -280,10 +287,10 @@ func (s *Server) Counts() []Count {
 }
 
 // record counts a decision and hands it to the meter.
-func (s *Server) record(sandbox, doorName string, d Decision) {
+func (s *Server) record(sandbox, doorName string, d egress.Decision) {
 	outcome := "allow"
 	if !d.Allow {
-		outcome = d.Reason
+		outcome = string(d.Reason)
 		if outcome == "" {
 			outcome = "deny"
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
 	"github.com/sbxlog/sbxlog/executors/netguard"
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
 const (
@@ -324,7 +325,7 @@ func TestSecretInjection(t *testing.T) {
 	e := newEnv(t)
 	e.pol.setRules(testSandbox,
 		rule{host: "plain.example.test", secret: "gh"},
-		rule{host: "secret.example.test", secret: "gh", intercept: InterceptAlways},
+		rule{host: "secret.example.test", secret: "gh", intercept: egress.InterceptAlways},
 		rule{host: "api.example.test", secret: "gh"})
 	rec := &recorder{}
 	c := e.client(rec)
@@ -367,6 +368,67 @@ func TestSecretInjection(t *testing.T) {
 	}
 	if len(raw) == 0 {
 		t.Fatal("recorded nothing")
+	}
+}
+
+// TestClaimCredentials: an "inject" rule splices a host for a claim
+// without a credential for it and intercepts it for a claim with one,
+// whose header credential then reaches the upstream (one with a
+// placeholder only where the guest sent the placeholder; none over the
+// rule's secret's header); the guest receives neither value.
+func TestClaimCredentials(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox,
+		rule{host: "api.example.test", intercept: egress.InterceptInject},
+		rule{host: "secret.example.test", secret: "gh", intercept: egress.InterceptAlways})
+	const cred, other = "claim-cred-4f1d9a", "claim-cred-placeholder-77c2"
+	rec := &recorder{}
+	c := e.client(rec)
+	do := func(u string, hdr map[string]string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("GET", u, nil)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", u, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	// No credential: the inject rule splices (the upstream's own leaf).
+	if resp := do("https://api.example.test/", nil); resp.StatusCode != 200 || resp.TLS.PeerCertificates[0].Issuer.CommonName != "test upstream CA" {
+		t.Fatalf("without a credential: %d, issuer %q", resp.StatusCode, resp.TLS.PeerCertificates[0].Issuer.CommonName)
+	}
+	e.pol.mu.Lock()
+	e.pol.creds[testSandbox] = []egress.Credential{
+		{Name: "API_KEY", Value: cred, Inject: egress.EnvInject{Hosts: []string{"api.example.test"}, Header: "X-Api-Key"}},
+		{Name: "GH_OVER", Value: "must-not-win", Inject: egress.EnvInject{Hosts: []string{"secret.example.test"}, Header: "Authorization"}},
+		{Name: "TOKEN", Value: other, Inject: egress.EnvInject{Hosts: []string{"*.example.test"}, Header: "X-Token", Placeholder: "SBX_PLACEHOLDER"}},
+	}
+	e.pol.mu.Unlock()
+	resp := do("https://api.example.test/", map[string]string{"X-Api-Key": "guest-value"})
+	if resp.StatusCode != 200 || resp.TLS.PeerCertificates[0].Issuer.CommonName != "test node CA" {
+		t.Fatalf("with a credential: %d, issuer %q", resp.StatusCode, resp.TLS.PeerCertificates[0].Issuer.CommonName)
+	}
+	if got := e.up.last(); got.Get("X-Api-Key") != cred || got.Get("X-Token") != "" {
+		t.Fatalf("upstream got X-Api-Key %q X-Token %q, want the credential and no placeholder credential", got.Get("X-Api-Key"), got.Get("X-Token"))
+	}
+	do("https://api.example.test/", map[string]string{"X-Token": "SBX_PLACEHOLDER"})
+	if got := e.up.last().Get("X-Token"); got != other {
+		t.Fatalf("placeholder sent: upstream got X-Token %q", got)
+	}
+	do("https://secret.example.test/", nil)
+	if got := e.up.last().Get("Authorization"); got != "Bearer "+testSecret {
+		t.Fatalf("the rule's secret's header: upstream got %q", got)
+	}
+	rec.mu.Lock()
+	raw := rec.buf.Bytes()
+	rec.mu.Unlock()
+	if bytes.Contains(raw, []byte(cred)) || bytes.Contains(raw, []byte(other)) || len(raw) == 0 {
+		t.Fatal("a credential reached the guest (or nothing was recorded)")
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/sbxlog/sbxlog/fsm/egress"
 )
 
 // SOCKS5 (RFC 1928) constants the door speaks.
@@ -107,25 +109,23 @@ func (d *door) serveSocks(c *trackedConn) {
 	port := binary.BigEndian.Uint16(pb)
 
 	sb, known := d.s.pol.SandboxOfVM(d.vm)
-	dec := Decision{Reason: ReasonNoPolicy}
+	if known {
+		d.served(sb)
+	}
+	pol := d.s.policy(sb, known)
+	var dec egress.Decision
 	switch {
-	case !known:
-	case !d.s.pol.ServesSocks(sb):
-		d.served(sb)
-		dec = Decision{Reason: ReasonNoSocks}
-	case port == 0:
-		d.served(sb)
-		dec = Decision{Reason: "bad_port"}
+	case !pol.Valid():
+		dec = egress.Decision{Reason: egress.ReasonNoPolicy}
+	case !pol.ServesSocks():
+		dec = egress.Decision{Reason: ReasonNoSocks}
 	default:
-		d.served(sb)
-		dec = d.s.pol.DecideTunnel(sb, host, port, Tunnel{Socks: true})
-		if dec.Allow && dec.Intercept != InterceptOff {
-			// There is no HTTP to filter on this door.
-			dec = Decision{Reason: "intercept"}
-		}
+		// A tunnel the policy wants intercepted is denied here: there is
+		// no HTTP to filter on this door (DecideTunnel's Socks).
+		dec = egress.DecideTunnel(pol, host, port, egress.Tunnel{CanIntercept: d.s.cfg.CA != nil && pol.Intercepts(), Socks: true})
 	}
 	if !dec.Allow {
-		d.s.record(sb, DoorSocks, dec)
+		d.s.record(sb, doorSocks, dec)
 		_ = socksReply(c, socksNotAllowed)
 		return
 	}
@@ -133,15 +133,15 @@ func (d *door) serveSocks(c *trackedConn) {
 	up, err := d.s.dial(ctx, host, port)
 	cancel()
 	if err != nil {
-		dec.Allow, dec.Reason = false, ReasonUnreachable
+		dec.Allow, dec.Reason = false, egress.ReasonUpstream
 		if isBlocked(err) {
-			dec.Reason = ReasonInternal
+			dec.Reason = egress.ReasonInternal
 		}
-		d.s.record(sb, DoorSocks, dec)
+		d.s.record(sb, doorSocks, dec)
 		_ = socksReply(c, socksUnreachable)
 		return
 	}
-	d.s.record(sb, DoorSocks, dec)
+	d.s.record(sb, doorSocks, dec)
 	if !d.track(up) {
 		up.Close()
 		return
