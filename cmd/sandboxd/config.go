@@ -188,7 +188,7 @@ func (c *Config) validateEgress() error {
 	for _, p := range c.Pools {
 		if p.Egress != nil {
 			check(*p.Egress, fmt.Sprintf("pool %q", p.Template), egress.ScopePool)
-			if egress.Intercepts(*p.Egress) {
+			if egress.Intercepts(*p.Egress) && (c.EgressProxy == nil || !c.EgressProxy.Intercept) {
 				errs = append(errs, fmt.Errorf("pool %q: intercept needs egress_ca (root_cert + this node's intermediate_cert/intermediate_key)", p.Template))
 			}
 		}

@@ -34,9 +34,10 @@
 //  10. ready: the VM view may send its first sync; then HTTP is served.
 //
 // Stop is the reverse: end the relays (recorded closed), stop serving, stop
-// the executors (VMs keep running), record the egress usage the meter
-// holds, stop the engine, save a state snapshot, let replication publish
-// the log's tail (bounded), close the driver, replication and the log.
+// the executors (VMs keep running), close the egress proxy's doors, record
+// the egress usage the meter holds, stop the engine, save a state
+// snapshot, let replication publish the log's tail (bounded), close the
+// driver, replication and the log.
 //
 // Beside the order live the two decorators of the claim path that depend on
 // replication: the synchronous-replication engine (an API write answers only
@@ -458,7 +459,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		apiCfg.Hypervisor = hv.Name()
 	}
 	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now, Stats: n.vmmStats, DataPlane: cfg.DataPlane,
-		Egress: api.EgressOptions{Key: n.EnvKey, Secrets: cfg.Egress.Secrets, CanIntercept: cfg.Egress.CanIntercept}}
+		Egress: n.apiEgress()}
 	if gd, ok := n.Driver.(executors.AgentDialer); ok && apiOpts.DataPlane.Dialer == nil {
 		apiOpts.DataPlane.Dialer = gd
 	}
@@ -677,8 +678,8 @@ func (n *Node) snapshot() {
 }
 
 // Stop is SIGTERM: end the relays, stop serving, stop the executors (VMs
-// keep running), stop the engine, snapshot, flush replication, close
-// everything. It is
+// keep running), close the egress proxy's doors, record the egress usage,
+// stop the engine, snapshot, flush replication, close everything. It is
 // idempotent; the error is the engine's failure, if it failed.
 func (n *Node) Stop() error {
 	var err error
@@ -700,6 +701,12 @@ func (n *Node) Stop() error {
 			if e := n.Executors.Shutdown(ctx); e != nil {
 				n.zl.Warn().Err(e).Msg("executors did not stop in time; their intents re-run on the next start")
 			}
+		}
+		if n.Proxy != nil {
+			// The doors close before the meter's last flush, so the bytes
+			// in flight are in it; the VMs' accounting stays open (they
+			// keep running, and the next process's doors go on counting).
+			n.Proxy.Close()
 		}
 		if n.Engine != nil {
 			n.flushMeter()

@@ -1,11 +1,14 @@
 package node
 
-// Guarded egress: the node's egress proxy (its doors, one set per VM) and
-// the egress lane (the nftables locks of the egress taps). Both are made in
-// step 6, before the driver opens, and handed to a hypervisor that can use
-// them (GuardedOpener); the driver then locks taps and opens doors as VMs
-// are made and stopped, and the reconcile of step 7 repairs the locks
-// before anything is served.
+// Guarded egress's enforcement: the node's egress proxy (its doors, one
+// set per VM) and the egress lane (the nftables locks of the egress taps).
+// Both are made in step 6, before the driver opens, and handed to a
+// hypervisor that can use them (GuardedOpener); the driver then locks taps
+// and opens doors as VMs are made and stopped, and the reconcile of step 7
+// repairs the locks before anything is served. The proxy asks the egress
+// view (egress.go, Node.Egress) about every request: the sandbox a VM
+// serves, its effective policy, secrets and credentials, and it connects
+// only where the view's guard admits and counts into the view's meter.
 
 import (
 	"fmt"
@@ -15,6 +18,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
 	"github.com/sbxlog/sbxlog/executors/egress/proxy"
 	"github.com/sbxlog/sbxlog/executors/layout"
+	"github.com/sbxlog/sbxlog/projections/api"
 )
 
 // ProxyConfig configures guarded egress.
@@ -25,10 +29,11 @@ type ProxyConfig struct {
 	// DoorPorts are the lane's TCP door ports (default nft.DefaultPorts).
 	DoorPorts nft.PortRange
 	// Intercept loads (or makes, on the first start) the node CA in
-	// <data dir>/egress-ca, so rules that intercept can.
+	// <data dir>/egress-ca, so rules that intercept can (and the API
+	// accepts pool policies with them: Config.Egress.CanIntercept).
 	Intercept bool
-	// Proxy configures the proxy; Policies defaults to proxy.DenyAll (no
-	// policy source: every request refused), CA and Log are the node's.
+	// Proxy configures the proxy; the node sets its Policies, Meter and
+	// Guard (the egress view's), CA and Log.
 	Proxy proxy.Config
 	// LaneOps, when set, replaces the lane's kernel operations (tests).
 	LaneOps *nft.Ops
@@ -62,7 +67,9 @@ func (n *Node) openGuarded(cfg *ProxyConfig) (Guarded, error) {
 			return Guarded{}, fmt.Errorf("egress CA: %w", err)
 		}
 		pc.CA = ca
+		n.cfg.Egress.CanIntercept = true
 	}
+	pc.Policies, pc.Meter, pc.Guard = n.Egress, n.Egress.Meter(), n.Egress.Guard()
 	pc.Log = n.zl
 	var eg Guarded
 	if cfg.Bridge != "" {
@@ -117,4 +124,16 @@ func (n *Node) openDriver(hv Hypervisor, roots layout.Roots) (Driver, error) {
 	}
 	ev.Msg("guarded egress: proxy doors per VM; egress taps locked with nftables")
 	return eo.OpenGuarded(roots, n.Instance, eg)
+}
+
+// apiEgress is guarded egress as the API needs it: the env key and the
+// secret registry, whether intercept rules are possible (the CA loaded),
+// and what a claim's net_route says (the lane locks egress taps; the
+// proxy's doors are open).
+func (n *Node) apiEgress() api.EgressOptions {
+	o := api.EgressOptions{Key: n.EnvKey, Secrets: n.cfg.Egress.Secrets, CanIntercept: n.cfg.Egress.CanIntercept, Locked: n.Lane != nil}
+	if p := n.Proxy; p != nil {
+		o.Doors = func(vm string) bool { _, ok := p.OpenDoors(vm); return ok }
+	}
+	return o
 }
