@@ -34,7 +34,20 @@ type egressNode struct {
 	sandboxdNS []string
 }
 
+// egressNodeOpts vary startEgressNodeWith's node.
+type egressNodeOpts struct {
+	// cfg is merged into the config (a nil value removes the key).
+	cfg map[string]any
+	// wrap runs sandboxd inside the host namespace (after nsenter).
+	wrap []string
+}
+
 func startEgressNode(t *testing.T) *egressNode {
+	t.Helper()
+	return startEgressNodeWith(t, egressNodeOpts{})
+}
+
+func startEgressNodeWith(t *testing.T, o egressNodeOpts) *egressNode {
 	t.Helper()
 	netnstest.Require(t)
 	n := &egressNode{lane: netnstest.NewLane(t), dir: t.TempDir()}
@@ -56,13 +69,21 @@ func startEgressNode(t *testing.T) *egressNode {
 	}()
 	n.hc = &http.Client{Transport: &http.Transport{DialContext: n.lane.Host.DialContext}}
 	n.cfg = filepath.Join(n.dir, "sandboxd.json")
-	writeJSON(t, n.cfg, map[string]any{
+	cfg := map[string]any{
 		"listen": n.apiAddr, "data_dir": filepath.Join(n.dir, "data"), "node_id": "e2e", "api_token": "root", "hypervisor": "chsim",
 		"bridge": n.lane.Bridge, "egress_proxy": map[string]any{},
 		"pools": []any{map[string]any{"template": "default", "net": "egress", "size": "small", "warm": 2}},
 		"nats":  map[string]any{"disabled": true},
-	})
-	n.sandboxdNS = []string{"nsenter", "--net=" + n.lane.Host.Path(), "--"}
+	}
+	for k, v := range o.cfg {
+		if v == nil {
+			delete(cfg, k)
+		} else {
+			cfg[k] = v
+		}
+	}
+	writeJSON(t, n.cfg, cfg)
+	n.sandboxdNS = append([]string{"nsenter", "--net=" + n.lane.Host.Path(), "--"}, o.wrap...)
 	n.start(t)
 	c, err := apiclient.New(n.apiAddr, "root", n.hc)
 	if err != nil {
@@ -107,6 +128,24 @@ func (n *egressNode) taps(t *testing.T) []string {
 	return out
 }
 
+// guest is a namespace standing for the guest of VM vm: its NIC's frames
+// are carried to and from the VM's tap, as the VMM would, and it has
+// address 10.77.0.i/24 routed via the bridge. It returns the tap's lock.
+func (n *egressNode) guest(t *testing.T, vm string, i byte) (*netnstest.NS, nft.State) {
+	t.Helper()
+	st, ok := n.locks(t)[tap.Name(vm)]
+	if !ok || !st.OK {
+		t.Fatalf("VM %s's tap %s: lock %+v", vm, tap.Name(vm), st)
+	}
+	g := netnstest.New(t, "guest-"+vm)
+	gtap := netnstest.OpenTap(t, g, "eth0")
+	g.SetMAC(t, "eth0", st.Lock.GuestMAC)
+	g.AddrAdd(t, "eth0", netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, 0, i}), 24))
+	g.RouteDefault(t, n.lane.HostAddr)
+	netnstest.Relay(t, gtap, netnstest.OpenTap(t, n.lane.Host, tap.Name(vm)))
+	return g, st
+}
+
 // TestEgressSurvivesSIGKILL is acceptance 2: while egress VMs run, a probe
 // loop in a guest's namespace tries direct connections to the host the
 // whole time (sandboxd up, SIGKILLed, restarting, up again) and never gets
@@ -127,10 +166,8 @@ func TestEgressSurvivesSIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	claimedTap := tap.Name(claim.VM)
-	locks := n.locks(t)
-	st, ok := locks[claimedTap]
-	if !ok || !st.OK {
-		t.Fatalf("claimed VM's tap %s: lock %+v (all %v)", claimedTap, st, locks)
+	if st, ok := n.locks(t)[claimedTap]; !ok || !st.OK {
+		t.Fatalf("claimed VM's tap %s: lock %+v (all %v)", claimedTap, st, n.locks(t))
 	}
 	// Every tap is locked (a refill's tap is, right after it is made:
 	// poll until the set settles).
@@ -153,12 +190,7 @@ func TestEgressSurvivesSIGKILL(t *testing.T) {
 
 	// The guest: a namespace whose NIC's frames are carried to the claimed
 	// VM's tap, as its VMM would.
-	guest := netnstest.New(t, "guest")
-	gtap := netnstest.OpenTap(t, guest, "eth0")
-	guest.SetMAC(t, "eth0", st.Lock.GuestMAC)
-	guest.AddrAdd(t, "eth0", netip.MustParsePrefix("10.77.0.50/24"))
-	guest.RouteDefault(t, n.lane.HostAddr)
-	netnstest.Relay(t, gtap, netnstest.OpenTap(t, n.lane.Host, claimedTap))
+	guest, st := n.guest(t, claim.VM, 50)
 	door := st.Lock.Door.String()
 	reach := func(addr string, d time.Duration) bool {
 		ctx, cancel := context.WithTimeout(context.Background(), d)
