@@ -89,8 +89,8 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		"executors/egress/proxy on its TCP door (policy: allow, the internal-address guard on), the other unlocked, reaching the upstream directly. "+
 		"Latency: %d alternating rounds of %d keep-alive GETs (22-byte answer) per path, direct to the upstream or as forward-proxy requests to the door. "+
 		"Throughput: %d alternating downloads of %d MiB per path, direct or through a CONNECT tunnel (spliced). "+
-		"Claims: the built sandboxd with chsim in the host namespace, pools default/none/small and default/egress/small (warm 6 each, every egress "+
-		"tap locked at refill), %d claims per pool alternating, each released (untimed) and timed only once both pools are full with no refill in flight, plus 100 ms (a claim is timed alone, not against the last release's destroy and refill); only warm-tier claims count, "+
+		"Claims: the built sandboxd with chsim in the host namespace, pools default/none/small and default/egress/small (warm 6 each; the egress "+
+		"pool with a policy allowing every host, its claims answering net_route relay; every egress tap locked at refill), %d claims per pool alternating, each released (untimed) and timed only once both pools are full with no refill in flight, plus 100 ms (a claim is timed alone, not against the last release's destroy and refill); only warm-tier claims count, "+
 		"client-side over keep-alive HTTP. Lock: %d nft.Install calls on a tap without a table (each after an untimed Remove), the netlink cost a refill pays and a claim does not.",
 		cfg.rounds, cfg.requests, cfg.bulkRuns, cfg.bulk>>20, cfg.claims, cfg.locks)
 	return sec, nil
@@ -309,7 +309,9 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 	defer os.RemoveAll(dir)
 	addr := lane.HostAddr.String() + ":7777"
 	cfgPath := filepath.Join(dir, "sandboxd.json")
-	pools := `[{"template":"default","net":"none","size":"small","warm":6},{"template":"default","net":"egress","size":"small","warm":6}]`
+	// The egress pool has a policy, so its claims pin one and answer
+	// net_route relay (the view's lookup on the claim path).
+	pools := `[{"template":"default","net":"none","size":"small","warm":6},{"template":"default","net":"egress","size":"small","warm":6,"egress":{"allow":[{"host":"*"}]}}]`
 	conf := fmt.Sprintf(`{"listen":%q,"data_dir":%q,"node_id":"bench","api_token":"root","hypervisor":"chsim","bridge":%q,"egress_proxy":{},"pools":%s,"nats":{"disabled":true},"log_level":"warn"}`,
 		addr, filepath.Join(dir, "data"), lane.Bridge, pools)
 	if err := os.WriteFile(cfgPath, []byte(conf), 0o600); err != nil {
@@ -382,6 +384,9 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 		}
 		if err := c.Release(ctx, resp.ID); err != nil {
 			return 0, false, err
+		}
+		if want := map[string]string{"none": "none", "egress": "relay"}[netMode]; resp.Tier == "warm" && resp.NetRoute != want {
+			return 0, false, fmt.Errorf("egressbench: a warm %s claim answered net_route %q, want %q", netMode, resp.NetRoute, want)
 		}
 		return d, resp.Tier == "warm", nil
 	}
