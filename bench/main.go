@@ -19,6 +19,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/bench/apibench"
 	"github.com/sbxlog/sbxlog/bench/chbench"
+	"github.com/sbxlog/sbxlog/bench/egressbench"
 	"github.com/sbxlog/sbxlog/bench/execbench"
 	"github.com/sbxlog/sbxlog/bench/fsmbench"
 	"github.com/sbxlog/sbxlog/bench/logbench"
@@ -48,6 +49,7 @@ var sections = []section{
 	{"replbench", replbench.Run},
 	{"restartbench", restartbench.Run},
 	{"relaybench", relaybench.Run},
+	{"egressbench", egressbench.Run},
 }
 
 func main() {

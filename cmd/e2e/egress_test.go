@@ -53,27 +53,7 @@ func TestEgressSecrets(t *testing.T) {
 	d := startDaemon(t, dir, data, addr, "-config", cfg)
 	call := func(method, path, body string, want int) []byte {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		var rd io.Reader
-		if body != "" {
-			rd = strings.NewReader(body)
-		}
-		req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, rd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+root)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != want {
-			t.Fatalf("%s %s %s: %d %s, want %d", method, path, body, resp.StatusCode, b, want)
-		}
-		return b
+		return apiCall(t, http.DefaultClient, addr, root, method, path, body, want)
 	}
 	claim := func(body string) string {
 		t.Helper()
@@ -143,28 +123,7 @@ func TestEgressSecrets(t *testing.T) {
 			}
 		}
 	}
-	files := 0
-	var seen []string
-	err := filepath.WalkDir(data, func(path string, e fs.DirEntry, err error) error {
-		if err != nil || !e.Type().IsRegular() {
-			return err
-		}
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		files++
-		seen = append(seen, strings.TrimPrefix(path, data+"/"))
-		for name, s := range secrets {
-			if bytes.Contains(raw, []byte(s)) {
-				t.Errorf("%s holds the %s secret in the clear", path, name)
-			}
-		}
-		return nil
-	})
-	if err != nil || files < 5 {
-		t.Fatalf("walked %d files of %s: %v", files, data, err)
-	}
+	seen := grepDataDir(t, data, secrets)
 	// The journals were fed the env events (so the walk read them).
 	if audit, err := os.ReadFile(filepath.Join(data, "audit.jsonl")); err != nil || !bytes.Contains(audit, []byte("claim_env_changed")) {
 		t.Errorf("audit.jsonl has no claim_env_changed record (%v)", err)
@@ -176,4 +135,60 @@ func TestEgressSecrets(t *testing.T) {
 			t.Errorf("no %s in the data dir (files: %v)", want, seen)
 		}
 	}
+}
+
+// apiCall sends method path with body (none when "") and the bearer token
+// to the API at addr through hc, fails t unless the answer is want, and
+// returns its body.
+func apiCall(t *testing.T, hc *http.Client, addr, token, method, path, body string, want int) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		t.Fatalf("%s %s %s: %d %s, want %d", method, path, body, resp.StatusCode, b, want)
+	}
+	return b
+}
+
+// grepDataDir reads every regular file under data and fails t for each
+// one holding a value of secrets (name -> value) in the clear; it returns
+// the paths read, relative to data (at least 5, or t fails).
+func grepDataDir(t *testing.T, data string, secrets map[string]string) []string {
+	t.Helper()
+	var seen []string
+	err := filepath.WalkDir(data, func(path string, e fs.DirEntry, err error) error {
+		if err != nil || !e.Type().IsRegular() {
+			return err
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		seen = append(seen, strings.TrimPrefix(path, data+"/"))
+		for name, s := range secrets {
+			if bytes.Contains(raw, []byte(s)) {
+				t.Errorf("%s holds the %s secret in the clear", path, name)
+			}
+		}
+		return nil
+	})
+	if err != nil || len(seen) < 5 {
+		t.Fatalf("walked %d files of %s: %v", len(seen), data, err)
+	}
+	return seen
 }

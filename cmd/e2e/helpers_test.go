@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -139,6 +140,13 @@ func startDaemon(t *testing.T, dir, killDir, addr string, args ...string) *daemo
 // after them).
 func startWrappedDaemon(t *testing.T, dir, killDir, addr string, wrap []string, args ...string) *daemon {
 	t.Helper()
+	return startDaemonVia(t, dir, killDir, addr, wrap, nil, args...)
+}
+
+// startDaemonVia is startWrappedDaemon with /healthz asked through hc (nil:
+// the default client), for a daemon in another network namespace.
+func startDaemonVia(t *testing.T, dir, killDir, addr string, wrap []string, hc *http.Client, args ...string) *daemon {
+	t.Helper()
 	d := &daemon{addr: addr, stderr: &lockedBuffer{}, exited: make(chan struct{})}
 	argv := append(append(append([]string(nil), wrap...), filepath.Join(binDir, "sandboxd")), args...)
 	d.cmd = exec.Command(argv[0], argv[1:]...)
@@ -157,7 +165,7 @@ func startWrappedDaemon(t *testing.T, dir, killDir, addr string, wrap []string, 
 			t.Logf("sandboxd output:\n%s", tail(d.stderr.String(), 16<<10))
 		}
 	})
-	c, err := apiclient.New(addr, "", nil)
+	c, err := apiclient.New(addr, "", hc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,8 +72,12 @@ type Config struct {
 	CHBinary string `json:"ch_binary,omitempty"`
 	// QEMU configures hypervisor qemu (see qemu.go).
 	QEMU QEMUConfig `json:"qemu"`
-	// Bridge is the bridge taps of egress pools attach to.
+	// Bridge is the bridge taps of egress pools attach to. Every egress tap
+	// is locked with nftables to its VM's proxy door on the bridge's IPv4
+	// address (guarded egress, proxy.go).
 	Bridge string `json:"bridge,omitempty"`
+	// EgressProxy configures the egress proxy and the door ports (proxy.go).
+	EgressProxy *ProxyConfig `json:"egress_proxy,omitempty"`
 	// NATS configures replication.
 	NATS NATSConfig `json:"nats"`
 	// HTTP bounds the API's connections.
@@ -184,7 +188,7 @@ func (c *Config) validateEgress() error {
 	for _, p := range c.Pools {
 		if p.Egress != nil {
 			check(*p.Egress, fmt.Sprintf("pool %q", p.Template), egress.ScopePool)
-			if egress.Intercepts(*p.Egress) {
+			if egress.Intercepts(*p.Egress) && (c.EgressProxy == nil || !c.EgressProxy.Intercept) {
 				errs = append(errs, fmt.Errorf("pool %q: intercept needs egress_ca (root_cert + this node's intermediate_cert/intermediate_key)", p.Template))
 			}
 		}
@@ -413,6 +417,9 @@ func (c *Config) finish() error {
 		errs = append(errs, err)
 	}
 	if err := c.HTTP.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.EgressProxy.ports(); err != nil {
 		errs = append(errs, err)
 	}
 	switch c.MetricsAuth {

@@ -67,6 +67,9 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 		Egress: cfg.egressConfig(),
 		Log:    zl,
 	}
+	if nc.Proxy, err = cfg.nodeProxy(); err != nil {
+		return nil, zl, err
+	}
 	if !cfg.NATS.Disabled {
 		nc.Replication = replicationConfig(cfg, zl)
 	} else {

@@ -49,6 +49,14 @@ func TestConfigEgress(t *testing.T) {
 			t.Errorf("%s: finish = %v, want %q", tc.body, err, tc.want)
 		}
 	}
+	// With the node CA (egress_proxy.intercept) a pool may intercept.
+	cfg, err = loadConfig(write(`{"egress_proxy":{"intercept":true},"pools":[{"template":"rt","warm":1,"egress":{"allow":[{"host":"*","intercept":true}]}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.finish(); err != nil {
+		t.Fatalf("an intercept rule with egress_proxy.intercept: %v", err)
+	}
 	// The secret's value is never in the file: a "value" is refused, and
 	// the error does not echo it.
 	cfg, _ = loadConfig(write(`{"secrets":[{"name":"gh","header":"Authorization","value":"s3cr3t"}]}`))

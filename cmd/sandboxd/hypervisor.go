@@ -31,20 +31,40 @@ func (h hypervisor) Open(roots layout.Roots, instance string) (node.Driver, erro
 	return h.open(roots, instance)
 }
 
+// chHV runs Cloud Hypervisor, or chsim in its place; with guarded egress
+// (OpenGuarded, proxy.go) its driver locks egress taps and opens doors.
+type chHV struct {
+	cfg       Config
+	name, bin string
+	zl        zerolog.Logger
+}
+
+var _ node.GuardedOpener = chHV{}
+
 // chHypervisor runs Cloud Hypervisor, or chsim in its place.
 func chHypervisor(cfg Config, name, bin string, zl zerolog.Logger) node.Hypervisor {
 	zl.Info().Str("hypervisor", name).Str("binary", bin).Msg("VMM binary")
-	return hypervisor{name: name, open: func(roots layout.Roots, instance string) (node.Driver, error) {
-		d, err := chdriver.New(chdriver.Config{
-			Roots: roots, Instance: instance, VMM: bin, Hypervisor: chdriver.Hypervisor(name),
-			CgroupSlice: vmm.DefaultCgroupSlice(), RestoreMode: ch.MemoryRestoreMode(cfg.RestoreMode),
-			Bridge: cfg.Bridge, Log: zl, StepHook: crashHook(zl),
-		})
-		if err != nil {
-			return nil, err
-		}
-		return chNode{d}, nil
-	}}
+	return chHV{cfg: cfg, name: name, bin: bin, zl: zl}
+}
+
+func (h chHV) Name() string { return h.name }
+
+func (h chHV) Open(roots layout.Roots, instance string) (node.Driver, error) {
+	return h.openWith(roots, instance, func(*chdriver.Config) {})
+}
+
+func (h chHV) openWith(roots layout.Roots, instance string, with func(*chdriver.Config)) (node.Driver, error) {
+	c := chdriver.Config{
+		Roots: roots, Instance: instance, VMM: h.bin, Hypervisor: chdriver.Hypervisor(h.name),
+		CgroupSlice: vmm.DefaultCgroupSlice(), RestoreMode: ch.MemoryRestoreMode(h.cfg.RestoreMode),
+		Bridge: h.cfg.Bridge, Log: h.zl, StepHook: crashHook(h.zl),
+	}
+	with(&c)
+	d, err := chdriver.New(c)
+	if err != nil {
+		return nil, err
+	}
+	return chNode{d}, nil
 }
 
 type chNode struct{ *chdriver.Driver }

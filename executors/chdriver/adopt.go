@@ -55,6 +55,7 @@ func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Livenes
 		return reconcile.Liveness{Detail: "no VMM process"}, nil
 	case err != nil:
 		d.log.Warn().Err(err).Str("run_dir", runDir).Msg("adopted a VMM that does not answer; watching it")
+		d.adoptDoors(vm, runDir)
 		return reconcile.Liveness{Alive: true, Pid: p.Pid(), Detail: "unresponsive"}, nil
 	}
 	api := d.api(runDir)
@@ -65,16 +66,19 @@ func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Livenes
 	}
 	switch {
 	case err == nil && info.State == ch.StateRunning:
+		d.adoptDoors(vm, runDir)
 		return reconcile.Liveness{Alive: true, Pid: p.Pid()}, nil
 	case err == nil && info.State == ch.StatePaused:
 		if rerr := api.Resume(ctx); rerr == nil {
 			d.log.Info().Str("run_dir", runDir).Msg("resumed a paused VM at adoption")
+			d.adoptDoors(vm, runDir)
 			return reconcile.Liveness{Alive: true, Pid: p.Pid(), Detail: "resumed"}, nil
 		} else {
 			state = "Paused (resume: " + rerr.Error() + ")"
 		}
 	case err != nil && !ch.IsNotFound(err) && !ch.IsVMMGone(err):
 		d.log.Warn().Err(err).Str("run_dir", runDir).Msg("vm.info failed at adoption; watching the VMM")
+		d.adoptDoors(vm, runDir)
 		return reconcile.Liveness{Alive: true, Pid: p.Pid(), Detail: "vm.info: " + err.Error()}, nil
 	}
 	if terr := d.terminate(ctx, runDir, p); terr != nil {
@@ -128,6 +132,7 @@ func (d *Driver) RemoveRunDir(ctx context.Context, name string) error {
 		return executors.Unrecoverablef("run dir name %q", name)
 	}
 	runDir := filepath.Join(d.InstanceRoot(), name)
+	d.closeDoors(name)
 	p, err := d.attach(ctx, runDir, name)
 	if p != nil {
 		if err := d.terminate(ctx, runDir, p); err != nil {
@@ -137,6 +142,9 @@ func (d *Driver) RemoveRunDir(ctx context.Context, name string) error {
 		return err
 	}
 	if d.bridge != "" && !strings.HasPrefix(name, layout.GoldenRunPrefix) {
+		if err := d.unlockTap(name); err != nil {
+			d.log.Warn().Err(err).Str("vm", name).Msg("could not unlock the tap of a removed run dir")
+		}
 		if err := d.taps.Delete(TapName(name)); err != nil {
 			d.log.Warn().Err(err).Str("vm", name).Msg("could not delete the tap of a removed run dir")
 		}

@@ -101,6 +101,9 @@ func (d *Driver) coldBoot(ctx context.Context, in fsm.CloneVM, runDir string) (e
 		return executors.Result{}, err
 	}
 	if done, err := d.finishExisting(r, in.VM, runDir, egress, false); err != nil || done {
+		if done {
+			d.openDoors(r, in.VM, runDir)
+		}
 		return r.result(""), err
 	}
 	t, cfg, err := d.templateConfig(r, in.Key, runDir, in.Pooled)
@@ -128,10 +131,14 @@ func (d *Driver) coldBoot(ctx context.Context, in fsm.CloneVM, runDir string) (e
 		if err := r.step(StepTapCreate, func() error { return d.taps.Create(TapName(in.VM), d.bridge) }); err != nil {
 			return fail(err)
 		}
+		if err := d.lockTap(r, in.VM); err != nil {
+			return fail(err)
+		}
 	}
 	if err := d.boot(r, runDir, in.VM, cfg); err != nil {
 		return fail(err)
 	}
+	d.openDoors(r, in.VM, runDir)
 	return r.result(""), nil
 }
 

@@ -24,6 +24,7 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 	}
 	egress := in.Key.Net == NetEgress
 	r := d.begin(ctx, string(fsm.KindDestroy), in.OpID, runDir)
+	d.closeDoors(in.VM)
 	var proc *vmm.Process
 	if err := r.step(StepAdopt, func() error {
 		var err error
@@ -45,6 +46,9 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 		}
 	}
 	if egress {
+		if err := r.step(StepEgressUnlock, func() error { return d.unlockTap(in.VM) }); err != nil {
+			return executors.Result{}, err
+		}
 		if err := r.step(StepTapDelete, func() error { return d.taps.Delete(TapName(in.VM)) }); err != nil {
 			return executors.Result{}, err
 		}

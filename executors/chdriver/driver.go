@@ -84,6 +84,13 @@ type Config struct {
 	Bridge string
 	// Taps defaults to netlink taps (package tap).
 	Taps Taps
+	// Egress, when set, locks every egress VM's tap (egress.go): after the
+	// tap is made and before the VMM opens it, so no guest runs with open
+	// egress; removed after the VMM is gone. Nil: taps are not locked.
+	Egress EgressLane
+	// Doors, when set, opens each VM's egress proxy doors once it runs and
+	// closes them when it stops (refill and destroy, never a claim).
+	Doors Doors
 	// FS performs every filesystem side effect (default fsx.NewOS(Log)).
 	FS fsx.FS
 	// NewAPI returns the API client of a VMM socket (default ch.New).
@@ -128,6 +135,8 @@ type Driver struct {
 	synth    templates.SynthOptions
 	bridge   string
 	taps     Taps
+	egress   EgressLane
+	doors    Doors
 	fs       fsx.FS
 	newAPI   func(string) API
 	now      func() time.Time
@@ -180,7 +189,7 @@ func New(cfg Config) (*Driver, error) {
 		roots: cfg.Roots, instance: cfg.Instance, vmmBin: cfg.VMM, hv: cfg.Hypervisor,
 		env: cfg.VMMEnv, slice: cfg.CgroupSlice, mode: cfg.RestoreMode,
 		port: cfg.AgentPort, silkd: cfg.SilkdPort, sizes: cfg.Sizes, synth: cfg.Synth, bridge: cfg.Bridge,
-		taps: cfg.Taps, fs: cfg.FS, newAPI: cfg.NewAPI, now: cfg.Now,
+		taps: cfg.Taps, egress: cfg.Egress, doors: cfg.Doors, fs: cfg.FS, newAPI: cfg.NewAPI, now: cfg.Now,
 		readyTO: cfg.ReadyTimeout, bootTO: cfg.BootTimeout, launchTO: cfg.LaunchTimeout,
 		grace: cfg.StopGrace, balloon: cfg.Balloon, warmup: cfg.Warmup, hook: cfg.StepHook,
 		log:   cfg.Log.With().Str("component", "chdriver").Logger(),
@@ -246,8 +255,13 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	if err := d.roots.Make(d.instance, layout.GoldenStore, layout.HibernateStore); err != nil {
 		return rep, fmt.Errorf("chdriver: %w", err)
 	}
-	// vsock.sock is longer than vmm's api.sock.
-	if err := d.roots.CheckSocketPath(d.instance, VsockFile); err != nil {
+	// vsock.sock is longer than vmm's api.sock, and its proxy doors
+	// (vsock.sock_2049) longer still.
+	sock := VsockFile
+	if d.doors != nil {
+		sock = VsockFile + "_00000"
+	}
+	if err := d.roots.CheckSocketPath(d.instance, sock); err != nil {
 		return rep, fmt.Errorf("chdriver: %w", err)
 	}
 	for _, root := range []string{d.roots.Store, d.roots.Templates} {

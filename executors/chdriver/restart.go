@@ -50,6 +50,7 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 		return executors.Result{}, err
 	}
 	if done {
+		d.openDoors(r, in.VM, runDir)
 		return r.result(""), nil
 	}
 	disk := filepath.Join(runDir, DiskFile)
@@ -75,11 +76,15 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 		if err := r.step(StepTapCreate, func() error { return d.taps.Create(TapName(in.VM), d.bridge) }); err != nil {
 			return executors.Result{}, err
 		}
+		if err := d.lockTap(r, in.VM); err != nil {
+			return executors.Result{}, err
+		}
 	}
 	if err := d.boot(r, runDir, in.VM, cfg); err != nil {
 		stop()
 		return executors.Result{}, fmt.Errorf("restart %s: %w", in.VM, err)
 	}
+	d.openDoors(r, in.VM, runDir)
 	return r.result(""), nil
 }
 

@@ -90,6 +90,7 @@ func (d *Driver) waitReady(ctx context.Context, api API, runDir string, timeout 
 
 // teardown rolls a VM's run dir back to nothing: its VMM, tap and files.
 func (d *Driver) teardown(r *run, vm, runDir string, egress bool) {
+	d.closeDoors(vm)
 	r.undo("undo_"+StepTerminate, func(ctx context.Context) error {
 		p, err := d.attach(ctx, runDir, vm)
 		if p == nil {
@@ -98,6 +99,7 @@ func (d *Driver) teardown(r *run, vm, runDir string, egress bool) {
 		return d.terminate(ctx, runDir, p)
 	})
 	if egress {
+		r.undo("undo_"+StepEgressUnlock, func(context.Context) error { return d.unlockTap(vm) })
 		r.undo("undo_"+StepTapDelete, func(context.Context) error { return d.taps.Delete(TapName(vm)) })
 	}
 	r.undo("undo_"+StepRemoveRun, func(context.Context) error { return d.fs.RemoveAll(runDir) })
@@ -130,6 +132,11 @@ func (d *Driver) finishExisting(r *run, vm, runDir string, egress, nic bool) (do
 	fail := func(err error) (bool, error) {
 		d.teardown(r, vm, runDir, egress)
 		return false, err
+	}
+	if egress {
+		if err := d.lockTap(r, vm); err != nil {
+			return fail(err)
+		}
 	}
 	if err := d.resumeAndProbe(r, api, vm, runDir, nic, info.State == ch.StatePaused); err != nil {
 		return fail(err)
@@ -214,6 +221,9 @@ func (d *Driver) restoreInto(r *run, vm string, k fsm.PoolKey, runDir, src strin
 	}
 	done, err := d.finishExisting(r, vm, runDir, egress, nic && egress)
 	if err != nil || done {
+		if done {
+			d.openDoors(r, vm, runDir)
+		}
 		return err
 	}
 	if err := r.step(StepCheck, func() error { _, err := ReadMeta(src); return err }); err != nil {
@@ -272,6 +282,9 @@ func (d *Driver) restoreInto(r *run, vm string, k fsm.PoolKey, runDir, src strin
 		if err := r.step(StepTapCreate, func() error { return d.taps.Create(TapName(vm), d.bridge) }); err != nil {
 			return fail(err)
 		}
+		if err := d.lockTap(r, vm); err != nil {
+			return fail(err)
+		}
 	}
 	if err := r.step(StepLaunch, func() error { _, err := d.launch(r.ctx, runDir, vm); return err }); err != nil {
 		return fail(err)
@@ -289,6 +302,7 @@ func (d *Driver) restoreInto(r *run, vm string, k fsm.PoolKey, runDir, src strin
 	if err := d.resumeAndProbe(r, api, vm, runDir, nic && egress, true); err != nil {
 		return fail(err)
 	}
+	d.openDoors(r, vm, runDir)
 	return nil
 }
 
@@ -332,6 +346,7 @@ func (d *Driver) resetRun(r *run, id, runDir, dir string) error {
 // rename, a golden build): vm.shutdown, then the VMM, the tap and the run
 // dir. Every step tolerates what is already gone.
 func (d *Driver) stopVM(r *run, vm, runDir string, egress bool) error {
+	d.closeDoors(vm)
 	p, err := d.attach(r.ctx, runDir, vm)
 	if p == nil && err != nil {
 		return fmt.Errorf("%s: %w", r.recipe, err)
@@ -346,6 +361,9 @@ func (d *Driver) stopVM(r *run, vm, runDir string, egress bool) error {
 		}
 	}
 	if egress {
+		if err := r.step(StepEgressUnlock, func() error { return d.unlockTap(vm) }); err != nil {
+			return err
+		}
 		if err := r.step(StepTapDelete, func() error { return d.taps.Delete(TapName(vm)) }); err != nil {
 			return err
 		}

@@ -18,22 +18,29 @@
 //     names the VMM binary and an API socket under <runs>/<instance>/) that
 //     no run dir's pid file records is killed: it was being launched when the
 //     daemon died, and nothing else would ever stop it.
-//  2. Every VM the state says runs (warm, claimed) is adopted through the
+//  2. The taps of egress VMs (a driver that is an EgressLocker): the lock of
+//     every VM the state says may have a tap (any status but hibernated) is
+//     checked and repaired, and the locks of taps no VM owns removed, before
+//     any VM is adopted, so the node serves (/healthz) only once every
+//     running guest's egress is locked again. A VM whose tap cannot be
+//     locked has its VMM stopped by the driver, and the adoption below
+//     reports it dead.
+//  3. Every VM the state says runs (warm, claimed) is adopted through the
 //     driver (pid file and cmdline checked, then watched for exit). One whose
 //     VMM is gone, or whose VM no longer runs, gets an fsm.VMExited with the
 //     configured restart policy: a warm VM is replaced, a claimed one
 //     restarted cold from its disk (or its claim fails when the policy is
 //     spent).
-//  3. A VM with a side effect in flight (cloning, hibernating, waking,
+//  4. A VM with a side effect in flight (cloning, hibernating, waking,
 //     destroying, restarting) is left to its intent, which the executors
 //     re-run under the same op id: a half clone is torn down and cloned
 //     again (or adopted and finished when its vm.restore had completed), a
 //     hibernate finishes (snapshot complete in the store) or rolls back,
 //     and so on (see the drivers' docs).
-//  4. Every other entry under <runs>/<instance>/ (no VM and no golden build
+//  5. Every other entry under <runs>/<instance>/ (no VM and no golden build
 //     of the state owns it) is removed, its VMM stopped first; a hibernated
 //     VM's leftover run dir likewise.
-//  5. Hibernate snapshots of the state's VMs that the state no longer needs
+//  6. Hibernate snapshots of the state's VMs that the state no longer needs
 //     (the one a woken VM restored from, when a crash cut its removal
 //     short) are removed; a hibernated or waking VM's snapshot and an
 //     in-flight hibernate's are kept, and snapshots of VMs the state does
@@ -100,7 +107,7 @@ type Driver interface {
 }
 
 // SnapshotSweeper is implemented by drivers that can remove the hibernate
-// snapshots the state no longer needs (step 5 of Run; skipped otherwise).
+// snapshots the state no longer needs (step 6 of Run; skipped otherwise).
 type SnapshotSweeper interface {
 	// HibernateSnapshotDir names the snapshot (relative to the store) the
 	// hibernate of vm with intent op makes.
@@ -108,6 +115,35 @@ type SnapshotSweeper interface {
 	// SweepSnapshots removes the hibernate snapshots of the VMs in keep
 	// that are not among the dirs listed for them.
 	SweepSnapshots(ctx context.Context, keep map[string][]string) ([]string, error)
+}
+
+// VMRef is a VM of the state, as EgressLocker sees it.
+type VMRef struct {
+	ID     string
+	Key    fsm.PoolKey
+	RunDir string
+	Status fsm.VMStatus
+}
+
+// EgressLocker is implemented by drivers that lock the taps of egress VMs
+// (step 2 of Run; skipped otherwise).
+type EgressLocker interface {
+	// ReconcileEgress checks and repairs the locks of the egress VMs among
+	// vms (every VM of this instance but the hibernated) and removes the
+	// locks no VM owns; a VM whose tap cannot be locked has its VMM stopped
+	// and is listed in Failed.
+	ReconcileEgress(ctx context.Context, vms []VMRef) (EgressReport, error)
+}
+
+// EgressReport says what step 2 found.
+type EgressReport struct {
+	// Kept counts locks that were right; Repaired lists VMs whose lock was
+	// missing or wrong, now right; Removed lists taps whose lock no VM
+	// owned; Failed lists VMs whose tap could not be locked (stopped).
+	Kept     int
+	Repaired []string
+	Removed  []string
+	Failed   []string
 }
 
 // Proposer hands commands to the single writer (the daemon's engine).
@@ -154,11 +190,14 @@ type Report struct {
 	// Foreign lists the entries of the runs root that belong to other
 	// instance ids (left alone).
 	Foreign []string
+	// Egress is what step 2 found of the egress taps' locks.
+	Egress  EgressReport
 	Elapsed time.Duration
 }
 
 type vmInfo struct {
 	id, runDir, instance, snapshotDir string
+	key                               fsm.PoolKey
 	status                            fsm.VMStatus
 	op                                event.OpID
 }
@@ -181,7 +220,7 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 	opt.View(func(st *fsm.State) {
 		for _, id := range st.VMIDs() {
 			v, _ := st.VM(id)
-			vms = append(vms, vmInfo{id: v.ID, runDir: v.RunDir, instance: v.Instance, snapshotDir: v.SnapshotDir, status: v.Status, op: v.Op})
+			vms = append(vms, vmInfo{id: v.ID, runDir: v.RunDir, instance: v.Instance, snapshotDir: v.SnapshotDir, key: v.Key, status: v.Status, op: v.Op})
 		}
 		for _, in := range fsm.Intents(st) {
 			if g, ok := in.(fsm.BuildGolden); ok {
@@ -217,7 +256,20 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 		rep.Orphans = append(rep.Orphans, p.pid)
 	}
 
-	// 2. and 3. VMs the state knows.
+	// 2. Egress taps' locks, before any VM is adopted.
+	if el, ok := d.(EgressLocker); ok {
+		var refs []VMRef
+		for _, v := range vms {
+			if (v.instance == "" || v.instance == inst) && v.status != fsm.VMHibernated {
+				refs = append(refs, VMRef{ID: v.id, Key: v.key, RunDir: v.runDir, Status: v.status})
+			}
+		}
+		if rep.Egress, err = el.ReconcileEgress(ctx, refs); err != nil {
+			return rep, fmt.Errorf("reconcile: egress locks: %w", err)
+		}
+	}
+
+	// 3. and 4. VMs the state knows.
 	dirs, err := d.RunDirs()
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: %w", err)
@@ -271,7 +323,7 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 		}
 	}
 
-	// 4. Entries nothing owns.
+	// 5. Entries nothing owns.
 	for _, n := range dirs {
 		if owned[n] || goldens[n] {
 			continue
@@ -285,14 +337,15 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 	}
 	sort.Strings(rep.Removed)
 
-	// 5. Snapshots of this instance's VMs that no state needs: the one a
+	// 6. Snapshots of this instance's VMs that no state needs: the one a
 	// woken VM restored from, when a crash cut its removal short.
 	if sw, ok := d.(SnapshotSweeper); ok {
 		rep.Snapshots = sweepSnapshots(ctx, sw, vms, inst, log)
 	}
 	rep.Elapsed = time.Since(start)
 	log.Info().Int("adopted", rep.Adopted).Int("exited", len(rep.Exited)).Int("in_flight", rep.InFlight).
-		Int("removed", len(rep.Removed)).Int("orphans_killed", len(rep.Orphans)).Int("stale_snapshots", len(rep.Snapshots)).Strs("foreign_instances", rep.Foreign).
+		Int("removed", len(rep.Removed)).Int("orphans_killed", len(rep.Orphans)).
+		Int("egress_locks_kept", rep.Egress.Kept).Int("egress_locks_repaired", len(rep.Egress.Repaired)).Int("egress_locks_removed", len(rep.Egress.Removed)).Strs("egress_lock_failed", rep.Egress.Failed).Int("stale_snapshots", len(rep.Snapshots)).Strs("foreign_instances", rep.Foreign).
 		Dur("elapsed", rep.Elapsed).Msg("start-up reconcile done")
 	return rep, nil
 }

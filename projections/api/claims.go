@@ -25,8 +25,8 @@ type ClaimResponse struct {
 	Token     string `json:"token"`
 	Deadline  string `json:"deadline"`
 	OwnerAddr string `json:"owner_addr"`
-	// NetRoute is how the guest reaches the network: "none" on the none
-	// net, "direct" on egress (its own NIC on the node's bridge).
+	// NetRoute is how the guest reaches the network (netRoute): "direct"
+	// (its own NIC, unlocked), "relay" (the egress proxy) or "none".
 	NetRoute string `json:"net_route,omitempty"`
 	Template string `json:"template"`
 	Net      string `json:"net"`
@@ -98,13 +98,30 @@ func (s *Server) sandboxOf(c *fsm.ClaimRec) Sandbox {
 	return sb
 }
 
-// netRoute is the old daemon's net_route of a claim of key: the none net
-// has no NIC; an egress claim has its own NIC on the node's bridge.
-func netRoute(k fsm.PoolKey) string {
-	if k.Net == "egress" {
-		return "direct"
+// Net routes, the old daemon's net_route values.
+const (
+	routeDirect = "direct" // an egress VM's own NIC, not locked: the guest reaches the bridge's network
+	routeRelay  = "relay"  // the egress proxy behind the VM's doors, the guest's only way out
+	routeNone   = "none"   // nothing: no NIC, or a locked one with no policy
+)
+
+// netRoute is the old daemon's net_route of claim id (c): direct for an
+// egress VM whose tap this node does not lock; relay when the VM's proxy
+// doors are open and the claim has an egress policy (what the proxy
+// serves it); none otherwise (no NIC, or doors that deny everything).
+func (s *Server) netRoute(id string, c *fsm.ClaimRec) string {
+	if c.Key.Net == "egress" && !s.egress.Locked {
+		return routeDirect
 	}
-	return "none"
+	if s.egress.Doors == nil || !s.egress.Doors(c.VM) {
+		return routeNone
+	}
+	var ok bool
+	s.eng.View(func(st *fsm.State) { _, ok = st.Egress(id) })
+	if ok {
+		return routeRelay
+	}
+	return routeNone
 }
 
 // errProvisioning is the old daemon's answer to a claim it could not
@@ -252,7 +269,7 @@ func (s *Server) redirectClaim(w http.ResponseWriter, key fsm.PoolKey, start tim
 func (s *Server) claimResponse(id string, c *fsm.ClaimRec) ClaimResponse {
 	return ClaimResponse{
 		ID: id, Token: s.auth.SandboxToken(id, uint64(max(c.TokenGen, 1))),
-		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, NetRoute: netRoute(c.Key),
+		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, NetRoute: s.netRoute(id, c),
 		Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size, Tier: c.Tier.String(), VM: c.VM,
 	}
 }

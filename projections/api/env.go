@@ -30,6 +30,13 @@ type EgressOptions struct {
 	Secrets []egress.SecretSpec
 	// CanIntercept: the node holds the CA a pool's intercept rules need.
 	CanIntercept bool
+	// Locked: the node locks every egress tap to its VM's proxy door, so
+	// an egress claim's guest reaches the network only through the proxy
+	// (net_route relay or none, never direct).
+	Locked bool
+	// Doors reports whether VM vm's egress proxy doors are open (nil: the
+	// node runs no proxy).
+	Doors func(vm string) bool
 }
 
 // EnvVar is one env entry on the wire: the value, guest (absent or true:

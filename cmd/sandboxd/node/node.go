@@ -21,10 +21,12 @@
 //     tenants.go), the relays the last process left open recorded closed,
 //     limits (only when they differ from the state's: the config owns
 //     limits);
-//  6. the hypervisor driver, opened for the node's instance id, and its
-//     Prepare (roots, temp-dir sweep, reflink detection);
-//  7. the start-up reconcile (adopt, report dead, remove orphans), before
-//     any executor runs;
+//  6. guarded egress's enforcement (proxy.go: the proxy, answering from the
+//     egress view, and the lane of egress taps, when configured), then the
+//     hypervisor driver, opened for the node's instance id with them, and
+//     its Prepare (roots, temp-dir sweep, reflink detection);
+//  7. the start-up reconcile (egress taps' locks repaired, adopt, report
+//     dead, remove orphans), before any executor runs;
 //  8. the API server and the executors, both fed by every commit from now
 //     on;
 //  9. every pending intent offered (in-flight recipes resume under their
@@ -32,9 +34,10 @@
 //  10. ready: the VM view may send its first sync; then HTTP is served.
 //
 // Stop is the reverse: end the relays (recorded closed), stop serving, stop
-// the executors (VMs keep running), record the egress usage the meter
-// holds, stop the engine, save a state snapshot, let replication publish
-// the log's tail (bounded), close the driver, replication and the log.
+// the executors (VMs keep running), close the egress proxy's doors, record
+// the egress usage the meter holds, stop the engine, save a state
+// snapshot, let replication publish the log's tail (bounded), close the
+// driver, replication and the log.
 //
 // Beside the order live the two decorators of the claim path that depend on
 // replication: the synchronous-replication engine (an API write answers only
@@ -62,6 +65,8 @@ import (
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/egress/nft"
+	"github.com/sbxlog/sbxlog/executors/egress/proxy"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/procstat"
@@ -191,6 +196,10 @@ type Config struct {
 	// Redirector, when set, replaces the redirector replication provides
 	// (tests of the redirect path without a cluster).
 	Redirector api.Redirector
+	// Proxy, when set, runs guarded egress's enforcement (proxy.go): the
+	// egress proxy's doors for every VM and, with a bridge, the nftables
+	// locks of egress taps.
+	Proxy *ProxyConfig
 	// API is passed to api.New; OwnerAddr, Node and Hypervisor are filled
 	// in from the node when empty.
 	API api.Config
@@ -244,6 +253,10 @@ type Node struct {
 	Driver    Driver
 	Auth      *auth.Authenticator
 	Metrics   *api.Metrics
+	// Proxy is the egress proxy and Lane the egress taps' locks (nil
+	// without Config.Proxy; Lane nil without its bridge).
+	Proxy *proxy.Server
+	Lane  *nft.Lane
 	// EnvKey seals claims' env values; Egress is what the egress proxy
 	// asks about each sandbox (egress.go).
 	EnvKey *envseal.Key
@@ -406,7 +419,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	// 6. The driver.
 	t0 = time.Now()
 	zl.Info().Str("hypervisor", hv.Name()).Msg("hypervisor selected")
-	if n.Driver, err = hv.Open(layout.RootsIn(dataDir), n.Instance); err != nil {
+	if n.Driver, err = n.openDriver(hv, layout.RootsIn(dataDir)); err != nil {
 		return nil, err
 	}
 	// VMMs that die on their own from now on (adopted by the reconcile
@@ -446,7 +459,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		apiCfg.Hypervisor = hv.Name()
 	}
 	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now, Stats: n.vmmStats, DataPlane: cfg.DataPlane,
-		Egress: api.EgressOptions{Key: n.EnvKey, Secrets: cfg.Egress.Secrets, CanIntercept: cfg.Egress.CanIntercept}}
+		Egress: n.apiEgress()}
 	if gd, ok := n.Driver.(executors.AgentDialer); ok && apiOpts.DataPlane.Dialer == nil {
 		apiOpts.DataPlane.Dialer = gd
 	}
@@ -665,8 +678,8 @@ func (n *Node) snapshot() {
 }
 
 // Stop is SIGTERM: end the relays, stop serving, stop the executors (VMs
-// keep running), stop the engine, snapshot, flush replication, close
-// everything. It is
+// keep running), close the egress proxy's doors, record the egress usage,
+// stop the engine, snapshot, flush replication, close everything. It is
 // idempotent; the error is the engine's failure, if it failed.
 func (n *Node) Stop() error {
 	var err error
@@ -688,6 +701,12 @@ func (n *Node) Stop() error {
 			if e := n.Executors.Shutdown(ctx); e != nil {
 				n.zl.Warn().Err(e).Msg("executors did not stop in time; their intents re-run on the next start")
 			}
+		}
+		if n.Proxy != nil {
+			// The doors close before the meter's last flush, so the bytes
+			// in flight are in it; the VMs' accounting stays open (they
+			// keep running, and the next process's doors go on counting).
+			n.Proxy.Close()
 		}
 		if n.Engine != nil {
 			n.flushMeter()
@@ -739,6 +758,10 @@ func (n *Node) Kill() {
 func (n *Node) closeAll() {
 	if n.Driver != nil {
 		n.Driver.Close()
+	}
+	if n.Proxy != nil {
+		// The doors go with the process; the taps' locks stay in the kernel.
+		n.Proxy.Close()
 	}
 	if n.Repl != nil {
 		if err := n.Repl.Close(); err != nil {

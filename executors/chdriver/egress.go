@@ -1,0 +1,156 @@
+package chdriver
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+
+	"github.com/sbxlog/sbxlog/executors/egress/nft"
+	"github.com/sbxlog/sbxlog/executors/reconcile"
+)
+
+// EgressLane locks the taps of egress VMs (executors/egress/nft.Lane).
+type EgressLane interface {
+	// Lock gives vm a door and locks its tap to it; the tap exists, the
+	// VMM has not opened it yet.
+	Lock(vm, tap string, mac net.HardwareAddr) (netip.AddrPort, error)
+	// Unlock removes the tap's lock; the VMM is gone.
+	Unlock(vm, tap string) error
+	// Door is vm's door, from memory.
+	Door(vm string) (netip.AddrPort, bool)
+	// Reconcile checks and repairs the locks of members at start-up and
+	// removes every other lock.
+	Reconcile(members []nft.Member) (nft.Report, error)
+}
+
+// Doors opens and closes the egress proxy doors of VMs
+// (executors/egress/proxy.Server, adapted by the node).
+type Doors interface {
+	// Open opens vm's doors: its lock's door tcp when it is on the egress
+	// lane, else the vsock doors of its hybrid-vsock socket.
+	Open(vm string, tcp netip.AddrPort, vsockSocket string) error
+	// Close closes them and every connection through them.
+	Close(vm string)
+}
+
+// Step names of the egress lane.
+const (
+	StepEgressLock   = "egress_lock"   // lock the tap (nftables, netlink)
+	StepEgressUnlock = "egress_unlock" // remove the tap's lock
+	StepDoors        = "doors"         // open the VM's proxy doors
+)
+
+func (d *Driver) guestMAC(vm string) net.HardwareAddr {
+	m, err := net.ParseMAC(MAC(vm))
+	if err != nil {
+		panic(fmt.Sprintf("chdriver: MAC(%q) = %q: %v", vm, MAC(vm), err))
+	}
+	return m
+}
+
+// lockTap locks an egress VM's tap: after the tap exists, before the VMM
+// can write to it. Without a lane it does nothing (taps stay open).
+func (d *Driver) lockTap(r *run, vm string) error {
+	if d.egress == nil {
+		return nil
+	}
+	return r.step(StepEgressLock, func() error {
+		_, err := d.egress.Lock(vm, TapName(vm), d.guestMAC(vm))
+		return err
+	})
+}
+
+// unlockTap removes the lock; the VMM is gone, the tap goes next.
+func (d *Driver) unlockTap(vm string) error {
+	if d.egress == nil {
+		return nil
+	}
+	return d.egress.Unlock(vm, TapName(vm))
+}
+
+// openDoors opens the VM's proxy doors once it runs: the TCP door of its
+// lock when it is on the egress lane, else its vsock doors. A failure is
+// logged, not the recipe's: the VM is sound, and without doors its guest
+// reaches nothing, which is the safe side.
+func (d *Driver) openDoors(r *run, vm, runDir string) {
+	if d.doors == nil {
+		return
+	}
+	_ = r.step(StepDoors, func() error {
+		if err := d.openDoorsOf(vm, runDir); err != nil {
+			r.log.Error().Err(err).Str("vm", vm).Msg("could not open the VM's egress proxy doors; its guest reaches nothing")
+		}
+		return nil
+	})
+}
+
+// adoptDoors opens the doors of a VM adopted at start-up (after
+// ReconcileEgress gave the lane its doors back).
+func (d *Driver) adoptDoors(vm, runDir string) {
+	if d.doors == nil {
+		return
+	}
+	if err := d.openDoorsOf(vm, runDir); err != nil {
+		d.log.Error().Err(err).Str("vm", vm).Msg("could not open the egress proxy doors of an adopted VM; its guest reaches nothing")
+	}
+}
+
+func (d *Driver) openDoorsOf(vm, runDir string) error {
+	var tcp netip.AddrPort
+	if d.egress != nil {
+		tcp, _ = d.egress.Door(vm)
+	}
+	return d.doors.Open(vm, tcp, filepath.Join(runDir, VsockFile))
+}
+
+func (d *Driver) closeDoors(vm string) {
+	if d.doors != nil {
+		d.doors.Close(vm)
+	}
+}
+
+var _ reconcile.EgressLocker = (*Driver)(nil)
+
+// ReconcileEgress implements reconcile.EgressLocker: the locks of the
+// egress VMs among vms are checked and repaired, every other lock removed.
+// A VM whose tap cannot be locked has its VMM stopped (its guest would
+// otherwise have open egress) and is listed as failed; the adoption that
+// follows reports it dead.
+func (d *Driver) ReconcileEgress(ctx context.Context, vms []reconcile.VMRef) (reconcile.EgressReport, error) {
+	var rep reconcile.EgressReport
+	if d.egress == nil {
+		return rep, nil
+	}
+	var members []nft.Member
+	runDirs := map[string]string{}
+	for _, v := range vms {
+		if v.Key.Net != NetEgress {
+			continue
+		}
+		members = append(members, nft.Member{VM: v.ID, Tap: TapName(v.ID), MAC: d.guestMAC(v.ID)})
+		runDirs[v.ID] = v.RunDir
+	}
+	nr, err := d.egress.Reconcile(members)
+	rep.Kept, rep.Repaired, rep.Removed = nr.Kept, nr.Repaired, nr.Removed
+	if err != nil {
+		return rep, err
+	}
+	for vm, ferr := range nr.Failed {
+		d.log.Error().Err(ferr).Str("vm", vm).Msg("could not lock the tap of an egress VM; stopping its VMM")
+		rep.Failed = append(rep.Failed, vm)
+		runDir, err := d.roots.VMRunDir(d.instance, vm, runDirs[vm])
+		if err != nil {
+			continue
+		}
+		p, _ := d.attach(ctx, runDir, vm)
+		if p == nil {
+			continue
+		}
+		if err := d.terminate(ctx, runDir, p); err != nil {
+			d.log.Error().Err(err).Str("vm", vm).Msg("could not stop the VMM of an egress VM whose tap is unlocked")
+		}
+	}
+	return rep, nil
+}

@@ -1,0 +1,211 @@
+package chdriver
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/sbxlog/sbxlog/executors/egress/nft"
+	"github.com/sbxlog/sbxlog/executors/reconcile"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// nsLane is an nft.Lane whose kernel calls run in nsTaps' namespace.
+func nsLane(t *testing.T, n *nsTaps) *nft.Lane {
+	t.Helper()
+	k := nft.KernelOps()
+	ops := nft.Ops{
+		Install: func(l nft.Lock) error { return n.do(func() error { return k.Install(l) }) },
+		Remove:  func(tap string) error { return n.do(func() error { return k.Remove(tap) }) },
+		Tables: func() (m map[string]nft.State, err error) {
+			err = n.do(func() error { m, err = k.Tables(); return err })
+			return m, err
+		},
+		TapExists: func(tap string) (ok bool, err error) {
+			err = n.do(func() error { ok, err = k.TapExists(tap); return err })
+			return ok, err
+		},
+	}
+	l, err := nft.NewLane(nft.LaneConfig{Bridge: testBridge, Addr: netip.MustParseAddr("10.77.0.1"), MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, Ops: &ops})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func (n *nsTaps) inspect(t *testing.T, tap string) (nft.State, error) {
+	t.Helper()
+	var st nft.State
+	err := n.do(func() error {
+		var err error
+		st, err = nft.Inspect(tap)
+		return err
+	})
+	return st, err
+}
+
+// recDoors records the doors the driver opens.
+type recDoors struct {
+	mu   sync.Mutex
+	open map[string]netip.AddrPort // VM -> TCP door (zero: vsock doors)
+	sock map[string]string
+}
+
+func (r *recDoors) Open(vm string, tcp netip.AddrPort, vsock string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.open[vm], r.sock[vm] = tcp, vsock
+	return nil
+}
+
+func (r *recDoors) Close(vm string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.open, vm)
+	delete(r.sock, vm)
+}
+
+func (r *recDoors) get(vm string) (netip.AddrPort, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d, ok := r.open[vm]
+	return d, ok
+}
+
+// TestEgressLocks: every egress tap the recipes make is locked to the VM's
+// door before the VMM runs and unlocked with the tap (hibernate, destroy,
+// a failed clone); wake locks it again on the same door; the doors follow
+// the VM; none-lane VMs get vsock doors; the start-up pass repairs a lock
+// that went missing and removes one no VM owns.
+func TestEgressLocks(t *testing.T) {
+	t.Parallel()
+	taps := newNSTaps(t)
+	lane := nsLane(t, taps)
+	doors := &recDoors{open: map[string]netip.AddrPort{}, sock: map[string]string{}}
+	h := newHarness(t, "", func(c *Config) { c.Bridge, c.Taps, c.Egress, c.Doors = testBridge, taps, lane, doors })
+	var locked []string
+	h.setHook(func(_ context.Context, s StepCall) error {
+		// When the VMM launches, the tap must already be locked.
+		if s.Step == StepLaunch && !s.Undo {
+			vm := filepath.Base(s.RunDir)
+			if st, err := taps.inspect(t, TapName(vm)); err == nil && st.OK {
+				locked = append(locked, vm)
+			}
+		}
+		return nil
+	})
+	ctx := context.Background()
+	k := fsm.PoolKey{Template: "default", Net: NetEgress, Size: "small"}
+	golden := h.buildGolden(k)
+	const vm1, vm2 = "vm-00000000000000e1", "vm-00000000000000e2"
+	if _, err := h.d.Clone(ctx, cloneIntent(vm1, golden, k)); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(locked, vm1) {
+		t.Fatal("the VMM launched before the tap was locked")
+	}
+	h.setHook(nil)
+	door, ok := lane.Door(vm1)
+	st, err := taps.inspect(t, TapName(vm1))
+	if !ok || err != nil || !st.OK || st.Lock.Door != door || st.Lock.GuestMAC.String() != MAC(vm1) {
+		t.Fatalf("lock after clone: %+v %v (door %s %v)", st, err, door, ok)
+	}
+	if got, ok := doors.get(vm1); !ok || got != door {
+		t.Fatalf("doors after clone: %s %v, want %s", got, ok, door)
+	}
+
+	// A clone that fails after its tap was locked leaves no lock.
+	h.setHook(func(_ context.Context, s StepCall) error {
+		if s.Step == StepProbe && !s.Undo {
+			return errAbort
+		}
+		return nil
+	})
+	if _, err := h.d.Clone(ctx, cloneIntent(vm2, golden, k)); !errors.Is(err, errAbort) {
+		t.Fatalf("clone: %v", err)
+	}
+	h.setHook(nil)
+	if _, err := taps.inspect(t, TapName(vm2)); !errors.Is(err, nft.ErrNotLocked) {
+		t.Fatalf("failed clone left a lock: %v", err)
+	}
+	if _, ok := doors.get(vm2); ok {
+		t.Fatal("failed clone left doors open")
+	}
+
+	hib := fsm.HibernateVM{OpID: newOp(), VM: vm1, Key: k, RunDir: testInstance + "/" + vm1}
+	hres, err := h.d.Hibernate(ctx, hib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := taps.inspect(t, TapName(vm1)); !errors.Is(err, nft.ErrNotLocked) {
+		t.Fatalf("hibernate left a lock: %v", err)
+	}
+	if _, ok := doors.get(vm1); ok {
+		t.Fatal("hibernate left doors open")
+	}
+	if _, err := h.d.Wake(ctx, fsm.WakeVM{OpID: newOp(), VM: vm1, Key: k, RunDir: hib.RunDir, SnapshotDir: hres.SnapshotDir}); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := lane.Door(vm1); again != door {
+		t.Fatalf("woken VM's door %s, want %s again", again, door)
+	}
+	if st, err := taps.inspect(t, TapName(vm1)); err != nil || !st.OK {
+		t.Fatalf("woken VM not locked: %+v %v", st, err)
+	}
+
+	// A none-lane VM gets vsock doors and no lock.
+	const vm3 = "vm-00000000000000e3"
+	g2 := h.buildGolden(testKey)
+	if _, err := h.d.Clone(ctx, cloneIntent(vm3, g2, testKey)); err != nil {
+		t.Fatal(err)
+	}
+	if d, ok := doors.get(vm3); !ok || d.IsValid() {
+		t.Fatalf("none-lane doors: %s %v, want vsock doors", d, ok)
+	}
+
+	// Start-up: vm1's lock went missing, a stray lock of no VM exists.
+	if err := taps.do(func() error { return nft.Remove(TapName(vm1)) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := taps.Create("sbxstray0000000", testBridge); err != nil {
+		t.Fatal(err)
+	}
+	stray := nft.Lock{Tap: "sbxstray0000000", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 9}, Door: netip.MustParseAddrPort("10.77.0.1:21000"), DoorMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}
+	if err := taps.do(func() error { return nft.Install(stray) }); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := h.d.ReconcileEgress(ctx, []reconcile.VMRef{
+		{ID: vm1, Key: k, RunDir: testInstance + "/" + vm1, Status: fsm.VMClaimed},
+		{ID: vm3, Key: testKey, RunDir: testInstance + "/" + vm3, Status: fsm.VMWarm},
+	})
+	if err != nil || !slices.Equal(rep.Repaired, []string{vm1}) || !slices.Equal(rep.Removed, []string{"sbxstray0000000"}) || len(rep.Failed) != 0 {
+		t.Fatalf("reconcile: %+v %v", rep, err)
+	}
+	if st, err := taps.inspect(t, TapName(vm1)); err != nil || !st.OK || st.Lock.Door != door {
+		t.Fatalf("repaired lock: %+v %v, want door %s", st, err, door)
+	}
+
+	for _, vm := range []string{vm1, vm3} {
+		key := k
+		if vm == vm3 {
+			key = testKey
+		}
+		if _, err := h.d.Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm, Key: key, Instance: testInstance, RunDir: testInstance + "/" + vm}); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := doors.get(vm); ok {
+			t.Fatalf("%s: doors open after destroy", vm)
+		}
+	}
+	if _, err := taps.inspect(t, TapName(vm1)); !errors.Is(err, nft.ErrNotLocked) {
+		t.Fatalf("destroy left a lock: %v", err)
+	}
+	if _, ok := lane.Door(vm1); ok {
+		t.Fatal("destroy left the door allocated")
+	}
+}

@@ -1,0 +1,102 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// GuardTable is the bridge-family table that keeps the door ports to the
+// VMs' taps.
+const GuardTable = "sbx_egress_guard"
+
+// Guard closes the lane's door ports to every port of the bridge that is
+// not a VM tap. A door's sandbox is known by the port a connection reaches,
+// and each tap's lock admits only its own; the guard makes sure nothing
+// else on the bridge (an uplink, another device an operator attached)
+// reaches a door and speaks as a sandbox:
+//
+//	table bridge sbx_egress_guard {
+//	    chain input {
+//	        type filter hook input priority filter; policy accept;
+//	        meta protocol ip ip daddr <door ip> meta l4proto tcp tcp dport <first>-<last> iifname != "<tap prefix>*" counter drop
+//	    }
+//	}
+//
+// (The door address, not the bridge's name, says which frames: matching a
+// bridge by name needs nft's bridge meta module, which kernels may lack.)
+type Guard struct {
+	Bridge    string
+	Addr      netip.Addr
+	Ports     PortRange
+	TapPrefix string
+}
+
+func (g Guard) exprs() []expr.Any {
+	a := g.Addr.As4()
+	return cat(
+		proto(ethPIPv4),
+		[]expr.Any{load(expr.PayloadBaseNetworkHeader, ipDst, 4), eq(a[:])},
+		l4(unix.IPPROTO_TCP),
+		[]expr.Any{
+			load(expr.PayloadBaseTransportHeader, l4DstPort, 2),
+			&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: be16(g.Ports.First), ToData: be16(g.Ports.Last)},
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			// A prefix compare: the name's first bytes only, as nft's "sbx*".
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte(g.TapPrefix)},
+		},
+		verdict(expr.VerdictDrop))
+}
+
+// InstallGuard replaces the guard table with g's, atomically.
+func InstallGuard(g Guard) error {
+	if !g.Addr.Is4() || g.TapPrefix == "" || g.Ports.First == 0 || g.Ports.Last < g.Ports.First {
+		return fmt.Errorf("%w: guard %+v", ErrInvalid, g)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nft: %w", err)
+	}
+	t := &nftables.Table{Name: GuardTable, Family: nftables.TableFamilyBridge}
+	exists, err := tableExists(c, t)
+	if err != nil {
+		return err
+	}
+	if exists {
+		c.DelTable(t)
+	}
+	c.AddTable(t)
+	accept := nftables.ChainPolicyAccept
+	ch := c.AddChain(&nftables.Chain{
+		Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept,
+	})
+	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: g.exprs(), UserData: comment("guard")})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nft: guard of %s (%s): %w", g.Bridge, g.Addr, err)
+	}
+	return nil
+}
+
+// GuardDrops reads the guard's drop counter.
+func GuardDrops() (Counter, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return Counter{}, fmt.Errorf("nft: %w", err)
+	}
+	t := &nftables.Table{Name: GuardTable, Family: nftables.TableFamilyBridge}
+	rules, err := c.GetRules(t, &nftables.Chain{Name: "input", Table: t})
+	if err != nil {
+		return Counter{}, fmt.Errorf("nft: guard rules: %w", err)
+	}
+	var sum Counter
+	for _, r := range rules {
+		k := counterOf(r.Exprs)
+		sum.Packets += k.Packets
+		sum.Bytes += k.Bytes
+	}
+	return sum, nil
+}

@@ -1,0 +1,339 @@
+package nft
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/netip"
+	"sort"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Lane is a node's egress lane: the bridge egress taps attach to, the door
+// address on it (the bridge's IPv4 address: the tap's host address as the
+// guest sees it), and one Lock per egress VM, whose door port it allocates.
+//
+// Each VM's door is its own port, so the proxy knows the sandbox by the
+// listener a connection reaches, and a guest can reach no other VM's door:
+// its tap admits only its own port. A port is kept by the VM until Unlock
+// and preferred again at the next Lock (a wake), so the door seldom moves.
+//
+// Lock and Unlock are the refill and destroy halves (netlink, a few
+// hundred microseconds); Door only reads memory, for the proxy and the
+// claim path. Reconcile is the start-up half: it reads the kernel's tables
+// once, keeps the locks that are right (their ports with them), repairs the
+// rest and removes the tables of taps no VM owns.
+type Lane struct {
+	bridge string
+	addr   netip.Addr
+	mac    net.HardwareAddr
+	ports  PortRange
+	ops    Ops
+	prefix string
+
+	mu    sync.Mutex
+	doors map[string]uint16 // VM -> port
+	used  map[uint16]string // port -> VM
+}
+
+// PortRange is the door ports of a lane, First..Last inclusive.
+type PortRange struct{ First, Last uint16 }
+
+// DefaultPorts sits below Linux's default ephemeral range (32768-60999), so
+// an outgoing connection never holds a door's port.
+var DefaultPorts = PortRange{First: 20000, Last: 29999}
+
+func (r PortRange) size() int { return int(r.Last) - int(r.First) + 1 }
+
+// Ops are the kernel operations a Lane performs (this package's functions by
+// default; tests of the callers substitute them).
+type Ops struct {
+	Install func(Lock) error
+	Remove  func(tap string) error
+	Tables  func() (map[string]State, error)
+	// TapExists reports whether the device exists (a lock hooks a device).
+	TapExists func(tap string) (bool, error)
+	// Guard installs the bridge's guard (nil: none).
+	Guard func(Guard) error
+}
+
+// KernelOps act on the calling thread's network namespace.
+func KernelOps() Ops {
+	return Ops{Install: Install, Remove: Remove, Tables: Tables, TapExists: linkExists, Guard: InstallGuard}
+}
+
+func linkExists(name string) (bool, error) {
+	_, err := netlink.LinkByName(name)
+	var nf netlink.LinkNotFoundError
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &nf):
+		return false, nil
+	}
+	return false, err
+}
+
+// LaneConfig configures a Lane.
+type LaneConfig struct {
+	Bridge string
+	// Addr and MAC are the door's address and hardware address (default:
+	// the bridge's first IPv4 address and its MAC, read once by NewLane).
+	Addr netip.Addr
+	MAC  net.HardwareAddr
+	// Ports defaults to DefaultPorts.
+	Ports PortRange
+	// Ops defaults to KernelOps.
+	Ops *Ops
+	// TapPrefix starts the name of every VM tap on the bridge (the guard
+	// closes the door ports to other ports); default "sbx".
+	TapPrefix string
+}
+
+var (
+	// ErrNoAddress: the bridge has no IPv4 address to serve doors on.
+	ErrNoAddress = errors.New("nft: the egress bridge has no IPv4 address for the proxy doors")
+	// ErrPortsExhausted: every door port of the lane is taken.
+	ErrPortsExhausted = errors.New("nft: no free door port")
+)
+
+// NewLane returns the lane of cfg.Bridge. Without Addr and MAC it reads the
+// bridge (netlink, once, at start-up), and pins the bridge's MAC (sets it to
+// itself), so that ports joining never change the door's MAC.
+func NewLane(cfg LaneConfig) (*Lane, error) {
+	l := &Lane{bridge: cfg.Bridge, addr: cfg.Addr, mac: cfg.MAC, ports: cfg.Ports, prefix: cfg.TapPrefix, doors: map[string]uint16{}, used: map[uint16]string{}}
+	if l.prefix == "" {
+		l.prefix = "sbx"
+	}
+	if l.ports == (PortRange{}) {
+		l.ports = DefaultPorts
+	}
+	if l.ports.First == 0 || l.ports.Last < l.ports.First {
+		return nil, fmt.Errorf("nft: door ports %d-%d", l.ports.First, l.ports.Last)
+	}
+	if cfg.Ops != nil {
+		l.ops = *cfg.Ops
+	} else {
+		l.ops = KernelOps()
+	}
+	if !l.addr.IsValid() || len(l.mac) == 0 {
+		br, err := netlink.LinkByName(cfg.Bridge)
+		if err != nil {
+			return nil, fmt.Errorf("nft: bridge %q: %w", cfg.Bridge, err)
+		}
+		if len(l.mac) == 0 {
+			// A bridge whose MAC was never set takes its ports' lowest:
+			// a tap joining would move the door's MAC from under every
+			// lock. Setting it to itself pins it.
+			l.mac = br.Attrs().HardwareAddr
+			if err := netlink.LinkSetHardwareAddr(br, l.mac); err != nil {
+				return nil, fmt.Errorf("nft: pin the MAC of bridge %q: %w", cfg.Bridge, err)
+			}
+		}
+		if !l.addr.IsValid() {
+			addrs, err := netlink.AddrList(br, netlink.FAMILY_V4)
+			if err != nil {
+				return nil, fmt.Errorf("nft: addresses of %q: %w", cfg.Bridge, err)
+			}
+			if len(addrs) == 0 {
+				return nil, fmt.Errorf("%w: %s", ErrNoAddress, cfg.Bridge)
+			}
+			l.addr, _ = netip.AddrFromSlice(addrs[0].IP.To4())
+		}
+	}
+	if !l.addr.Is4() {
+		return nil, fmt.Errorf("%w: %s has %s", ErrNoAddress, cfg.Bridge, l.addr)
+	}
+	return l, nil
+}
+
+// Addr is the door address of the lane.
+func (l *Lane) Addr() netip.Addr { return l.addr }
+
+// Door returns the door of vm, if it holds one. Memory only.
+func (l *Lane) Door(vm string) (netip.AddrPort, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p, ok := l.doors[vm]
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(l.addr, p), true
+}
+
+// preferred is where vm's port search starts: spread by its id, so a VM
+// that unlocks and locks again (hibernate, wake) finds the same port.
+func (l *Lane) preferred(vm string) uint16 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(vm))
+	return l.ports.First + uint16(h.Sum32()%uint32(l.ports.size()))
+}
+
+// allocLocked gives vm a port: the one it holds, else want when free and in
+// range, else the first free one from its preferred port on.
+func (l *Lane) allocLocked(vm string, want uint16) (uint16, error) {
+	if p, ok := l.doors[vm]; ok {
+		return p, nil
+	}
+	take := func(p uint16) uint16 { l.doors[vm], l.used[p] = p, vm; return p }
+	if want >= l.ports.First && want <= l.ports.Last {
+		if _, taken := l.used[want]; !taken {
+			return take(want), nil
+		}
+	}
+	p := l.preferred(vm)
+	for range l.ports.size() {
+		if _, taken := l.used[p]; !taken {
+			return take(p), nil
+		}
+		if p == l.ports.Last {
+			p = l.ports.First
+		} else {
+			p++
+		}
+	}
+	return 0, fmt.Errorf("%w in %d-%d (%d VMs)", ErrPortsExhausted, l.ports.First, l.ports.Last, len(l.doors))
+}
+
+func (l *Lane) freeLocked(vm string) {
+	if p, ok := l.doors[vm]; ok {
+		delete(l.doors, vm)
+		delete(l.used, p)
+	}
+}
+
+func (l *Lane) lock(tap string, mac net.HardwareAddr, port uint16) Lock {
+	return Lock{Tap: tap, GuestMAC: mac, Door: netip.AddrPortFrom(l.addr, port), DoorMAC: l.mac}
+}
+
+// Lock gives vm a door port and installs its tap's lock (tap, the guest
+// NIC's mac). Call it after the tap exists and before the VMM opens it. A
+// VM already locked is locked again with the same port (a re-run).
+func (l *Lane) Lock(vm, tap string, mac net.HardwareAddr) (netip.AddrPort, error) {
+	l.mu.Lock()
+	p, err := l.allocLocked(vm, 0)
+	l.mu.Unlock()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	lk := l.lock(tap, mac, p)
+	if err := l.ops.Install(lk); err != nil {
+		return netip.AddrPort{}, err
+	}
+	return lk.Door, nil
+}
+
+// Unlock removes the lock of vm's tap and frees its port. Call it once the
+// VMM is gone; a VM never locked is fine.
+func (l *Lane) Unlock(vm, tap string) error {
+	if err := l.ops.Remove(tap); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.freeLocked(vm)
+	l.mu.Unlock()
+	return nil
+}
+
+// Member is an egress VM the state says has (or may have) a tap.
+type Member struct {
+	VM  string
+	Tap string
+	MAC net.HardwareAddr
+}
+
+// Report says what Reconcile found and did.
+type Report struct {
+	// Kept: locks that were right, with their doors.
+	Kept int
+	// Repaired: members whose tap had no lock, or a wrong one, now locked.
+	Repaired []string
+	// NoTap: members without a tap (nothing to lock: no guest can send).
+	NoTap []string
+	// Removed: taps whose table no member owns, unlocked.
+	Removed []string
+	// Failed: members whose tap could not be locked, with why. Their guest
+	// may have open egress: the caller must stop their VMMs.
+	Failed map[string]error
+}
+
+// Reconcile brings the kernel in line with members at start-up, before
+// anything else uses the lane: the bridge's guard (guard.go) installed,
+// one read of every table, then a repair per
+// member whose lock is missing or wrong (a tap that exists is never left
+// without one: Install replaces atomically), then the removal of tables no
+// member owns. Door ports are taken from the locks found, so every door
+// stays where its guest knows it.
+func (l *Lane) Reconcile(members []Member) (Report, error) {
+	rep := Report{Failed: map[string]error{}}
+	if l.ops.Guard != nil {
+		if err := l.ops.Guard(Guard{Bridge: l.bridge, Addr: l.addr, Ports: l.ports, TapPrefix: l.prefix}); err != nil {
+			return rep, err
+		}
+	}
+	tables, err := l.ops.Tables()
+	if err != nil {
+		return rep, err
+	}
+	// Adopt the right locks first, so their ports are taken before any
+	// repair allocates one.
+	l.mu.Lock()
+	var repair []Member
+	owned := map[string]bool{}
+	for _, m := range members {
+		owned[m.Tap] = true
+		st, ok := tables[m.Tap]
+		want := l.lock(m.Tap, m.MAC, st.Lock.Door.Port())
+		if ok && st.OK && st.Lock.Equal(want) {
+			if _, taken := l.used[want.Door.Port()]; !taken && l.inRange(want.Door.Port()) {
+				if _, err := l.allocLocked(m.VM, want.Door.Port()); err == nil {
+					rep.Kept++
+					continue
+				}
+			}
+		}
+		repair = append(repair, m)
+	}
+	l.mu.Unlock()
+	for _, m := range repair {
+		exists, err := l.ops.TapExists(m.Tap)
+		if err != nil {
+			rep.Failed[m.VM] = err
+			continue
+		}
+		if !exists {
+			if _, had := tables[m.Tap]; had {
+				_ = l.ops.Remove(m.Tap)
+			}
+			rep.NoTap = append(rep.NoTap, m.VM)
+			continue
+		}
+		l.mu.Lock()
+		p, err := l.allocLocked(m.VM, tables[m.Tap].Lock.Door.Port())
+		l.mu.Unlock()
+		if err == nil {
+			err = l.ops.Install(l.lock(m.Tap, m.MAC, p))
+		}
+		if err != nil {
+			rep.Failed[m.VM] = err
+			continue
+		}
+		rep.Repaired = append(rep.Repaired, m.VM)
+	}
+	for tap := range tables {
+		if owned[tap] {
+			continue
+		}
+		if err := l.ops.Remove(tap); err != nil {
+			return rep, err
+		}
+		rep.Removed = append(rep.Removed, tap)
+	}
+	sort.Strings(rep.Removed)
+	return rep, nil
+}
+
+func (l *Lane) inRange(p uint16) bool { return p >= l.ports.First && p <= l.ports.Last }

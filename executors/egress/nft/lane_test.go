@@ -1,0 +1,218 @@
+package nft
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
+)
+
+// fakeKernel is Ops over a map: the tables and taps a test says exist.
+type fakeKernel struct {
+	mu      sync.Mutex
+	tables  map[string]State
+	taps    map[string]bool
+	failOn  string // tap whose Install fails
+	install int
+}
+
+func newFakeKernel() *fakeKernel {
+	return &fakeKernel{tables: map[string]State{}, taps: map[string]bool{}}
+}
+
+func (k *fakeKernel) ops() *Ops {
+	return &Ops{
+		Install: func(l Lock) error {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			if l.Tap == k.failOn {
+				return errors.New("injected")
+			}
+			if !k.taps[l.Tap] {
+				return fmt.Errorf("no device %s", l.Tap)
+			}
+			k.install++
+			k.tables[l.Tap] = State{Tap: l.Tap, Lock: l, OK: true}
+			return nil
+		},
+		Remove: func(tap string) error {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			delete(k.tables, tap)
+			return nil
+		},
+		Tables: func() (map[string]State, error) {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			out := map[string]State{}
+			for t, s := range k.tables {
+				out[t] = s
+			}
+			return out, nil
+		},
+		TapExists: func(tap string) (bool, error) {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			return k.taps[tap], nil
+		},
+	}
+}
+
+var doorMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xd0}
+
+func fakeLane(t *testing.T, k *fakeKernel, ports PortRange) *Lane {
+	t.Helper()
+	l, err := NewLane(LaneConfig{Bridge: "br", Addr: netip.MustParseAddr("10.1.0.1"), MAC: doorMAC, Ports: ports, Ops: k.ops()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func mac(i int) net.HardwareAddr { return net.HardwareAddr{0x02, 0, 0, 0, 1, byte(i)} }
+
+// TestLanePorts: every VM gets its own port; a VM that unlocks and locks
+// again gets the same one; a full range is ErrPortsExhausted; Door reads
+// what Lock gave.
+func TestLanePorts(t *testing.T) {
+	k := newFakeKernel()
+	l := fakeLane(t, k, PortRange{First: 30000, Last: 30009})
+	seen := map[netip.AddrPort]string{}
+	for i := range 10 {
+		vm, tap := fmt.Sprintf("vm%d", i), fmt.Sprintf("tap%d", i)
+		k.taps[tap] = true
+		d, err := l.Lock(vm, tap, mac(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prev, dup := seen[d]; dup {
+			t.Fatalf("%s and %s share door %s", prev, vm, d)
+		}
+		seen[d] = vm
+		if got, ok := l.Door(vm); !ok || got != d {
+			t.Fatalf("Door(%s) = %s %v, want %s", vm, got, ok, d)
+		}
+		if k.tables[tap].Lock.Door != d {
+			t.Fatalf("installed door %s, want %s", k.tables[tap].Lock.Door, d)
+		}
+	}
+	k.taps["tap10"] = true
+	if _, err := l.Lock("vm10", "tap10", mac(10)); !errors.Is(err, ErrPortsExhausted) {
+		t.Fatalf("11th lock: %v, want ErrPortsExhausted", err)
+	}
+	d3, _ := l.Door("vm3")
+	if err := l.Unlock("vm3", "tap3"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.Door("vm3"); ok {
+		t.Fatal("door kept after unlock")
+	}
+	if _, ok := k.tables["tap3"]; ok {
+		t.Fatal("table kept after unlock")
+	}
+	again, err := l.Lock("vm3", "tap3", mac(3))
+	if err != nil || again != d3 {
+		t.Fatalf("relock: %s %v, want %s", again, err, d3)
+	}
+	// Locking again keeps the port (a recipe re-run).
+	if d, err := l.Lock("vm3", "tap3", mac(3)); err != nil || d != d3 {
+		t.Fatalf("re-run lock: %s %v, want %s", d, err, d3)
+	}
+}
+
+// TestLaneReconcile: right locks are kept with their ports, wrong or
+// missing ones repaired, tables of unknown taps removed, members without a
+// tap reported, and a failed repair reported for the caller to act on.
+func TestLaneReconcile(t *testing.T) {
+	k := newFakeKernel()
+	addr := netip.MustParseAddr("10.1.0.1")
+	for i := range 6 {
+		k.taps[fmt.Sprintf("tap%d", i)] = true
+	}
+	lock := func(i int, port uint16) Lock {
+		return Lock{Tap: fmt.Sprintf("tap%d", i), GuestMAC: mac(i), Door: netip.AddrPortFrom(addr, port), DoorMAC: doorMAC}
+	}
+	k.tables["tap0"] = State{Tap: "tap0", Lock: lock(0, 30005), OK: true} // right: kept on 30005
+	k.tables["tap1"] = State{Tap: "tap1", Problem: "rule deleted"}        // broken: repaired
+	bad := lock(2, 30006)
+	bad.GuestMAC = mac(99)
+	k.tables["tap2"] = State{Tap: "tap2", Lock: bad, OK: true}            // other MAC: repaired, keeps 30006
+	k.tables["tap9"] = State{Tap: "tap9", Lock: lock(9, 30007), OK: true} // nobody's: removed
+	k.tables["tap7"] = State{Tap: "tap7", Lock: lock(7, 30005), OK: true} // nobody's either
+	// tap3: no table, tap exists: repaired. tap4: no tap at all. tap5: install fails.
+	delete(k.taps, "tap4")
+	k.failOn = "tap5"
+
+	l := fakeLane(t, k, PortRange{First: 30000, Last: 30009})
+	var members []Member
+	for i := range 6 {
+		members = append(members, Member{VM: fmt.Sprintf("vm%d", i), Tap: fmt.Sprintf("tap%d", i), MAC: mac(i)})
+	}
+	rep, err := l.Reconcile(members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Kept != 1 || !slices.Equal(rep.Repaired, []string{"vm1", "vm2", "vm3"}) || !slices.Equal(rep.NoTap, []string{"vm4"}) ||
+		!slices.Equal(rep.Removed, []string{"tap7", "tap9"}) || len(rep.Failed) != 1 || rep.Failed["vm5"] == nil {
+		t.Fatalf("report %+v", rep)
+	}
+	if d, _ := l.Door("vm0"); d.Port() != 30005 {
+		t.Fatalf("vm0 door %s, want its port 30005 kept", d)
+	}
+	if d, _ := l.Door("vm2"); d.Port() != 30006 {
+		t.Fatalf("vm2 door %s, want its port 30006 kept through the repair", d)
+	}
+	for i := range 4 {
+		tap := fmt.Sprintf("tap%d", i)
+		d, _ := l.Door(fmt.Sprintf("vm%d", i))
+		if st := k.tables[tap]; !st.OK || !st.Lock.Equal(lock(i, d.Port())) {
+			t.Fatalf("%s after reconcile: %+v", tap, st)
+		}
+	}
+	if _, ok := k.tables["tap9"]; ok {
+		t.Fatal("foreign table kept")
+	}
+}
+
+// TestNewLaneReadsBridge: the door address and MAC are the bridge's; a
+// bridge without an IPv4 address is ErrNoAddress.
+func TestNewLaneReadsBridge(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	lane.Host.Bridge(t, "bare0", netip.Prefix{})
+	want := lane.BridgeMAC(t)
+	lane.Host.MustDo(t, func() error {
+		l, err := NewLane(LaneConfig{Bridge: lane.Bridge})
+		if err != nil {
+			return err
+		}
+		if l.Addr() != lane.HostAddr || !slices.Equal(l.mac, want) {
+			t.Errorf("lane %s %s, want %s %s", l.Addr(), l.mac, lane.HostAddr, want)
+		}
+		if _, err := NewLane(LaneConfig{Bridge: "bare0"}); !errors.Is(err, ErrNoAddress) {
+			t.Errorf("bridge without address: %v", err)
+		}
+		return nil
+	})
+	// A port with a lower MAC joining does not move the door's MAC.
+	lane.AddGuest(t, 1, "sbxlow", net.HardwareAddr{0x02, 0, 0, 0, 0, 0x42})
+	lane.Host.MustDo(t, func() error {
+		l, err := netlink.LinkByName("sbxlow")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetHardwareAddr(l, net.HardwareAddr{0x00, 0, 0, 0, 0, 1}); err != nil {
+			return err
+		}
+		return nil
+	})
+	if got := lane.BridgeMAC(t); !slices.Equal(got, want) {
+		t.Fatalf("bridge MAC moved to %s, want %s pinned", got, want)
+	}
+}

@@ -1,0 +1,279 @@
+package nft
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+
+	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
+)
+
+var guestMAC = net.HardwareAddr{0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0x01}
+
+// echo serves ln, answering every connection with "hi" and closing it.
+func echo(t *testing.T, ln net.Listener) {
+	t.Helper()
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("hi"))
+			c.Close()
+		}
+	}()
+}
+
+// reach reports whether the guest gets "hi" from addr within d.
+func reach(g *netnstest.Guest, addr string, d time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	c, err := g.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	b, _ := io.ReadAll(c)
+	return string(b) == "hi"
+}
+
+func inspectIn(t *testing.T, ns *netnstest.NS, tap string) State {
+	t.Helper()
+	var st State
+	ns.MustDo(t, func() error {
+		var err error
+		st, err = Inspect(tap)
+		return err
+	})
+	return st
+}
+
+// TestLockFiltersGuest: with a lock, the guest reaches its door and nothing
+// else (another port of the host, another address, a spoofed MAC), and each
+// refused attempt moves a drop counter; without one it reaches everything.
+func TestLockFiltersGuest(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	g := lane.AddGuest(t, 1, "sbxtest0000001", guestMAC)
+	door := netip.AddrPortFrom(lane.HostAddr, 20001)
+	for _, a := range []string{door.String(), lane.HostAddr.String() + ":20002"} {
+		ln, err := lane.Host.Listen("tcp", a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, ln)
+	}
+	other := lane.HostAddr.String() + ":20002"
+	if !reach(g, door.String(), 2*time.Second) || !reach(g, other, 2*time.Second) {
+		t.Fatal("the guest does not reach the host before any lock")
+	}
+
+	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, Door: door, DoorMAC: lane.BridgeMAC(t)}
+	lane.Host.MustDo(t, func() error { return Install(l) })
+	st := inspectIn(t, lane.Host, g.Tap)
+	if !st.OK || !st.Lock.Equal(l) {
+		t.Fatalf("inspect after install: %+v, want OK with %s", st, l)
+	}
+	// The guest forgets the door's MAC: it must ARP through the lock.
+	g.MustDo(t, func() error {
+		ns, err := netlink.NeighList(0, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		for _, n := range ns {
+			if err := netlink.NeighDel(&n); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if !reach(g, door.String(), 2*time.Second) {
+		t.Fatal("the guest does not reach its door through the lock")
+	}
+	before := inspectIn(t, lane.Host, g.Tap).Counters
+	if before[RoleDoor].Packets == 0 || before[RoleARP].Packets == 0 {
+		t.Fatalf("door/arp counters did not move: %+v", before)
+	}
+	if reach(g, other, 500*time.Millisecond) {
+		t.Fatal("the guest reached another port of the host through the lock")
+	}
+	after := inspectIn(t, lane.Host, g.Tap).Counters
+	if after.Dropped().Packets <= before.Dropped().Packets {
+		t.Fatalf("drop counter did not move on a bypass attempt: %+v -> %+v", before.Dropped(), after.Dropped())
+	}
+
+	// A spoofed source MAC is dropped before anything else.
+	g.SetMAC(t, "eth0", net.HardwareAddr{0x02, 0, 0, 0, 0, 0x66})
+	if reach(g, door.String(), 500*time.Millisecond) {
+		t.Fatal("a spoofed MAC reached the door")
+	}
+	if c := inspectIn(t, lane.Host, g.Tap).Counters[RoleSpoof]; c.Packets == 0 {
+		t.Fatal("spoof counter did not move")
+	}
+	g.SetMAC(t, "eth0", guestMAC)
+
+	// Removing the lock opens the tap again; removing twice is fine.
+	lane.Host.MustDo(t, func() error { return Remove(g.Tap) })
+	lane.Host.MustDo(t, func() error { return Remove(g.Tap) })
+	lane.Host.MustDo(t, func() error {
+		if _, err := Inspect(g.Tap); !errors.Is(err, ErrNotLocked) {
+			t.Errorf("inspect after remove: %v, want ErrNotLocked", err)
+		}
+		return nil
+	})
+	if !reach(g, other, 2*time.Second) {
+		t.Fatal("the guest does not reach the host after the lock was removed")
+	}
+}
+
+// TestInspectFindsTampering: a rule removed, a chain policy changed or a
+// lock for another door are all reported as not OK, and Install repairs
+// them; Tables lists only this package's tables.
+func TestInspectFindsTampering(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	g := lane.AddGuest(t, 1, "sbxtest0000002", guestMAC)
+	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, Door: netip.AddrPortFrom(lane.HostAddr, 20001), DoorMAC: lane.BridgeMAC(t)}
+	tamper := map[string]func(c *nftables.Conn) error{
+		"rule deleted": func(c *nftables.Conn) error {
+			tb := table(l.Tap)
+			rules, err := c.GetRules(tb, &nftables.Chain{Name: ChainName, Table: tb})
+			if err != nil {
+				return err
+			}
+			if err := c.DelRule(rules[3]); err != nil {
+				return err
+			}
+			return c.Flush()
+		},
+		"policy accept": func(c *nftables.Conn) error {
+			tb := table(l.Tap)
+			ch := chain(tb, l.Tap)
+			accept := nftables.ChainPolicyAccept
+			ch.Policy = &accept
+			c.AddChain(ch)
+			return c.Flush()
+		},
+		"other door": func(*nftables.Conn) error {
+			o := l
+			o.Door = netip.AddrPortFrom(lane.HostAddr, 20009)
+			return Install(o)
+		},
+	}
+	for name, f := range tamper {
+		lane.Host.MustDo(t, func() error { return Install(l) })
+		lane.Host.MustDo(t, func() error {
+			c, err := nftables.New()
+			if err != nil {
+				return err
+			}
+			return f(c)
+		})
+		st := inspectIn(t, lane.Host, g.Tap)
+		if name == "other door" {
+			if !st.OK || st.Lock.Equal(l) {
+				t.Fatalf("%s: %+v, want an OK lock of another door", name, st)
+			}
+		} else if st.OK || st.Problem == "" {
+			t.Fatalf("%s: inspect says OK: %+v", name, st)
+		}
+		lane.Host.MustDo(t, func() error { return Install(l) })
+		if st := inspectIn(t, lane.Host, g.Tap); !st.OK || !st.Lock.Equal(l) {
+			t.Fatalf("%s: not repaired: %+v", name, st)
+		}
+	}
+
+	// A foreign table is not listed.
+	lane.Host.MustDo(t, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		c.AddTable(&nftables.Table{Name: "someone_else", Family: nftables.TableFamilyNetdev})
+		return c.Flush()
+	})
+	lane.Host.MustDo(t, func() error {
+		all, err := Tables()
+		if err != nil {
+			return err
+		}
+		if len(all) != 1 || !all[g.Tap].OK {
+			t.Errorf("tables: %+v, want just %s", all, g.Tap)
+		}
+		return nil
+	})
+}
+
+func TestValidateAndRuleset(t *testing.T) {
+	good := Lock{Tap: "sbxabc", GuestMAC: guestMAC, Door: netip.MustParseAddrPort("10.0.0.1:3128"), DoorMAC: guestMAC}
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*Lock){
+		"no tap":    func(l *Lock) { l.Tap = "" },
+		"long tap":  func(l *Lock) { l.Tap = strings.Repeat("x", 16) },
+		"bad mac":   func(l *Lock) { l.GuestMAC = nil },
+		"door mac":  func(l *Lock) { l.DoorMAC = net.HardwareAddr{1} },
+		"ipv6 door": func(l *Lock) { l.Door = netip.MustParseAddrPort("[::1]:3128") },
+		"port 0":    func(l *Lock) { l.Door = netip.MustParseAddrPort("10.0.0.1:0") },
+	} {
+		l := good
+		mut(&l)
+		if err := l.Validate(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+	rs := good.Ruleset()
+	for _, want := range []string{"table netdev sbx_egress_sbxabc", `device "sbxabc"`, "policy drop", "tcp dport 3128", "ip daddr 10.0.0.1"} {
+		if !strings.Contains(rs, want) {
+			t.Errorf("ruleset lacks %q:\n%s", want, rs)
+		}
+	}
+}
+
+// TestGuardKeepsDoorsToTaps: a bridge port that is not a VM tap reaches no
+// door port (its other ports it still does); a tap reaches its door.
+func TestGuardKeepsDoorsToTaps(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	tapGuest := lane.AddGuest(t, 1, "sbxguard000001", guestMAC)
+	other := lane.AddGuest(t, 2, "uplink0", net.HardwareAddr{0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0x02})
+	door, svc := lane.HostAddr.String()+":20001", lane.HostAddr.String()+":8080"
+	for _, a := range []string{door, svc} {
+		ln, err := lane.Host.Listen("tcp", a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, ln)
+	}
+	if !reach(other, door, 2*time.Second) {
+		t.Fatal("no reach before the guard")
+	}
+	g := Guard{Bridge: lane.Bridge, Addr: lane.HostAddr, Ports: PortRange{First: 20000, Last: 20010}, TapPrefix: "sbx"}
+	lane.Host.MustDo(t, func() error { return InstallGuard(g) })
+	lane.Host.MustDo(t, func() error { return InstallGuard(g) }) // replaces
+	if !reach(tapGuest, door, 2*time.Second) {
+		t.Fatal("a tap does not reach the door through the guard")
+	}
+	if reach(other, door, 500*time.Millisecond) {
+		t.Fatal("a bridge port that is not a tap reached a door")
+	}
+	if !reach(other, svc, 2*time.Second) {
+		t.Fatal("the guard closed a port outside the door range")
+	}
+	lane.Host.MustDo(t, func() error {
+		c, err := GuardDrops()
+		if err == nil && c.Packets == 0 {
+			t.Error("guard counter did not move")
+		}
+		return err
+	})
+}

@@ -1,0 +1,634 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
+	"github.com/sbxlog/sbxlog/executors/egress/nft"
+	"github.com/sbxlog/sbxlog/executors/netguard"
+	"github.com/sbxlog/sbxlog/fsm/egress"
+)
+
+const (
+	testVM      = "vm-0000000000000001"
+	testSandbox = "sb_0000000000000001"
+	testSecret  = "s3cr3t-h0st-only-value"
+)
+
+// The test's "internet": an upstream on a public-looking address on the host
+// namespace's loopback; names resolve through a fixed table.
+var (
+	upstreamIP = netip.MustParseAddr("93.184.0.10")
+	names      = map[string][]netip.Addr{
+		"api.example.test":      {upstreamIP},
+		"evil.example.test":     {upstreamIP},
+		"late.example.test":     {upstreamIP},
+		"secret.example.test":   {upstreamIP},
+		"plain.example.test":    {upstreamIP},
+		"rebind.example.test":   {netip.MustParseAddr("10.0.0.7")},
+		"mixed.example.test":    {netip.MustParseAddr("10.0.0.8"), upstreamIP},
+		"metadata.example.test": {netip.MustParseAddr("169.254.169.254")},
+	}
+)
+
+// upstream is the destination server: it answers "hello <host>" and
+// remembers the headers each request arrived with.
+type upstream struct {
+	mu   sync.Mutex
+	seen []http.Header
+	ca   *CA
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	u.seen = append(u.seen, r.Header.Clone())
+	u.mu.Unlock()
+	fmt.Fprintf(w, "hello %s", r.Host)
+}
+
+func (u *upstream) last() http.Header {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.seen) == 0 {
+		return nil
+	}
+	return u.seen[len(u.seen)-1]
+}
+
+type env struct {
+	lane   *netnstest.Lane
+	guest  *netnstest.Guest
+	door   netip.AddrPort
+	pol    *fakePolicies
+	meter  *fakeMeter
+	srv    *Server
+	ca     *CA
+	up     *upstream
+	roots  *x509.CertPool // the guest's trust: the upstream's CA and the node CA
+	apiURL string         // a host service the guest must not reach (the API port)
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{lane: netnstest.NewLane(t), pol: newFakePolicies(), meter: newFakeMeter()}
+	e.guest = e.lane.AddGuest(t, 1, "sbxtestproxy01", net.HardwareAddr{0x02, 1, 2, 3, 4, 5})
+	e.door = netip.AddrPortFrom(e.lane.HostAddr, 20001)
+	// The guard knows the host's own addresses: the bridge's and another.
+	guard, err := netguard.New(nil, []netip.Addr{e.lane.HostAddr, upstreamIP.Next()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pol.sandboxOf[testVM] = testSandbox
+	e.pol.secrets["gh"] = [2]string{"Authorization", "Bearer " + testSecret}
+
+	// The upstream, plain and TLS.
+	e.lane.Host.MustDo(t, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: upstreamIP.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+	})
+	upCA, err := NewCA("test upstream CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.up = &upstream{ca: upCA}
+	serve := func(addr string, tlsOn bool) {
+		ln, err := e.lane.Host.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tlsOn {
+			ln = tls.NewListener(ln, &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return upCA.Leaf(h.ServerName) }})
+		}
+		hs := &http.Server{Handler: e.up}
+		go hs.Serve(ln)
+		t.Cleanup(func() { hs.Close() })
+	}
+	serve(upstreamIP.String()+":80", false)
+	serve(upstreamIP.String()+":443", true)
+	// A host service on the bridge address: the API port stand-in.
+	serve(e.lane.HostAddr.String()+":8080", false)
+	e.apiURL = "http://" + e.lane.HostAddr.String() + ":8080/"
+
+	// The node: CA, proxy, the tap's lock.
+	if e.ca, err = NewCA("test node CA"); err != nil {
+		t.Fatal(err)
+	}
+	e.srv = New(Config{
+		Policies: e.pol, Meter: e.meter, Guard: guard, CA: e.ca, RootCAs: upCA.Pool(), DialIn: e.lane.Host.Do, Timeout: 3 * time.Second,
+		Lookup: func(_ context.Context, host string) ([]netip.Addr, error) {
+			if a, ok := names[host]; ok {
+				return a, nil
+			}
+			return nil, errors.New("no such host")
+		},
+	})
+	t.Cleanup(e.srv.Close)
+	e.lane.Host.MustDo(t, func() error { return e.srv.Open(testVM, Doors{TCP: e.door}) })
+	lock := nft.Lock{Tap: e.guest.Tap, GuestMAC: e.guest.MAC, Door: e.door, DoorMAC: e.lane.BridgeMAC(t)}
+	e.lane.Host.MustDo(t, func() error { return nft.Install(lock) })
+
+	e.roots = upCA.Pool()
+	e.roots.AddCert(e.ca.cert)
+	return e
+}
+
+// recorder keeps every byte the guest received.
+type recorder struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+type recConn struct {
+	net.Conn
+	r *recorder
+}
+
+func (c recConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.r.mu.Lock()
+	c.r.buf.Write(p[:n])
+	c.r.mu.Unlock()
+	return n, err
+}
+
+// client is the guest's HTTP client through its door; rec, when set,
+// records what it receives.
+func (e *env) client(rec *recorder) *http.Client {
+	proxyURL, _ := url.Parse("http://" + e.door.String())
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		Proxy: http.ProxyURL(proxyURL),
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := e.guest.DialContext(ctx, network, addr)
+			if err == nil && rec != nil {
+				c = recConn{c, rec}
+			}
+			return c, err
+		},
+		TLSClientConfig:   &tls.Config{RootCAs: e.roots},
+		DisableKeepAlives: true,
+	}}
+}
+
+func get(t *testing.T, c *http.Client, u string) (int, string) {
+	t.Helper()
+	resp, err := c.Get(u)
+	if err != nil {
+		t.Fatalf("GET %s: %v", u, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func (e *env) dropped(t *testing.T) uint64 {
+	t.Helper()
+	var st nft.State
+	e.lane.Host.MustDo(t, func() error {
+		var err error
+		st, err = nft.Inspect(e.guest.Tap)
+		return err
+	})
+	if !st.OK {
+		t.Fatalf("lock not OK: %s", st.Problem)
+	}
+	return st.Counters.Dropped().Packets
+}
+
+// TestGuestEgress is acceptance 1 from a client in the guest's namespace:
+// the allowed host through the proxy, the documented refusals, and direct
+// traffic dropped by the tap's lock with its counter moving.
+func TestGuestEgress(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox,
+		rule{host: "api.example.test"}, rule{host: "rebind.example.test"}, rule{host: "mixed.example.test"},
+		rule{host: "metadata.example.test"}, rule{host: "10.1.2.3"}, rule{host: "169.254.169.254"},
+		rule{host: e.lane.HostAddr.String()})
+	c := e.client(nil)
+
+	if st, body := get(t, c, "http://api.example.test/x"); st != 200 || body != "hello api.example.test" {
+		t.Fatalf("allowed host: %d %q", st, body)
+	}
+	if st, body := get(t, c, "https://api.example.test/x"); st != 200 || body != "hello api.example.test" {
+		t.Fatalf("allowed host over CONNECT: %d %q", st, body)
+	}
+	// A name with an internal and a public address reaches the public one.
+	if st, _ := get(t, c, "http://mixed.example.test/"); st != 200 {
+		t.Fatalf("mixed-address host: %d", st)
+	}
+	if st, body := get(t, c, "http://evil.example.test/"); st != 403 || body != "egress denied: evil.example.test\n" {
+		t.Fatalf("denied host: %d %q", st, body)
+	}
+	// Allowed by the policy, refused by the guard: 502 with the reason.
+	for _, u := range []string{"http://10.1.2.3/", "http://169.254.169.254/latest/meta-data/", e.apiURL, "http://rebind.example.test/", "http://metadata.example.test/"} {
+		st, body := get(t, c, u)
+		if st != 502 || !strings.HasPrefix(body, "egress: upstream unreachable: blocked internal address") {
+			t.Fatalf("%s: %d %q, want 502 blocked internal address", u, st, body)
+		}
+	}
+	// Not in the policy at all: the policy's 403 comes first.
+	e.pol.setRules(testSandbox, rule{host: "api.example.test"})
+	for _, u := range []string{"http://10.9.9.9/", "http://169.254.169.254/"} {
+		if st, _ := get(t, c, u); st != 403 {
+			t.Fatalf("%s without a rule: %d, want 403", u, st)
+		}
+	}
+	// A CONNECT to an internal address is refused the same way.
+	e.pol.setRules(testSandbox, rule{host: "*"})
+	if _, err := c.Get("https://10.1.2.3/"); err == nil || !strings.Contains(err.Error(), "Bad Gateway") {
+		t.Fatalf("CONNECT to an internal address: %v, want 502", err)
+	}
+
+	// Direct traffic bypassing the proxy: dropped by nft, counted.
+	before := e.dropped(t)
+	for _, a := range []string{upstreamIP.String() + ":80", e.lane.HostAddr.String() + ":8080", "169.254.169.254:80"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		conn, err := e.guest.DialContext(ctx, "tcp", a)
+		cancel()
+		if err == nil {
+			conn.Close()
+			t.Fatalf("direct connection to %s succeeded", a)
+		}
+	}
+	if after := e.dropped(t); after <= before {
+		t.Fatalf("drop counter %d -> %d: the bypass attempts did not move it", before, after)
+	}
+
+	counts := map[string]uint64{}
+	for _, c := range e.srv.Counts() {
+		counts[c.Door+" "+c.Outcome] = c.N
+	}
+	if counts["http allow"] == 0 || counts["http no_rule"] == 0 || counts["http internal"] == 0 || counts["connect allow"] == 0 || counts["connect internal"] == 0 {
+		t.Fatalf("decision counts %v", counts)
+	}
+}
+
+// TestPolicyChangeNextConnection: acceptance 3's proxy half: a change of the
+// sandbox's policy applies to the next connection, well within 1 s.
+func TestPolicyChangeNextConnection(t *testing.T) {
+	e := newEnv(t)
+	c := e.client(nil)
+	e.pol.setRules(testSandbox, rule{host: "api.example.test"})
+	if st, _ := get(t, c, "http://late.example.test/"); st != 403 {
+		t.Fatalf("before: %d", st)
+	}
+	e.pol.setRules(testSandbox, rule{host: "api.example.test"}, rule{host: "late.example.test"})
+	changed := time.Now()
+	for {
+		st, _ := get(t, c, "http://late.example.test/")
+		if st == 200 {
+			break
+		}
+		if time.Since(changed) > time.Second {
+			t.Fatalf("policy change not applied within 1 s (last %d)", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.pol.setRules(testSandbox)
+	if st, _ := get(t, c, "http://late.example.test/"); st != 403 {
+		t.Fatalf("after removal: %d", st)
+	}
+	// A VM that serves no sandbox (warm) is refused.
+	e.pol.mu.Lock()
+	delete(e.pol.sandboxOf, testVM)
+	e.pol.mu.Unlock()
+	if st, _ := get(t, c, "http://api.example.test/"); st != 403 {
+		t.Fatalf("warm VM: %d", st)
+	}
+}
+
+// TestSecretInjection is acceptance 4's proxy half: the host-held secret
+// reaches the upstream as the rule's header, over plain forward and an
+// intercepted CONNECT, and is nowhere in what the guest receives.
+func TestSecretInjection(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox,
+		rule{host: "plain.example.test", secret: "gh"},
+		rule{host: "secret.example.test", secret: "gh", intercept: egress.InterceptAlways},
+		rule{host: "api.example.test", secret: "gh"})
+	rec := &recorder{}
+	c := e.client(rec)
+	want := "Bearer " + testSecret
+	for _, u := range []string{"http://plain.example.test/", "https://secret.example.test/"} {
+		req, _ := http.NewRequest("GET", u, nil)
+		req.Header.Set("Authorization", "guest-supplied")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seen bytes.Buffer
+		_ = resp.Header.Write(&seen)
+		io.Copy(&seen, resp.Body)
+		resp.Body.Close()
+		if bytes.Contains(seen.Bytes(), []byte(testSecret)) {
+			t.Fatalf("%s: the secret is in the answer the guest decoded", u)
+		}
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", u, resp.StatusCode)
+		}
+		if got := e.up.last().Get("Authorization"); got != want {
+			t.Fatalf("%s: upstream got Authorization %q, want the secret", u, got)
+		}
+		if resp.TLS != nil && resp.TLS.PeerCertificates[0].Issuer.CommonName != "test node CA" {
+			t.Fatalf("%s: intercepted with a leaf of %q", u, resp.TLS.PeerCertificates[0].Issuer.CommonName)
+		}
+	}
+	// A spliced tunnel injects nothing (the rule's secret needs intercept).
+	if st, _ := get(t, c, "https://api.example.test/"); st != 200 || e.up.last().Get("Authorization") != "" {
+		t.Fatalf("spliced tunnel: %d, upstream Authorization %q", st, e.up.last().Get("Authorization"))
+	}
+	// The guest saw plaintext responses and TLS it could decrypt only with
+	// the node CA's leaf; check what it decrypted too.
+	rec.mu.Lock()
+	raw := rec.buf.Bytes()
+	rec.mu.Unlock()
+	if bytes.Contains(raw, []byte(testSecret)) {
+		t.Fatal("the secret reached the guest")
+	}
+	if len(raw) == 0 {
+		t.Fatal("recorded nothing")
+	}
+}
+
+// TestClaimCredentials: an "inject" rule splices a host for a claim
+// without a credential for it and intercepts it for a claim with one,
+// whose header credential then reaches the upstream (one with a
+// placeholder only where the guest sent the placeholder; none over the
+// rule's secret's header); the guest receives neither value.
+func TestClaimCredentials(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox,
+		rule{host: "api.example.test", intercept: egress.InterceptInject},
+		rule{host: "secret.example.test", secret: "gh", intercept: egress.InterceptAlways})
+	const cred, other = "claim-cred-4f1d9a", "claim-cred-placeholder-77c2"
+	rec := &recorder{}
+	c := e.client(rec)
+	do := func(u string, hdr map[string]string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("GET", u, nil)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", u, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	// No credential: the inject rule splices (the upstream's own leaf).
+	if resp := do("https://api.example.test/", nil); resp.StatusCode != 200 || resp.TLS.PeerCertificates[0].Issuer.CommonName != "test upstream CA" {
+		t.Fatalf("without a credential: %d, issuer %q", resp.StatusCode, resp.TLS.PeerCertificates[0].Issuer.CommonName)
+	}
+	e.pol.mu.Lock()
+	e.pol.creds[testSandbox] = []egress.Credential{
+		{Name: "API_KEY", Value: cred, Inject: egress.EnvInject{Hosts: []string{"api.example.test"}, Header: "X-Api-Key"}},
+		{Name: "GH_OVER", Value: "must-not-win", Inject: egress.EnvInject{Hosts: []string{"secret.example.test"}, Header: "Authorization"}},
+		{Name: "TOKEN", Value: other, Inject: egress.EnvInject{Hosts: []string{"*.example.test"}, Header: "X-Token", Placeholder: "SBX_PLACEHOLDER"}},
+	}
+	e.pol.mu.Unlock()
+	resp := do("https://api.example.test/", map[string]string{"X-Api-Key": "guest-value"})
+	if resp.StatusCode != 200 || resp.TLS.PeerCertificates[0].Issuer.CommonName != "test node CA" {
+		t.Fatalf("with a credential: %d, issuer %q", resp.StatusCode, resp.TLS.PeerCertificates[0].Issuer.CommonName)
+	}
+	if got := e.up.last(); got.Get("X-Api-Key") != cred || got.Get("X-Token") != "" {
+		t.Fatalf("upstream got X-Api-Key %q X-Token %q, want the credential and no placeholder credential", got.Get("X-Api-Key"), got.Get("X-Token"))
+	}
+	do("https://api.example.test/", map[string]string{"X-Token": "SBX_PLACEHOLDER"})
+	if got := e.up.last().Get("X-Token"); got != other {
+		t.Fatalf("placeholder sent: upstream got X-Token %q", got)
+	}
+	do("https://secret.example.test/", nil)
+	if got := e.up.last().Get("Authorization"); got != "Bearer "+testSecret {
+		t.Fatalf("the rule's secret's header: upstream got %q", got)
+	}
+	rec.mu.Lock()
+	raw := rec.buf.Bytes()
+	rec.mu.Unlock()
+	if bytes.Contains(raw, []byte(cred)) || bytes.Contains(raw, []byte(other)) || len(raw) == 0 {
+		t.Fatal("a credential reached the guest (or nothing was recorded)")
+	}
+}
+
+// socks5 connects through a SOCKS5 door to host:port and returns the reply
+// code and the connection.
+func socks5(t *testing.T, conn net.Conn, host string, port uint16) byte {
+	t.Helper()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write([]byte{5, 1, 0}); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 2)
+	if _, err := io.ReadFull(conn, b); err != nil || b[1] != 0 {
+		t.Fatalf("greeting: %v %v", b, err)
+	}
+	req := []byte{5, 1, 0, 3, byte(len(host))}
+	req = append(req, host...)
+	req = binary.BigEndian.AppendUint16(req, port)
+	if _, err := conn.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	rep := make([]byte, 10)
+	if _, err := io.ReadFull(conn, rep); err != nil {
+		t.Fatalf("reply: %v", err)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return rep[1]
+}
+
+// TestSocks: the TCP door speaks SOCKS5 when the policy opts in (0x02
+// otherwise), refuses internal destinations with 0x04 and denied hosts
+// with 0x02; the vsock doors of a none-lane VM serve HTTP and SOCKS5.
+func TestSocks(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox, rule{host: "api.example.test"}, rule{host: "rebind.example.test"})
+	dial := func() net.Conn {
+		c, err := e.guest.DialContext(context.Background(), "tcp", e.door.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	if code := socks5(t, dial(), "api.example.test", 80); code != socksNotAllowed {
+		t.Fatalf("without the opt-in: reply %d", code)
+	}
+	e.pol.mu.Lock()
+	e.pol.socks[testSandbox] = true
+	e.pol.mu.Unlock()
+	c := dial()
+	if code := socks5(t, c, "api.example.test", 80); code != socksOK {
+		t.Fatalf("opted in: reply %d", code)
+	}
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: api.example.test\r\nConnection: close\r\n\r\n")
+	b, _ := io.ReadAll(c)
+	if !bytes.Contains(b, []byte("hello api.example.test")) {
+		t.Fatalf("through SOCKS5: %q", b)
+	}
+	if code := socks5(t, dial(), "rebind.example.test", 80); code != socksUnreachable {
+		t.Fatalf("internal: reply %d", code)
+	}
+	if code := socks5(t, dial(), "evil.example.test", 80); code != socksNotAllowed {
+		t.Fatalf("denied: reply %d", code)
+	}
+
+	// A none-lane VM: its doors are the vsock unix sockets.
+	const vm2, sb2 = "vm-0000000000000002", "sb_0000000000000002"
+	e.pol.mu.Lock()
+	e.pol.sandboxOf[vm2] = sb2
+	e.pol.socks[sb2] = true
+	e.pol.mu.Unlock()
+	e.pol.setRules(sb2, rule{host: "api.example.test"})
+	vs := filepath.Join(t.TempDir(), "vsock.sock")
+	if err := e.srv.Open(vm2, VsockDoors(vs)); err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: "door"}),
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", vs+"_2049")
+		},
+	}}
+	if st, body := get(t, hc, "http://api.example.test/"); st != 200 || body != "hello api.example.test" {
+		t.Fatalf("vsock HTTP door: %d %q", st, body)
+	}
+	if st, _ := get(t, hc, "http://evil.example.test/"); st != 403 {
+		t.Fatalf("vsock HTTP door, denied: %d", st)
+	}
+	sc, err := net.Dial("unix", vs+"_2050")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	if code := socks5(t, sc, "api.example.test", 80); code != socksOK {
+		t.Fatalf("vsock SOCKS5 door: reply %d", code)
+	}
+	e.srv.CloseDoors(vm2)
+	if _, err := net.Dial("unix", vs+"_2049"); err == nil {
+		t.Fatal("door still open after CloseDoors")
+	}
+}
+
+// TestMeterAggregates: decisions reach the meter with their doors; bytes
+// reach it as totals per sandbox (a few Transfer calls, not one per read),
+// and closing the doors closes the sandbox's record.
+func TestMeterAggregates(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox, rule{host: "api.example.test"})
+	c := e.client(nil)
+	for range 5 {
+		if st, _ := get(t, c, "http://api.example.test/"); st != 200 {
+			t.Fatal(st)
+		}
+	}
+	get(t, c, "http://evil.example.test/")
+	e.srv.CloseDoors(testVM)
+	m := e.meter
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var allows, denies int
+	for _, d := range m.decisions {
+		switch d {
+		case testSandbox + " http allow":
+			allows++
+		case testSandbox + " http no_rule":
+			denies++
+		}
+	}
+	if allows != 5 || denies != 1 {
+		t.Fatalf("decisions %v", m.decisions)
+	}
+	if want := int64(5 * len("hello api.example.test")); m.rx[testSandbox] != want {
+		t.Fatalf("rx %d, want %d", m.rx[testSandbox], want)
+	}
+	if m.transfers > 5 {
+		t.Fatalf("%d transfers for 5 requests", m.transfers)
+	}
+	if len(m.closed) != 1 || m.closed[0] != testSandbox {
+		t.Fatalf("closed %v", m.closed)
+	}
+}
+
+// TestGuestEnv: the guest learns its door and the node CA, nothing secret.
+func TestGuestEnv(t *testing.T) {
+	ca, err := NewCA("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{CA: ca})
+	t.Cleanup(s.Close)
+	if env := s.GuestEnv("vm"); env != nil {
+		t.Fatalf("env of a VM without doors: %v", env)
+	}
+	vs := filepath.Join(t.TempDir(), "v.sock")
+	if err := s.Open("vm", VsockDoors(vs)); err != nil {
+		t.Fatal(err)
+	}
+	env := s.GuestEnv("vm")
+	if env["http_proxy"] != "http://127.0.0.1:3128" || env["HTTPS_PROXY"] != "http://127.0.0.1:3128" || env["SBX_EGRESS_CA_PEM"] != string(ca.PEM()) || env["SBX_EGRESS_CA_FILE"] != GuestCAFile {
+		t.Fatalf("vsock guest env %v", env)
+	}
+	if d, ok := s.OpenDoors("vm"); !ok || d.HTTPSocket != vs+"_2049" || d.SocksSocket != vs+"_2050" {
+		t.Fatalf("doors %+v %v", d, ok)
+	}
+	// Opening the same doors again is a no-op; CloseDoors removes the sockets.
+	if err := s.Open("vm", VsockDoors(vs)); err != nil {
+		t.Fatal(err)
+	}
+	s.CloseDoors("vm")
+	if _, err := os.Stat(vs + "_2049"); !os.IsNotExist(err) {
+		t.Fatalf("door socket left: %v", err)
+	}
+}
+
+// TestCAPersists: the node CA is made once and loaded back; its leaves
+// verify against it for the host they name.
+func TestCAPersists(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ca")
+	a, err := LoadOrCreateCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := LoadOrCreateCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a.PEM(), b.PEM()) {
+		t.Fatal("a second load made another CA")
+	}
+	if fi, err := os.Stat(filepath.Join(dir, CAKeyFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file %v %v", fi, err)
+	}
+	leaf, err := b.Leaf("api.example.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Leaf.Verify(x509.VerifyOptions{DNSName: "api.example.test", Roots: a.Pool()}); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := b.Leaf("api.example.test"); again != leaf {
+		t.Fatal("leaf not cached")
+	}
+}
