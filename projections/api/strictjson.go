@@ -30,9 +30,14 @@ func checkStrictJSON(data []byte, t reflect.Type) error {
 // scanner walks one JSON text. Its methods return errStop (not a
 // strictness error) when the text is not well-formed.
 type scanner struct {
-	b []byte
-	i int
+	b     []byte
+	i     int
+	depth int
 }
+
+// maxDepth bounds nesting as encoding/json does: deeper input is left to
+// the decoder (which refuses it) instead of growing the stack.
+const maxDepth = 10000
 
 // errStop ends the scan quietly: the decoder reports what is wrong.
 var errStop = fmt.Errorf("api: not well-formed JSON")
@@ -62,6 +67,10 @@ func elem(t reflect.Type) reflect.Type {
 
 func (s *scanner) value(t reflect.Type, path string) error {
 	t = elem(t)
+	if s.depth++; s.depth > maxDepth {
+		return errStop
+	}
+	defer func() { s.depth-- }()
 	s.ws()
 	if s.i >= len(s.b) {
 		return nil
@@ -146,9 +155,11 @@ func (s *scanner) object(t reflect.Type, path string) error {
 			mapElem = t.Elem()
 		}
 	}
-	// The keys seen in this object: a few, compared as bytes.
+	// The keys seen in this object: a few, compared as bytes; past a few,
+	// a set, so a body of many keys costs linear time, not quadratic.
 	var seenArr [16][]byte
 	seen := seenArr[:0]
+	var seenSet map[string]struct{}
 	s.i++
 	for {
 		s.ws()
@@ -174,12 +185,24 @@ func (s *scanner) object(t reflect.Type, path string) error {
 			}
 			key = []byte(k)
 		}
-		for _, k := range seen {
-			if bytes.Equal(k, key) {
-				return fmt.Errorf("duplicate field %q", joinPath(path, key))
+		dup := false
+		if seenSet != nil {
+			_, dup = seenSet[string(key)]
+			seenSet[string(key)] = struct{}{}
+		} else {
+			for _, k := range seen {
+				dup = dup || bytes.Equal(k, key)
+			}
+			if seen = append(seen, key); len(seen) == len(seenArr) {
+				seenSet = make(map[string]struct{}, 2*len(seenArr))
+				for _, k := range seen {
+					seenSet[string(k)] = struct{}{}
+				}
 			}
 		}
-		seen = append(seen, key)
+		if dup {
+			return fmt.Errorf("duplicate field %q", joinPath(path, key))
+		}
 		vt := mapElem
 		if fields != nil {
 			ft, exact := fields[string(key)]
