@@ -219,17 +219,18 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// Not answered from Durable (a warm claim behind an Engine that never
 	// calls it, or a claim still pending): answer from the state, once the
 	// log is durable up to what the answer reports.
-	c, _ = s.claim(claimID)
-	if c.Status == fsm.ClaimPending {
+	if c, _ = s.claim(claimID); c.Status == fsm.ClaimPending {
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClaimWait)
 		defer cancel()
 		select {
 		case <-served:
 		case <-ctx.Done():
 		}
-		if c, err = s.durableClaim(r.Context(), claimID); err != nil {
-			return err
-		}
+	}
+	// Served while ProposeNew returned or since: the state may still run
+	// ahead of the log (or, with synchronous replication, of JetStream).
+	if c, err = s.durableClaim(r.Context(), claimID); err != nil {
+		return err
 	}
 	switch {
 	case c.Status == fsm.ClaimPending:

@@ -148,6 +148,12 @@ func (s *Server) runTransition(ctx context.Context, r *http.Request, id string, 
 // 404 when the claim ended first (released during a hibernate, say).
 func (s *Server) outcome(ctx context.Context, r *http.Request, wt *watch, seq uint64, id string, op *transitionOp) error {
 	ev, err := s.next(ctx, wt, seq, op.done, op.failed, event.TypeClaimFailed, event.TypeClaimReleased, event.TypeClaimExpired)
+	if err == nil {
+		// The answer reports ev: it goes out once the log is durable up to
+		// it (OnCommit saw it durable here; with synchronous replication
+		// the Log waits for JetStream too).
+		err = s.durable(ctx, ev.Seq)
+	}
 	switch {
 	case err != nil:
 		return s.waitErr(r, id, op, "", err)
@@ -211,13 +217,19 @@ func (s *Server) waitErr(r *http.Request, id string, op *transitionOp, doing str
 // ones the read did not see.
 func (s *Server) durableState(ctx context.Context, id string) (c fsm.ClaimRec, found bool, seq uint64, err error) {
 	s.eng.View(func(st *fsm.State) { c, found = st.Claim(id); seq = st.Applied() })
+	return c, found, seq, s.durable(ctx, seq)
+}
+
+// durable waits until the log is durable up to seq: ctx's error when it
+// ended first, else the log's as ErrUnavailable.
+func (s *Server) durable(ctx context.Context, seq uint64) error {
 	if err := s.log.WaitDurable(ctx, seq); err != nil {
 		if ctx.Err() != nil {
-			return c, found, seq, ctx.Err()
+			return ctx.Err()
 		}
-		return c, found, seq, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	return c, found, seq, nil
+	return nil
 }
 
 // transitionAsync is hibernate or wake answered once the request is

@@ -464,16 +464,17 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		apiOpts.DataPlane.Dialer = gd
 	}
 	var apiEng api.Engine = n.Engine
+	var apiLog api.Log = n.Log
 	if n.Repl != nil {
 		if apiOpts.Redirector == nil {
 			apiOpts.Redirector = redirector{svc: n.Repl, self: cfg.NodeID}
 		}
 		apiOpts.Replication = func() any { return n.Repl.Status() }
 		if cfg.Replication.Sync {
-			apiEng = syncEngine{eng: n.Engine, svc: n.Repl, timeout: cfg.Replication.syncTimeout()}
+			apiEng, apiLog = n.syncAPI(cfg.Replication.syncTimeout())
 		}
 	}
-	n.Server = api.New(apiCfg, apiEng, n.Log, n.Auth, apiOpts)
+	n.Server = api.New(apiCfg, apiEng, apiLog, n.Auth, apiOpts)
 	n.Executors = scheduler.New(n.Driver, proposer{n.Engine}, scheduler.Options{Concurrency: cfg.Concurrency, Log: zl, Observer: metrics})
 	n.Engine.SetOnCommit(func(c engine.Commit) {
 		n.Server.OnCommit(c.Events)

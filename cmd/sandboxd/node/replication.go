@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
+	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
@@ -148,9 +149,8 @@ func (r redirector) OwnerOf(id string) (string, bool) {
 // a field, not embedded, so no write method of the engine reaches the API
 // without the wait.
 type syncEngine struct {
-	eng     *engine.Engine
-	svc     *replication.Service
-	timeout time.Duration
+	eng  *engine.Engine
+	repl replicatedWait
 }
 
 var _ api.Engine = syncEngine{}
@@ -165,17 +165,83 @@ func (s syncEngine) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Com
 	}
 	// A no-op reports the state at res.Seq: it is confirmed only once that
 	// is replicated too.
-	seq := res.Seq
-	wctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	if err := s.svc.WaitReplicated(wctx, seq); err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("no acknowledgement within %s", s.timeout)
-		}
-		return res, fmt.Errorf("%w: event %d is committed on this node but not replicated: %v", api.ErrUnavailable, seq, err)
+	if err := s.repl.wait(ctx, res.Seq); err != nil {
+		return res, fmt.Errorf("%w: %w", api.ErrUnavailable, err)
 	}
 	if hooks.Durable != nil && len(res.Events) > 0 {
 		hooks.Durable()
 	}
 	return res, nil
 }
+
+// syncLog is the op log as the API sees it in synchronous mode: WaitDurable
+// returns once the events up to seq are durable here and acknowledged by
+// JetStream. The API waits on it before every answer it builds from the
+// state rather than from its own command (a clone or cold claim's 200 once
+// served, a hibernate's or wake's outcome, drain's info once its VMs are
+// gone), so those confirm no more than syncEngine's answers do: nothing a
+// lost node could take back.
+type syncLog struct {
+	*eventlog.Log
+	repl replicatedWait
+}
+
+var _ api.Log = syncLog{}
+
+func (l syncLog) WaitDurable(ctx context.Context, seq uint64) error {
+	if err := l.Log.WaitDurable(ctx, seq); err != nil {
+		return err
+	}
+	if err := l.repl.wait(ctx, seq); err != nil {
+		// A caller that gave up is answered as by the local wait.
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return err
+	}
+	return nil
+}
+
+// syncAPI returns the engine and the op log the API gets in synchronous
+// mode: both wait for the JetStream ack the same way (replicatedWait).
+func (n *Node) syncAPI(timeout time.Duration) (api.Engine, api.Log) {
+	w := replicatedWait{svc: n.Repl, timeout: timeout}
+	return syncEngine{eng: n.Engine, repl: w}, syncLog{Log: n.Log, repl: w}
+}
+
+// replicatedWait is synchronous mode's one wait for JetStream: until it
+// acknowledged event seq, at most timeout.
+type replicatedWait struct {
+	svc     *replication.Service
+	timeout time.Duration
+}
+
+// wait returns nil once seq is replicated, else a *notReplicatedError.
+func (w replicatedWait) wait(ctx context.Context, seq uint64) error {
+	wctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	err := w.svc.WaitReplicated(wctx, seq)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("no acknowledgement within %s", w.timeout)
+	}
+	return &notReplicatedError{seq: seq, reason: err}
+}
+
+// notReplicatedError is a wait for the JetStream ack of event seq that
+// ended without it: the events are committed on this node all the same. It
+// is an api.ErrUnavailable (a 503 with its text). It keeps the reason as
+// text only: a timeout is not a context.DeadlineExceeded for the API, which
+// answers those as its own waits' bounds.
+type notReplicatedError struct {
+	seq    uint64
+	reason error
+}
+
+func (e *notReplicatedError) Error() string {
+	return fmt.Sprintf("event %d is committed on this node but not replicated: %v", e.seq, e.reason)
+}
+
+func (e *notReplicatedError) Is(target error) bool { return target == api.ErrUnavailable }
