@@ -1,7 +1,6 @@
 package chsim
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -71,19 +70,6 @@ func newSimGuest(files []silkagent.MemFile, now func() time.Time) *simGuest {
 		},
 	}
 }
-
-// serveAgent runs the agent on a vsock connection whose CONNECT line r has
-// read; what r buffered past it is the agent's first input.
-func (g *simGuest) serveAgent(c net.Conn, r *bufio.Reader) {
-	g.agent.ServeConn(&bufferedConn{Conn: c, r: r})
-}
-
-type bufferedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 
 // simDial connects port_forward: SimEchoPort is the echo server, anything
 // else is refused.

@@ -11,6 +11,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/sbxlog/sbxlog/executors/handshake"
 )
 
 // The data plane's handshake lines.
@@ -42,26 +44,14 @@ func validKey(k string) bool {
 	return err == nil
 }
 
-// readLineBytewise reads one "\n"-terminated line of at most max bytes
-// without reading past it.
-func readLineBytewise(c net.Conn, max int) (string, error) {
-	buf := make([]byte, 0, max)
-	var b [1]byte
-	for {
-		n, err := c.Read(b[:])
-		if n == 1 {
-			if b[0] == '\n' {
-				return strings.TrimSuffix(string(buf), "\r"), nil
-			}
-			if len(buf) == max {
-				return "", fmt.Errorf("line longer than %d bytes", max)
-			}
-			buf = append(buf, b[0])
-		}
-		if err != nil {
-			return "", err
-		}
+// readHandshakeLine reads one handshake line of at most max bytes without reading
+// past it (package executors/handshake), a trailing "\r" dropped.
+func readHandshakeLine(c net.Conn, max int) (string, error) {
+	line, err := handshake.ReadLine(c, max)
+	if err != nil {
+		return "", err
 	}
+	return strings.TrimSuffix(string(line), "\r"), nil
 }
 
 // DialData connects to the agent's data plane at addr (TCP) and does the
@@ -90,7 +80,7 @@ func dataHandshake(ctx context.Context, c *net.TCPConn, key string) error {
 	if _, err := c.Write([]byte(authPrefix + key + "\n")); err != nil {
 		return fmt.Errorf("agent: data handshake: %w", ctxFirst(ctx, err))
 	}
-	line, err := readLineBytewise(c, len(authOK)+1)
+	line, err := readHandshakeLine(c, len(authOK)+1)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return fmt.Errorf("agent: data handshake: %w", cerr)
@@ -120,7 +110,7 @@ func ctxFirst(ctx context.Context, err error) error {
 // clears the deadline; on failure the caller closes c.
 func AcceptData(c net.Conn, key string, timeout time.Duration) error {
 	_ = c.SetDeadline(time.Now().Add(timeout))
-	line, err := readLineBytewise(c, maxAuthLine)
+	line, err := readHandshakeLine(c, maxAuthLine)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrDataRefused, err)
 	}
