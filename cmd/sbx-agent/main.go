@@ -5,8 +5,9 @@
 //     port (-tty): readiness, the test verbs, and the data plane's key;
 //   - the data plane, silkd v1 (package executors/guest/silkagent with the
 //     machine's own processes, files and ports), on TCP (-listen), each
-//     connection after the AUTH handshake with the key the host last gave
-//     on the serial port (agent.AcceptData). The host reaches it through
+//     connection after the challenge-response on the key the host last
+//     gave on the serial port (agent.AcceptData): each side proves it holds
+//     the key, which never crosses the wire. The host reaches it through
 //     QEMU's port forward (package executors/qemu).
 package main
 
@@ -28,7 +29,7 @@ import (
 func main() {
 	tty := flag.String("tty", "/dev/ttyS1", "serial device the host talks to")
 	data := flag.String("data", "/tmp/sbx-data", "data file for write and sha (on tmpfs)")
-	listen := flag.String("listen", ":2048", "TCP address of the data plane (silkd v1 after the AUTH handshake); empty: none")
+	listen := flag.String("listen", ":2048", "TCP address of the data plane (silkd v1 after the key handshake); empty: none")
 	flag.Parse()
 
 	id := make([]byte, 8)
@@ -92,7 +93,7 @@ func serveData(srv *agent.Server, silk *silkagent.Server, addr string) {
 	}
 }
 
-// dataHandshakeTimeout bounds a data connection's AUTH line.
+// dataHandshakeTimeout bounds a data connection's handshake.
 const dataHandshakeTimeout = 10 * time.Second
 
 func serve(srv *agent.Server, path string) error {

@@ -7,7 +7,7 @@
 //
 // Contract of Dial:
 //   - The answer is read one byte at a time up to its newline (at most
-//     MaxAnswer bytes), so nothing the guest sends after it is consumed: the
+//     MaxAnswer bytes, with package executors/handshake), so nothing the guest sends after it is consumed: the
 //     returned connection is the raw *net.UnixConn, positioned at the guest's
 //     first byte, and keeps the kernel fast paths (splice) a relay uses.
 //   - ctx bounds the dial and the handshake (its deadline becomes the
@@ -27,6 +27,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/sbxlog/sbxlog/executors/handshake"
 )
 
 // MaxAnswer bounds the VMM's answer line; a real one is "OK " and a port.
@@ -44,14 +46,14 @@ func Dial(ctx context.Context, socket string, port uint32) (*net.UnixConn, error
 		return nil, err
 	}
 	conn := c.(*net.UnixConn)
-	if err := handshake(ctx, conn, port); err != nil {
+	if err := connect(ctx, conn, port); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	return conn, nil
 }
 
-func handshake(ctx context.Context, conn *net.UnixConn, port uint32) error {
+func connect(ctx context.Context, conn *net.UnixConn, port uint32) error {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
@@ -62,30 +64,22 @@ func handshake(ctx context.Context, conn *net.UnixConn, port uint32) error {
 	if _, err := conn.Write(append(req, '\n')); err != nil {
 		return fmt.Errorf("send CONNECT %d: %w", port, ctxErr(ctx, err))
 	}
-	var buf [MaxAnswer]byte
-	n := 0
-	for {
-		if n == len(buf) {
-			return fmt.Errorf("%w: answer to CONNECT %d too long: %q", ErrRefused, port, buf[:n])
-		}
-		k, err := conn.Read(buf[n : n+1])
-		n += k
-		if k == 1 && buf[n-1] == '\n' {
-			break
-		}
-		if err != nil {
-			if cerr := ctx.Err(); cerr != nil {
-				return fmt.Errorf("no answer to CONNECT %d: %w", port, cerr)
-			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				// The deadline is the context's, and may fire a moment
-				// before the context reports it.
-				return fmt.Errorf("no answer to CONNECT %d: %w (%w)", port, context.DeadlineExceeded, err)
-			}
-			return fmt.Errorf("%w: no answer to CONNECT %d: %w", ErrRefused, port, err)
-		}
+	// The answer and its newline fit in MaxAnswer bytes.
+	line, err := handshake.ReadLine(conn, MaxAnswer-1)
+	if errors.Is(err, handshake.ErrLineTooLong) {
+		return fmt.Errorf("%w: answer to CONNECT %d too long: %q", ErrRefused, port, line)
 	}
-	line := buf[:n-1]
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("no answer to CONNECT %d: %w", port, cerr)
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The deadline is the context's, and may fire a moment
+			// before the context reports it.
+			return fmt.Errorf("no answer to CONNECT %d: %w (%w)", port, context.DeadlineExceeded, err)
+		}
+		return fmt.Errorf("%w: no answer to CONNECT %d: %w", ErrRefused, port, err)
+	}
 	if !bytes.HasPrefix(line, []byte("OK ")) {
 		return fmt.Errorf("%w: answer to CONNECT %d: %q", ErrRefused, port, bytes.TrimSpace(line))
 	}

@@ -133,10 +133,12 @@ func (q *Recipes) rearm(ctx context.Context, runDir string) error {
 }
 
 // DialAgent connects to the data plane of the VM in runDir (absolute): TCP
-// to its loopback port, then the AUTH handshake with its key. A guest that
-// refuses the key is given it again over the serial port, once; a refused
-// connection is retried until ctx ends (the agent may still be starting).
-// Failures wrap executors.ErrAgentUnreachable.
+// to its loopback port, then the challenge-response on its key
+// (agent.DialData), which refuses a listener that cannot prove the key. A
+// guest that refuses the key, or cannot prove it, is given it again over
+// the serial port, once; a refused connection is retried until ctx ends
+// (the agent may still be starting). Failures wrap
+// executors.ErrAgentUnreachable.
 func (q *Recipes) DialAgent(ctx context.Context, runDir string) (net.Conn, error) {
 	fail := func(err error) (net.Conn, error) {
 		return nil, fmt.Errorf("%w: %s: %w", executors.ErrAgentUnreachable, runDir, err)
@@ -148,11 +150,12 @@ func (q *Recipes) DialAgent(ctx context.Context, runDir string) (net.Conn, error
 	if err != nil {
 		return fail(err)
 	}
-	// A refusal is either the guest refusing the key (re-armed once) or
-	// QEMU's user network closing the connection because nothing in the
-	// guest listens yet (an agent still starting after a boot or restore):
-	// the two look alike from here, so a refused dial is retried, with a
-	// short backoff, until ctx ends.
+	// A refusal is either the guest holding another key (re-armed once;
+	// re-arming needs the VM's serial port, so a process squatting the
+	// port of a dead VM fails here) or QEMU's user network closing the
+	// connection because nothing in the guest listens yet (an agent still
+	// starting after a boot or restore): the two look alike from here, so a
+	// refused dial is retried, with a short backoff, until ctx ends.
 	backoff, rearmed := 20*time.Millisecond, false
 	for {
 		c, err := agent.DialData(ctx, n.addr(), n.Key)

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +54,40 @@ func TestAgentNetArgs(t *testing.T) {
 	}
 	if _, err := q.DialAgent(context.Background(), t.TempDir()); !errors.Is(err, executors.ErrAgentUnreachable) {
 		t.Fatalf("DialAgent without an agent network = %v", err)
+	}
+}
+
+// A local process that binds a dead VM's loopback port before anything
+// else does is a listener that cannot prove the key: DialAgent refuses it
+// (answering OK is not enough) and sends it nothing but its nonce, so it
+// learns neither the key nor the client's silkd stream.
+func TestDialAgentRefusesSquatter(t *testing.T) {
+	addr, got := guesttest.Squatter(t, "OK\n")
+	_, port, _ := net.SplitHostPort(addr)
+	p, _ := strconv.Atoi(port)
+	key, _ := agent.NewKey()
+	n := agentNet{Port: p, Key: key}
+	dir := t.TempDir()
+	if err := writeAgentNet(dir, n); err != nil {
+		t.Fatal(err)
+	}
+	q, err := NewRecipes(RecipesConfig{Accel: AccelTCG, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := q.DialAgent(ctx, dir)
+	if err == nil {
+		c.Close()
+		t.Fatal("DialAgent accepted a listener that answered OK without the key")
+	}
+	if !errors.Is(err, executors.ErrAgentUnreachable) || !errors.Is(err, agent.ErrGuestUnproven) {
+		t.Fatalf("DialAgent = %v, want unreachable: guest unproven", err)
+	}
+	sent := <-got
+	if bytes.Contains(sent, []byte(key)) || !bytes.HasPrefix(sent, []byte("HELLO ")) || bytes.Count(sent, []byte("\n")) != 1 {
+		t.Fatalf("the squatter was sent %q, want only the host's HELLO", sent)
 	}
 }
 

@@ -37,16 +37,23 @@
 //     is free when chosen at every launch (a launch whose port was taken
 //     before QEMU bound it is retried with another) and bound on loopback
 //     only, so it is reachable from this host alone;
-//   - as other local processes can reach a loopback port, every connection
-//     starts with "AUTH <key>": a 32-byte key made at every launch, kept in
-//     the run dir's agent.json (0600, next to the port) and given to the
-//     guest agent over its serial port once it answers (every boot and
-//     restore: a restored guest still holds the key of the VM it was
-//     snapshotted from, a golden's for a clone). The agent refuses a wrong
-//     key and, until it has one, everyone. DialAgent reads agent.json,
-//     connects, sends the key and reads "OK"; a guest that refuses the key
-//     (a VM adopted after a crash between launch and arming) is given it
-//     again, once.
+//   - as other local processes can reach a loopback port (and can bind it
+//     while the VM's QEMU is dead), every connection starts with a mutual
+//     challenge-response (package executors/guest/agent): host and guest
+//     each send a fresh 32-byte nonce and prove they hold the VM's key with
+//     an HMAC-SHA256 over both nonces and a direction label; the key never
+//     crosses the wire. The key is 32 random bytes made at every launch,
+//     kept in the run dir's agent.json (0600, next to the port) and given
+//     to the guest agent over its serial port once it answers (every boot
+//     and restore: a restored guest still holds the key of the VM it was
+//     snapshotted from, a golden's for a clone). The agent refuses a host
+//     that cannot prove the key and, until it has one, everyone. DialAgent
+//     reads agent.json, connects, sends its nonce, checks the guest's proof
+//     before it sends anything else (a listener that cannot prove the key
+//     is refused: agent.ErrGuestUnproven), sends its own and reads "OK"; a
+//     guest that refuses or cannot prove the key (a VM adopted after a
+//     crash between launch and arming) is given it again over the serial
+//     port, once.
 //
 // Many connections run at once (each is a TCP connection through QEMU's
 // user-mode stack). Snapshots record the NIC (Meta.AgentNet), so a restore

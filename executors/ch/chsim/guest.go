@@ -1,7 +1,6 @@
 package chsim
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -24,7 +23,9 @@ import (
 // the protocol is the real one and only what it acts on is simulated:
 //   - info says so: agent "chsim simulated guest", simulated true.
 //   - Files live in memory, one tree per VM (its tmpfs): empty after a
-//     boot, kept in the snapshot's state.json across hibernate and wake.
+//     boot, kept in the snapshot's state.json across hibernate and wake,
+//     bounded by Options.GuestFSBytes and half the VM's memory (what
+//     would pass it fails with ENOSPC, reported as a full tmpfs is).
 //   - exec runs no host command, ever. It simulates SimCommands (echo,
 //     cat of stdin or of files of the tree, true, false, sleep) with
 //     synthetic pids; anything else is a bad_request that says so.
@@ -50,9 +51,10 @@ type simGuest struct {
 	agent *silkagent.Server
 }
 
-func newSimGuest(files []silkagent.MemFile, now func() time.Time) *simGuest {
+func newSimGuest(files []silkagent.MemFile, now func() time.Time, limit int64) *simGuest {
 	fs := silkagent.NewMemFS(files)
 	fs.Now = now
+	fs.Limit = limit
 	// A guest starts with the directories a busybox initramfs has.
 	for _, d := range []string{"/tmp", "/root"} {
 		if _, err := fs.Stat(d); err != nil {
@@ -72,18 +74,18 @@ func newSimGuest(files []silkagent.MemFile, now func() time.Time) *simGuest {
 	}
 }
 
-// serveAgent runs the agent on a vsock connection whose CONNECT line r has
-// read; what r buffered past it is the agent's first input.
-func (g *simGuest) serveAgent(c net.Conn, r *bufio.Reader) {
-	g.agent.ServeConn(&bufferedConn{Conn: c, r: r})
+// guestFSLimit is the bound of v's simulated tmpfs: GuestFSBytes (its
+// default when unset), and at most half the VM's memory.
+func (s *Server) guestFSLimit(v *vmInstance) int64 {
+	limit := s.opts.GuestFSBytes
+	if limit == 0 {
+		limit = DefaultGuestFSBytes
+	}
+	if half := v.memSize / 2; half > 0 {
+		limit = min(limit, half)
+	}
+	return limit
 }
-
-type bufferedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 
 // simDial connects port_forward: SimEchoPort is the echo server, anything
 // else is refused.

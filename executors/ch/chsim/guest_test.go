@@ -22,9 +22,15 @@ import (
 // its API client and a dialer for its silkd agent.
 func simVM(t *testing.T) (*ch.Client, string, func() *silkd.Conn) {
 	t.Helper()
+	return simVMWith(t, chsim.DefaultOptions(), 32<<20)
+}
+
+// simVMWith is simVM with opts and memBytes of memory.
+func simVMWith(t *testing.T, opts chsim.Options, memBytes int64) (*ch.Client, string, func() *silkd.Conn) {
+	t.Helper()
 	dir := shortDir(t)
-	c := inProc(t, dir, chsim.DefaultOptions())
-	cfg := vmConfig(t, dir, 32<<20)
+	c := inProc(t, dir, opts)
+	cfg := vmConfig(t, dir, memBytes)
 	sock := filepath.Join(dir, "v.sock")
 	cfg.SetVsock(3, sock)
 	boot(t, c, cfg)
@@ -156,6 +162,26 @@ func TestSimulatedFilesSurviveSnapshot(t *testing.T) {
 	if err := dial().WriteFile(ctx, silkd.FsWrite{Path: "/root/kept"}, strings.NewReader("across hibernate")); err != nil {
 		t.Fatal(err)
 	}
+	snapshotAndRestore(t, ctx, c, dir)
+	var b bytes.Buffer
+	if _, err := dial().ReadFile(ctx, "/root/kept", &b); err != nil || b.String() != "across hibernate" {
+		t.Fatalf("after restore: %q, %v", b.String(), err)
+	}
+	if err := c.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Boot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dial().Stat(ctx, "/root/kept"); !errors.Is(err, silkd.ErrNotFound) {
+		t.Fatalf("after a fresh boot: %v, want the tmpfs empty", err)
+	}
+}
+
+// snapshotAndRestore hibernates the VM into dir's "snap" and restores it
+// running.
+func snapshotAndRestore(t *testing.T, ctx context.Context, c *ch.Client, dir string) {
+	t.Helper()
 	if err := c.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -169,17 +195,49 @@ func TestSimulatedFilesSurviveSnapshot(t *testing.T) {
 	if err := c.Restore(ctx, ch.RestoreConfig{SourceURL: url, MemoryRestoreMode: ch.RestoreCopy, Resume: true}); err != nil {
 		t.Fatal(err)
 	}
-	var b bytes.Buffer
-	if _, err := dial().ReadFile(ctx, "/root/kept", &b); err != nil || b.String() != "across hibernate" {
-		t.Fatalf("after restore: %q, %v", b.String(), err)
-	}
-	if err := c.Shutdown(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Boot(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dial().Stat(ctx, "/root/kept"); !errors.Is(err, silkd.ErrNotFound) {
-		t.Fatalf("after a fresh boot: %v, want the tmpfs empty", err)
+}
+
+// Each VM's simulated tmpfs is bounded, by GuestFSBytes and by half the
+// VM's memory: a write past it fails as on a full tmpfs (ENOSPC), one that
+// fits still succeeds, and a restored VM keeps the bound.
+func TestSimulatedFilesBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		env   string // SBX_CHSIM_GUEST_FS_BYTES
+		mem   int64
+		limit int64
+	}{
+		{"half the memory", "", 8 << 20, 4 << 20},
+		{"the option", "1MiB", 32 << 20, 1 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := chsim.DefaultOptions()
+			if err := opts.ApplyEnv(func(k string) string {
+				if k == chsim.EnvGuestFSBytes {
+					return tc.env
+				}
+				return ""
+			}); err != nil {
+				t.Fatal(err)
+			}
+			c, dir, dial := simVMWith(t, opts, tc.mem)
+			ctx := gctx(t)
+			full := func(what string) {
+				t.Helper()
+				err := dial().WriteFile(ctx, silkd.FsWrite{Path: "/tmp/big"}, bytes.NewReader(make([]byte, tc.limit)))
+				if !errors.Is(err, silkd.ErrInternal) || !strings.Contains(err.Error(), "no space left on device") {
+					t.Fatalf("%s: a write of the whole bound = %v, want no space left on device", what, err)
+				}
+			}
+			full("booted")
+			if err := dial().WriteFile(ctx, silkd.FsWrite{Path: "/tmp/half"}, bytes.NewReader(make([]byte, tc.limit/2))); err != nil {
+				t.Fatalf("a write that fits: %v", err)
+			}
+			snapshotAndRestore(t, ctx, c, dir)
+			full("restored")
+			if st, err := dial().Stat(ctx, "/tmp/half"); err != nil || st.Size != uint64(tc.limit/2) {
+				t.Fatalf("after restore: %+v, %v", st, err)
+			}
+		})
 	}
 }

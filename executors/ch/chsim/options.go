@@ -26,6 +26,7 @@ const (
 	EnvVsockPorts        = "SBX_CHSIM_VSOCK_PORTS"         // comma-separated guest ports that accept (default: all)
 	EnvIgnoreSIGTERM     = "SBX_CHSIM_IGNORE_SIGTERM"      // "1": a wedged VMM that only SIGKILL stops
 	EnvGuestTick         = "SBX_CHSIM_GUEST_TICK"          // how often a running guest writes its heartbeat
+	EnvGuestFSBytes      = "SBX_CHSIM_GUEST_FS_BYTES"      // bound of each VM's simulated tmpfs
 )
 
 // Defaults.
@@ -37,6 +38,9 @@ const (
 	DefaultGuestTick = 100 * time.Millisecond
 	// DefaultMemorySize is CH's memory size when a config names none.
 	DefaultMemorySize = 512 << 20
+	// DefaultGuestFSBytes bounds a VM's simulated tmpfs, which lives in
+	// the simulator's (the host's) memory.
+	DefaultGuestFSBytes = 256 << 20
 )
 
 // FailAction says what an injected failure does.
@@ -103,6 +107,10 @@ type Options struct {
 	// GuestTick is the period of the running guest's heartbeat write and
 	// page touch.
 	GuestTick time.Duration
+	// GuestFSBytes bounds each VM's simulated tmpfs (its files' data, paths
+	// and a per-node overhead; silkagent.MemFS.Limit): a write past it is
+	// ENOSPC. A VM gets at most half its memory, a tmpfs's default size.
+	GuestFSBytes int64
 	// VsockPorts restricts the guest ports that accept; empty accepts all.
 	VsockPorts []uint32
 	// IgnoreSIGTERM makes the binary ignore SIGTERM, like a wedged VMM, so
@@ -126,6 +134,7 @@ func DefaultOptions() Options {
 		DirtyBytes:        DefaultDirtyBytes,
 		BalloonRate:       DefaultBalloonRate,
 		GuestTick:         DefaultGuestTick,
+		GuestFSBytes:      DefaultGuestFSBytes,
 	}
 }
 
@@ -150,6 +159,7 @@ func (o *Options) ApplyEnv(getenv func(string) string) error {
 	set(EnvExitRandom, durationInto(&o.ExitRandom))
 	set(EnvDirtyBytes, sizeInto(&o.DirtyBytes))
 	set(EnvBalloonRate, sizeInto(&o.BalloonRate))
+	set(EnvGuestFSBytes, sizeInto(&o.GuestFSBytes))
 	set(EnvAgentDelay, durationInto(&o.AgentDelay))
 	set(EnvGuestTick, durationInto(&o.GuestTick))
 	set(EnvVsockPorts, func(v string) error {
@@ -180,6 +190,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("exit-random", "die at a random time within this duration (env "+EnvExitRandom+")", durationInto(&o.ExitRandom))
 	fs.Func("dirty-bytes", "data a booted guest writes into memory (env "+EnvDirtyBytes+", default 4MiB)", sizeInto(&o.DirtyBytes))
 	fs.Func("balloon-rate", "balloon inflation bytes per second, 0 instant (env "+EnvBalloonRate+", default 256MiB)", sizeInto(&o.BalloonRate))
+	fs.Func("guest-fs-bytes", "bound of each VM's simulated tmpfs, at most half its memory (env "+EnvGuestFSBytes+", default 256MiB)", sizeInto(&o.GuestFSBytes))
 	fs.Func("guest-tick", "period of the running guest's heartbeat (env "+EnvGuestTick+", default 100ms)", durationInto(&o.GuestTick))
 	fs.Func("agent-delay", "delay after boot before vsock CONNECTs are answered (env "+EnvAgentDelay+")", durationInto(&o.AgentDelay))
 	fs.BoolVar(&o.IgnoreSIGTERM, "ignore-sigterm", o.IgnoreSIGTERM, "ignore SIGTERM like a wedged VMM (env "+EnvIgnoreSIGTERM+")")

@@ -135,7 +135,7 @@ type Server struct {
 
 // New validates the options and prepares a server; Serve starts it.
 func New(opts Options) (*Server, error) {
-	if opts.DirtyBytes < 0 || opts.BalloonRate < 0 {
+	if opts.DirtyBytes < 0 || opts.BalloonRate < 0 || opts.GuestFSBytes < 0 {
 		return nil, errors.New("chsim: negative size option")
 	}
 	s := &Server{

@@ -292,7 +292,7 @@ func (s *Server) restore(body []byte) (any, *apiError) {
 	v.memSize = st.MemorySize
 	v.balloonActual = st.BalloonActual
 	v.heartbeats, v.resumes, v.bootID = st.Heartbeats, st.Resumes, st.BootID
-	v.guest = newSimGuest(st.GuestFiles, s.now)
+	v.guest = newSimGuest(st.GuestFiles, s.now, s.guestFSLimit(v))
 	s.vm = v
 	s.startGuestLocked(v)
 	s.log.Printf("restored from %s (%s, %d bytes of data)", dir, mode, mem.dataBytes())

@@ -335,7 +335,7 @@ func (s *Server) boot(_ []byte) (any, *apiError) {
 	v.state = ch.StateRunning
 	v.balloonActual, v.balloonAt = 0, now
 	v.agentReadyAt = now.Add(s.opts.AgentDelay)
-	v.guest = newSimGuest(nil, s.now)
+	v.guest = newSimGuest(nil, s.now, s.guestFSLimit(v))
 	devs.writeConsole(fmt.Sprintf("[    0.000000] Linux version 6.1.0-chsim (simulated guest, boot id %x)\n", v.bootID))
 	s.startGuestLocked(v)
 	return nil, nil
@@ -366,7 +366,7 @@ func (s *Server) reboot(_ []byte) (any, *apiError) {
 		return nil, vmmErr(http.StatusInternalServerError, "The VM could not reboot", "VM is not running")
 	}
 	v.agentReadyAt = s.now().Add(s.opts.AgentDelay)
-	v.guest = newSimGuest(nil, s.now) // a reboot empties the guest's tmpfs
+	v.guest = newSimGuest(nil, s.now, s.guestFSLimit(v)) // a reboot empties the guest's tmpfs
 	return nil, nil
 }
 

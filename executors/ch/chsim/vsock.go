@@ -13,6 +13,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
+	"github.com/sbxlog/sbxlog/executors/handshake"
 )
 
 // vsockServer is the host side of CH's hybrid vsock: a unix socket where a
@@ -30,6 +31,10 @@ type vsockServer struct {
 	closed bool
 	port   uint32
 }
+
+// maxConnectLine bounds a CONNECT line ("CONNECT " and a 32-bit port,
+// with room for stray whitespace).
+const maxConnectLine = 64
 
 func (s *Server) listenVsock(path string) (*vsockServer, error) {
 	// CH binds without removing what is there: a leftover socket from another
@@ -76,12 +81,13 @@ func (v *vsockServer) forget(c net.Conn) {
 func (v *vsockServer) handle(c net.Conn, hostPort uint32) {
 	defer v.forget(c)
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	r := bufio.NewReader(c)
-	line, err := r.ReadString('\n')
+	// Read byte-wise, so the guest side starts at the connection's first
+	// byte past the line, as on CH.
+	line, err := handshake.ReadLine(c, maxConnectLine)
 	if err != nil {
 		return
 	}
-	f := strings.Fields(line)
+	f := strings.Fields(string(line))
 	if len(f) != 2 || f[0] != "CONNECT" {
 		return
 	}
@@ -114,10 +120,11 @@ func (v *vsockServer) handle(c net.Conn, hostPort uint32) {
 	_ = c.SetReadDeadline(time.Time{})
 	if port == silkd.Port {
 		if g := v.guest(); g != nil {
-			g.serveAgent(c, r)
+			g.agent.ServeConn(c)
 		}
 		return
 	}
+	r := bufio.NewReader(c)
 	for {
 		l, err := r.ReadString('\n')
 		if err != nil {

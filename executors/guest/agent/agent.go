@@ -15,17 +15,31 @@
 //	write <n>          -> sha <hex>      n random bytes replace the data file; hex is their sha256
 //	sha                -> sha <hex>      sha256 of the data file as it is now
 //	uptime             -> uptime <ns> <counter> <bootid>
-//	key <hex>          -> key            the data plane's key (KeyHexLen hex digits) from now on
+//	key <hex>          -> key            the data plane's key K (KeyHexLen hex digits) from now on
 //	anything else      -> error <verb> <message>
 //
 // The data plane (the silkd protocol, package executors/guest/silkd) runs
 // on connections of its own; where its transport is reachable by more than
 // the VM's host process (QEMU's loopback port forward), a connection starts
-// with a handshake: the host sends "AUTH <key>\n" with the key it last gave
-// over this serial line, and the agent answers "OK\n" (then silkd frames
-// follow) or closes the connection. An agent that was never given a key
-// refuses every data connection. DialData and AcceptData are its two ends;
-// both read the other's line byte by byte, so no frame is consumed.
+// with a mutual challenge-response on the key the host last gave over this
+// serial line (K, its 32 bytes), so the key never crosses the wire and
+// neither side talks to one that cannot prove it holds K:
+//
+//	host  -> HELLO <hn>          hn: 32 fresh random bytes, hex
+//	guest -> PROOF <gn> <gmac>   gn: 32 fresh random bytes; gmac = HMAC-SHA256(K, "sbxlog data plane v1 guest" 0x00 hn gn)
+//	host  -> PROOF <hmac>        hmac = HMAC-SHA256(K, "sbxlog data plane v1 host" 0x00 hn gn)
+//	guest -> OK                  then silkd frames follow
+//
+// Each line is "\n"-terminated, its fields hex. The host checks gmac before
+// it sends anything else: a listener that cannot prove K (another process
+// on the port, or an agent holding a stale key) is refused
+// (ErrGuestUnproven) having seen only hn. The agent checks hmac before OK
+// and closes the connection on any mismatch; one that was never given a key
+// refuses every data connection. The labels make each proof valid in one
+// direction only, and each side's fresh nonce keeps a recorded exchange
+// from being replayed to it. DialData and AcceptData are the two ends; both
+// read the other's lines byte by byte (package executors/handshake), so no
+// frame is consumed.
 //
 // uptime reports CLOCK_BOOTTIME in nanoseconds, a counter the guest increments every
 // Tick (so it only advances while the guest runs), and a random id chosen when the

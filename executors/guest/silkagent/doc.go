@@ -2,7 +2,10 @@
 // (package executors/guest/silkd): Server serves connections, and what it
 // acts on is pluggable, so the one protocol engine serves both the real
 // guest (cmd/sbx-agent: OSProcs, OSFS, DialTCP) and chsim's simulated guest
-// (its own Spawner, MemFS and an in-memory port dialer).
+// (its own Spawner, MemFS and an in-memory port dialer). A MemFS can be
+// bounded (MemFS.Limit): what would pass the bound fails with ENOSPC, which
+// reaches the client as a full tmpfs does on the real guest (an internal
+// error saying "no space left on device").
 //
 // Served ops: info, exec (argv, cwd, env, user; stdin and stdin_close;
 // stdout, stderr, exit; detach), kill, fs_read, fs_write, fs_stat, fs_list,

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
@@ -17,13 +18,29 @@ import (
 // MemFS is a file tree in memory (directories and regular files), for
 // simulated guests and tests. Paths are cleaned and taken from the root.
 // It is safe for concurrent use.
+//
+// Space: the tree holds at most Limit bytes (when set), counting every
+// node's data, its path and NodeOverhead, plus the bytes of uploads not yet
+// committed (an upload that replaces a file needs room for both until its
+// commit, as a write through a temp file and a rename does). What would
+// pass the limit fails with syscall.ENOSPC in an *fs.PathError, as a full
+// tmpfs does, so the agent reports it like the real guest's ("no space
+// left on device").
 type MemFS struct {
 	// Now stamps modification times (default time.Now).
 	Now func() time.Time
+	// Limit bounds the tree's bytes (see above); 0 is no bound.
+	Limit int64
 
-	mu    sync.Mutex
-	nodes map[string]*memNode
+	mu      sync.Mutex
+	nodes   map[string]*memNode
+	used    int64 // the nodes' cost
+	pending int64 // bytes of uploads not yet committed or aborted
 }
+
+// NodeOverhead is what a MemFS counts for each node besides its path and
+// data, so that empty files and directories use space too.
+const NodeOverhead = 256
 
 type memNode struct {
 	dir   bool
@@ -46,9 +63,34 @@ func NewMemFS(files []MemFile) *MemFS {
 	m := &MemFS{nodes: map[string]*memNode{"/": {dir: true, mode: 0o755}}}
 	for _, f := range files {
 		p := clean(f.Path)
+		if old, ok := m.nodes[p]; ok {
+			m.used -= cost(p, old)
+		}
 		m.nodes[p] = &memNode{dir: f.Dir, mode: f.Mode, mtime: time.Unix(0, f.Mtime), data: bytes.Clone(f.Data)}
+		m.used += cost(p, m.nodes[p])
 	}
 	return m
+}
+
+// Used returns the bytes the tree counts against Limit (uploads in flight
+// included).
+func (m *MemFS) Used() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.used + m.pending
+}
+
+// cost is what node n at p counts against Limit.
+func cost(p string, n *memNode) int64 {
+	return int64(NodeOverhead + len(p) + len(n.data))
+}
+
+// room fails with ENOSPC unless n more bytes fit (under m.mu).
+func (m *MemFS) room(op, p string, n int64) error {
+	if m.Limit > 0 && n > 0 && m.used+m.pending+n > m.Limit {
+		return &fs.PathError{Op: op, Path: p, Err: syscall.ENOSPC}
+	}
+	return nil
 }
 
 // Files returns every node but the root, sorted by path.
@@ -184,7 +226,12 @@ func (m *MemFS) Create(p string, mode *uint32) (Upload, error) {
 	if mode != nil {
 		perm = *mode & 0o7777
 	}
-	return &memUpload{m: m, path: p, mode: perm}, nil
+	node := int64(NodeOverhead + len(p))
+	if err := m.room("create", p, node); err != nil {
+		return nil, err
+	}
+	m.pending += node
+	return &memUpload{m: m, path: p, mode: perm, reserved: node}, nil
 }
 
 type memUpload struct {
@@ -192,21 +239,51 @@ type memUpload struct {
 	path string
 	mode uint32
 	buf  bytes.Buffer
+	// reserved is what the upload counts in m.pending: from Create on,
+	// the cost of the node it will add; then its bytes so far. Commit
+	// and Abort give it back.
+	reserved int64
 }
 
-func (u *memUpload) Write(p []byte) (int, error) { return u.buf.Write(p) }
+// Write reserves room for p before it buffers it: a write past the limit
+// fails with ENOSPC and buffers nothing.
+func (u *memUpload) Write(p []byte) (int, error) {
+	u.m.mu.Lock()
+	defer u.m.mu.Unlock()
+	if err := u.m.room("write", u.path, int64(len(p))); err != nil {
+		return 0, err
+	}
+	u.m.pending += int64(len(p))
+	u.reserved += int64(len(p))
+	return u.buf.Write(p)
+}
 
+// Commit replaces the file; a failed commit ends the upload as Abort does.
 func (u *memUpload) Commit() error {
 	u.m.mu.Lock()
 	defer u.m.mu.Unlock()
+	u.m.pending -= u.reserved
+	u.reserved = 0
 	if err := u.m.parentDir("create", u.path); err != nil {
+		u.buf = bytes.Buffer{}
 		return err
 	}
-	u.m.nodes[u.path] = &memNode{mode: u.mode, mtime: u.m.now(), data: u.buf.Bytes()}
+	n := &memNode{mode: u.mode, mtime: u.m.now(), data: u.buf.Bytes()}
+	if old, ok := u.m.nodes[u.path]; ok {
+		u.m.used -= cost(u.path, old)
+	}
+	u.m.nodes[u.path] = n
+	u.m.used += cost(u.path, n)
 	return nil
 }
 
-func (u *memUpload) Abort() { u.buf = bytes.Buffer{} }
+func (u *memUpload) Abort() {
+	u.m.mu.Lock()
+	defer u.m.mu.Unlock()
+	u.m.pending -= u.reserved
+	u.reserved = 0
+	u.buf = bytes.Buffer{}
+}
 
 // Mkdir implements FS.
 func (m *MemFS) Mkdir(p string, parents bool) error {
@@ -231,16 +308,41 @@ func (m *MemFS) Mkdir(p string, parents bool) error {
 			}
 			missing = append(missing, d)
 		}
+		need := int64(0)
 		for _, d := range missing {
-			m.nodes[d] = &memNode{dir: true, mode: 0o755, mtime: m.now()}
+			need += int64(NodeOverhead + len(d))
+		}
+		if err := m.room("mkdir", p, need); err != nil {
+			return err
+		}
+		for _, d := range missing {
+			m.addDir(d)
 		}
 		return nil
 	}
 	if err := m.parentDir("mkdir", p); err != nil {
 		return err
 	}
-	m.nodes[p] = &memNode{dir: true, mode: 0o755, mtime: m.now()}
+	if err := m.room("mkdir", p, int64(NodeOverhead+len(p))); err != nil {
+		return err
+	}
+	m.addDir(p)
 	return nil
+}
+
+// addDir adds an empty directory at p (under m.mu).
+func (m *MemFS) addDir(p string) {
+	n := &memNode{dir: true, mode: 0o755, mtime: m.now()}
+	m.nodes[p] = n
+	m.used += cost(p, n)
+}
+
+// drop removes the node at p (under m.mu).
+func (m *MemFS) drop(p string) {
+	if n, ok := m.nodes[p]; ok {
+		m.used -= cost(p, n)
+		delete(m.nodes, p)
+	}
 }
 
 // Remove implements FS.
@@ -261,11 +363,11 @@ func (m *MemFS) Remove(p string, recursive bool) error {
 			return &fs.PathError{Op: "remove", Path: p, Err: fmt.Errorf("directory not empty")}
 		}
 		for _, q := range sub {
-			delete(m.nodes, q)
+			m.drop(q)
 		}
 		return nil
 	}
-	delete(m.nodes, p)
+	m.drop(p)
 	return nil
 }
 
@@ -299,18 +401,33 @@ func (m *MemFS) Rename(from, to string) error {
 	if strings.HasPrefix(to, from+"/") {
 		return &fs.PathError{Op: "rename", Path: to, Err: fmt.Errorf("inside the source")}
 	}
-	if dst, ok := m.nodes[to]; ok {
+	dst, replaced := m.nodes[to]
+	if replaced {
 		if dst.dir != n.dir || (dst.dir && len(m.subtree(to)) > 1) {
 			return &fs.PathError{Op: "rename", Path: to, Err: fs.ErrExist}
 		}
 	}
+	// Paths count, so a rename to a longer name needs room for the
+	// difference in every node it moves (less what it replaces).
+	sub := m.subtree(from)
+	grow := int64(len(sub)) * int64(len(to)-len(from))
+	if replaced {
+		grow -= cost(to, dst)
+	}
+	if err := m.room("rename", to, grow); err != nil {
+		return err
+	}
+	if replaced {
+		m.drop(to)
+	}
 	moved := map[string]*memNode{}
-	for _, q := range m.subtree(from) {
+	for _, q := range sub {
 		moved[to+strings.TrimPrefix(q, from)] = m.nodes[q]
-		delete(m.nodes, q)
+		m.drop(q)
 	}
 	for q, nn := range moved {
 		m.nodes[q] = nn
+		m.used += cost(q, nn)
 	}
 	return nil
 }

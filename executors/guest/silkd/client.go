@@ -165,9 +165,19 @@ func (c *Conn) Rename(ctx context.Context, from, to string) error {
 	return c.done(ctx, FsRename{From: from, To: to})
 }
 
-// Kill runs kill; a nil signal is SIGKILL.
+// Kill runs kill; a nil signal is SIGKILL. Its answer is bounded by
+// MaxStreamFrame.
 func (c *Conn) Kill(ctx context.Context, pid uint32, signal *int32) error {
+	defer c.boundFrames()()
 	return c.done(ctx, Kill{Pid: pid, Signal: signal})
+}
+
+// boundFrames bounds the frames read from now on at MaxStreamFrame (see
+// there), and returns what puts the previous bound back.
+func (c *Conn) boundFrames() (restore func()) {
+	prev := c.R.max
+	c.R.SetMaxFrame(MaxStreamFrame)
+	return func() { c.R.max = prev }
 }
 
 // stream sends req and hands each answer to each until done (nil) or an
@@ -310,8 +320,10 @@ type ExecResult struct {
 // Exec runs exec. A foreground exec returns at its exit frame; done
 // without exit is an *UnexpectedFrameError. A detached exec returns at
 // started. If Stdin is still being read when the process exits, the Conn
-// is unusable afterwards (stray stdin could reach a later RPC).
+// is unusable afterwards (stray stdin could reach a later RPC). Its
+// answers are bounded by MaxStreamFrame.
 func (c *Conn) Exec(ctx context.Context, req Exec, sio ExecIO) (ExecResult, error) {
+	defer c.boundFrames()()
 	var res ExecResult
 	var pump chan struct{}
 	err := c.rpc(ctx, func() error {
@@ -380,10 +392,13 @@ func (c *Conn) Exec(ctx context.Context, req Exec, sio ExecIO) (ExecResult, erro
 
 // PortForward runs port_forward and returns the stream once the agent is
 // connected to the guest port (ready). An *Error of kind not_found means
-// nothing listens there.
+// nothing listens there. Its answers, the stream's included, are bounded
+// by MaxStreamFrame.
 func (c *Conn) PortForward(ctx context.Context, port uint16) (*PortConn, error) {
+	restore := c.boundFrames()
 	r, err := c.one(ctx, PortForward{Port: port})
 	if err != nil {
+		restore()
 		return nil, err
 	}
 	if _, ok := r.(*Ready); !ok {

@@ -404,14 +404,18 @@ func decodeResponse(line []byte, r *Reader) (Response, error) {
 }
 
 // Reader reads frames from a stream. Lines are assembled in one buffer that
-// grows up to MaxFrame, and bulk payloads are decoded into one reused
-// buffer, so reading data frames allocates nothing per frame. It is not
-// safe for concurrent use.
+// grows up to the Reader's frame bound (MaxFrame unless SetMaxFrame lowered
+// it), and bulk payloads are decoded into one reused buffer, so reading
+// data frames allocates nothing per frame. Either buffer, once grown past
+// readerKeep by a rare large frame, is dropped at the next read, so such a
+// frame does not pin megabytes per connection. It is not safe for
+// concurrent use.
 type Reader struct {
 	rd   io.Reader
 	buf  []byte
 	r, w int
 	err  error
+	max  int // the frame bound; 0 is MaxFrame
 
 	payload   []byte
 	data      Data
@@ -423,9 +427,48 @@ type Reader struct {
 
 const readerInitial = 64 << 10
 
+// readerKeep is the largest line or payload buffer a Reader keeps between
+// reads (as writerKeep for a Writer); a streamed bulk frame fits in it.
+const readerKeep = 1 << 20
+
 // NewReader returns a Reader on rd.
 func NewReader(rd io.Reader) *Reader {
 	return &Reader{rd: rd}
+}
+
+// SetMaxFrame bounds the lines read from now on at n bytes (n <= 0, or
+// over MaxFrame, is MaxFrame): a longer one is ErrFrameTooLarge, and the
+// line buffer never grows past what an n-byte line needs. A host reading a
+// stream whose frames are known to be small uses it so that a guest cannot
+// make it buffer MaxFrame.
+func (r *Reader) SetMaxFrame(n int) {
+	if n <= 0 || n > MaxFrame {
+		n = 0
+	}
+	r.max = n
+}
+
+// maxFrame is the current frame bound.
+func (r *Reader) maxFrame() int {
+	if r.max == 0 {
+		return MaxFrame
+	}
+	return r.max
+}
+
+// release drops a line or payload buffer a large frame grew past
+// readerKeep, keeping the unread bytes. It runs when a read starts, once
+// the previous frame (which may point into either buffer) is no longer
+// needed.
+func (r *Reader) release() {
+	if len(r.buf) > readerKeep && r.w-r.r <= readerInitial {
+		nb := make([]byte, readerInitial)
+		r.r, r.w = 0, copy(nb, r.buf[r.r:r.w])
+		r.buf = nb
+	}
+	if cap(r.payload) > readerKeep {
+		r.payload = nil
+	}
 }
 
 // Buffered returns the bytes read from the stream but not yet returned.
@@ -433,23 +476,26 @@ func (r *Reader) Buffered() []byte { return r.buf[r.r:r.w] }
 
 // ReadLine returns the next line without its newline. It stays valid until
 // the next read. A clean end of the stream between lines is io.EOF; an end
-// inside a line is ErrTruncated; a line over MaxFrame is ErrFrameTooLarge
-// (sticky: the stream cannot be resynchronised).
+// inside a line is ErrTruncated; a line over the frame bound (MaxFrame, or
+// SetMaxFrame's) is ErrFrameTooLarge (sticky: the stream cannot be
+// resynchronised).
 func (r *Reader) ReadLine() ([]byte, error) {
+	r.release()
+	limit := r.maxFrame()
 	scanned := 0
 	for {
 		if i := bytes.IndexByte(r.buf[r.r+scanned:r.w], '\n'); i >= 0 {
 			end := r.r + scanned + i
 			line := r.buf[r.r:end]
 			r.r = end + 1
-			if len(line) > MaxFrame {
+			if len(line) > limit {
 				r.err = ErrFrameTooLarge
 				return nil, r.err
 			}
 			return line, nil
 		}
 		scanned = r.w - r.r
-		if scanned > MaxFrame {
+		if scanned > limit {
 			r.err = ErrFrameTooLarge
 			return nil, r.err
 		}
@@ -463,13 +509,13 @@ func (r *Reader) ReadLine() ([]byte, error) {
 			}
 			return nil, r.err
 		}
-		r.fill()
+		r.fill(limit)
 	}
 }
 
 // fill reads more bytes, first making room: unread bytes move to the front,
-// and a full buffer doubles (up to what a maximal line needs).
-func (r *Reader) fill() {
+// and a full buffer doubles (up to what a line of limit bytes needs).
+func (r *Reader) fill(limit int) {
 	if r.buf == nil {
 		r.buf = make([]byte, readerInitial)
 	}
@@ -478,9 +524,9 @@ func (r *Reader) fill() {
 		r.r, r.w = 0, n
 	}
 	if r.w == len(r.buf) {
-		size := min(2*len(r.buf), MaxFrame+2)
-		if size == len(r.buf) {
-			size++ // only reached with a line already over the cap
+		size := min(2*len(r.buf), limit+2)
+		if size <= len(r.buf) {
+			size = len(r.buf) + 1 // only reached with a line already over the cap
 		}
 		nb := make([]byte, size)
 		copy(nb, r.buf[:r.w])

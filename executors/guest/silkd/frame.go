@@ -30,6 +30,14 @@ const (
 	// MaxPayload is the largest payload one bulk frame can carry within
 	// MaxFrame; receivers accept anything up to it.
 	MaxPayload = (MaxFrame - 64) / 4 * 3
+	// MaxStreamFrame bounds every response frame a Conn reads during exec,
+	// kill and port_forward, the RPCs the host's relays parse: the agent
+	// sends their payloads in chunks of at most BulkChunk (OutputChunk for
+	// stdout and stderr), so a frame is at most a bulk frame of BulkChunk
+	// bytes in base64 plus room for the other fields (an error's message).
+	// A larger one is ErrFrameTooLarge, so a guest cannot make the host
+	// buffer MaxFrame for each such connection.
+	MaxStreamFrame = (BulkChunk+2)/3*4 + 64<<10
 )
 
 // Request ops.
