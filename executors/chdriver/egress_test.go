@@ -15,10 +15,13 @@ import (
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
+// laneOwner is the owner of the test lane's tables: the driver's instance.
+var laneOwner = nft.OwnerOf(testInstance)
+
 // nsLane is an nft.Lane whose kernel calls run in nsTaps' namespace.
 func nsLane(t *testing.T, n *nsTaps) *nft.Lane {
 	t.Helper()
-	k := nft.KernelOps()
+	k := nft.KernelOps(laneOwner)
 	ops := nft.Ops{
 		Install: func(l nft.Lock) error { return n.do(func() error { return k.Install(l) }) },
 		Remove:  func(tap string) error { return n.do(func() error { return k.Remove(tap) }) },
@@ -43,7 +46,7 @@ func (n *nsTaps) inspect(t *testing.T, tap string) (nft.State, error) {
 	var st nft.State
 	err := n.do(func() error {
 		var err error
-		st, err = nft.Inspect(tap)
+		st, err = laneOwner.Inspect(tap)
 		return err
 	})
 	return st, err
@@ -169,14 +172,14 @@ func TestEgressLocks(t *testing.T) {
 	}
 
 	// Start-up: vm1's lock went missing, a stray lock of no VM exists.
-	if err := taps.do(func() error { return nft.Remove(TapName(vm1)) }); err != nil {
+	if err := taps.do(func() error { return laneOwner.Remove(TapName(vm1)) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := taps.Create("sbxstray0000000", testBridge); err != nil {
 		t.Fatal(err)
 	}
 	stray := nft.Lock{Tap: "sbxstray0000000", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 9}, Door: netip.MustParseAddrPort("10.77.0.1:21000"), DoorMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}
-	if err := taps.do(func() error { return nft.Install(stray) }); err != nil {
+	if err := taps.do(func() error { return laneOwner.Install(stray) }); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := h.d.ReconcileEgress(ctx, []reconcile.VMRef{

@@ -26,6 +26,11 @@ import (
 // claim path. Reconcile is the start-up half: it reads the kernel's tables
 // once, keeps the locks that are right (their ports with them), repairs the
 // rest and removes the tables of taps no VM owns.
+//
+// Every table a lane sees is its instance's (LaneConfig.Instance, Owner):
+// another sandboxd on the same host, on the same bridge or another, keeps
+// its locks and its guard through this lane's Reconcile, and the other way
+// round.
 type Lane struct {
 	bridge string
 	addr   netip.Addr
@@ -60,9 +65,9 @@ type Ops struct {
 	Guard func(Guard) error
 }
 
-// KernelOps act on the calling thread's network namespace.
-func KernelOps() Ops {
-	return Ops{Install: Install, Remove: Remove, Tables: Tables, TapExists: linkExists, Guard: InstallGuard}
+// KernelOps act on o's tables in the calling thread's network namespace.
+func KernelOps(o Owner) Ops {
+	return Ops{Install: o.Install, Remove: o.Remove, Tables: o.Tables, TapExists: linkExists, Guard: o.InstallGuard}
 }
 
 func linkExists(name string) (bool, error) {
@@ -80,6 +85,10 @@ func linkExists(name string) (bool, error) {
 // LaneConfig configures a Lane.
 type LaneConfig struct {
 	Bridge string
+	// Instance is the sandboxd instance id whose tables the lane installs,
+	// reconciles and removes (KernelOps(OwnerOf(Instance))); required
+	// unless Ops is set.
+	Instance string
 	// Addr and MAC are the door's address and hardware address (default:
 	// the bridge's first IPv4 address and its MAC, read once by NewLane).
 	Addr netip.Addr
@@ -114,10 +123,13 @@ func NewLane(cfg LaneConfig) (*Lane, error) {
 	if l.ports.First == 0 || l.ports.Last < l.ports.First {
 		return nil, fmt.Errorf("nft: door ports %d-%d", l.ports.First, l.ports.Last)
 	}
-	if cfg.Ops != nil {
+	switch {
+	case cfg.Ops != nil:
 		l.ops = *cfg.Ops
-	} else {
-		l.ops = KernelOps()
+	case cfg.Instance == "":
+		return nil, fmt.Errorf("%w: the lane of bridge %q has no instance id", ErrNoOwner, cfg.Bridge)
+	default:
+		l.ops = KernelOps(OwnerOf(cfg.Instance))
 	}
 	if !l.addr.IsValid() || len(l.mac) == 0 {
 		br, err := netlink.LinkByName(cfg.Bridge)
@@ -253,7 +265,8 @@ type Report struct {
 	Repaired []string
 	// NoTap: members without a tap (nothing to lock: no guest can send).
 	NoTap []string
-	// Removed: taps whose table no member owns, unlocked.
+	// Removed: taps whose table (this instance's) no member owns,
+	// unlocked.
 	Removed []string
 	// Failed: members whose tap could not be locked, with why. Their guest
 	// may have open egress: the caller must stop their VMMs.
@@ -262,11 +275,13 @@ type Report struct {
 
 // Reconcile brings the kernel in line with members at start-up, before
 // anything else uses the lane: the bridge's guard (guard.go) installed,
-// one read of every table, then a repair per
-// member whose lock is missing or wrong (a tap that exists is never left
-// without one: Install replaces atomically), then the removal of tables no
-// member owns. Door ports are taken from the locks found, so every door
-// stays where its guest knows it.
+// one read of the instance's tables, then a repair per member whose lock is
+// missing or wrong (a tap that exists is never left without one: Install
+// replaces atomically), then the removal of the instance's tables no member
+// owns, the orphans a destroy left when its unlock failed after the tap was
+// deleted among them. Door ports are taken from the locks found, so every
+// door stays where its guest knows it. Other instances' tables are never
+// read or touched.
 func (l *Lane) Reconcile(members []Member) (Report, error) {
 	rep := Report{Failed: map[string]error{}}
 	if l.ops.Guard != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -188,14 +189,17 @@ func TestNewLaneReadsBridge(t *testing.T) {
 	lane.Host.Bridge(t, "bare0", netip.Prefix{})
 	want := lane.BridgeMAC(t)
 	lane.Host.MustDo(t, func() error {
-		l, err := NewLane(LaneConfig{Bridge: lane.Bridge})
+		if _, err := NewLane(LaneConfig{Bridge: lane.Bridge}); !errors.Is(err, ErrNoOwner) {
+			t.Errorf("lane without an instance: %v, want ErrNoOwner", err)
+		}
+		l, err := NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-nfttest"})
 		if err != nil {
 			return err
 		}
 		if l.Addr() != lane.HostAddr || !slices.Equal(l.mac, want) {
 			t.Errorf("lane %s %s, want %s %s", l.Addr(), l.mac, lane.HostAddr, want)
 		}
-		if _, err := NewLane(LaneConfig{Bridge: "bare0"}); !errors.Is(err, ErrNoAddress) {
+		if _, err := NewLane(LaneConfig{Bridge: "bare0", Instance: "i-nfttest"}); !errors.Is(err, ErrNoAddress) {
 			t.Errorf("bridge without address: %v", err)
 		}
 		return nil
@@ -215,4 +219,95 @@ func TestNewLaneReadsBridge(t *testing.T) {
 	if got := lane.BridgeMAC(t); !slices.Equal(got, want) {
 		t.Fatalf("bridge MAC moved to %s, want %s pinned", got, want)
 	}
+}
+
+// TestLanesOfTwoInstances: two sandboxd instances' lanes in one namespace,
+// on one bridge, each with its own guard and locks. Each one's Reconcile
+// sees only its own tables: it removes its own stray lock and never
+// another instance's, whose guest stays locked.
+func TestLanesOfTwoInstances(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	ga := lane.AddGuest(t, 1, "sbxinsta000001", mac(1))
+	gb := lane.AddGuest(t, 2, "sbxinstb000001", mac(2))
+	a, b := OwnerOf("i-aaaa"), OwnerOf("i-bbbb")
+	if a == b || a.Tag() == "" || a.TableName(ga.Tap) == b.TableName(ga.Tap) || a.GuardTableName() == b.GuardTableName() {
+		t.Fatalf("owners %q and %q share names", a.Tag(), b.Tag())
+	}
+	doorA := netip.AddrPortFrom(lane.HostAddr, 20001)
+	other := lane.HostAddr.String() + ":20150"
+	for _, addr := range []string{doorA.String(), other} {
+		ln, err := lane.Host.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, ln)
+	}
+	var la, lb *Lane
+	lane.Host.MustDo(t, func() error {
+		var err error
+		if la, err = NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-aaaa", Ports: PortRange{First: 20001, Last: 20001}}); err != nil {
+			return err
+		}
+		lb, err = NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-bbbb", Ports: PortRange{First: 20100, Last: 20199}})
+		return err
+	})
+	lane.Host.MustDo(t, func() error {
+		if _, err := la.Reconcile(nil); err != nil {
+			return err
+		}
+		if d, err := la.Lock("vm-a", ga.Tap, ga.MAC); err != nil || d != doorA {
+			return fmt.Errorf("lock a: %s %v", d, err)
+		}
+		_, err := lb.Lock("vm-b", gb.Tap, gb.MAC)
+		return err
+	})
+	// B starts again and owns no VM: it removes its own lock, none of A's.
+	lane.Host.MustDo(t, func() error {
+		rep, err := lb.Reconcile(nil)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(rep.Removed, []string{gb.Tap}) || rep.Kept != 0 {
+			t.Errorf("b's reconcile: %+v, want only its own %s removed", rep, gb.Tap)
+		}
+		if all, err := b.Tables(); err != nil || len(all) != 0 {
+			t.Errorf("b's tables after its reconcile: %v %v", all, err)
+		}
+		all, err := a.Tables()
+		if err != nil {
+			return err
+		}
+		if len(all) != 1 || !all[ga.Tap].OK || all[ga.Tap].Lock.Door != doorA {
+			t.Errorf("a's tables after b's reconcile: %+v, want its lock of %s", all, ga.Tap)
+		}
+		// Both guards are in place, each under its own name.
+		for _, o := range []Owner{a, b} {
+			if _, err := o.GuardDrops(); err != nil {
+				t.Errorf("guard of %s: %v", o.Tag(), err)
+			}
+		}
+		return nil
+	})
+	// A's guest is still locked: its door only.
+	if !reach(ga, doorA.String(), 2*time.Second) {
+		t.Fatal("a's guest does not reach its door")
+	}
+	if reach(ga, other, 500*time.Millisecond) {
+		t.Fatal("a's guest got past its lock after b's reconcile")
+	}
+	// A restarts too: its lock is kept as it was, on its door.
+	lane.Host.MustDo(t, func() error {
+		again, err := NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-aaaa", Ports: PortRange{First: 20001, Last: 20001}})
+		if err != nil {
+			return err
+		}
+		rep, err := again.Reconcile([]Member{{VM: "vm-a", Tap: ga.Tap, MAC: ga.MAC}})
+		if err != nil {
+			return err
+		}
+		if rep.Kept != 1 || len(rep.Removed) != 0 || len(rep.Repaired) != 0 {
+			t.Errorf("a's reconcile: %+v, want its lock kept", rep)
+		}
+		return nil
+	})
 }

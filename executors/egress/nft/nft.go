@@ -2,10 +2,11 @@
 // through netlink (github.com/google/nftables; no nft binary): a guest's
 // only way out of its tap is the TCP door of its own egress proxy.
 //
-// One table per tap, in the namespace of the calling OS thread (the host's).
-// The ruleset of a Lock, in nft's own syntax (Ruleset prints it):
+// One table per tap, in the namespace of the calling OS thread (the host's),
+// named for its Owner (the sandboxd instance) and the tap. The ruleset of a
+// Lock, in nft's own syntax (Owner.Ruleset prints it):
 //
-//	table netdev sbx_egress_<tap> {
+//	table netdev sbx_egress_<tag>_<tap> {
 //	    chain ingress {
 //	        type filter hook ingress device "<tap>" priority filter; policy drop;
 //	        ether saddr != <guest mac> counter drop comment "sbx-egress spoof"
@@ -24,6 +25,9 @@
 // and drop rules are what a bypass attempt moves.
 //
 // Contract:
+//   - Every call is an Owner's and sees only that owner's tables: the tag
+//     (a hash of the instance id) is in each table's name, so instances
+//     sharing a host never install, inspect, list or remove each other's.
 //   - Install(l) replaces the tap's table in one netlink batch, which
 //     nftables commits atomically: a tap that had a lock never has none, and
 //     one that had none gets the whole ruleset at once. The table is not
@@ -32,8 +36,8 @@
 //     delete a netdev table with its device, so destroying a VM removes both.
 //   - Inspect(l) reports whether the kernel holds exactly l's ruleset (table,
 //     base chain hooked to the tap with policy drop, the five rules) and its
-//     counters; Tables lists every table of this package (TablePrefix), with
-//     the Lock each holds when it is one.
+//     counters; Tables lists every lock table of the owner, with the Lock
+//     each holds when it is one.
 //   - Every call opens its own netlink socket: none of them belongs on a
 //     claim path (package doc of executors/egress/nft.Lane).
 package nft
@@ -53,7 +57,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TablePrefix starts every table this package makes; the tap's name follows.
+// TablePrefix starts every table this package makes; the owner's tag and
+// the tap's name (or "guard") follow (Owner).
 const TablePrefix = "sbx_egress_"
 
 // ChainName is the base chain of every table.
@@ -117,13 +122,6 @@ func (l Lock) Equal(o Lock) bool {
 
 func (l Lock) String() string {
 	return fmt.Sprintf("tap %s guest %s door %s (%s)", l.Tap, l.GuestMAC, l.Door, l.DoorMAC)
-}
-
-// TableName is the table of a tap.
-func TableName(tap string) string { return TablePrefix + tap }
-
-func table(tap string) *nftables.Table {
-	return &nftables.Table{Name: TableName(tap), Family: nftables.TableFamilyNetdev}
 }
 
 func chain(t *nftables.Table, tap string) *nftables.Chain {
@@ -218,9 +216,12 @@ func roleOf(r *nftables.Rule) string {
 	return strings.TrimPrefix(c, commentPrefix)
 }
 
-// Install replaces the tap's table with l's ruleset, atomically (see the
-// package doc). The tap must exist.
-func Install(l Lock) error {
+// Install replaces o's table of the tap with l's ruleset, atomically (see
+// the package doc). The tap must exist.
+func (o Owner) Install(l Lock) error {
+	if err := o.check(); err != nil {
+		return err
+	}
 	if err := l.Validate(); err != nil {
 		return err
 	}
@@ -228,7 +229,7 @@ func Install(l Lock) error {
 	if err != nil {
 		return fmt.Errorf("nft: %w", err)
 	}
-	t := table(l.Tap)
+	t := o.table(l.Tap)
 	exists, err := tableExists(c, t)
 	if err != nil {
 		return err
@@ -259,13 +260,16 @@ func tableExists(c *nftables.Conn, t *nftables.Table) (bool, error) {
 	return false, fmt.Errorf("nft: look up table %s: %w", t.Name, err)
 }
 
-// Remove deletes the tap's table; a missing one is success.
-func Remove(tap string) error {
+// Remove deletes o's table of the tap; a missing one is success.
+func (o Owner) Remove(tap string) error {
+	if err := o.check(); err != nil {
+		return err
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("nft: %w", err)
 	}
-	t := table(tap)
+	t := o.table(tap)
 	c.DelTable(t)
 	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("nft: unlock %s: %w", tap, err)
@@ -301,13 +305,17 @@ type State struct {
 	Counters Counters
 }
 
-// Inspect reads the tap's table. ErrNotLocked when there is none.
-func Inspect(tap string) (State, error) {
+// Inspect reads o's table of the tap. ErrNotLocked when there is none
+// (another owner's table of the same tap is not looked at).
+func (o Owner) Inspect(tap string) (State, error) {
+	if err := o.check(); err != nil {
+		return State{}, err
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return State{}, fmt.Errorf("nft: %w", err)
 	}
-	t := table(tap)
+	t := o.table(tap)
 	exists, err := tableExists(c, t)
 	if err != nil {
 		return State{}, err
@@ -440,8 +448,12 @@ func sameExprs(got, want []expr.Any) bool {
 	return true
 }
 
-// Tables lists the tables of this package with what each holds, by tap.
-func Tables() (map[string]State, error) {
+// Tables lists o's lock tables with what each holds, by tap. Tables of
+// other owners, and any other table, are not listed.
+func (o Owner) Tables() (map[string]State, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("nft: %w", err)
@@ -452,7 +464,7 @@ func Tables() (map[string]State, error) {
 	}
 	out := map[string]State{}
 	for _, t := range ts {
-		tap, ok := strings.CutPrefix(t.Name, TablePrefix)
+		tap, ok := o.tapOf(t.Name)
 		if !ok {
 			continue
 		}
@@ -465,11 +477,11 @@ func Tables() (map[string]State, error) {
 	return out, nil
 }
 
-// Ruleset renders l in nft's syntax, as the package doc shows it (for logs
-// and docs; nothing parses it).
-func (l Lock) Ruleset() string {
+// Ruleset renders o's table of l in nft's syntax, as the package doc shows
+// it (for logs and docs; nothing parses it).
+func (o Owner) Ruleset(l Lock) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "table netdev %s {\n    chain %s {\n", TableName(l.Tap), ChainName)
+	fmt.Fprintf(&b, "table netdev %s {\n    chain %s {\n", o.TableName(l.Tap), ChainName)
 	fmt.Fprintf(&b, "        type filter hook ingress device %q priority filter; policy drop;\n", l.Tap)
 	fmt.Fprintf(&b, "        ether saddr != %s counter drop comment %q\n", l.GuestMAC, commentPrefix+RoleSpoof)
 	fmt.Fprintf(&b, "        meta protocol arp arp saddr ether %s counter accept comment %q\n", l.GuestMAC, commentPrefix+RoleARP)

@@ -18,6 +18,9 @@ import (
 
 var guestMAC = net.HardwareAddr{0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0x01}
 
+// owner is the instance the tests' tables belong to.
+var owner = OwnerOf("i-nfttest")
+
 // echo serves ln, answering every connection with "hi" and closing it.
 func echo(t *testing.T, ln net.Listener) {
 	t.Helper()
@@ -53,7 +56,7 @@ func inspectIn(t *testing.T, ns *netnstest.NS, tap string) State {
 	var st State
 	ns.MustDo(t, func() error {
 		var err error
-		st, err = Inspect(tap)
+		st, err = owner.Inspect(tap)
 		return err
 	})
 	return st
@@ -79,7 +82,7 @@ func TestLockFiltersGuest(t *testing.T) {
 	}
 
 	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, Door: door, DoorMAC: lane.BridgeMAC(t)}
-	lane.Host.MustDo(t, func() error { return Install(l) })
+	lane.Host.MustDo(t, func() error { return owner.Install(l) })
 	st := inspectIn(t, lane.Host, g.Tap)
 	if !st.OK || !st.Lock.Equal(l) {
 		t.Fatalf("inspect after install: %+v, want OK with %s", st, l)
@@ -123,10 +126,10 @@ func TestLockFiltersGuest(t *testing.T) {
 	g.SetMAC(t, "eth0", guestMAC)
 
 	// Removing the lock opens the tap again; removing twice is fine.
-	lane.Host.MustDo(t, func() error { return Remove(g.Tap) })
-	lane.Host.MustDo(t, func() error { return Remove(g.Tap) })
+	lane.Host.MustDo(t, func() error { return owner.Remove(g.Tap) })
+	lane.Host.MustDo(t, func() error { return owner.Remove(g.Tap) })
 	lane.Host.MustDo(t, func() error {
-		if _, err := Inspect(g.Tap); !errors.Is(err, ErrNotLocked) {
+		if _, err := owner.Inspect(g.Tap); !errors.Is(err, ErrNotLocked) {
 			t.Errorf("inspect after remove: %v, want ErrNotLocked", err)
 		}
 		return nil
@@ -145,7 +148,7 @@ func TestInspectFindsTampering(t *testing.T) {
 	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, Door: netip.AddrPortFrom(lane.HostAddr, 20001), DoorMAC: lane.BridgeMAC(t)}
 	tamper := map[string]func(c *nftables.Conn) error{
 		"rule deleted": func(c *nftables.Conn) error {
-			tb := table(l.Tap)
+			tb := owner.table(l.Tap)
 			rules, err := c.GetRules(tb, &nftables.Chain{Name: ChainName, Table: tb})
 			if err != nil {
 				return err
@@ -156,7 +159,7 @@ func TestInspectFindsTampering(t *testing.T) {
 			return c.Flush()
 		},
 		"policy accept": func(c *nftables.Conn) error {
-			tb := table(l.Tap)
+			tb := owner.table(l.Tap)
 			ch := chain(tb, l.Tap)
 			accept := nftables.ChainPolicyAccept
 			ch.Policy = &accept
@@ -166,11 +169,11 @@ func TestInspectFindsTampering(t *testing.T) {
 		"other door": func(*nftables.Conn) error {
 			o := l
 			o.Door = netip.AddrPortFrom(lane.HostAddr, 20009)
-			return Install(o)
+			return owner.Install(o)
 		},
 	}
 	for name, f := range tamper {
-		lane.Host.MustDo(t, func() error { return Install(l) })
+		lane.Host.MustDo(t, func() error { return owner.Install(l) })
 		lane.Host.MustDo(t, func() error {
 			c, err := nftables.New()
 			if err != nil {
@@ -186,7 +189,7 @@ func TestInspectFindsTampering(t *testing.T) {
 		} else if st.OK || st.Problem == "" {
 			t.Fatalf("%s: inspect says OK: %+v", name, st)
 		}
-		lane.Host.MustDo(t, func() error { return Install(l) })
+		lane.Host.MustDo(t, func() error { return owner.Install(l) })
 		if st := inspectIn(t, lane.Host, g.Tap); !st.OK || !st.Lock.Equal(l) {
 			t.Fatalf("%s: not repaired: %+v", name, st)
 		}
@@ -202,7 +205,7 @@ func TestInspectFindsTampering(t *testing.T) {
 		return c.Flush()
 	})
 	lane.Host.MustDo(t, func() error {
-		all, err := Tables()
+		all, err := owner.Tables()
 		if err != nil {
 			return err
 		}
@@ -232,8 +235,8 @@ func TestValidateAndRuleset(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
 	}
-	rs := good.Ruleset()
-	for _, want := range []string{"table netdev sbx_egress_sbxabc", `device "sbxabc"`, "policy drop", "tcp dport 3128", "ip daddr 10.0.0.1"} {
+	rs := owner.Ruleset(good)
+	for _, want := range []string{"table netdev sbx_egress_" + owner.Tag() + "_sbxabc", `device "sbxabc"`, "policy drop", "tcp dport 3128", "ip daddr 10.0.0.1"} {
 		if !strings.Contains(rs, want) {
 			t.Errorf("ruleset lacks %q:\n%s", want, rs)
 		}
@@ -258,8 +261,8 @@ func TestGuardKeepsDoorsToTaps(t *testing.T) {
 		t.Fatal("no reach before the guard")
 	}
 	g := Guard{Bridge: lane.Bridge, Addr: lane.HostAddr, Ports: PortRange{First: 20000, Last: 20010}, TapPrefix: "sbx"}
-	lane.Host.MustDo(t, func() error { return InstallGuard(g) })
-	lane.Host.MustDo(t, func() error { return InstallGuard(g) }) // replaces
+	lane.Host.MustDo(t, func() error { return owner.InstallGuard(g) })
+	lane.Host.MustDo(t, func() error { return owner.InstallGuard(g) }) // replaces
 	if !reach(tapGuest, door, 2*time.Second) {
 		t.Fatal("a tap does not reach the door through the guard")
 	}
@@ -270,7 +273,7 @@ func TestGuardKeepsDoorsToTaps(t *testing.T) {
 		t.Fatal("the guard closed a port outside the door range")
 	}
 	lane.Host.MustDo(t, func() error {
-		c, err := GuardDrops()
+		c, err := owner.GuardDrops()
 		if err == nil && c.Packets == 0 {
 			t.Error("guard counter did not move")
 		}
