@@ -11,7 +11,6 @@
 //	        type filter hook ingress device "<tap>" priority filter; policy drop;
 //	        ether saddr != <guest mac> counter drop comment "sbx-egress spoof"
 //	        meta protocol arp arp saddr ether <guest mac> counter accept comment "sbx-egress arp"
-//	        meta protocol ip meta l4proto udp udp sport 68 udp dport 67 ip daddr 255.255.255.255 counter accept comment "sbx-egress dhcp"
 //	        ether daddr <door mac> meta protocol ip ip daddr <door ip> meta l4proto tcp tcp dport <door port> counter accept comment "sbx-egress door"
 //	        counter drop comment "sbx-egress drop"
 //	    }
@@ -19,10 +18,15 @@
 //
 // The ingress hook of a tap sees every frame the guest sends (the VMM writes
 // them into the tap), before the bridge: frames not from the guest's own
-// MAC, anything but IPv4 to the door and ARP and broadcast DHCP (what a guest
-// needs to find the door: its address and the door's MAC) is dropped, IPv6
-// included. Frames to the host go nowhere else. The counters of the spoof
-// and drop rules are what a bypass attempt moves.
+// MAC, anything but IPv4 to the door and ARP (what a guest needs to find the
+// door's MAC) is dropped, IPv6 included. Frames to the host go nowhere else.
+// The counters of the spoof and drop rules are what a bypass attempt moves.
+//
+// DHCP is dropped like the rest: guests' addresses are static (the guest
+// image's own; nothing on the host serves DHCP), and a broadcast the bridge
+// floods to every port, an uplink included, would be a channel past the
+// policy. The host does not know a guest's IP, so the ARP and door rules
+// cannot match it: ARP is matched on the sender MAC only.
 //
 // Contract:
 //   - Every call is an Owner's and sees only that owner's tables: the tag
@@ -35,7 +39,7 @@
 //   - Remove(tap) deletes it; a missing table is success. The kernel does not
 //     delete a netdev table with its device, so destroying a VM removes both.
 //   - Inspect(l) reports whether the kernel holds exactly l's ruleset (table,
-//     base chain hooked to the tap with policy drop, the five rules) and its
+//     base chain hooked to the tap with policy drop, the four rules) and its
 //     counters; Tables lists every lock table of the owner, with the Lock
 //     each holds when it is one.
 //   - Every call opens its own netlink socket: none of them belongs on a
@@ -49,6 +53,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -72,13 +77,12 @@ const commentPrefix = "sbx-egress "
 const (
 	RoleSpoof = "spoof" // frames whose source MAC is not the guest's: dropped
 	RoleARP   = "arp"   // ARP from the guest's MAC: accepted
-	RoleDHCP  = "dhcp"  // broadcast DHCP requests: accepted
 	RoleDoor  = "door"  // TCP to the proxy door: accepted
 	RoleDrop  = "drop"  // everything else: dropped
 )
 
 // Roles lists the rule roles in ruleset order.
-var Roles = []string{RoleSpoof, RoleARP, RoleDHCP, RoleDoor, RoleDrop}
+var Roles = []string{RoleSpoof, RoleARP, RoleDoor, RoleDrop}
 
 var (
 	// ErrInvalid: a Lock that cannot be installed (bad tap name, MACs, a
@@ -135,16 +139,13 @@ func chain(t *nftables.Table, tap string) *nftables.Chain {
 
 // Layer offsets of the fields the rules match.
 const (
-	ethDst     = 0
-	ethSrc     = 6
-	arpSHA     = 8  // ARP sender hardware address (Ethernet, IPv4)
-	ipDst      = 16 // IPv4 destination address
-	l4SrcPort  = 0
-	l4DstPort  = 2
-	ethPIPv4   = 0x0800
-	ethPARP    = 0x0806
-	dhcpClient = 68
-	dhcpServer = 67
+	ethDst    = 0
+	ethSrc    = 6
+	arpSHA    = 8  // ARP sender hardware address (Ethernet, IPv4)
+	ipDst     = 16 // IPv4 destination address
+	l4DstPort = 2
+	ethPIPv4  = 0x0800
+	ethPARP   = 0x0806
 )
 
 func load(base expr.PayloadBase, off, n uint32) *expr.Payload {
@@ -184,13 +185,6 @@ func (l Lock) exprs() map[string][]expr.Any {
 			verdict(expr.VerdictDrop)),
 		RoleARP: cat(proto(ethPARP),
 			[]expr.Any{load(expr.PayloadBaseNetworkHeader, arpSHA, 6), eq([]byte(l.GuestMAC))},
-			verdict(expr.VerdictAccept)),
-		RoleDHCP: cat(proto(ethPIPv4), l4(unix.IPPROTO_UDP),
-			[]expr.Any{
-				load(expr.PayloadBaseTransportHeader, l4SrcPort, 2), eq(be16(dhcpClient)),
-				load(expr.PayloadBaseTransportHeader, l4DstPort, 2), eq(be16(dhcpServer)),
-				load(expr.PayloadBaseNetworkHeader, ipDst, 4), eq([]byte{255, 255, 255, 255}),
-			},
 			verdict(expr.VerdictAccept)),
 		RoleDoor: cat(
 			[]expr.Any{load(expr.PayloadBaseLLHeader, ethDst, 6), eq([]byte(l.DoorMAC))},
@@ -297,7 +291,7 @@ type State struct {
 	// Lock is the ruleset found, read back from its rules; valid when OK.
 	Lock Lock
 	// OK: the table holds exactly one ruleset of this package: the base
-	// chain hooked to the tap's ingress with policy drop, and the five
+	// chain hooked to the tap's ingress with policy drop, and the four
 	// rules in order.
 	OK bool
 	// Problem says what is wrong when !OK.
@@ -393,7 +387,7 @@ func parse(tap string, rules []*nftables.Rule) (Lock, string) {
 	}
 	l.GuestMAC = net.HardwareAddr(bytes.Clone(cmps[0]))
 	cmps = cmps[:0]
-	for _, e := range rules[3].Exprs {
+	for _, e := range rules[slices.Index(Roles, RoleDoor)].Exprs {
 		if c, ok := e.(*expr.Cmp); ok {
 			cmps = append(cmps, c.Data)
 		}
@@ -485,7 +479,6 @@ func (o Owner) Ruleset(l Lock) string {
 	fmt.Fprintf(&b, "        type filter hook ingress device %q priority filter; policy drop;\n", l.Tap)
 	fmt.Fprintf(&b, "        ether saddr != %s counter drop comment %q\n", l.GuestMAC, commentPrefix+RoleSpoof)
 	fmt.Fprintf(&b, "        meta protocol arp arp saddr ether %s counter accept comment %q\n", l.GuestMAC, commentPrefix+RoleARP)
-	fmt.Fprintf(&b, "        meta protocol ip meta l4proto udp udp sport 68 udp dport 67 ip daddr 255.255.255.255 counter accept comment %q\n", commentPrefix+RoleDHCP)
 	fmt.Fprintf(&b, "        ether daddr %s meta protocol ip ip daddr %s meta l4proto tcp tcp dport %d counter accept comment %q\n",
 		l.DoorMAC, l.Door.Addr(), l.Door.Port(), commentPrefix+RoleDoor)
 	fmt.Fprintf(&b, "        counter drop comment %q\n    }\n}\n", commentPrefix+RoleDrop)

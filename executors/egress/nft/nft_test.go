@@ -7,11 +7,13 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 )
@@ -136,6 +138,58 @@ func TestLockFiltersGuest(t *testing.T) {
 	})
 	if !reach(g, other, 2*time.Second) {
 		t.Fatal("the guest does not reach the host after the lock was removed")
+	}
+}
+
+// TestLockDropsDHCP: a guest's DHCP broadcast (UDP 68 to
+// 255.255.255.255:67) reaches the host without a lock and is dropped by one,
+// moving the drop counter: guests' addresses are static, so a lock admits no
+// DHCP (the bridge would flood it to every port).
+func TestLockDropsDHCP(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	g := lane.AddGuest(t, 1, "sbxdhcp0000001", guestMAC)
+	var srv, cli net.PacketConn
+	lane.Host.MustDo(t, func() error {
+		var err error
+		srv, err = net.ListenPacket("udp4", ":67")
+		return err
+	})
+	t.Cleanup(func() { srv.Close() })
+	g.MustDo(t, func() error {
+		lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BROADCAST, 1); serr == nil {
+					serr = unix.BindToDevice(int(fd), "eth0")
+				}
+			})
+			return errors.Join(err, serr)
+		}}
+		var err error
+		cli, err = lc.ListenPacket(context.Background(), "udp4", ":68")
+		return err
+	})
+	t.Cleanup(func() { cli.Close() })
+	discover := func(d time.Duration) bool {
+		if _, err := cli.WriteTo([]byte("discover"), &net.UDPAddr{IP: net.IPv4bcast, Port: 67}); err != nil {
+			t.Fatal(err)
+		}
+		_ = srv.SetReadDeadline(time.Now().Add(d))
+		buf := make([]byte, 64)
+		n, _, err := srv.ReadFrom(buf)
+		return err == nil && string(buf[:n]) == "discover"
+	}
+	if !discover(2 * time.Second) {
+		t.Fatal("the guest's DHCP broadcast does not reach the host before any lock")
+	}
+	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, Door: netip.AddrPortFrom(lane.HostAddr, 20001), DoorMAC: lane.BridgeMAC(t)}
+	lane.Host.MustDo(t, func() error { return owner.Install(l) })
+	before := inspectIn(t, lane.Host, g.Tap).Counters.Dropped()
+	if discover(500 * time.Millisecond) {
+		t.Fatal("a DHCP broadcast got through the lock")
+	}
+	if after := inspectIn(t, lane.Host, g.Tap).Counters.Dropped(); after.Packets <= before.Packets {
+		t.Fatalf("drop counter did not move on a DHCP broadcast: %+v -> %+v", before, after)
 	}
 }
 
