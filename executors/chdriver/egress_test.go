@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -33,6 +35,7 @@ func nsLane(t *testing.T, n *nsTaps) *nft.Lane {
 			err = n.do(func() error { ok, err = k.TapExists(tap); return err })
 			return ok, err
 		},
+		Isolate: func(tap string) error { return n.do(func() error { return k.Isolate(tap) }) },
 	}
 	l, err := nft.NewLane(nft.LaneConfig{Bridge: testBridge, Addr: netip.MustParseAddr("10.77.0.1"), MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, Ops: &ops})
 	if err != nil {
@@ -120,6 +123,19 @@ func TestEgressLocks(t *testing.T) {
 	}
 	if got, ok := doors.get(vm1); !ok || got != door {
 		t.Fatalf("doors after clone: %s %v, want %s", got, ok, door)
+	}
+	if err := taps.do(func() error {
+		l, err := netlink.LinkByName(TapName(vm1))
+		if err != nil {
+			return err
+		}
+		pi, err := netlink.LinkGetProtinfo(l)
+		if err == nil && !pi.Isolated {
+			err = errors.New("not an isolated bridge port")
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("tap after clone: %v", err)
 	}
 
 	// A clone that fails after its tap was locked leaves no lock.

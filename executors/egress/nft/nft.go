@@ -26,7 +26,9 @@
 // image's own; nothing on the host serves DHCP), and a broadcast the bridge
 // floods to every port, an uplink included, would be a channel past the
 // policy. The host does not know a guest's IP, so the ARP and door rules
-// cannot match it: ARP is matched on the sender MAC only.
+// cannot match it: ARP is matched on the sender MAC only. A Lane also makes
+// every tap it locks an isolated bridge port (Isolate), so what a lock
+// admits reaches the host and no other guest.
 //
 // Contract:
 //   - Every call is an Owner's and sees only that owner's tables: the tag

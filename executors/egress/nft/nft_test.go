@@ -53,6 +53,23 @@ func reach(g *netnstest.Guest, addr string, d time.Duration) bool {
 	return string(b) == "hi"
 }
 
+// forgetNeighbours empties g's neighbour table, so its next packet ARPs.
+func forgetNeighbours(t *testing.T, g *netnstest.Guest) {
+	t.Helper()
+	g.MustDo(t, func() error {
+		ns, err := netlink.NeighList(0, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		for _, n := range ns {
+			if err := netlink.NeighDel(&n); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 func inspectIn(t *testing.T, ns *netnstest.NS, tap string) State {
 	t.Helper()
 	var st State
@@ -90,18 +107,7 @@ func TestLockFiltersGuest(t *testing.T) {
 		t.Fatalf("inspect after install: %+v, want OK with %s", st, l)
 	}
 	// The guest forgets the door's MAC: it must ARP through the lock.
-	g.MustDo(t, func() error {
-		ns, err := netlink.NeighList(0, netlink.FAMILY_V4)
-		if err != nil {
-			return err
-		}
-		for _, n := range ns {
-			if err := netlink.NeighDel(&n); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	forgetNeighbours(t, g)
 	if !reach(g, door.String(), 2*time.Second) {
 		t.Fatal("the guest does not reach its door through the lock")
 	}
