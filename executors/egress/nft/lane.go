@@ -271,7 +271,9 @@ func (l *Lane) isolate(tap string) error {
 }
 
 // Unlock removes the lock of vm's tap and frees its port. Call it once the
-// VMM is gone; a VM never locked is fine.
+// VMM is gone and the tap deleted (the kernel keeps a netdev table whose
+// device went away, so the order leaves no moment with an unlocked tap); a
+// VM never locked is fine.
 func (l *Lane) Unlock(vm, tap string) error {
 	if err := l.ops.Remove(tap); err != nil {
 		return err
