@@ -24,6 +24,12 @@ import (
 //
 // (The door address, not the bridge's name, says which frames: matching a
 // bridge by name needs nft's bridge meta module, which kernels may lack.)
+//
+// The guard sees only frames that cross the bridge: a connection from the
+// host itself (loopback) or routed in through another interface never meets
+// it. Keeping those from the doors is the proxy's part: it binds each door's
+// listener to the bridge device. Each Owner has its own guard, for its own
+// lane's door ports.
 type Guard struct {
 	Bridge    string
 	Addr      netip.Addr
