@@ -21,8 +21,9 @@ import (
 // its tap admits only its own port. Every tap the lane locks is also an
 // isolated bridge port (IFLA_BRPORT_ISOLATED): the bridge forwards no frame
 // from one tap to another, so the ARP a lock admits reaches the host (the
-// door is the bridge device itself) and never another guest. A port is kept by the VM until Unlock
-// and preferred again at the next Lock (a wake), so the door seldom moves.
+// door is the bridge device itself) and never another guest. A port is kept
+// by the VM until Unlock and preferred again at the next Lock (a wake), so
+// the door seldom moves.
 //
 // Lock and Unlock are the refill and destroy halves (netlink, a few
 // hundred microseconds); Door only reads memory, for the proxy and the
@@ -314,11 +315,11 @@ type Report struct {
 // anything else uses the lane: the bridge's guard (guard.go) installed,
 // one read of the instance's tables, then a repair per member whose lock is
 // missing or wrong (a tap that exists is never left without one: Install
-// replaces atomically), every member's tap isolated, then the removal of the instance's tables no member
-// owns, the orphans a destroy left when its unlock failed after the tap was
-// deleted among them. Door ports are taken from the locks found, so every
-// door stays where its guest knows it. Other instances' tables are never
-// read or touched.
+// replaces atomically), every member's tap isolated, then the removal of
+// the instance's tables no member owns. Those include orphans: the table of
+// a tap deleted by a destroy or rollback whose unlock failed or was held
+// back. Door ports are taken from the locks found, so every door stays where
+// its guest knows it. Other instances' tables are never read or touched.
 func (l *Lane) Reconcile(members []Member) (Report, error) {
 	rep := Report{Failed: map[string]error{}}
 	if l.ops.Guard != nil {
