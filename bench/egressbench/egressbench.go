@@ -12,7 +12,7 @@
 //     built sandboxd with chsim in the host namespace (every egress tap
 //     locked at refill), alternating claims. Target (issue 18): the egress
 //     claim's median within 10% of the none claim's: the claim path
-//     touches no netlink. The lock's own cost (nft.Install, paid at
+//     touches no netlink. The lock's own cost (nft.Owner.Install, paid at
 //     refill) is reported beside it.
 package egressbench
 
@@ -54,7 +54,7 @@ type config struct {
 	bulk     int64 // bytes per throughput sample
 	bulkRuns int   // throughput samples per path
 	claims   int   // claims per pool
-	locks    int   // nft.Install samples
+	locks    int   // nft.Owner.Install samples
 }
 
 func configFor(quick bool) config {
@@ -153,12 +153,13 @@ func proxyRounds(ctx context.Context, r *netnstest.Runner, cfg config, sec *repo
 	defer srv.Close()
 	lane.Host.MustDo(r, func() error { return srv.Open("vm-bench", proxy.Doors{TCP: door}) })
 	lock := nft.Lock{Tap: locked.Tap, GuestMAC: locked.MAC, Door: door, DoorMAC: lane.BridgeMAC(r)}
+	owner := nft.OwnerOf("i-egressbench")
 	var lockLat report.Durations
 	for range cfg.locks {
 		// A refill locks a new tap: no table to replace.
-		lane.Host.MustDo(r, func() error { return nft.Remove(lock.Tap) })
+		lane.Host.MustDo(r, func() error { return owner.Remove(lock.Tap) })
 		t0 := time.Now()
-		lane.Host.MustDo(r, func() error { return nft.Install(lock) })
+		lane.Host.MustDo(r, func() error { return owner.Install(lock) })
 		lockLat = append(lockLat, time.Since(t0))
 	}
 

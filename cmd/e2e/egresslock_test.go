@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -98,13 +99,25 @@ func (n *egressNode) start(t *testing.T) {
 	n.daemon = startDaemonVia(t, n.dir, filepath.Join(n.dir, "data"), n.apiAddr, n.sandboxdNS, n.hc, "-config", n.cfg)
 }
 
-// locks reads every egress lock in the host namespace.
+// owner is the node's nft owner: its instance, the one directory under
+// <data>/run.
+func (n *egressNode) owner(t *testing.T) nft.Owner {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(n.dir, "data", "run"))
+	if err != nil || len(ents) != 1 {
+		t.Fatalf("the node's instance dir: %v %v", ents, err)
+	}
+	return nft.OwnerOf(ents[0].Name())
+}
+
+// locks reads every egress lock of the node in the host namespace.
 func (n *egressNode) locks(t *testing.T) map[string]nft.State {
 	t.Helper()
+	o := n.owner(t)
 	var all map[string]nft.State
 	n.lane.Host.MustDo(t, func() error {
 		var err error
-		all, err = nft.Tables()
+		all, err = o.Tables()
 		return err
 	})
 	return all
@@ -150,7 +163,8 @@ func (n *egressNode) guest(t *testing.T, vm string, i byte) (*netnstest.NS, nft.
 // loop in a guest's namespace tries direct connections to the host the
 // whole time (sandboxd up, SIGKILLed, restarting, up again) and never gets
 // through; after the restart every lock is in place, a removed one
-// repaired and a stray one gone, by the time /healthz answers.
+// repaired and a stray one gone, by the time /healthz answers, while the
+// lock another instance holds on the same host is left alone.
 func TestEgressSurvivesSIGKILL(t *testing.T) {
 	n := startEgressNode(t)
 	ctx := context.Background()
@@ -248,12 +262,18 @@ func TestEgressSurvivesSIGKILL(t *testing.T) {
 			warmTap = tp
 		}
 	}
-	n.lane.Host.MustDo(t, func() error { return nft.Remove(warmTap) })
+	owner, foreign := n.owner(t), nft.OwnerOf("i-another-sandboxd")
+	n.lane.Host.MustDo(t, func() error { return owner.Remove(warmTap) })
 	n.lane.Host.MustDo(t, func() error {
-		if err := netlink.LinkAdd(&netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: "straytap0"}, Mode: netlink.TUNTAP_MODE_TAP}); err != nil {
+		for _, name := range []string{"straytap0", "foreigntap0"} {
+			if err := netlink.LinkAdd(&netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: name}, Mode: netlink.TUNTAP_MODE_TAP}); err != nil {
+				return err
+			}
+		}
+		if err := foreign.Install(nft.Lock{Tap: "foreigntap0", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 8}, Door: netip.MustParseAddrPort("10.77.0.1:29998"), DoorMAC: st.Lock.DoorMAC}); err != nil {
 			return err
 		}
-		return nft.Install(nft.Lock{Tap: "straytap0", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 9}, Door: netip.MustParseAddrPort("10.77.0.1:29999"), DoorMAC: st.Lock.DoorMAC})
+		return owner.Install(nft.Lock{Tap: "straytap0", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 9}, Door: netip.MustParseAddrPort("10.77.0.1:29999"), DoorMAC: st.Lock.DoorMAC})
 	})
 	if _, ok := n.locks(t)["straytap0"]; !ok {
 		t.Fatal("stray lock not installed")
@@ -275,10 +295,19 @@ func TestEgressSurvivesSIGKILL(t *testing.T) {
 	if _, ok := after["straytap0"]; ok {
 		t.Fatal("a lock no VM owns survived the restart")
 	}
+	if _, ok := after["foreigntap0"]; ok {
+		t.Fatal("the node lists another instance's lock as its own")
+	}
+	n.lane.Host.MustDo(t, func() error {
+		if st, err := foreign.Inspect("foreigntap0"); err != nil || !st.OK {
+			t.Errorf("another instance's lock after the restart: %+v %v, want it left in place", st, err)
+		}
+		return nil
+	})
 	if !reach(door, 3*time.Second) {
 		t.Fatalf("the guest does not reach its door %s after the restart", door)
 	}
-	n.lane.Host.MustDo(t, func() error { _, err := nft.GuardDrops(); return err }) // the bridge's guard is in place
+	n.lane.Host.MustDo(t, func() error { _, err := owner.GuardDrops(); return err }) // the bridge's guard is in place
 	time.Sleep(300 * time.Millisecond)
 	close(stop)
 	wg.Wait()

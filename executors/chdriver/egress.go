@@ -16,7 +16,7 @@ type EgressLane interface {
 	// Lock gives vm a door and locks its tap to it; the tap exists, the
 	// VMM has not opened it yet.
 	Lock(vm, tap string, mac net.HardwareAddr) (netip.AddrPort, error)
-	// Unlock removes the tap's lock; the VMM is gone.
+	// Unlock removes the tap's lock; the VMM is gone and the tap deleted.
 	Unlock(vm, tap string) error
 	// Door is vm's door, from memory.
 	Door(vm string) (netip.AddrPort, bool)
@@ -62,7 +62,8 @@ func (d *Driver) lockTap(r *run, vm string) error {
 	})
 }
 
-// unlockTap removes the lock; the VMM is gone, the tap goes next.
+// unlockTap removes the lock and frees the door port once the VMM is gone
+// and the tap deleted: the driver never unlocks a tap that still exists.
 func (d *Driver) unlockTap(vm string) error {
 	if d.egress == nil {
 		return nil

@@ -7,18 +7,25 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
+// laneOwner is the owner of the test lane's tables: the driver's instance.
+var laneOwner = nft.OwnerOf(testInstance)
+
 // nsLane is an nft.Lane whose kernel calls run in nsTaps' namespace.
 func nsLane(t *testing.T, n *nsTaps) *nft.Lane {
 	t.Helper()
-	k := nft.KernelOps()
+	k := nft.KernelOps(laneOwner)
 	ops := nft.Ops{
 		Install: func(l nft.Lock) error { return n.do(func() error { return k.Install(l) }) },
 		Remove:  func(tap string) error { return n.do(func() error { return k.Remove(tap) }) },
@@ -30,6 +37,7 @@ func nsLane(t *testing.T, n *nsTaps) *nft.Lane {
 			err = n.do(func() error { ok, err = k.TapExists(tap); return err })
 			return ok, err
 		},
+		Isolate: func(tap string) error { return n.do(func() error { return k.Isolate(tap) }) },
 	}
 	l, err := nft.NewLane(nft.LaneConfig{Bridge: testBridge, Addr: netip.MustParseAddr("10.77.0.1"), MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, Ops: &ops})
 	if err != nil {
@@ -43,7 +51,7 @@ func (n *nsTaps) inspect(t *testing.T, tap string) (nft.State, error) {
 	var st nft.State
 	err := n.do(func() error {
 		var err error
-		st, err = nft.Inspect(tap)
+		st, err = laneOwner.Inspect(tap)
 		return err
 	})
 	return st, err
@@ -77,6 +85,17 @@ func (r *recDoors) get(vm string) (netip.AddrPort, bool) {
 	return d, ok
 }
 
+// egressHarness is a harness whose driver has an egress lane: taps and
+// locks in a namespace of their own, doors recorded.
+func egressHarness(t *testing.T) (*nsTaps, *nft.Lane, *recDoors, *harness) {
+	t.Helper()
+	taps := newNSTaps(t)
+	lane := nsLane(t, taps)
+	doors := &recDoors{open: map[string]netip.AddrPort{}, sock: map[string]string{}}
+	h := newHarness(t, "", func(c *Config) { c.Bridge, c.Taps, c.Egress, c.Doors = testBridge, taps, lane, doors })
+	return taps, lane, doors, h
+}
+
 // TestEgressLocks: every egress tap the recipes make is locked to the VM's
 // door before the VMM runs and unlocked with the tap (hibernate, destroy,
 // a failed clone); wake locks it again on the same door; the doors follow
@@ -84,10 +103,7 @@ func (r *recDoors) get(vm string) (netip.AddrPort, bool) {
 // that went missing and removes one no VM owns.
 func TestEgressLocks(t *testing.T) {
 	t.Parallel()
-	taps := newNSTaps(t)
-	lane := nsLane(t, taps)
-	doors := &recDoors{open: map[string]netip.AddrPort{}, sock: map[string]string{}}
-	h := newHarness(t, "", func(c *Config) { c.Bridge, c.Taps, c.Egress, c.Doors = testBridge, taps, lane, doors })
+	taps, lane, doors, h := egressHarness(t)
 	var locked []string
 	h.setHook(func(_ context.Context, s StepCall) error {
 		// When the VMM launches, the tap must already be locked.
@@ -118,14 +134,22 @@ func TestEgressLocks(t *testing.T) {
 	if got, ok := doors.get(vm1); !ok || got != door {
 		t.Fatalf("doors after clone: %s %v, want %s", got, ok, door)
 	}
+	if err := taps.do(func() error {
+		l, err := netlink.LinkByName(TapName(vm1))
+		if err != nil {
+			return err
+		}
+		pi, err := netlink.LinkGetProtinfo(l)
+		if err == nil && !pi.Isolated {
+			err = errors.New("not an isolated bridge port")
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("tap after clone: %v", err)
+	}
 
 	// A clone that fails after its tap was locked leaves no lock.
-	h.setHook(func(_ context.Context, s StepCall) error {
-		if s.Step == StepProbe && !s.Undo {
-			return errAbort
-		}
-		return nil
-	})
+	h.setHook(abortAtProbe)
 	if _, err := h.d.Clone(ctx, cloneIntent(vm2, golden, k)); !errors.Is(err, errAbort) {
 		t.Fatalf("clone: %v", err)
 	}
@@ -169,14 +193,14 @@ func TestEgressLocks(t *testing.T) {
 	}
 
 	// Start-up: vm1's lock went missing, a stray lock of no VM exists.
-	if err := taps.do(func() error { return nft.Remove(TapName(vm1)) }); err != nil {
+	if err := taps.do(func() error { return laneOwner.Remove(TapName(vm1)) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := taps.Create("sbxstray0000000", testBridge); err != nil {
 		t.Fatal(err)
 	}
 	stray := nft.Lock{Tap: "sbxstray0000000", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 9}, Door: netip.MustParseAddrPort("10.77.0.1:21000"), DoorMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}
-	if err := taps.do(func() error { return nft.Install(stray) }); err != nil {
+	if err := taps.do(func() error { return laneOwner.Install(stray) }); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := h.d.ReconcileEgress(ctx, []reconcile.VMRef{
@@ -207,5 +231,117 @@ func TestEgressLocks(t *testing.T) {
 	}
 	if _, ok := lane.Door(vm1); ok {
 		t.Fatal("destroy left the door allocated")
+	}
+}
+
+// abortAtProbe is a step hook failing a recipe at its readiness probe,
+// once its VMM runs (on its tap, locked, when it is an egress VM).
+func abortAtProbe(_ context.Context, s StepCall) error {
+	if s.Step == StepProbe && !s.Undo {
+		return errAbort
+	}
+	return nil
+}
+
+// tapSteps keeps the steps (and rollback actions) of a trace that act on a
+// VM's VMM, tap, lock and run dir, in order.
+func tapSteps(entries []string) []string {
+	keep := map[string]bool{StepTapCreate: true, StepEgressLock: true, StepLaunch: true, StepTerminate: true, StepTapDelete: true, StepEgressUnlock: true, StepRemoveRun: true}
+	var out []string
+	for _, e := range entries {
+		kind, name, _ := strings.Cut(e, " ")
+		if (kind == "step" && keep[name]) || (kind == "undo" && keep[strings.TrimPrefix(name, "undo_")]) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// TestEgressTapOrder: every recipe that ends an egress VM deletes its tap
+// before removing the tap's lock (destroy, hibernate, a failed clone's
+// rollback), and a rollback whose VMM could not be stopped deletes the tap
+// but keeps the lock and its door port; the start-up reconcile removes the
+// table the deleted tap left.
+func TestEgressTapOrder(t *testing.T) {
+	t.Parallel()
+	taps, lane, _, h := egressHarness(t)
+	ctx := context.Background()
+	k := fsm.PoolKey{Template: "default", Net: NetEgress, Size: "small"}
+	golden := h.buildGolden(k)
+	const vm1, vm2, vm3 = "vm-00000000000000f1", "vm-00000000000000f2", "vm-00000000000000f3"
+	h.tr.reset()
+	if _, err := h.d.Clone(ctx, cloneIntent(vm1, golden, k)); err != nil {
+		t.Fatal(err)
+	}
+	checkSequence(t, "egress clone", tapSteps(h.tr.reset()), []string{
+		"step " + StepTapCreate, "step " + StepEgressLock, "step " + StepLaunch,
+	})
+	hib := fsm.HibernateVM{OpID: newOp(), VM: vm1, Key: k, RunDir: testInstance + "/" + vm1}
+	if _, err := h.d.Hibernate(ctx, hib); err != nil {
+		t.Fatal(err)
+	}
+	checkSequence(t, "egress hibernate", tapSteps(h.tr.reset()), []string{
+		"step " + StepTerminate, "step " + StepTapDelete, "step " + StepEgressUnlock, "step " + StepRemoveRun,
+	})
+
+	if _, err := h.d.Clone(ctx, cloneIntent(vm2, golden, k)); err != nil {
+		t.Fatal(err)
+	}
+	h.tr.reset()
+	if _, err := h.d.Destroy(ctx, fsm.DestroyVM{OpID: newOp(), VM: vm2, Key: k, Instance: testInstance, RunDir: testInstance + "/" + vm2}); err != nil {
+		t.Fatal(err)
+	}
+	checkSequence(t, "egress destroy", tapSteps(h.tr.reset()), []string{
+		"step " + StepTerminate, "step " + StepTapDelete, "step " + StepEgressUnlock, "step " + StepRemoveRun,
+	})
+
+	// A clone that fails after its launch rolls back in the same order.
+	h.setHook(abortAtProbe)
+	if _, err := h.d.Clone(ctx, cloneIntent(vm3, golden, k)); !errors.Is(err, errAbort) {
+		t.Fatalf("clone: %v", err)
+	}
+	checkSequence(t, "egress clone rollback", tapSteps(h.tr.reset()), []string{
+		"step " + StepTapCreate, "step " + StepEgressLock, "step " + StepLaunch,
+		"undo undo_" + StepTerminate, "undo undo_" + StepTapDelete, "undo undo_" + StepEgressUnlock, "undo undo_" + StepRemoveRun,
+	})
+
+	// The rollback's terminate fails (the VMM is killed behind the
+	// driver's back, so none is left running): the tap goes, the lock and
+	// the door port stay.
+	h.setHook(func(ctx context.Context, s StepCall) error {
+		switch {
+		case s.Step == "undo_"+StepTerminate:
+			if pid, ok := vmmPid(s.RunDir); ok {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			return errors.New("test: the VMM could not be stopped")
+		}
+		return abortAtProbe(ctx, s)
+	})
+	if _, err := h.d.Clone(ctx, cloneIntent(vm3, golden, k)); !errors.Is(err, errAbort) {
+		t.Fatalf("clone: %v", err)
+	}
+	h.setHook(nil)
+	checkSequence(t, "egress clone rollback, VMM not stopped", tapSteps(h.tr.reset()), []string{
+		"step " + StepTapCreate, "step " + StepEgressLock, "step " + StepLaunch,
+		"undo undo_" + StepTerminate, "undo undo_" + StepTapDelete, "undo undo_" + StepRemoveRun,
+	})
+	if _, err := taps.inspect(t, TapName(vm3)); errors.Is(err, nft.ErrNotLocked) {
+		t.Fatal("the lock was removed although the VMM may still run")
+	}
+	if _, ok := lane.Door(vm3); !ok {
+		t.Fatal("the door port was freed although the VMM may still run")
+	}
+	if names, _ := taps.links(t); slices.Contains(names, TapName(vm3)) {
+		t.Fatalf("the tap is still there: %v", names)
+	}
+
+	// Start-up: the table of the deleted tap is an orphan, removed.
+	rep, err := h.d.ReconcileEgress(ctx, nil)
+	if err != nil || !slices.Equal(rep.Removed, []string{TapName(vm3)}) {
+		t.Fatalf("reconcile: %+v %v, want the orphan of %s removed", rep, err, TapName(vm3))
+	}
+	if _, err := taps.inspect(t, TapName(vm3)); !errors.Is(err, nft.ErrNotLocked) {
+		t.Fatalf("orphan table after the reconcile: %v", err)
 	}
 }

@@ -146,19 +146,23 @@ func (r *run) wrap(name string, err error) error {
 // undo runs a rollback action. It never fails the recipe (the caller returns
 // the original error); a failed action is logged and left to a re-run or to
 // the start-up sweep. It runs on a context that outlives a cancellation, so
-// a shutdown mid-recipe still rolls back.
-func (r *run) undo(name string, fn func(ctx context.Context) error) {
+// a shutdown mid-recipe still rolls back. It returns nil only when the
+// action ran and succeeded, for a later action that must not run otherwise
+// (teardown's unlock).
+func (r *run) undo(name string, fn func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 30*time.Second)
 	defer cancel()
 	if h := r.d.hook; h != nil {
 		if err := h(ctx, StepCall{Recipe: r.recipe, Step: name, Op: r.op, RunDir: r.runDir, Undo: true}); err != nil {
 			r.log.Warn().Err(err).Str("step", name).Msg("rollback action skipped")
-			return
+			return err
 		}
 	}
-	if err := fn(ctx); err != nil {
+	err := fn(ctx)
+	if err != nil {
 		r.log.Warn().Err(err).Str("step", name).Msg("rollback action failed")
 	}
+	return err
 }
 
 // noteClone records how a disk was cloned; one copy makes the report "copy".

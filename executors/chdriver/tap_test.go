@@ -162,12 +162,7 @@ func TestEgressTaps(t *testing.T) {
 	}
 
 	// A clone that fails after creating its tap removes it.
-	h.setHook(func(_ context.Context, s StepCall) error {
-		if s.Step == StepProbe && !s.Undo {
-			return errAbort
-		}
-		return nil
-	})
+	h.setHook(abortAtProbe)
 	if _, err := h.d.Clone(ctx, cloneIntent(vm2, golden, k)); !errors.Is(err, errAbort) {
 		t.Fatalf("clone: %v", err)
 	}

@@ -89,18 +89,27 @@ func (d *Driver) waitReady(ctx context.Context, api API, runDir string, timeout 
 }
 
 // teardown rolls a VM's run dir back to nothing: its VMM, tap and files.
+// An egress tap goes before its lock, and the lock stays when the VMM could
+// not be stopped (or its pid not be read) or the tap not be deleted: a guest
+// that may still run is never on an unlocked tap. A lock left behind keeps
+// its door port until the VM's destroy, or the start-up reconcile removes it
+// (the kernel keeps a netdev table whose device is gone).
 func (d *Driver) teardown(r *run, vm, runDir string, egress bool) {
 	d.closeDoors(vm)
-	r.undo("undo_"+StepTerminate, func(ctx context.Context) error {
+	stopped := r.undo("undo_"+StepTerminate, func(ctx context.Context) error {
 		p, err := d.attach(ctx, runDir, vm)
 		if p == nil {
 			return err
 		}
 		return d.terminate(ctx, runDir, p)
-	})
+	}) == nil
 	if egress {
-		r.undo("undo_"+StepEgressUnlock, func(context.Context) error { return d.unlockTap(vm) })
-		r.undo("undo_"+StepTapDelete, func(context.Context) error { return d.taps.Delete(TapName(vm)) })
+		deleted := r.undo("undo_"+StepTapDelete, func(context.Context) error { return d.taps.Delete(TapName(vm)) }) == nil
+		if stopped && deleted {
+			r.undo("undo_"+StepEgressUnlock, func(context.Context) error { return d.unlockTap(vm) })
+		} else {
+			r.log.Warn().Str("vm", vm).Bool("vmm_stopped", stopped).Bool("tap_deleted", deleted).Msg("keeping the tap's lock: its VMM may still run, or its tap is still there")
+		}
 	}
 	r.undo("undo_"+StepRemoveRun, func(context.Context) error { return d.fs.RemoveAll(runDir) })
 }
@@ -343,8 +352,8 @@ func (d *Driver) resetRun(r *run, id, runDir, dir string) error {
 }
 
 // stopVM ends a VM whose state is safe elsewhere (hibernate after the
-// rename, a golden build): vm.shutdown, then the VMM, the tap and the run
-// dir. Every step tolerates what is already gone.
+// rename, a golden build): vm.shutdown, then the VMM, the tap, its lock and
+// the run dir. Every step tolerates what is already gone.
 func (d *Driver) stopVM(r *run, vm, runDir string, egress bool) error {
 	d.closeDoors(vm)
 	p, err := d.attach(r.ctx, runDir, vm)
@@ -361,10 +370,10 @@ func (d *Driver) stopVM(r *run, vm, runDir string, egress bool) error {
 		}
 	}
 	if egress {
-		if err := r.step(StepEgressUnlock, func() error { return d.unlockTap(vm) }); err != nil {
+		if err := r.step(StepTapDelete, func() error { return d.taps.Delete(TapName(vm)) }); err != nil {
 			return err
 		}
-		if err := r.step(StepTapDelete, func() error { return d.taps.Delete(TapName(vm)) }); err != nil {
+		if err := r.step(StepEgressUnlock, func() error { return d.unlockTap(vm) }); err != nil {
 			return err
 		}
 	}

@@ -73,7 +73,7 @@ func (n *Node) openGuarded(cfg *ProxyConfig) (Guarded, error) {
 	pc.Log = n.zl
 	var eg Guarded
 	if cfg.Bridge != "" {
-		lane, err := nft.NewLane(nft.LaneConfig{Bridge: cfg.Bridge, Ports: cfg.DoorPorts, Ops: cfg.LaneOps, Addr: cfg.DoorAddr})
+		lane, err := nft.NewLane(nft.LaneConfig{Bridge: cfg.Bridge, Instance: n.Instance, Ports: cfg.DoorPorts, Ops: cfg.LaneOps, Addr: cfg.DoorAddr})
 		if err != nil {
 			return Guarded{}, err
 		}

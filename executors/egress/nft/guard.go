@@ -9,17 +9,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// GuardTable is the bridge-family table that keeps the door ports to the
-// VMs' taps.
-const GuardTable = "sbx_egress_guard"
-
 // Guard closes the lane's door ports to every port of the bridge that is
 // not a VM tap. A door's sandbox is known by the port a connection reaches,
 // and each tap's lock admits only its own; the guard makes sure nothing
 // else on the bridge (an uplink, another device an operator attached)
 // reaches a door and speaks as a sandbox:
 //
-//	table bridge sbx_egress_guard {
+//	table bridge sbx_egress_<tag>_guard {
 //	    chain input {
 //	        type filter hook input priority filter; policy accept;
 //	        meta protocol ip ip daddr <door ip> meta l4proto tcp tcp dport <first>-<last> iifname != "<tap prefix>*" counter drop
@@ -28,6 +24,12 @@ const GuardTable = "sbx_egress_guard"
 //
 // (The door address, not the bridge's name, says which frames: matching a
 // bridge by name needs nft's bridge meta module, which kernels may lack.)
+//
+// The guard sees only frames that cross the bridge: a connection from the
+// host itself (loopback) or routed in through another interface never meets
+// it. Keeping those from the doors is the proxy's part: it binds each door's
+// listener to the bridge device. Each Owner has its own guard, for its own
+// lane's door ports.
 type Guard struct {
 	Bridge    string
 	Addr      netip.Addr
@@ -51,8 +53,13 @@ func (g Guard) exprs() []expr.Any {
 		verdict(expr.VerdictDrop))
 }
 
-// InstallGuard replaces the guard table with g's, atomically.
-func InstallGuard(g Guard) error {
+// InstallGuard replaces o's guard table (Owner.GuardTableName) with g's,
+// atomically. Another owner's guard is left alone: each instance's keeps
+// its own lane's door ports.
+func (o Owner) InstallGuard(g Guard) error {
+	if err := o.check(); err != nil {
+		return err
+	}
 	if !g.Addr.Is4() || g.TapPrefix == "" || g.Ports.First == 0 || g.Ports.Last < g.Ports.First {
 		return fmt.Errorf("%w: guard %+v", ErrInvalid, g)
 	}
@@ -60,7 +67,7 @@ func InstallGuard(g Guard) error {
 	if err != nil {
 		return fmt.Errorf("nft: %w", err)
 	}
-	t := &nftables.Table{Name: GuardTable, Family: nftables.TableFamilyBridge}
+	t := o.guardTable()
 	exists, err := tableExists(c, t)
 	if err != nil {
 		return err
@@ -81,13 +88,16 @@ func InstallGuard(g Guard) error {
 	return nil
 }
 
-// GuardDrops reads the guard's drop counter.
-func GuardDrops() (Counter, error) {
+// GuardDrops reads the drop counter of o's guard.
+func (o Owner) GuardDrops() (Counter, error) {
+	if err := o.check(); err != nil {
+		return Counter{}, err
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return Counter{}, fmt.Errorf("nft: %w", err)
 	}
-	t := &nftables.Table{Name: GuardTable, Family: nftables.TableFamilyBridge}
+	t := o.guardTable()
 	rules, err := c.GetRules(t, &nftables.Chain{Name: "input", Table: t})
 	if err != nil {
 		return Counter{}, fmt.Errorf("nft: guard rules: %w", err)

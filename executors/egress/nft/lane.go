@@ -18,14 +18,23 @@ import (
 //
 // Each VM's door is its own port, so the proxy knows the sandbox by the
 // listener a connection reaches, and a guest can reach no other VM's door:
-// its tap admits only its own port. A port is kept by the VM until Unlock
-// and preferred again at the next Lock (a wake), so the door seldom moves.
+// its tap admits only its own port. Every tap the lane locks is also an
+// isolated bridge port (IFLA_BRPORT_ISOLATED): the bridge forwards no frame
+// from one tap to another, so the ARP a lock admits reaches the host (the
+// door is the bridge device itself) and never another guest. A port is kept
+// by the VM until Unlock and preferred again at the next Lock (a wake), so
+// the door seldom moves.
 //
 // Lock and Unlock are the refill and destroy halves (netlink, a few
 // hundred microseconds); Door only reads memory, for the proxy and the
 // claim path. Reconcile is the start-up half: it reads the kernel's tables
 // once, keeps the locks that are right (their ports with them), repairs the
 // rest and removes the tables of taps no VM owns.
+//
+// Every table a lane sees is its instance's (LaneConfig.Instance, Owner):
+// another sandboxd on the same host, on the same bridge or another, keeps
+// its locks and its guard through this lane's Reconcile, and the other way
+// round.
 type Lane struct {
 	bridge string
 	addr   netip.Addr
@@ -56,13 +65,31 @@ type Ops struct {
 	Tables  func() (map[string]State, error)
 	// TapExists reports whether the device exists (a lock hooks a device).
 	TapExists func(tap string) (bool, error)
+	// Isolate makes the tap an isolated port of its bridge (nil: taps are
+	// left as they are, for tests of the callers that have no bridge).
+	Isolate func(tap string) error
 	// Guard installs the bridge's guard (nil: none).
 	Guard func(Guard) error
 }
 
-// KernelOps act on the calling thread's network namespace.
-func KernelOps() Ops {
-	return Ops{Install: Install, Remove: Remove, Tables: Tables, TapExists: linkExists, Guard: InstallGuard}
+// KernelOps act on o's tables in the calling thread's network namespace.
+func KernelOps(o Owner) Ops {
+	return Ops{Install: o.Install, Remove: o.Remove, Tables: o.Tables, TapExists: linkExists, Isolate: Isolate, Guard: o.InstallGuard}
+}
+
+// Isolate makes tap an isolated port of the bridge it is attached to: the
+// bridge forwards nothing between two isolated ports, while frames to and
+// from the bridge device itself (the door) and non-isolated ports pass.
+// Setting it again is a no-op.
+func Isolate(tap string) error {
+	l, err := netlink.LinkByName(tap)
+	if err != nil {
+		return fmt.Errorf("nft: isolate %s: %w", tap, err)
+	}
+	if err := netlink.LinkSetIsolated(l, true); err != nil {
+		return fmt.Errorf("nft: isolate %s: %w", tap, err)
+	}
+	return nil
 }
 
 func linkExists(name string) (bool, error) {
@@ -80,6 +107,10 @@ func linkExists(name string) (bool, error) {
 // LaneConfig configures a Lane.
 type LaneConfig struct {
 	Bridge string
+	// Instance is the sandboxd instance id whose tables the lane installs,
+	// reconciles and removes (KernelOps(OwnerOf(Instance))); required
+	// unless Ops is set.
+	Instance string
 	// Addr and MAC are the door's address and hardware address (default:
 	// the bridge's first IPv4 address and its MAC, read once by NewLane).
 	Addr netip.Addr
@@ -114,10 +145,13 @@ func NewLane(cfg LaneConfig) (*Lane, error) {
 	if l.ports.First == 0 || l.ports.Last < l.ports.First {
 		return nil, fmt.Errorf("nft: door ports %d-%d", l.ports.First, l.ports.Last)
 	}
-	if cfg.Ops != nil {
+	switch {
+	case cfg.Ops != nil:
 		l.ops = *cfg.Ops
-	} else {
-		l.ops = KernelOps()
+	case cfg.Instance == "":
+		return nil, fmt.Errorf("%w: the lane of bridge %q has no instance id", ErrNoOwner, cfg.Bridge)
+	default:
+		l.ops = KernelOps(OwnerOf(cfg.Instance))
 	}
 	if !l.addr.IsValid() || len(l.mac) == 0 {
 		br, err := netlink.LinkByName(cfg.Bridge)
@@ -209,14 +243,18 @@ func (l *Lane) lock(tap string, mac net.HardwareAddr, port uint16) Lock {
 	return Lock{Tap: tap, GuestMAC: mac, Door: netip.AddrPortFrom(l.addr, port), DoorMAC: l.mac}
 }
 
-// Lock gives vm a door port and installs its tap's lock (tap, the guest
-// NIC's mac). Call it after the tap exists and before the VMM opens it. A
-// VM already locked is locked again with the same port (a re-run).
+// Lock gives vm a door port, isolates its tap on the bridge and installs
+// the tap's lock (tap, the guest NIC's mac). Call it after the tap exists
+// and before the VMM opens it. A VM already locked is locked again with the
+// same port (a re-run).
 func (l *Lane) Lock(vm, tap string, mac net.HardwareAddr) (netip.AddrPort, error) {
 	l.mu.Lock()
 	p, err := l.allocLocked(vm, 0)
 	l.mu.Unlock()
 	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if err := l.isolate(tap); err != nil {
 		return netip.AddrPort{}, err
 	}
 	lk := l.lock(tap, mac, p)
@@ -226,8 +264,17 @@ func (l *Lane) Lock(vm, tap string, mac net.HardwareAddr) (netip.AddrPort, error
 	return lk.Door, nil
 }
 
+func (l *Lane) isolate(tap string) error {
+	if l.ops.Isolate == nil {
+		return nil
+	}
+	return l.ops.Isolate(tap)
+}
+
 // Unlock removes the lock of vm's tap and frees its port. Call it once the
-// VMM is gone; a VM never locked is fine.
+// VMM is gone and the tap deleted (the kernel keeps a netdev table whose
+// device went away, so the order leaves no moment with an unlocked tap); a
+// VM never locked is fine.
 func (l *Lane) Unlock(vm, tap string) error {
 	if err := l.ops.Remove(tap); err != nil {
 		return err
@@ -247,26 +294,32 @@ type Member struct {
 
 // Report says what Reconcile found and did.
 type Report struct {
-	// Kept: locks that were right, with their doors.
+	// Kept: locks that were right, with their doors (and their taps
+	// isolated).
 	Kept int
-	// Repaired: members whose tap had no lock, or a wrong one, now locked.
+	// Repaired: members whose tap had no lock, or a wrong one, now locked
+	// and isolated.
 	Repaired []string
 	// NoTap: members without a tap (nothing to lock: no guest can send).
 	NoTap []string
-	// Removed: taps whose table no member owns, unlocked.
+	// Removed: taps whose table (this instance's) no member owns,
+	// unlocked.
 	Removed []string
-	// Failed: members whose tap could not be locked, with why. Their guest
-	// may have open egress: the caller must stop their VMMs.
+	// Failed: members whose tap could not be locked or isolated, with why.
+	// Their guest may have open egress, or reach other guests: the caller
+	// must stop their VMMs.
 	Failed map[string]error
 }
 
 // Reconcile brings the kernel in line with members at start-up, before
 // anything else uses the lane: the bridge's guard (guard.go) installed,
-// one read of every table, then a repair per
-// member whose lock is missing or wrong (a tap that exists is never left
-// without one: Install replaces atomically), then the removal of tables no
-// member owns. Door ports are taken from the locks found, so every door
-// stays where its guest knows it.
+// one read of the instance's tables, then a repair per member whose lock is
+// missing or wrong (a tap that exists is never left without one: Install
+// replaces atomically), every member's tap isolated, then the removal of
+// the instance's tables no member owns. Those include orphans: the table of
+// a tap deleted by a destroy or rollback whose unlock failed or was held
+// back. Door ports are taken from the locks found, so every door stays where
+// its guest knows it. Other instances' tables are never read or touched.
 func (l *Lane) Reconcile(members []Member) (Report, error) {
 	rep := Report{Failed: map[string]error{}}
 	if l.ops.Guard != nil {
@@ -281,7 +334,7 @@ func (l *Lane) Reconcile(members []Member) (Report, error) {
 	// Adopt the right locks first, so their ports are taken before any
 	// repair allocates one.
 	l.mu.Lock()
-	var repair []Member
+	var kept, repair []Member
 	owned := map[string]bool{}
 	for _, m := range members {
 		owned[m.Tap] = true
@@ -290,7 +343,7 @@ func (l *Lane) Reconcile(members []Member) (Report, error) {
 		if ok && st.OK && st.Lock.Equal(want) {
 			if _, taken := l.used[want.Door.Port()]; !taken && l.inRange(want.Door.Port()) {
 				if _, err := l.allocLocked(m.VM, want.Door.Port()); err == nil {
-					rep.Kept++
+					kept = append(kept, m)
 					continue
 				}
 			}
@@ -298,6 +351,13 @@ func (l *Lane) Reconcile(members []Member) (Report, error) {
 		repair = append(repair, m)
 	}
 	l.mu.Unlock()
+	for _, m := range kept {
+		if err := l.isolate(m.Tap); err != nil {
+			rep.Failed[m.VM] = err
+			continue
+		}
+		rep.Kept++
+	}
 	for _, m := range repair {
 		exists, err := l.ops.TapExists(m.Tap)
 		if err != nil {
@@ -314,6 +374,9 @@ func (l *Lane) Reconcile(members []Member) (Report, error) {
 		l.mu.Lock()
 		p, err := l.allocLocked(m.VM, tables[m.Tap].Lock.Door.Port())
 		l.mu.Unlock()
+		if err == nil {
+			err = l.isolate(m.Tap)
+		}
 		if err == nil {
 			err = l.ops.Install(l.lock(m.Tap, m.MAC, p))
 		}

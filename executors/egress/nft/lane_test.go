@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -16,15 +17,17 @@ import (
 
 // fakeKernel is Ops over a map: the tables and taps a test says exist.
 type fakeKernel struct {
-	mu      sync.Mutex
-	tables  map[string]State
-	taps    map[string]bool
-	failOn  string // tap whose Install fails
-	install int
+	mu        sync.Mutex
+	tables    map[string]State
+	taps      map[string]bool
+	isolated  map[string]bool
+	failOn    string // tap whose Install fails
+	noIsolate string // tap whose Isolate fails
+	install   int
 }
 
 func newFakeKernel() *fakeKernel {
-	return &fakeKernel{tables: map[string]State{}, taps: map[string]bool{}}
+	return &fakeKernel{tables: map[string]State{}, taps: map[string]bool{}, isolated: map[string]bool{}}
 }
 
 func (k *fakeKernel) ops() *Ops {
@@ -62,6 +65,15 @@ func (k *fakeKernel) ops() *Ops {
 			defer k.mu.Unlock()
 			return k.taps[tap], nil
 		},
+		Isolate: func(tap string) error {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			if tap == k.noIsolate || !k.taps[tap] {
+				return fmt.Errorf("cannot isolate %s", tap)
+			}
+			k.isolated[tap] = true
+			return nil
+		},
 	}
 }
 
@@ -77,6 +89,15 @@ func fakeLane(t *testing.T, k *fakeKernel, ports PortRange) *Lane {
 }
 
 func mac(i int) net.HardwareAddr { return net.HardwareAddr{0x02, 0, 0, 0, 1, byte(i)} }
+
+// numbered is members vm<i> on tap<i> with mac(i), for i below n.
+func numbered(n int) []Member {
+	var out []Member
+	for i := range n {
+		out = append(out, Member{VM: fmt.Sprintf("vm%d", i), Tap: fmt.Sprintf("tap%d", i), MAC: mac(i)})
+	}
+	return out
+}
 
 // TestLanePorts: every VM gets its own port; a VM that unlocks and locks
 // again gets the same one; a full range is ErrPortsExhausted; Door reads
@@ -101,6 +122,9 @@ func TestLanePorts(t *testing.T) {
 		}
 		if k.tables[tap].Lock.Door != d {
 			t.Fatalf("installed door %s, want %s", k.tables[tap].Lock.Door, d)
+		}
+		if !k.isolated[tap] {
+			t.Fatalf("%s locked but not isolated", tap)
 		}
 	}
 	k.taps["tap10"] = true
@@ -151,11 +175,7 @@ func TestLaneReconcile(t *testing.T) {
 	k.failOn = "tap5"
 
 	l := fakeLane(t, k, PortRange{First: 30000, Last: 30009})
-	var members []Member
-	for i := range 6 {
-		members = append(members, Member{VM: fmt.Sprintf("vm%d", i), Tap: fmt.Sprintf("tap%d", i), MAC: mac(i)})
-	}
-	rep, err := l.Reconcile(members)
+	rep, err := l.Reconcile(numbered(6))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,6 +201,35 @@ func TestLaneReconcile(t *testing.T) {
 	}
 }
 
+// TestLaneReconcileIsolates: every member's tap is isolated, kept or
+// repaired; a tap that cannot be isolated is a failure (its guest could
+// reach other guests), and a lock that cannot isolate its tap is refused.
+func TestLaneReconcileIsolates(t *testing.T) {
+	k := newFakeKernel()
+	addr := netip.MustParseAddr("10.1.0.1")
+	for i := range 3 {
+		k.taps[fmt.Sprintf("tap%d", i)] = true
+	}
+	k.tables["tap0"] = State{Tap: "tap0", Lock: Lock{Tap: "tap0", GuestMAC: mac(0), Door: netip.AddrPortFrom(addr, 30001), DoorMAC: doorMAC}, OK: true}
+	k.tables["tap2"] = State{Tap: "tap2", Lock: Lock{Tap: "tap2", GuestMAC: mac(2), Door: netip.AddrPortFrom(addr, 30002), DoorMAC: doorMAC}, OK: true}
+	k.noIsolate = "tap2"
+	l := fakeLane(t, k, PortRange{First: 30000, Last: 30009})
+	rep, err := l.Reconcile(numbered(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Kept != 1 || !slices.Equal(rep.Repaired, []string{"vm1"}) || len(rep.Failed) != 1 || rep.Failed["vm2"] == nil {
+		t.Fatalf("report %+v", rep)
+	}
+	if !k.isolated["tap0"] || !k.isolated["tap1"] {
+		t.Fatalf("isolated taps %v, want tap0 (kept) and tap1 (repaired)", k.isolated)
+	}
+	k.taps["tap3"], k.noIsolate = true, "tap3"
+	if _, err := l.Lock("vm3", "tap3", mac(3)); err == nil {
+		t.Fatal("a tap that cannot be isolated was locked")
+	}
+}
+
 // TestNewLaneReadsBridge: the door address and MAC are the bridge's; a
 // bridge without an IPv4 address is ErrNoAddress.
 func TestNewLaneReadsBridge(t *testing.T) {
@@ -188,14 +237,17 @@ func TestNewLaneReadsBridge(t *testing.T) {
 	lane.Host.Bridge(t, "bare0", netip.Prefix{})
 	want := lane.BridgeMAC(t)
 	lane.Host.MustDo(t, func() error {
-		l, err := NewLane(LaneConfig{Bridge: lane.Bridge})
+		if _, err := NewLane(LaneConfig{Bridge: lane.Bridge}); !errors.Is(err, ErrNoOwner) {
+			t.Errorf("lane without an instance: %v, want ErrNoOwner", err)
+		}
+		l, err := NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-nfttest"})
 		if err != nil {
 			return err
 		}
 		if l.Addr() != lane.HostAddr || !slices.Equal(l.mac, want) {
 			t.Errorf("lane %s %s, want %s %s", l.Addr(), l.mac, lane.HostAddr, want)
 		}
-		if _, err := NewLane(LaneConfig{Bridge: "bare0"}); !errors.Is(err, ErrNoAddress) {
+		if _, err := NewLane(LaneConfig{Bridge: "bare0", Instance: "i-nfttest"}); !errors.Is(err, ErrNoAddress) {
 			t.Errorf("bridge without address: %v", err)
 		}
 		return nil
@@ -214,5 +266,158 @@ func TestNewLaneReadsBridge(t *testing.T) {
 	})
 	if got := lane.BridgeMAC(t); !slices.Equal(got, want) {
 		t.Fatalf("bridge MAC moved to %s, want %s pinned", got, want)
+	}
+}
+
+// TestLanesOfTwoInstances: two sandboxd instances' lanes in one namespace,
+// on one bridge, each with its own guard and locks. Each one's Reconcile
+// sees only its own tables: it removes its own stray lock and never
+// another instance's, whose guest stays locked.
+func TestLanesOfTwoInstances(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	ga := lane.AddGuest(t, 1, "sbxinsta000001", mac(1))
+	gb := lane.AddGuest(t, 2, "sbxinstb000001", mac(2))
+	a, b := OwnerOf("i-aaaa"), OwnerOf("i-bbbb")
+	if a == b || a.Tag() == "" || a.TableName(ga.Tap) == b.TableName(ga.Tap) || a.GuardTableName() == b.GuardTableName() {
+		t.Fatalf("owners %q and %q share names", a.Tag(), b.Tag())
+	}
+	doorA := netip.AddrPortFrom(lane.HostAddr, 20001)
+	other := lane.HostAddr.String() + ":20150"
+	for _, addr := range []string{doorA.String(), other} {
+		ln, err := lane.Host.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, ln)
+	}
+	var la, lb *Lane
+	lane.Host.MustDo(t, func() error {
+		var err error
+		if la, err = NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-aaaa", Ports: PortRange{First: 20001, Last: 20001}}); err != nil {
+			return err
+		}
+		lb, err = NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-bbbb", Ports: PortRange{First: 20100, Last: 20199}})
+		return err
+	})
+	lane.Host.MustDo(t, func() error {
+		if _, err := la.Reconcile(nil); err != nil {
+			return err
+		}
+		if d, err := la.Lock("vm-a", ga.Tap, ga.MAC); err != nil || d != doorA {
+			return fmt.Errorf("lock a: %s %v", d, err)
+		}
+		_, err := lb.Lock("vm-b", gb.Tap, gb.MAC)
+		return err
+	})
+	// B starts again and owns no VM: it removes its own lock, none of A's.
+	lane.Host.MustDo(t, func() error {
+		rep, err := lb.Reconcile(nil)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(rep.Removed, []string{gb.Tap}) || rep.Kept != 0 {
+			t.Errorf("b's reconcile: %+v, want only its own %s removed", rep, gb.Tap)
+		}
+		if all, err := b.Tables(); err != nil || len(all) != 0 {
+			t.Errorf("b's tables after its reconcile: %v %v", all, err)
+		}
+		all, err := a.Tables()
+		if err != nil {
+			return err
+		}
+		if len(all) != 1 || !all[ga.Tap].OK || all[ga.Tap].Lock.Door != doorA {
+			t.Errorf("a's tables after b's reconcile: %+v, want its lock of %s", all, ga.Tap)
+		}
+		// Both guards are in place, each under its own name.
+		for _, o := range []Owner{a, b} {
+			if _, err := o.GuardDrops(); err != nil {
+				t.Errorf("guard of %s: %v", o.Tag(), err)
+			}
+		}
+		return nil
+	})
+	// A's guest is still locked: its door only.
+	if !reach(ga, doorA.String(), 2*time.Second) {
+		t.Fatal("a's guest does not reach its door")
+	}
+	if reach(ga, other, 500*time.Millisecond) {
+		t.Fatal("a's guest got past its lock after b's reconcile")
+	}
+	// A restarts too: its lock is kept as it was, on its door.
+	lane.Host.MustDo(t, func() error {
+		again, err := NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-aaaa", Ports: PortRange{First: 20001, Last: 20001}})
+		if err != nil {
+			return err
+		}
+		rep, err := again.Reconcile([]Member{{VM: "vm-a", Tap: ga.Tap, MAC: ga.MAC}})
+		if err != nil {
+			return err
+		}
+		if rep.Kept != 1 || len(rep.Removed) != 0 || len(rep.Repaired) != 0 {
+			t.Errorf("a's reconcile: %+v, want its lock kept", rep)
+		}
+		return nil
+	})
+}
+
+// TestIsolatedTaps: two guests whose taps are isolated reach no frame of
+// each other (not even ARP), and each still reaches the host (the door is
+// the bridge device); a lane's Lock isolates the tap it locks, and the
+// guest reaches its door through both.
+func TestIsolatedTaps(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	ga := lane.AddGuest(t, 1, "sbxisola000001", mac(1))
+	gb := lane.AddGuest(t, 2, "sbxisolb000001", mac(2))
+	svc := lane.HostAddr.String() + ":20001"
+	ln, err := lane.Host.Listen("tcp", svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo(t, ln)
+	peer := netip.AddrPortFrom(gb.Addr, 8080).String()
+	pl, err := gb.Listen("tcp", peer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo(t, pl)
+	if !reach(ga, peer, 2*time.Second) {
+		t.Fatal("the guests do not reach each other before isolation")
+	}
+	lane.Host.MustDo(t, func() error { return errors.Join(Isolate(ga.Tap), Isolate(gb.Tap), Isolate(gb.Tap)) })
+	forgetNeighbours(t, ga)
+	forgetNeighbours(t, gb)
+	if reach(ga, peer, 500*time.Millisecond) {
+		t.Fatal("a guest reached another through isolated taps")
+	}
+	if !reach(ga, svc, 2*time.Second) || !reach(gb, svc, 2*time.Second) {
+		t.Fatal("an isolated tap's guest does not reach the host")
+	}
+
+	// A lane's lock isolates its tap; the guest reaches its door.
+	gc := lane.AddGuest(t, 3, "sbxisolc000001", mac(3))
+	lane.Host.MustDo(t, func() error {
+		l, err := NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-isolate", Ports: PortRange{First: 20001, Last: 20001}})
+		if err != nil {
+			return err
+		}
+		if _, err := l.Lock("vm-c", gc.Tap, gc.MAC); err != nil {
+			return err
+		}
+		link, err := netlink.LinkByName(gc.Tap)
+		if err != nil {
+			return err
+		}
+		pi, err := netlink.LinkGetProtinfo(link)
+		if err != nil {
+			return err
+		}
+		if !pi.Isolated {
+			t.Errorf("locked tap %s is not isolated: %+v", gc.Tap, pi)
+		}
+		return nil
+	})
+	forgetNeighbours(t, gc)
+	if !reach(gc, svc, 2*time.Second) {
+		t.Fatal("a locked, isolated tap's guest does not reach its door")
 	}
 }

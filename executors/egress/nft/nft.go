@@ -2,15 +2,15 @@
 // through netlink (github.com/google/nftables; no nft binary): a guest's
 // only way out of its tap is the TCP door of its own egress proxy.
 //
-// One table per tap, in the namespace of the calling OS thread (the host's).
-// The ruleset of a Lock, in nft's own syntax (Ruleset prints it):
+// One table per tap, in the namespace of the calling OS thread (the host's),
+// named for its Owner (the sandboxd instance) and the tap. The ruleset of a
+// Lock, in nft's own syntax (Owner.Ruleset prints it):
 //
-//	table netdev sbx_egress_<tap> {
+//	table netdev sbx_egress_<tag>_<tap> {
 //	    chain ingress {
 //	        type filter hook ingress device "<tap>" priority filter; policy drop;
 //	        ether saddr != <guest mac> counter drop comment "sbx-egress spoof"
 //	        meta protocol arp arp saddr ether <guest mac> counter accept comment "sbx-egress arp"
-//	        meta protocol ip meta l4proto udp udp sport 68 udp dport 67 ip daddr 255.255.255.255 counter accept comment "sbx-egress dhcp"
 //	        ether daddr <door mac> meta protocol ip ip daddr <door ip> meta l4proto tcp tcp dport <door port> counter accept comment "sbx-egress door"
 //	        counter drop comment "sbx-egress drop"
 //	    }
@@ -18,12 +18,22 @@
 //
 // The ingress hook of a tap sees every frame the guest sends (the VMM writes
 // them into the tap), before the bridge: frames not from the guest's own
-// MAC, anything but IPv4 to the door and ARP and broadcast DHCP (what a guest
-// needs to find the door: its address and the door's MAC) is dropped, IPv6
-// included. Frames to the host go nowhere else. The counters of the spoof
-// and drop rules are what a bypass attempt moves.
+// MAC, anything but IPv4 to the door and ARP (what a guest needs to find the
+// door's MAC) is dropped, IPv6 included. Frames to the host go nowhere else.
+// The counters of the spoof and drop rules are what a bypass attempt moves.
+//
+// DHCP is dropped like the rest: guests' addresses are static (the guest
+// image's own; nothing on the host serves DHCP), and a broadcast the bridge
+// floods to every port, an uplink included, would be a channel past the
+// policy. The host does not know a guest's IP, so the ARP and door rules
+// cannot match it: ARP is matched on the sender MAC only. A Lane also makes
+// every tap it locks an isolated bridge port (Isolate), so what a lock
+// admits reaches the host and no other guest.
 //
 // Contract:
+//   - Every call is an Owner's and sees only that owner's tables: the tag
+//     (a hash of the instance id) is in each table's name, so instances
+//     sharing a host never install, inspect, list or remove each other's.
 //   - Install(l) replaces the tap's table in one netlink batch, which
 //     nftables commits atomically: a tap that had a lock never has none, and
 //     one that had none gets the whole ruleset at once. The table is not
@@ -31,9 +41,9 @@
 //   - Remove(tap) deletes it; a missing table is success. The kernel does not
 //     delete a netdev table with its device, so destroying a VM removes both.
 //   - Inspect(l) reports whether the kernel holds exactly l's ruleset (table,
-//     base chain hooked to the tap with policy drop, the five rules) and its
-//     counters; Tables lists every table of this package (TablePrefix), with
-//     the Lock each holds when it is one.
+//     base chain hooked to the tap with policy drop, the four rules) and its
+//     counters; Tables lists every lock table of the owner, with the Lock
+//     each holds when it is one.
 //   - Every call opens its own netlink socket: none of them belongs on a
 //     claim path (package doc of executors/egress/nft.Lane).
 package nft
@@ -45,6 +55,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -53,7 +64,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TablePrefix starts every table this package makes; the tap's name follows.
+// TablePrefix starts every table this package makes; the owner's tag and
+// the tap's name (or "guard") follow (Owner).
 const TablePrefix = "sbx_egress_"
 
 // ChainName is the base chain of every table.
@@ -67,13 +79,12 @@ const commentPrefix = "sbx-egress "
 const (
 	RoleSpoof = "spoof" // frames whose source MAC is not the guest's: dropped
 	RoleARP   = "arp"   // ARP from the guest's MAC: accepted
-	RoleDHCP  = "dhcp"  // broadcast DHCP requests: accepted
 	RoleDoor  = "door"  // TCP to the proxy door: accepted
 	RoleDrop  = "drop"  // everything else: dropped
 )
 
 // Roles lists the rule roles in ruleset order.
-var Roles = []string{RoleSpoof, RoleARP, RoleDHCP, RoleDoor, RoleDrop}
+var Roles = []string{RoleSpoof, RoleARP, RoleDoor, RoleDrop}
 
 var (
 	// ErrInvalid: a Lock that cannot be installed (bad tap name, MACs, a
@@ -119,13 +130,6 @@ func (l Lock) String() string {
 	return fmt.Sprintf("tap %s guest %s door %s (%s)", l.Tap, l.GuestMAC, l.Door, l.DoorMAC)
 }
 
-// TableName is the table of a tap.
-func TableName(tap string) string { return TablePrefix + tap }
-
-func table(tap string) *nftables.Table {
-	return &nftables.Table{Name: TableName(tap), Family: nftables.TableFamilyNetdev}
-}
-
 func chain(t *nftables.Table, tap string) *nftables.Chain {
 	drop := nftables.ChainPolicyDrop
 	return &nftables.Chain{
@@ -137,16 +141,13 @@ func chain(t *nftables.Table, tap string) *nftables.Chain {
 
 // Layer offsets of the fields the rules match.
 const (
-	ethDst     = 0
-	ethSrc     = 6
-	arpSHA     = 8  // ARP sender hardware address (Ethernet, IPv4)
-	ipDst      = 16 // IPv4 destination address
-	l4SrcPort  = 0
-	l4DstPort  = 2
-	ethPIPv4   = 0x0800
-	ethPARP    = 0x0806
-	dhcpClient = 68
-	dhcpServer = 67
+	ethDst    = 0
+	ethSrc    = 6
+	arpSHA    = 8  // ARP sender hardware address (Ethernet, IPv4)
+	ipDst     = 16 // IPv4 destination address
+	l4DstPort = 2
+	ethPIPv4  = 0x0800
+	ethPARP   = 0x0806
 )
 
 func load(base expr.PayloadBase, off, n uint32) *expr.Payload {
@@ -187,13 +188,6 @@ func (l Lock) exprs() map[string][]expr.Any {
 		RoleARP: cat(proto(ethPARP),
 			[]expr.Any{load(expr.PayloadBaseNetworkHeader, arpSHA, 6), eq([]byte(l.GuestMAC))},
 			verdict(expr.VerdictAccept)),
-		RoleDHCP: cat(proto(ethPIPv4), l4(unix.IPPROTO_UDP),
-			[]expr.Any{
-				load(expr.PayloadBaseTransportHeader, l4SrcPort, 2), eq(be16(dhcpClient)),
-				load(expr.PayloadBaseTransportHeader, l4DstPort, 2), eq(be16(dhcpServer)),
-				load(expr.PayloadBaseNetworkHeader, ipDst, 4), eq([]byte{255, 255, 255, 255}),
-			},
-			verdict(expr.VerdictAccept)),
 		RoleDoor: cat(
 			[]expr.Any{load(expr.PayloadBaseLLHeader, ethDst, 6), eq([]byte(l.DoorMAC))},
 			proto(ethPIPv4),
@@ -218,9 +212,12 @@ func roleOf(r *nftables.Rule) string {
 	return strings.TrimPrefix(c, commentPrefix)
 }
 
-// Install replaces the tap's table with l's ruleset, atomically (see the
-// package doc). The tap must exist.
-func Install(l Lock) error {
+// Install replaces o's table of the tap with l's ruleset, atomically (see
+// the package doc). The tap must exist.
+func (o Owner) Install(l Lock) error {
+	if err := o.check(); err != nil {
+		return err
+	}
 	if err := l.Validate(); err != nil {
 		return err
 	}
@@ -228,7 +225,7 @@ func Install(l Lock) error {
 	if err != nil {
 		return fmt.Errorf("nft: %w", err)
 	}
-	t := table(l.Tap)
+	t := o.table(l.Tap)
 	exists, err := tableExists(c, t)
 	if err != nil {
 		return err
@@ -259,13 +256,16 @@ func tableExists(c *nftables.Conn, t *nftables.Table) (bool, error) {
 	return false, fmt.Errorf("nft: look up table %s: %w", t.Name, err)
 }
 
-// Remove deletes the tap's table; a missing one is success.
-func Remove(tap string) error {
+// Remove deletes o's table of the tap; a missing one is success.
+func (o Owner) Remove(tap string) error {
+	if err := o.check(); err != nil {
+		return err
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("nft: %w", err)
 	}
-	t := table(tap)
+	t := o.table(tap)
 	c.DelTable(t)
 	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("nft: unlock %s: %w", tap, err)
@@ -293,7 +293,7 @@ type State struct {
 	// Lock is the ruleset found, read back from its rules; valid when OK.
 	Lock Lock
 	// OK: the table holds exactly one ruleset of this package: the base
-	// chain hooked to the tap's ingress with policy drop, and the five
+	// chain hooked to the tap's ingress with policy drop, and the four
 	// rules in order.
 	OK bool
 	// Problem says what is wrong when !OK.
@@ -301,13 +301,17 @@ type State struct {
 	Counters Counters
 }
 
-// Inspect reads the tap's table. ErrNotLocked when there is none.
-func Inspect(tap string) (State, error) {
+// Inspect reads o's table of the tap. ErrNotLocked when there is none
+// (another owner's table of the same tap is not looked at).
+func (o Owner) Inspect(tap string) (State, error) {
+	if err := o.check(); err != nil {
+		return State{}, err
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return State{}, fmt.Errorf("nft: %w", err)
 	}
-	t := table(tap)
+	t := o.table(tap)
 	exists, err := tableExists(c, t)
 	if err != nil {
 		return State{}, err
@@ -385,7 +389,7 @@ func parse(tap string, rules []*nftables.Rule) (Lock, string) {
 	}
 	l.GuestMAC = net.HardwareAddr(bytes.Clone(cmps[0]))
 	cmps = cmps[:0]
-	for _, e := range rules[3].Exprs {
+	for _, e := range rules[slices.Index(Roles, RoleDoor)].Exprs {
 		if c, ok := e.(*expr.Cmp); ok {
 			cmps = append(cmps, c.Data)
 		}
@@ -440,8 +444,12 @@ func sameExprs(got, want []expr.Any) bool {
 	return true
 }
 
-// Tables lists the tables of this package with what each holds, by tap.
-func Tables() (map[string]State, error) {
+// Tables lists o's lock tables with what each holds, by tap. Tables of
+// other owners, and any other table, are not listed.
+func (o Owner) Tables() (map[string]State, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("nft: %w", err)
@@ -452,7 +460,7 @@ func Tables() (map[string]State, error) {
 	}
 	out := map[string]State{}
 	for _, t := range ts {
-		tap, ok := strings.CutPrefix(t.Name, TablePrefix)
+		tap, ok := o.tapOf(t.Name)
 		if !ok {
 			continue
 		}
@@ -465,15 +473,14 @@ func Tables() (map[string]State, error) {
 	return out, nil
 }
 
-// Ruleset renders l in nft's syntax, as the package doc shows it (for logs
-// and docs; nothing parses it).
-func (l Lock) Ruleset() string {
+// Ruleset renders o's table of l in nft's syntax, as the package doc shows
+// it (for logs and docs; nothing parses it).
+func (o Owner) Ruleset(l Lock) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "table netdev %s {\n    chain %s {\n", TableName(l.Tap), ChainName)
+	fmt.Fprintf(&b, "table netdev %s {\n    chain %s {\n", o.TableName(l.Tap), ChainName)
 	fmt.Fprintf(&b, "        type filter hook ingress device %q priority filter; policy drop;\n", l.Tap)
 	fmt.Fprintf(&b, "        ether saddr != %s counter drop comment %q\n", l.GuestMAC, commentPrefix+RoleSpoof)
 	fmt.Fprintf(&b, "        meta protocol arp arp saddr ether %s counter accept comment %q\n", l.GuestMAC, commentPrefix+RoleARP)
-	fmt.Fprintf(&b, "        meta protocol ip meta l4proto udp udp sport 68 udp dport 67 ip daddr 255.255.255.255 counter accept comment %q\n", commentPrefix+RoleDHCP)
 	fmt.Fprintf(&b, "        ether daddr %s meta protocol ip ip daddr %s meta l4proto tcp tcp dport %d counter accept comment %q\n",
 		l.DoorMAC, l.Door.Addr(), l.Door.Port(), commentPrefix+RoleDoor)
 	fmt.Fprintf(&b, "        counter drop comment %q\n    }\n}\n", commentPrefix+RoleDrop)

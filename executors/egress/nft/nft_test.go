@@ -7,16 +7,21 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 )
 
 var guestMAC = net.HardwareAddr{0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0x01}
+
+// owner is the instance the tests' tables belong to.
+var owner = OwnerOf("i-nfttest")
 
 // echo serves ln, answering every connection with "hi" and closing it.
 func echo(t *testing.T, ln net.Listener) {
@@ -48,12 +53,29 @@ func reach(g *netnstest.Guest, addr string, d time.Duration) bool {
 	return string(b) == "hi"
 }
 
+// forgetNeighbours empties g's neighbour table, so its next packet ARPs.
+func forgetNeighbours(t *testing.T, g *netnstest.Guest) {
+	t.Helper()
+	g.MustDo(t, func() error {
+		ns, err := netlink.NeighList(0, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		for _, n := range ns {
+			if err := netlink.NeighDel(&n); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 func inspectIn(t *testing.T, ns *netnstest.NS, tap string) State {
 	t.Helper()
 	var st State
 	ns.MustDo(t, func() error {
 		var err error
-		st, err = Inspect(tap)
+		st, err = owner.Inspect(tap)
 		return err
 	})
 	return st
@@ -79,24 +101,13 @@ func TestLockFiltersGuest(t *testing.T) {
 	}
 
 	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, Door: door, DoorMAC: lane.BridgeMAC(t)}
-	lane.Host.MustDo(t, func() error { return Install(l) })
+	lane.Host.MustDo(t, func() error { return owner.Install(l) })
 	st := inspectIn(t, lane.Host, g.Tap)
 	if !st.OK || !st.Lock.Equal(l) {
 		t.Fatalf("inspect after install: %+v, want OK with %s", st, l)
 	}
 	// The guest forgets the door's MAC: it must ARP through the lock.
-	g.MustDo(t, func() error {
-		ns, err := netlink.NeighList(0, netlink.FAMILY_V4)
-		if err != nil {
-			return err
-		}
-		for _, n := range ns {
-			if err := netlink.NeighDel(&n); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	forgetNeighbours(t, g)
 	if !reach(g, door.String(), 2*time.Second) {
 		t.Fatal("the guest does not reach its door through the lock")
 	}
@@ -123,16 +134,68 @@ func TestLockFiltersGuest(t *testing.T) {
 	g.SetMAC(t, "eth0", guestMAC)
 
 	// Removing the lock opens the tap again; removing twice is fine.
-	lane.Host.MustDo(t, func() error { return Remove(g.Tap) })
-	lane.Host.MustDo(t, func() error { return Remove(g.Tap) })
+	lane.Host.MustDo(t, func() error { return owner.Remove(g.Tap) })
+	lane.Host.MustDo(t, func() error { return owner.Remove(g.Tap) })
 	lane.Host.MustDo(t, func() error {
-		if _, err := Inspect(g.Tap); !errors.Is(err, ErrNotLocked) {
+		if _, err := owner.Inspect(g.Tap); !errors.Is(err, ErrNotLocked) {
 			t.Errorf("inspect after remove: %v, want ErrNotLocked", err)
 		}
 		return nil
 	})
 	if !reach(g, other, 2*time.Second) {
 		t.Fatal("the guest does not reach the host after the lock was removed")
+	}
+}
+
+// TestLockDropsDHCP: a guest's DHCP broadcast (UDP 68 to
+// 255.255.255.255:67) reaches the host without a lock and is dropped by one,
+// moving the drop counter: guests' addresses are static, so a lock admits no
+// DHCP (the bridge would flood it to every port).
+func TestLockDropsDHCP(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	g := lane.AddGuest(t, 1, "sbxdhcp0000001", guestMAC)
+	var srv, cli net.PacketConn
+	lane.Host.MustDo(t, func() error {
+		var err error
+		srv, err = net.ListenPacket("udp4", ":67")
+		return err
+	})
+	t.Cleanup(func() { srv.Close() })
+	g.MustDo(t, func() error {
+		lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BROADCAST, 1); serr == nil {
+					serr = unix.BindToDevice(int(fd), "eth0")
+				}
+			})
+			return errors.Join(err, serr)
+		}}
+		var err error
+		cli, err = lc.ListenPacket(context.Background(), "udp4", ":68")
+		return err
+	})
+	t.Cleanup(func() { cli.Close() })
+	discover := func(d time.Duration) bool {
+		if _, err := cli.WriteTo([]byte("discover"), &net.UDPAddr{IP: net.IPv4bcast, Port: 67}); err != nil {
+			t.Fatal(err)
+		}
+		_ = srv.SetReadDeadline(time.Now().Add(d))
+		buf := make([]byte, 64)
+		n, _, err := srv.ReadFrom(buf)
+		return err == nil && string(buf[:n]) == "discover"
+	}
+	if !discover(2 * time.Second) {
+		t.Fatal("the guest's DHCP broadcast does not reach the host before any lock")
+	}
+	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, Door: netip.AddrPortFrom(lane.HostAddr, 20001), DoorMAC: lane.BridgeMAC(t)}
+	lane.Host.MustDo(t, func() error { return owner.Install(l) })
+	before := inspectIn(t, lane.Host, g.Tap).Counters.Dropped()
+	if discover(500 * time.Millisecond) {
+		t.Fatal("a DHCP broadcast got through the lock")
+	}
+	if after := inspectIn(t, lane.Host, g.Tap).Counters.Dropped(); after.Packets <= before.Packets {
+		t.Fatalf("drop counter did not move on a DHCP broadcast: %+v -> %+v", before, after)
 	}
 }
 
@@ -145,7 +208,7 @@ func TestInspectFindsTampering(t *testing.T) {
 	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, Door: netip.AddrPortFrom(lane.HostAddr, 20001), DoorMAC: lane.BridgeMAC(t)}
 	tamper := map[string]func(c *nftables.Conn) error{
 		"rule deleted": func(c *nftables.Conn) error {
-			tb := table(l.Tap)
+			tb := owner.table(l.Tap)
 			rules, err := c.GetRules(tb, &nftables.Chain{Name: ChainName, Table: tb})
 			if err != nil {
 				return err
@@ -156,7 +219,7 @@ func TestInspectFindsTampering(t *testing.T) {
 			return c.Flush()
 		},
 		"policy accept": func(c *nftables.Conn) error {
-			tb := table(l.Tap)
+			tb := owner.table(l.Tap)
 			ch := chain(tb, l.Tap)
 			accept := nftables.ChainPolicyAccept
 			ch.Policy = &accept
@@ -166,11 +229,11 @@ func TestInspectFindsTampering(t *testing.T) {
 		"other door": func(*nftables.Conn) error {
 			o := l
 			o.Door = netip.AddrPortFrom(lane.HostAddr, 20009)
-			return Install(o)
+			return owner.Install(o)
 		},
 	}
 	for name, f := range tamper {
-		lane.Host.MustDo(t, func() error { return Install(l) })
+		lane.Host.MustDo(t, func() error { return owner.Install(l) })
 		lane.Host.MustDo(t, func() error {
 			c, err := nftables.New()
 			if err != nil {
@@ -186,7 +249,7 @@ func TestInspectFindsTampering(t *testing.T) {
 		} else if st.OK || st.Problem == "" {
 			t.Fatalf("%s: inspect says OK: %+v", name, st)
 		}
-		lane.Host.MustDo(t, func() error { return Install(l) })
+		lane.Host.MustDo(t, func() error { return owner.Install(l) })
 		if st := inspectIn(t, lane.Host, g.Tap); !st.OK || !st.Lock.Equal(l) {
 			t.Fatalf("%s: not repaired: %+v", name, st)
 		}
@@ -202,7 +265,7 @@ func TestInspectFindsTampering(t *testing.T) {
 		return c.Flush()
 	})
 	lane.Host.MustDo(t, func() error {
-		all, err := Tables()
+		all, err := owner.Tables()
 		if err != nil {
 			return err
 		}
@@ -232,8 +295,8 @@ func TestValidateAndRuleset(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
 	}
-	rs := good.Ruleset()
-	for _, want := range []string{"table netdev sbx_egress_sbxabc", `device "sbxabc"`, "policy drop", "tcp dport 3128", "ip daddr 10.0.0.1"} {
+	rs := owner.Ruleset(good)
+	for _, want := range []string{"table netdev sbx_egress_" + owner.Tag() + "_sbxabc", `device "sbxabc"`, "policy drop", "tcp dport 3128", "ip daddr 10.0.0.1"} {
 		if !strings.Contains(rs, want) {
 			t.Errorf("ruleset lacks %q:\n%s", want, rs)
 		}
@@ -258,8 +321,8 @@ func TestGuardKeepsDoorsToTaps(t *testing.T) {
 		t.Fatal("no reach before the guard")
 	}
 	g := Guard{Bridge: lane.Bridge, Addr: lane.HostAddr, Ports: PortRange{First: 20000, Last: 20010}, TapPrefix: "sbx"}
-	lane.Host.MustDo(t, func() error { return InstallGuard(g) })
-	lane.Host.MustDo(t, func() error { return InstallGuard(g) }) // replaces
+	lane.Host.MustDo(t, func() error { return owner.InstallGuard(g) })
+	lane.Host.MustDo(t, func() error { return owner.InstallGuard(g) }) // replaces
 	if !reach(tapGuest, door, 2*time.Second) {
 		t.Fatal("a tap does not reach the door through the guard")
 	}
@@ -270,7 +333,7 @@ func TestGuardKeepsDoorsToTaps(t *testing.T) {
 		t.Fatal("the guard closed a port outside the door range")
 	}
 	lane.Host.MustDo(t, func() error {
-		c, err := GuardDrops()
+		c, err := owner.GuardDrops()
 		if err == nil && c.Packets == 0 {
 			t.Error("guard counter did not move")
 		}

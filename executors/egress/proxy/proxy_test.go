@@ -147,7 +147,7 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(e.srv.Close)
 	e.lane.Host.MustDo(t, func() error { return e.srv.Open(testVM, Doors{TCP: e.door}) })
 	lock := nft.Lock{Tap: e.guest.Tap, GuestMAC: e.guest.MAC, Door: e.door, DoorMAC: e.lane.BridgeMAC(t)}
-	e.lane.Host.MustDo(t, func() error { return nft.Install(lock) })
+	e.lane.Host.MustDo(t, func() error { return nft.OwnerOf("i-proxytest").Install(lock) })
 
 	e.roots = upCA.Pool()
 	e.roots.AddCert(e.ca.cert)
@@ -207,7 +207,7 @@ func (e *env) dropped(t *testing.T) uint64 {
 	var st nft.State
 	e.lane.Host.MustDo(t, func() error {
 		var err error
-		st, err = nft.Inspect(e.guest.Tap)
+		st, err = nft.OwnerOf("i-proxytest").Inspect(e.guest.Tap)
 		return err
 	})
 	if !st.OK {
