@@ -11,7 +11,6 @@ import (
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
-	"github.com/sbxlog/sbxlog/fsm"
 )
 
 // The start-up reconcile's view of the driver (executors/reconcile).
@@ -93,19 +92,10 @@ func (d *Driver) HibernateSnapshotDir(vm string, op event.OpID) string {
 	return layout.HibernateRel(vm, op)
 }
 
-// SweepSnapshots removes the hibernate snapshots of the VMs in keep (VM id
-// -> the snapshot dirs, relative to the store, to keep) that are not kept:
-// the snapshot a woken VM restored from, whose removal after the wake a
-// crash cut short. Snapshots of VMs not in keep are left alone, and so is
-// anything that is not a complete snapshot naming its VM.
-func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) ([]string, error) {
-	stale, err := d.roots.StaleHibernateSnapshots(keep, func(dir string) string {
-		m, err := ReadMeta(dir)
-		if err != nil || m.Kind != fsm.KindHibernate {
-			return ""
-		}
-		return m.VM
-	})
+// SweepSnapshots implements reconcile.SnapshotSweeper (layout's
+// StaleHibernateSnapshots decides what is stale).
+func (d *Driver) SweepSnapshots(ctx context.Context, own map[string][]string, foreign map[string]bool) ([]string, error) {
+	stale, err := d.roots.StaleHibernateSnapshots(own, foreign)
 	if err != nil {
 		return nil, fmt.Errorf("chdriver: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -264,8 +265,9 @@ func TestRemoveRunDir(t *testing.T) {
 }
 
 // TestSweepSnapshots: a snapshot a wake restored from whose removal a crash
-// cut short is removed once the VM hibernated again; the current one and
-// snapshots of VMs not named are kept.
+// cut short is removed once the VM hibernated again, and so is the snapshot
+// of a VM the state no longer holds; the current ones and another
+// instance's VM's are kept.
 func TestSweepSnapshots(t *testing.T) {
 	ctx := context.Background()
 	h := newHarness(t, "")
@@ -278,23 +280,31 @@ func TestSweepSnapshots(t *testing.T) {
 		}
 		return res.SnapshotDir
 	}
-	for _, vm := range []string{"vm-s1", "vm-s2"} {
+	for _, vm := range []string{"vm-s1", "vm-s2", "vm-s3", "vm-s4"} {
 		h.clone(vm, golden)
 	}
 	first := hibernate("vm-s1")
 	other := hibernate("vm-s2")
+	lost := hibernate("vm-s3") // then lost: the state no longer holds vm-s3
+	foreign := hibernate("vm-s4")
 	// Woken, but its AfterCommit (the snapshot's removal) never ran.
 	if _, err := h.d.Wake(ctx, fsm.WakeVM{OpID: newOp(), VM: "vm-s1", Key: testKey, RunDir: testInstance + "/vm-s1", SnapshotDir: first}); err != nil {
 		t.Fatal(err)
 	}
 	second := hibernate("vm-s1")
-	removed, err := h.d.SweepSnapshots(ctx, map[string][]string{"vm-s1": {second}})
-	if err != nil || len(removed) != 1 || removed[0] != first {
-		t.Fatalf("removed %v, %v; want %s", removed, err, first)
+	removed, err := h.d.SweepSnapshots(ctx, map[string][]string{"vm-s1": {second}, "vm-s2": {other}}, map[string]bool{"vm-s4": true})
+	slices.Sort(removed)
+	if want := []string{first, lost}; err != nil || !slices.Equal(removed, want) {
+		t.Fatalf("removed %v, %v; want %v", removed, err, want)
 	}
-	for _, keep := range []string{second, other} {
+	for _, keep := range []string{second, other, foreign} {
 		if _, err := ReadMeta(h.store(keep)); err != nil {
 			t.Fatalf("%s: %v", keep, err)
+		}
+	}
+	for _, gone := range []string{first, lost} {
+		if _, err := os.Stat(h.store(gone)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s still there: %v", gone, err)
 		}
 	}
 	if got := h.d.HibernateSnapshotDir("vm-s1", event.OpID{}); !strings.HasPrefix(got, "hibernate/vm-s1-") {

@@ -25,6 +25,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -265,13 +267,20 @@ func within(root, rel, what string) (string, error) {
 }
 
 // StaleHibernateSnapshots lists the hibernate snapshots (relative to the
-// store) of the VMs in keep (VM id -> the snapshot dirs to keep) that are
-// not kept: the snapshot a woken VM restored from, whose removal after the
-// wake a crash cut short. vmOf names the VM a complete hibernate snapshot
-// in dir (absolute) belongs to, or "" for anything else (incomplete, a
-// golden, unreadable). Snapshots of VMs not in keep are never listed. The
-// caller removes what it is given: each driver owns its filesystem calls.
-func (r Roots) StaleHibernateSnapshots(keep map[string][]string, vmOf func(dir string) string) ([]string, error) {
+// store) that the state no longer needs. own maps each VM of this instance
+// in the state to the snapshot dirs it still needs; foreign holds the VMs
+// of the state that belong to another instance, whose snapshots are never
+// listed. An entry is stale when its name (HibernateRel: the VM, then the
+// op) names a VM of own that does not keep it, or a VM the state no longer
+// holds at all.
+//
+// The name decides, not the contents: a snapshot is made in a temp dir
+// outside HibernateStore and renamed in complete, so the only incomplete
+// entries under it are removals a crash cut short (RemoveAll takes the
+// files in directory order, meta.json among them), and those must go too.
+// Names that do not parse as HibernateRel are left alone. The caller
+// removes what it is given: each driver owns its filesystem calls.
+func (r Roots) StaleHibernateSnapshots(own map[string][]string, foreign map[string]bool) ([]string, error) {
 	ents, err := os.ReadDir(filepath.Join(r.Store, HibernateStore))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -279,15 +288,42 @@ func (r Roots) StaleHibernateSnapshots(keep map[string][]string, vmOf func(dir s
 	if err != nil {
 		return nil, fmt.Errorf("layout: %w", err)
 	}
+	// Names carry slug(vm); map them back to the state's ids.
+	bySlug := make(map[string]string, len(own)+len(foreign))
+	for vm := range own {
+		bySlug[slug(vm)] = vm
+	}
+	for vm := range foreign {
+		bySlug[slug(vm)] = vm
+	}
 	var stale []string
 	for _, e := range ents {
+		name, ok := hibernateVMSlug(e.Name())
+		if !ok {
+			continue
+		}
 		rel := filepath.Join(HibernateStore, e.Name())
-		vm := vmOf(filepath.Join(r.Store, rel))
-		kept, known := keep[vm]
-		if vm == "" || !known || !strings.HasPrefix(e.Name(), HibernatePrefix(vm)) || slices.Contains(kept, rel) {
+		vm, known := bySlug[name]
+		switch {
+		case known && foreign[vm]:
+			continue
+		case known && slices.Contains(own[vm], rel):
 			continue
 		}
 		stale = append(stale, rel)
 	}
 	return stale, nil
+}
+
+// hibernateVMSlug is the slug of the VM a HibernateRel entry name names:
+// the name less its "-<op id>" suffix.
+func hibernateVMSlug(name string) (string, bool) {
+	i := strings.LastIndexByte(name, '-')
+	if i <= 0 {
+		return "", false
+	}
+	if _, err := ulid.ParseStrict(name[i+1:]); err != nil {
+		return "", false
+	}
+	return name[:i], true
 }

@@ -1,7 +1,9 @@
 package layout
 
 import (
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -127,5 +129,53 @@ func TestRootsWithin(t *testing.T) {
 	}
 	if err := (Roots{Runs: "rel", Store: "/s", Templates: "/t"}).Validate(); err == nil {
 		t.Error("relative root accepted")
+	}
+}
+
+// TestStaleHibernateSnapshots: the entry's name decides (the VM, then the
+// op); a VM of this instance keeps what it lists, a VM the state no longer
+// holds keeps nothing, another instance's VM keeps everything, and names
+// that are not hibernate snapshots are left alone.
+func TestStaleHibernateSnapshots(t *testing.T) {
+	r := RootsIn(t.TempDir())
+	op := func(n uint64) event.OpID { return event.OpIDFromUint(1_700_000_000_000, n) }
+	mk := func(rel string, meta bool) string {
+		t.Helper()
+		dir := filepath.Join(r.Store, rel)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if meta {
+			if err := os.WriteFile(filepath.Join(dir, "meta.json"), []byte("{}"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return rel
+	}
+	kept := mk(HibernateRel("vm-a", op(1)), true)
+	woken := mk(HibernateRel("vm-a", op(2)), true)     // the wake's removal never ran
+	halfGone := mk(HibernateRel("vm-a", op(3)), false) // the removal was cut short
+	running := mk(HibernateRel("vm-b", op(4)), true)   // vm-b keeps nothing
+	gone := mk(HibernateRel("vm-gone", op(5)), true)   // destroyed, or lost after its snapshot stood
+	foreign := mk(HibernateRel("vm-f", op(6)), true)
+	junk := mk(filepath.Join(HibernateStore, "not-a-snapshot"), true)
+	noOp := mk(filepath.Join(HibernateStore, "vm-a-"), false)
+
+	got, err := r.StaleHibernateSnapshots(
+		map[string][]string{"vm-a": {kept}, "vm-b": nil},
+		map[string]bool{"vm-f": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{woken, halfGone, running, gone}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("stale %v\nwant  %v (kept %s, %s, %s, %s)", got, want, kept, foreign, junk, noOp)
+	}
+
+	// No hibernate store yet: nothing to sweep.
+	if got, err := RootsIn(t.TempDir()).StaleHibernateSnapshots(nil, nil); err != nil || got != nil {
+		t.Fatalf("empty store: %v, %v", got, err)
 	}
 }

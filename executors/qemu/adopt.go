@@ -134,21 +134,10 @@ func (d *Driver) HibernateSnapshotDir(vm string, op event.OpID) string {
 	return layout.HibernateRel(vm, op)
 }
 
-// SweepSnapshots implements reconcile.SnapshotSweeper: it removes the
-// hibernate snapshots of the VMs in keep (VM id -> the snapshot dirs,
-// relative to the store, to keep) that are not kept: the snapshot a woken
-// VM restored from, whose removal after the wake a crash cut short.
-// Snapshots of VMs not in keep are left alone, and so is anything that is
-// not a complete hibernate snapshot (meta.json) named after its VM.
-func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) ([]string, error) {
-	stale, err := d.roots.StaleHibernateSnapshots(keep, func(dir string) string {
-		// meta.json names no VM; the dir's name does (layout), and keep
-		// holds the VM ids it may name.
-		if m, err := ReadMeta(dir); err != nil || m.Source != sourceHibernate {
-			return ""
-		}
-		return vmOfSnapshot(filepath.Base(dir), keep)
-	})
+// SweepSnapshots implements reconcile.SnapshotSweeper (layout's
+// StaleHibernateSnapshots decides what is stale).
+func (d *Driver) SweepSnapshots(ctx context.Context, own map[string][]string, foreign map[string]bool) ([]string, error) {
+	stale, err := d.roots.StaleHibernateSnapshots(own, foreign)
 	if err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
@@ -164,15 +153,4 @@ func (d *Driver) SweepSnapshots(ctx context.Context, keep map[string][]string) (
 		removed = append(removed, rel)
 	}
 	return removed, nil
-}
-
-// vmOfSnapshot is the VM of keep whose hibernate snapshots are named like
-// name ("" for none): snapshot names lead with the VM id (layout).
-func vmOfSnapshot(name string, keep map[string][]string) string {
-	for vm := range keep {
-		if strings.HasPrefix(name, layout.HibernatePrefix(vm)) {
-			return vm
-		}
-	}
-	return ""
 }

@@ -538,9 +538,10 @@ func TestCachedGuest(t *testing.T) {
 	}
 }
 
-// SweepSnapshots removes exactly the hibernate snapshots of known VMs that
-// the state no longer keeps (a woken VM's, whose removal a crash cut
-// short), and leaves kept ones, unknown VMs' and incomplete dirs alone.
+// SweepSnapshots removes the hibernate snapshots the state no longer keeps
+// (a woken VM's, whose removal a crash cut short, complete or half gone;
+// those of VMs the state no longer holds) and leaves kept ones and another
+// instance's VM's alone.
 func TestSweepSnapshots(t *testing.T) {
 	roots := layout.RootsIn(t.TempDir())
 	d, err := New(Config{Roots: roots, Instance: testInstance, Log: zerolog.Nop()})
@@ -554,22 +555,18 @@ func TestSweepSnapshots(t *testing.T) {
 	}
 	kept := snap("vm-a", 1, nil)
 	stale := snap("vm-a", 2, nil)
-	golden := snap("vm-a", 3, func(dir string) {
-		m, _ := ReadMeta(dir)
-		m.Source = sourceGolden
-		b, _ := json.Marshal(m)
-		os.WriteFile(filepath.Join(dir, FileMeta), b, 0o600)
-	})
-	incomplete := snap("vm-a", 4, func(dir string) { os.Remove(filepath.Join(dir, FileMeta)) })
+	halfGone := snap("vm-a", 4, func(dir string) { os.Remove(filepath.Join(dir, FileMeta)) })
 	unknownVM := snap("vm-b", 5, nil)
-	removed, err := d.SweepSnapshots(context.Background(), map[string][]string{"vm-a": {kept}})
+	foreign := snap("vm-c", 6, nil)
+	removed, err := d.SweepSnapshots(context.Background(), map[string][]string{"vm-a": {kept}}, map[string]bool{"vm-c": true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(removed, []string{stale}) {
-		t.Fatalf("removed %v, want only %s", removed, stale)
+	slices.Sort(removed)
+	if want := []string{stale, halfGone, unknownVM}; !slices.Equal(removed, want) {
+		t.Fatalf("removed %v, want %v", removed, want)
 	}
-	for rel, want := range map[string]bool{kept: true, stale: false, golden: true, incomplete: true, unknownVM: true} {
+	for rel, want := range map[string]bool{kept: true, stale: false, halfGone: false, unknownVM: false, foreign: true} {
 		if _, err := os.Stat(filepath.Join(roots.Store, rel)); (err == nil) != want {
 			t.Errorf("%s present %v, want %v", rel, err == nil, want)
 		}

@@ -40,11 +40,12 @@
 //  5. Every other entry under <runs>/<instance>/ (no VM and no golden build
 //     of the state owns it) is removed, its VMM stopped first; a hibernated
 //     VM's leftover run dir likewise.
-//  6. Hibernate snapshots of the state's VMs that the state no longer needs
-//     (the one a woken VM restored from, when a crash cut its removal
-//     short) are removed; a hibernated or waking VM's snapshot and an
-//     in-flight hibernate's are kept, and snapshots of VMs the state does
-//     not know are left alone.
+//  6. Hibernate snapshots in this data dir's store that the state no longer
+//     needs are removed: the one a woken VM restored from, or a destroyed
+//     VM's, when a crash cut its removal short (whole, or half way), and
+//     that of a VM lost after its snapshot stood. A hibernated or waking
+//     VM's snapshot and an in-flight hibernate's are kept, and so are the
+//     snapshots of VMs the state gives another instance id.
 //
 // Ownership is explicit: only <runs>/<instance>/ is read or changed, and
 // only processes whose socket lies under it are signalled. Run dirs of other
@@ -112,9 +113,12 @@ type SnapshotSweeper interface {
 	// HibernateSnapshotDir names the snapshot (relative to the store) the
 	// hibernate of vm with intent op makes.
 	HibernateSnapshotDir(vm string, op event.OpID) string
-	// SweepSnapshots removes the hibernate snapshots of the VMs in keep
-	// that are not among the dirs listed for them.
-	SweepSnapshots(ctx context.Context, keep map[string][]string) ([]string, error)
+	// SweepSnapshots removes the hibernate snapshots the state no longer
+	// needs: those of the VMs in own that are not among the dirs listed
+	// for them, and those of VMs the state no longer holds; the snapshots
+	// of the VMs in foreign (another instance's) are never touched. It
+	// returns what it removed (relative to the store).
+	SweepSnapshots(ctx context.Context, own map[string][]string, foreign map[string]bool) ([]string, error)
 }
 
 // VMRef is a VM of the state, as EgressLocker sees it.
@@ -337,8 +341,9 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 	}
 	sort.Strings(rep.Removed)
 
-	// 6. Snapshots of this instance's VMs that no state needs: the one a
-	// woken VM restored from, when a crash cut its removal short.
+	// 6. Hibernate snapshots no state needs: the one a woken VM restored
+	// from, or a destroyed VM's, when a crash cut its removal short or a
+	// hibernate failed after its snapshot stood (the VM was lost).
 	if sw, ok := d.(SnapshotSweeper); ok {
 		rep.Snapshots = sweepSnapshots(ctx, sw, vms, inst, log)
 	}
@@ -351,9 +356,10 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 }
 
 func sweepSnapshots(ctx context.Context, sw SnapshotSweeper, vms []vmInfo, inst string, log zerolog.Logger) []string {
-	keep := map[string][]string{}
+	keep, foreign := map[string][]string{}, map[string]bool{}
 	for _, v := range vms {
 		if v.instance != "" && v.instance != inst {
+			foreign[v.id] = true
 			continue
 		}
 		switch v.status {
@@ -365,7 +371,7 @@ func sweepSnapshots(ctx context.Context, sw SnapshotSweeper, vms []vmInfo, inst 
 			keep[v.id] = nil
 		}
 	}
-	swept, err := sw.SweepSnapshots(ctx, keep)
+	swept, err := sw.SweepSnapshots(ctx, keep, foreign)
 	if err != nil {
 		log.Error().Err(err).Msg("could not sweep stale snapshots")
 	}

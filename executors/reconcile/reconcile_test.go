@@ -33,6 +33,7 @@ type fakeDriver struct {
 	adopted []string
 	removed []string
 	keep    map[string][]string
+	foreign map[string]bool
 }
 
 var (
@@ -67,10 +68,10 @@ func (f *fakeDriver) AdoptVM(_ context.Context, vm, rel string) (Liveness, error
 func (f *fakeDriver) HibernateSnapshotDir(vm string, op event.OpID) string {
 	return "hibernate/" + vm + "-" + op.String()
 }
-func (f *fakeDriver) SweepSnapshots(_ context.Context, keep map[string][]string) ([]string, error) {
+func (f *fakeDriver) SweepSnapshots(_ context.Context, keep map[string][]string, foreign map[string]bool) ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.keep = keep
+	f.keep, f.foreign = keep, foreign
 	return []string{"hibernate/stale"}, nil
 }
 func (f *fakeDriver) RemoveRunDir(_ context.Context, name string) error {
@@ -275,6 +276,9 @@ func TestRun(t *testing.T) {
 	}
 	if got, ok := d.keep[w.claimed]; !ok || got != nil {
 		t.Fatalf("keep of a claimed VM %v (%v)", got, ok)
+	}
+	if d.foreign == nil || len(d.foreign) != 0 {
+		t.Fatalf("foreign VMs %v: every VM of the state is this instance's", d.foreign)
 	}
 	if !slices.Equal(rep.Snapshots, []string{"hibernate/stale"}) {
 		t.Fatalf("report snapshots %v", rep.Snapshots)
