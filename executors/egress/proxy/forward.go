@@ -39,7 +39,7 @@ func unreachable(w http.ResponseWriter, err error) egress.Reason {
 	why, reason := "upstream unreachable", egress.ReasonUpstream
 	var b *blockedError
 	if errors.As(err, &b) {
-		why, reason = fmt.Sprintf("upstream unreachable: blocked internal address %s", b.ip), egress.ReasonInternal
+		why, reason = fmt.Sprintf("upstream unreachable: blocked internal address %s", b.addr()), egress.ReasonInternal
 	}
 	http.Error(w, "egress: "+why, http.StatusBadGateway)
 	return reason
@@ -79,7 +79,7 @@ func (d *door) forward(w http.ResponseWriter, r *http.Request, sb string, known 
 	host, port, err := splitHostPort(r.URL.Host, def)
 	if err != nil {
 		d.s.record(sb, doorHTTP, egress.Decision{Reason: ReasonBadRequest})
-		denied(w, r.URL.Host)
+		http.Error(w, "egress: bad authority in the request URI", http.StatusBadRequest)
 		return
 	}
 	dec := egress.Decide(d.s.policy(sb, known), host, r.Method, port)

@@ -18,7 +18,8 @@
 // What a door serves (the old daemon's contract), each request or tunnel
 // decided by fsm/egress over the sandbox's effective policy as
 // Policies.Policy reads it at that moment:
-//   - HTTP forward requests (absolute-form URI; 400 otherwise), decided by
+//   - HTTP forward requests (absolute-form URI with a valid authority; 400
+//     otherwise), decided by
 //     egress.Decide with the URL's port (or the scheme's); an https URL is
 //     re-originated over verified TLS. Hop-by-hop headers are stripped both
 //     ways, the rule's secret injected as its header, the body streamed.
@@ -33,8 +34,12 @@
 //     names resolved host-side; never intercepted.
 //
 // Answers: a refusal by the policy is 403 "egress denied: <host>" (SOCKS5
-// reply 0x02); a destination the guard refuses, or one that cannot be
-// reached, is 502 "egress: upstream unreachable: <why>" (SOCKS5 0x04).
+// reply 0x02), and so is a CONNECT whose authority is not host:port; a
+// destination the guard refuses, or one that cannot be reached, is 502
+// "egress: upstream unreachable: <why>" (SOCKS5 0x04). A host with an
+// IPv6 zone ("[::%25x]") is a bad authority (400 forward, 403 CONNECT;
+// SOCKS5 0x04 from the guard): a zone names a link, and the guard refuses
+// every zoned address besides.
 // The proxy resolves names itself and the node's guard (Config.Guard,
 // executors/netguard) sees every address it connects to, inside the
 // dialer's Control hook, so a name that resolves (or rebinds) to an

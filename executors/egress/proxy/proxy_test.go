@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -17,10 +18,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
@@ -38,7 +41,12 @@ const (
 // namespace's loopback; names resolve through a fixed table.
 var (
 	upstreamIP = netip.MustParseAddr("93.184.0.10")
-	names      = map[string][]netip.Addr{
+	// upstream6 is a public-looking IPv6 upstream, on the host namespace's
+	// loopback for the tests that add it; hostGlobal6 a global address
+	// of the host's own (the guard knows it).
+	upstream6   = netip.MustParseAddr("2606:4700::10")
+	hostGlobal6 = netip.MustParseAddr("2a01:4f8::1")
+	names       = map[string][]netip.Addr{
 		"api.example.test":      {upstreamIP},
 		"evil.example.test":     {upstreamIP},
 		"late.example.test":     {upstreamIP},
@@ -93,7 +101,7 @@ func newEnv(t *testing.T) *env {
 	e.guest = e.lane.AddGuest(t, 1, "sbxtestproxy01", net.HardwareAddr{0x02, 1, 2, 3, 4, 5})
 	e.door = netip.AddrPortFrom(e.lane.HostAddr, 20001)
 	// The guard knows the host's own addresses: the bridge's and another.
-	guard, err := netguard.New(nil, []netip.Addr{e.lane.HostAddr, upstreamIP.Next()})
+	guard, err := netguard.New(nil, []netip.Addr{e.lane.HostAddr, upstreamIP.Next(), hostGlobal6})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -630,5 +638,127 @@ func TestCAPersists(t *testing.T) {
 	}
 	if again, _ := b.Leaf("api.example.test"); again != leaf {
 		t.Fatal("leaf not cached")
+	}
+}
+
+// hostAddr gives the host namespace's loopback one more address.
+func (e *env) hostAddr(t *testing.T, ip netip.Addr) {
+	t.Helper()
+	e.lane.Host.MustDo(t, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		// No duplicate address detection: the address is usable at once.
+		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}, Flags: unix.IFA_F_NODAD})
+	})
+}
+
+// canary is a listener in the host namespace that counts what reaches it.
+func (e *env) canary(t *testing.T, addr string) *atomic.Int64 {
+	t.Helper()
+	ln, err := e.lane.Host.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var n atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			c.Close()
+		}
+	}()
+	return &n
+}
+
+// raw sends one request as the guest wrote it to its door and returns the
+// answer's status and body (none for a 200 to a CONNECT).
+func (e *env) raw(t *testing.T, req string) (int, string) {
+	t.Helper()
+	c, err := e.guest.DialContext(context.Background(), "tcp", e.door.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("%q: %v", req, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == 200 && strings.HasPrefix(req, "CONNECT ") {
+		return 200, ""
+	}
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestZonedHosts: a host with an IPv6 zone never reaches anything, whatever
+// the policy allows: not loopback through "::%x" (Linux connects :: to
+// loopback), not an internal address through a zoned NAT64 one, not the
+// host's own global address with a zone. CONNECT answers 403 and a
+// forward request 400 (a bad authority), SOCKS5 0x04 (the guard), and the
+// dialer refuses them itself.
+func TestZonedHosts(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox, rule{host: "*"})
+	e.pol.mu.Lock()
+	e.pol.socks[testSandbox] = true
+	e.pol.mu.Unlock()
+	e.hostAddr(t, hostGlobal6)
+	loop := e.canary(t, "[::1]:20901")
+	own := e.canary(t, "["+hostGlobal6.String()+"]:20902")
+	// Without a zone the host's own address is the guard's 502.
+	if st, body := e.raw(t, "CONNECT ["+hostGlobal6.String()+"]:20902 HTTP/1.1\r\nHost: ["+hostGlobal6.String()+"]:20902\r\n\r\n"); st != 502 || !strings.Contains(body, "blocked internal address") {
+		t.Fatalf("CONNECT to the host's own address: %d %q", st, body)
+	}
+	for _, tc := range []struct {
+		authority string
+		port      uint16
+	}{
+		{"[::%25x]:20901", 20901},
+		{"[::1%25lo]:20901", 20901},
+		{"[64:ff9b::a00:1%25x]:80", 80},     // 10.0.0.1
+		{"[64:ff9b::a4d:1%25x]:8080", 8080}, // 10.77.0.1, the bridge
+		{"[" + hostGlobal6.String() + "%25lo]:20902", 20902},
+		{"[" + upstream6.String() + "%25eth0]:443", 443},
+	} {
+		if st, body := e.raw(t, "CONNECT "+tc.authority+" HTTP/1.1\r\nHost: "+tc.authority+"\r\n\r\n"); st != 403 {
+			t.Errorf("CONNECT %s: %d %q, want 403", tc.authority, st, body)
+		}
+		if st, body := e.raw(t, "GET http://"+tc.authority+"/ HTTP/1.1\r\nHost: "+tc.authority+"\r\n\r\n"); st != 400 {
+			t.Errorf("GET http://%s/: %d %q, want 400", tc.authority, st, body)
+		}
+	}
+	for _, host := range []string{"::%x", "::1%lo", "64:ff9b::a00:1%x", hostGlobal6.String() + "%lo"} {
+		c, err := e.guest.DialContext(context.Background(), "tcp", e.door.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := socks5(t, c, host, 20901); code != socksUnreachable {
+			t.Errorf("SOCKS5 to %s: reply %d, want %d", host, code, socksUnreachable)
+		}
+		c.Close()
+		if _, err := e.srv.dial(context.Background(), host, 20901); !isBlocked(err) {
+			t.Errorf("dial %s: %v, want blocked", host, err)
+		}
+	}
+	if n, m := loop.Load(), own.Load(); n != 0 || m != 0 {
+		t.Fatalf("a zoned host reached loopback %d times, the host's own address %d times", n, m)
+	}
+	counts := map[string]uint64{}
+	for _, c := range e.srv.Counts() {
+		counts[c.Door+" "+c.Outcome] = c.N
+	}
+	if counts["http bad_request"] != 6 || counts["connect bad_request"] != 6 {
+		t.Fatalf("decision counts %v", counts)
 	}
 }
