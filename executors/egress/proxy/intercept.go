@@ -80,19 +80,31 @@ func (in *inner) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.URL.Scheme = "https"
-	out.URL.Host = in.host
-	if in.port != 443 {
-		out.URL.Host = net.JoinHostPort(in.host, strconv.Itoa(int(in.port)))
-	}
+	// Always host:port, so an IPv6 literal is bracketed: a bare
+	// "2001:db8::1:8080" would be read as port 8080 of another address.
+	out.URL.Host = net.JoinHostPort(in.host, strconv.Itoa(int(in.port)))
 	// The guest's Host stays when it names the tunnel's host (signatures
-	// over it survive); anything else is the tunnel's.
-	if h, _, err := net.SplitHostPort(r.Host); (err == nil && !strings.EqualFold(h, in.host)) || (err != nil && !strings.EqualFold(r.Host, in.host)) {
-		out.Host = ""
+	// over it survive); anything else is the tunnel's, without the port
+	// when it is 443 (as a client writes it).
+	if !strings.EqualFold(authorityHost(r.Host), in.host) {
+		out.Host = out.URL.Host
+		if in.port == 443 {
+			out.Host = strings.TrimSuffix(out.URL.Host, ":443")
+		}
 	}
 	stripHop(out.Header)
 	set := d.inject(out, in.sb, dec.Secret)
 	d.injectCredentials(out, in.sb, in.host, set)
 	d.roundTrip(w, out, in.sb, doorInner, dec)
+}
+
+// authorityHost is the host of a Host header: without its port and, for
+// an IPv6 literal, its brackets.
+func authorityHost(authority string) string {
+	if h, _, err := net.SplitHostPort(authority); err == nil {
+		return h
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(authority, "["), "]")
 }
 
 // injectCredentials sets the claim's header credentials for host on out,

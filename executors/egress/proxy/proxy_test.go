@@ -762,3 +762,37 @@ func TestZonedHosts(t *testing.T) {
 		t.Fatalf("decision counts %v", counts)
 	}
 }
+
+// TestInterceptIPv6Literal: an intercepted tunnel to an IPv6 literal on
+// 443 reaches that address and port (the URL toward it is bracketed).
+func TestInterceptIPv6Literal(t *testing.T) {
+	e := newEnv(t)
+	e.hostAddr(t, upstream6)
+	ln, err := e.lane.Host.Listen("tcp", netip.AddrPortFrom(upstream6, 443).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := e.up.ca.Leaf(upstream6.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: e.up}
+	go hs.Serve(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*leaf}}))
+	t.Cleanup(func() { hs.Close() })
+	e.pol.setRules(testSandbox, rule{host: upstream6.String(), secret: "gh", intercept: egress.InterceptAlways})
+	resp, err := e.client(nil).Get("https://[" + upstream6.String() + "]/v6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "hello ["+upstream6.String()+"]" {
+		t.Fatalf("intercepted IPv6 literal: %d %q", resp.StatusCode, b)
+	}
+	if resp.TLS.PeerCertificates[0].Issuer.CommonName != "test node CA" {
+		t.Fatalf("not intercepted: issuer %q", resp.TLS.PeerCertificates[0].Issuer.CommonName)
+	}
+	if got := e.up.last().Get("Authorization"); got != "Bearer "+testSecret {
+		t.Fatalf("upstream got Authorization %q", got)
+	}
+}
