@@ -5,11 +5,15 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // door is one VM's set of doors and everything open through them.
@@ -23,6 +27,7 @@ type door struct {
 	srv       *http.Server
 	transport *http.Transport // forward requests and intercepted tunnels
 	sem       chan struct{}
+	nl        *netlink.Handle // a TCP door's, in its namespace: hostPeer's route lookups
 
 	mu        sync.Mutex
 	closed    bool
@@ -56,6 +61,11 @@ func (s *Server) openDoor(vm string, spec Doors) (*door, error) {
 	}
 	var binds []bind
 	if spec.TCP.IsValid() {
+		nl, err := netlink.NewHandle()
+		if err != nil {
+			return nil, fmt.Errorf("door %s: netlink: %w", spec.TCP, err)
+		}
+		d.nl = nl
 		binds = append(binds, bind{"tcp", spec.TCP.String(), false, true})
 	}
 	if spec.HTTPSocket != "" {
@@ -69,6 +79,9 @@ func (s *Server) openDoor(vm string, spec Doors) (*door, error) {
 		if err != nil {
 			for _, l := range d.lns {
 				l.Close()
+			}
+			if d.nl != nil {
+				d.nl.Close()
 			}
 			return nil, err
 		}
@@ -117,8 +130,13 @@ func (d *door) accept(ln net.Listener, socks, sniff bool) {
 	}
 }
 
-// sniff sends a TCP door's connection to SOCKS5 (first byte 5) or HTTP.
+// sniff sends a TCP door's connection to SOCKS5 (first byte 5) or HTTP;
+// one from the host itself is closed unread.
 func (d *door) sniff(c *trackedConn) {
+	if d.hostPeer(c.Conn) {
+		c.Close()
+		return
+	}
 	_ = c.SetReadDeadline(time.Now().Add(d.s.cfg.Timeout))
 	br := bufio.NewReader(c.Conn)
 	b, err := br.Peek(1)
@@ -133,6 +151,25 @@ func (d *door) sniff(c *trackedConn) {
 		return
 	}
 	d.httpConns.push(c)
+}
+
+// hostPeer reports whether a TCP door's connection comes from the host
+// itself: its peer address is local (or cannot be told). The listener's
+// device binding keeps out what arrives on another interface, but the
+// kernel delivers a host-local connection to the bridge's address as if
+// it came in on the bridge; its source, though, is one of the host's own
+// addresses, never a guest's.
+func (d *door) hostPeer(c net.Conn) bool {
+	ta, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return true
+	}
+	rs, err := d.nl.RouteGet(ta.IP)
+	if err != nil || len(rs) == 0 {
+		d.s.log.Warn().Err(err).Str("vm", d.vm).Str("peer", ta.IP.String()).Msg("door: cannot tell where a connection comes from; closed")
+		return true
+	}
+	return rs[0].Type == unix.RTN_LOCAL
 }
 
 // track registers a connection that the HTTP server no longer owns
@@ -186,6 +223,9 @@ func (d *door) close(final bool) {
 	}
 	d.transport.CloseIdleConnections()
 	d.wg.Wait()
+	if d.nl != nil {
+		d.nl.Close()
+	}
 	d.mu.Lock()
 	flows := make([]*flow, 0, len(d.flows))
 	for f := range d.flows {

@@ -6,8 +6,12 @@
 // it stops, never on a claim):
 //   - a `net: egress` VM's TCP door on its tap's host address (the egress
 //     bridge's), on the VM's own port, which the tap's nftables lock is the
-//     only thing admitting (executors/egress/nft); HTTP and SOCKS5 share it,
-//     told apart by the first byte (0x05 is SOCKS5's version);
+//     only thing admitting among what crosses the bridge
+//     (executors/egress/nft); the listener is bound to the device holding
+//     the address (SO_BINDTODEVICE: the bridge), so nothing arriving
+//     elsewhere reaches it (a host-local process through lo, a neighbour
+//     routing the bridge's address through an uplink); HTTP and SOCKS5
+//     share it, told apart by the first byte (0x05 is SOCKS5's version);
 //   - a `net: none` VM's vsock doors: the unix sockets <vsock socket>_2049
 //     (HTTP) and <vsock socket>_2050 (SOCKS5), where Cloud Hypervisor's
 //     hybrid vsock delivers the guest's connections to CID 2 ports 2049 and
@@ -68,9 +72,11 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxlog/sbxlog/executors/netguard"
 	"github.com/sbxlog/sbxlog/fsm/egress"
@@ -309,7 +315,8 @@ func (s *Server) record(sandbox, doorName string, d egress.Decision) {
 	s.met.Decision(sandbox, doorName, d)
 }
 
-// listen binds one door: a unix socket (a stale file removed first) or TCP.
+// listenDoor binds one door: a unix socket (a stale file removed first)
+// or TCP, bound to the device that holds the door's address.
 func listenDoor(network, addr string) (net.Listener, error) {
 	if network == "unix" {
 		if err := os.Remove(addr); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -322,5 +329,54 @@ func listenDoor(network, addr string) (net.Listener, error) {
 		ln.SetUnlinkOnClose(true)
 		return ln, nil
 	}
-	return net.Listen(network, addr)
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("door %s: %w", addr, err)
+	}
+	dev, err := deviceOf(ap.Addr())
+	if err != nil {
+		return nil, fmt.Errorf("door %s: %w", addr, err)
+	}
+	// The nftables locks admit only a tap's guest to its door among what
+	// crosses the bridge; the binding keeps out what does not cross it: a
+	// host-local process (through lo) and a neighbour that routes the
+	// bridge's address through the host's uplink (Linux accepts a local
+	// address on any interface).
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev)
+		}); err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("bind to device %s: %w", dev, serr)
+		}
+		return nil
+	}}
+	return lc.Listen(context.Background(), network, addr)
+}
+
+// deviceOf is the interface that holds ip (the egress bridge for a lane's
+// door).
+func deviceOf(ip netip.Addr) (string, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "", err
+	}
+	want := ip.Unmap().WithZone("")
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			return "", err
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				if got, ok := netip.AddrFromSlice(n.IP); ok && got.Unmap() == want {
+					return ifc.Name, nil
+				}
+			}
+		}
+	}
+	return "", fmt.Errorf("no interface holds %s", ip)
 }

@@ -796,3 +796,72 @@ func TestInterceptIPv6Literal(t *testing.T) {
 		t.Fatalf("upstream got Authorization %q", got)
 	}
 }
+
+// TestDoorOnlyFromTheBridge: a TCP door serves only what crosses the
+// bridge: a LAN neighbour routing the bridge's address through the
+// host's uplink does not reach it (the listener is bound to the bridge),
+// a host-local process connects but is closed unserved (the kernel
+// delivers it as if from the bridge; its source is the host's), while a
+// plain service on the same address serves both and the guest is still
+// served by its door.
+func TestDoorOnlyFromTheBridge(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox, rule{host: "api.example.test"})
+	lan := netnstest.New(t, "lan")
+	netnstest.Veth(t, e.lane.Host, "uplink0", lan, "eth0")
+	e.lane.Host.AddrAdd(t, "uplink0", netip.MustParsePrefix("198.51.100.1/24"))
+	lan.AddrAdd(t, "eth0", netip.MustParsePrefix("198.51.100.2/24"))
+	lan.RouteDefault(t, netip.MustParseAddr("198.51.100.1"))
+	// served sends a proxy request to addr from ns: the status, or the
+	// error of the connect or of the read.
+	served := func(ns *netnstest.NS, addr string, local netip.Addr) (int, error) {
+		// A refused SYN from a host address other than the door's is
+		// dropped, not reset: the connect times out.
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		var c net.Conn
+		err := ns.Do(func() error {
+			d := net.Dialer{}
+			if local.IsValid() {
+				d.LocalAddr = &net.TCPAddr{IP: local.AsSlice()}
+			}
+			var err error
+			c, err = d.DialContext(ctx, "tcp", addr)
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := io.WriteString(c, "GET http://api.example.test/ HTTP/1.1\r\nHost: api.example.test\r\n\r\n"); err != nil {
+			return 0, err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	svc := netip.AddrPortFrom(e.lane.HostAddr, 8080).String() // the API stand-in, on the bridge's address
+	for _, tc := range []struct {
+		ns    *netnstest.NS
+		local netip.Addr
+	}{
+		{e.lane.Host, netip.Addr{}},
+		{e.lane.Host, netip.MustParseAddr("127.0.0.1")},
+		{e.lane.Host, netip.MustParseAddr("198.51.100.1")},
+		{lan, netip.Addr{}},
+	} {
+		if _, err := served(tc.ns, svc, tc.local); err != nil {
+			t.Fatalf("%s from %v: the bridge's address serves nothing at all (%v): the test proves nothing", tc.ns.Name, tc.local, err)
+		}
+		if st, err := served(tc.ns, e.door.String(), tc.local); err == nil {
+			t.Errorf("%s from %v: the door %s answered %d", tc.ns.Name, tc.local, e.door, st)
+		}
+	}
+	if st, body := get(t, e.client(nil), "http://api.example.test/"); st != 200 || body != "hello api.example.test" {
+		t.Fatalf("the guest through its door: %d %q", st, body)
+	}
+}
