@@ -95,8 +95,20 @@ func (d *door) forward(w http.ResponseWriter, r *http.Request, sb string, known 
 		out.Host = ""
 	}
 	stripHop(out.Header)
-	d.inject(out, sb, dec.Secret)
+	if d.inject(out, sb, dec.Secret) != "" && echoes(out.Method) {
+		d.refuseEcho(w, sb, doorHTTP, host, dec)
+		return
+	}
 	d.roundTrip(w, out, sb, doorHTTP, dec)
+}
+
+// refuseEcho refuses a request that would carry an injected secret or
+// credential and whose answer echoes it (TRACE, TRACK): 403, as a policy
+// refusal, counted as secret_echo.
+func (d *door) refuseEcho(w http.ResponseWriter, sb, doorName, host string, dec egress.Decision) {
+	dec.Allow, dec.Reason = false, ReasonEcho
+	d.s.record(sb, doorName, dec)
+	denied(w, host)
 }
 
 // inject sets the rule's secret on the request toward the destination and

@@ -94,7 +94,10 @@ func (in *inner) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	stripHop(out.Header)
 	set := d.inject(out, in.sb, dec.Secret)
-	d.injectCredentials(out, in.sb, in.host, set)
+	if n := d.injectCredentials(out, in.sb, in.host, set); (set != "" || n > 0) && echoes(out.Method) {
+		d.refuseEcho(w, in.sb, doorInner, in.host, dec)
+		return
+	}
 	d.roundTrip(w, out, in.sb, doorInner, dec)
 }
 
@@ -111,8 +114,10 @@ func authorityHost(authority string) string {
 // in name order (the old daemon's): one with a placeholder only where the
 // guest sent exactly the placeholder, and none over a header an earlier
 // injection set (secretHeader, the rule's secret; an earlier credential).
-func (d *door) injectCredentials(out *http.Request, sb, host, secretHeader string) {
+// It returns how many it set.
+func (d *door) injectCredentials(out *http.Request, sb, host, secretHeader string) int {
 	set := map[string]bool{secretHeader: true}
+	n := 0
 	for _, c := range d.s.credentials(sb, host) {
 		if c.Inject.Header == "" {
 			continue // a query credential: not injected by this proxy
@@ -123,7 +128,9 @@ func (d *door) injectCredentials(out *http.Request, sb, host, secretHeader strin
 		}
 		out.Header.Set(k, c.Value)
 		set[k] = true
+		n++
 	}
+	return n
 }
 
 // readAhead is a connection whose first bytes were read into r.

@@ -58,7 +58,15 @@
 //
 // Secrets and credentials are looked up per request (Policies.SecretsFor,
 // Credentials) and set on the request toward the destination only: nothing
-// the guest receives carries them.
+// the guest receives carries them. A TRACE or TRACK request (whose answer
+// echoes the request, headers included) that would carry one is refused
+// (403, counted secret_echo), forward and intercepted alike. A rule's
+// secret is injected into a plain http:// forward request too, as the old
+// daemon did and its clients rely on: the value then crosses the network
+// between the node and the destination in the clear (never the guest's
+// side of the door), so a rule carrying a secret should name a
+// destination reached over https (an https URL, or an intercepted
+// CONNECT, both re-originated over verified TLS).
 package proxy
 
 import (

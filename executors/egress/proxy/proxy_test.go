@@ -865,3 +865,58 @@ func TestDoorOnlyFromTheBridge(t *testing.T) {
 		t.Fatalf("the guest through its door: %d %q", st, body)
 	}
 }
+
+// TestSecretEcho: TRACE and TRACK, whose answers echo the request with its
+// headers, are refused (403, secret_echo) wherever a rule's secret or a
+// claim credential would be injected, forward and intercepted, and never
+// reach the upstream; with nothing to inject they pass.
+func TestSecretEcho(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox,
+		rule{host: "plain.example.test", secret: "gh"},
+		rule{host: "secret.example.test", secret: "gh", intercept: egress.InterceptAlways},
+		rule{host: "api.example.test", intercept: egress.InterceptInject},
+		rule{host: "late.example.test"})
+	e.pol.mu.Lock()
+	e.pol.creds[testSandbox] = []egress.Credential{{Name: "API_KEY", Value: "claim-cred-echo", Inject: egress.EnvInject{Hosts: []string{"api.example.test"}, Header: "X-Api-Key"}}}
+	e.pol.mu.Unlock()
+	c := e.client(nil)
+	seen := func() int {
+		e.up.mu.Lock()
+		defer e.up.mu.Unlock()
+		return len(e.up.seen)
+	}
+	do := func(method, u string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, u, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, u, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, m := range []string{"TRACE", "TRACK", "trace"} {
+		for _, u := range []string{"http://plain.example.test/", "https://secret.example.test/", "https://api.example.test/"} {
+			before := seen()
+			if st := do(m, u); st != 403 || seen() != before {
+				t.Errorf("%s %s: %d, the upstream got %d requests; want 403 and none", m, u, st, seen()-before)
+			}
+		}
+		if st := do(m, "http://late.example.test/"); st != 200 {
+			t.Errorf("%s without a secret: %d", m, st)
+		}
+	}
+	// The same hosts serve other methods with the injection.
+	if st := do("GET", "https://api.example.test/"); st != 200 || e.up.last().Get("X-Api-Key") != "claim-cred-echo" {
+		t.Fatalf("GET with the credential: %d", st)
+	}
+	counts := map[string]uint64{}
+	for _, c := range e.srv.Counts() {
+		counts[c.Door+" "+c.Outcome] = c.N
+	}
+	if counts["http secret_echo"] != 3 || counts["inner secret_echo"] != 6 {
+		t.Fatalf("decision counts %v", counts)
+	}
+}
