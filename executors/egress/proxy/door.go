@@ -273,7 +273,7 @@ func (d *door) report(f *flow) {
 	dtx, drx := tx-f.repTx, rx-f.repRx
 	f.repTx, f.repRx = tx, rx
 	d.mu.Unlock()
-	if dtx != 0 || drx != 0 {
+	if (dtx != 0 || drx != 0) && f.sandbox != "" {
 		d.s.met.Transfer(f.sandbox, dtx, drx)
 	}
 }

@@ -50,7 +50,8 @@
 // internal address is refused whatever the policy said, and no packet
 // leaves toward it.
 //
-// Every decision is counted (Counts) and handed to the Meter with its door;
+// Every decision is counted (Counts) and, when its VM serves a sandbox,
+// handed to the Meter with its door;
 // payload bytes go to Meter.Transfer at the end of each request and tunnel
 // and every 10 s of a long tunnel, so the meter aggregates per sandbox and
 // nothing records one line per request. Policies are asked per request or
@@ -305,7 +306,10 @@ func (s *Server) Counts() []Count {
 	return out
 }
 
-// record counts a decision and hands it to the meter.
+// record counts a decision and hands it to the meter when it is a
+// sandbox's: a VM that serves none (warm, or released with its doors
+// still open) has nothing to account, and a record of claim "" would be
+// refused by the log.
 func (s *Server) record(sandbox, doorName string, d egress.Decision) {
 	outcome := "allow"
 	if !d.Allow {
@@ -320,7 +324,9 @@ func (s *Server) record(sandbox, doorName string, d egress.Decision) {
 		v, _ = s.counts.LoadOrStore(k, new(atomic.Uint64))
 	}
 	v.(*atomic.Uint64).Add(1)
-	s.met.Decision(sandbox, doorName, d)
+	if sandbox != "" {
+		s.met.Decision(sandbox, doorName, d)
+	}
 }
 
 // listenDoor binds one door: a unix socket (a stale file removed first)

@@ -324,6 +324,21 @@ func TestPolicyChangeNextConnection(t *testing.T) {
 	if st, _ := get(t, c, "http://api.example.test/"); st != 403 {
 		t.Fatalf("warm VM: %d", st)
 	}
+	// Its refusal is counted, but the meter hears of no sandbox "".
+	e.meter.mu.Lock()
+	defer e.meter.mu.Unlock()
+	for _, d := range e.meter.decisions {
+		if !strings.HasPrefix(d, testSandbox+" ") {
+			t.Fatalf("meter decisions %v", e.meter.decisions)
+		}
+	}
+	counts := map[string]uint64{}
+	for _, c := range e.srv.Counts() {
+		counts[c.Door+" "+c.Outcome] = c.N
+	}
+	if counts["http no_policy"] != 1 {
+		t.Fatalf("decision counts %v", counts)
+	}
 }
 
 // TestSecretInjection is acceptance 4's proxy half: the host-held secret
