@@ -1,8 +1,10 @@
 // Package egressmeter is the accounting of guarded egress: the proxy
 // reports each decision and the bytes it moves, the meter adds them up per
 // sandbox in memory and writes one usage record per sandbox per interval,
-// and a final one when the sandbox's proxy closes (its release) — never
-// one per request (the old daemon's per-request billing line rotated its
+// and a final one when the sandbox's accounting ends (Close: the proxy
+// closed its VM's doors once the VM no longer serves it, on its release
+// or destroy; a hibernate, a restart or a process stop is not an end) —
+// never one per request (the old daemon's per-request billing line rotated its
 // journal in minutes under a busy guest and evicted other sandboxes'
 // records).
 //
@@ -151,8 +153,9 @@ func (m *Meter) Transfer(sandbox string, tx, rx int64) {
 	}
 }
 
-// Close ends sandbox's accounting (its proxy closed): its remainder is
-// written as its final record at the next flush, which Run does soon.
+// Close ends sandbox's accounting (it was released or destroyed, and its
+// proxy's doors closed): its remainder is written as its final record at
+// the next flush, which Run does soon.
 func (m *Meter) Close(sandbox string) {
 	if !fsm.ValidClaimID(sandbox) {
 		return

@@ -33,7 +33,7 @@ type door struct {
 	closed    bool
 	conns     map[net.Conn]struct{} // hijacked and SOCKS5 connections
 	flows     map[*flow]struct{}
-	sandboxes map[string]bool // every sandbox served, for Meter.Close
+	sandboxes map[string]bool // every sandbox served, for the Server's settle
 	wg        sync.WaitGroup
 	stop      chan struct{}
 }
@@ -190,7 +190,7 @@ func (d *door) untrack(c net.Conn) {
 	d.mu.Unlock()
 }
 
-// served notes a sandbox this door served, for Meter.Close.
+// served notes a sandbox this door served, for the Server's settle.
 func (d *door) served(sandbox string) {
 	d.mu.Lock()
 	d.sandboxes[sandbox] = true
@@ -198,13 +198,14 @@ func (d *door) served(sandbox string) {
 }
 
 // close ends the doors: listeners, the HTTP server and its connections,
-// every tunnel; the flows' last bytes are reported, then, when final (the
-// VM stopped), Meter.Close for every sandbox the doors served.
-func (d *door) close(final bool) {
+// every tunnel; the flows' last bytes are reported. It returns every
+// sandbox the doors served (nil when already closed), whose accounting
+// the Server settles.
+func (d *door) close() map[string]bool {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return
+		return nil
 	}
 	d.closed = true
 	conns := make([]net.Conn, 0, len(d.conns))
@@ -236,12 +237,7 @@ func (d *door) close(final bool) {
 	for _, f := range flows {
 		d.report(f)
 	}
-	if !final {
-		return
-	}
-	for sb := range sbs {
-		d.s.met.Close(sb)
-	}
+	return sbs
 }
 
 // flow counts the payload bytes of one request or tunnel.

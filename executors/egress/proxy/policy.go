@@ -53,7 +53,8 @@ type Meter interface {
 	Decision(sandbox, door string, d egress.Decision)
 	// Transfer adds payload bytes: tx guest to destination, rx back.
 	Transfer(sandbox string, tx, rx int64)
-	// Close: the sandbox's doors closed; its last record is due.
+	// Close: the sandbox's accounting ended (its VM's doors closed and the
+	// VM serves it no more); its last record is due.
 	Close(sandbox string)
 }
 

@@ -43,19 +43,21 @@
 // "egress: upstream unreachable: <why>" (SOCKS5 0x04). A host with an
 // IPv6 zone ("[::%25x]") is a bad authority (400 forward, 403 CONNECT;
 // SOCKS5 0x04 from the guard): a zone names a link, and the guard refuses
-// every zoned address besides.
-// The proxy resolves names itself and the node's guard (Config.Guard,
-// executors/netguard) sees every address it connects to, inside the
-// dialer's Control hook, so a name that resolves (or rebinds) to an
-// internal address is refused whatever the policy said, and no packet
-// leaves toward it.
+// every zoned address besides. The proxy resolves names itself and the
+// node's guard (Config.Guard, executors/netguard) sees every address it
+// connects to, inside the dialer's Control hook, so a name that resolves
+// (or rebinds) to an internal address is refused whatever the policy
+// said, and no packet leaves toward it.
 //
 // Every decision is counted (Counts) and, when its VM serves a sandbox,
-// handed to the Meter with its door;
-// payload bytes go to Meter.Transfer at the end of each request and tunnel
-// and every 10 s of a long tunnel, so the meter aggregates per sandbox and
-// nothing records one line per request. Policies are asked per request or
-// tunnel: a policy change applies to the next one.
+// handed to the Meter with its door; payload bytes go to Meter.Transfer at
+// the end of each request and tunnel and every 10 s of a long tunnel, so
+// the meter aggregates per sandbox and nothing records one line per
+// request. A sandbox's accounting is closed (Meter.Close) when its VM's
+// doors close and the VM no longer serves it (a release or a destroy, as
+// Policies.SandboxOfVM says then): doors closed for a hibernate or a
+// process stop leave it open. Policies are asked per request or tunnel: a
+// policy change applies to the next one.
 //
 // Secrets and credentials are looked up per request (Policies.SecretsFor,
 // Credentials) and set on the request toward the destination only: nothing
@@ -142,6 +144,11 @@ type Server struct {
 
 	mu    sync.Mutex
 	doors map[string]*door
+	// unsettled are, per VM, the sandboxes its closed doors served whose
+	// accounting is not closed: the VM still served them (a hibernate, a
+	// restart), so the Meter.Close is due when its doors close once it
+	// no longer does (settle).
+	unsettled map[string]map[string]bool
 
 	counts sync.Map // countKey -> *atomic.Uint64
 }
@@ -171,7 +178,7 @@ func New(cfg Config) *Server {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	return &Server{cfg: cfg, pol: cfg.Policies, met: cfg.Meter, guard: cfg.Guard, log: cfg.Log.With().Str("component", "egress-proxy").Logger(), doors: map[string]*door{}}
+	return &Server{cfg: cfg, pol: cfg.Policies, met: cfg.Meter, guard: cfg.Guard, log: cfg.Log.With().Str("component", "egress-proxy").Logger(), doors: map[string]*door{}, unsettled: map[string]map[string]bool{}}
 }
 
 // Doors are one VM's doors; a zero field is not opened.
@@ -205,9 +212,9 @@ func (s *Server) Open(vm string, d Doors) error {
 	}
 	s.mu.Lock()
 	if cur := s.doors[vm]; cur != nil {
-		// A concurrent Open won: keep its doors.
+		// A concurrent Open won: keep its doors (these served nothing).
 		s.mu.Unlock()
-		dr.close(false)
+		dr.close()
 		return nil
 	}
 	s.doors[vm] = dr
@@ -216,15 +223,59 @@ func (s *Server) Open(vm string, d Doors) error {
 }
 
 // CloseDoors closes vm's doors and every connection through them; their
-// sandboxes' bytes are reported and the meter told they closed.
+// sandboxes' bytes are reported. The meter is told a sandbox closed
+// (Meter.Close, its final record) only once vm no longer serves it (a
+// release, a destroy: Policies.SandboxOfVM says so as the doors close);
+// a VM that still serves it (a hibernate, a restart) keeps its
+// accounting open, and a later CloseDoors of the VM, its doors open
+// again or not (a hibernated claim released), closes it.
 func (s *Server) CloseDoors(vm string) {
 	s.mu.Lock()
 	d := s.doors[vm]
 	delete(s.doors, vm)
 	s.mu.Unlock()
+	var served map[string]bool
 	if d != nil {
-		d.close(true)
+		served = d.close()
 	}
+	s.settle(vm, served)
+}
+
+// settle closes the accounting of the sandboxes vm's doors served (now,
+// and before) that vm no longer serves.
+func (s *Server) settle(vm string, served map[string]bool) {
+	s.mu.Lock()
+	sbs := s.unsettled[vm]
+	delete(s.unsettled, vm)
+	s.mu.Unlock()
+	if sbs == nil {
+		sbs = map[string]bool{}
+	}
+	for sb := range served {
+		sbs[sb] = true
+	}
+	if len(sbs) == 0 {
+		return
+	}
+	cur, live := s.pol.SandboxOfVM(vm)
+	for sb := range sbs {
+		if live && sb == cur {
+			continue
+		}
+		delete(sbs, sb)
+		s.met.Close(sb)
+	}
+	if len(sbs) == 0 {
+		return
+	}
+	s.mu.Lock()
+	if cur := s.unsettled[vm]; cur != nil {
+		for sb := range cur {
+			sbs[sb] = true
+		}
+	}
+	s.unsettled[vm] = sbs
+	s.mu.Unlock()
 }
 
 // Close closes every door as the process stops: the bytes in flight are
@@ -239,7 +290,7 @@ func (s *Server) Close() {
 	}
 	s.mu.Unlock()
 	for _, d := range ds {
-		d.close(false)
+		d.close()
 	}
 }
 

@@ -556,7 +556,7 @@ func TestSocks(t *testing.T) {
 
 // TestMeterAggregates: decisions reach the meter with their doors; bytes
 // reach it as totals per sandbox (a few Transfer calls, not one per read),
-// and closing the doors closes the sandbox's record.
+// and closing the doors of a released sandbox closes its record.
 func TestMeterAggregates(t *testing.T) {
 	e := newEnv(t)
 	e.pol.setRules(testSandbox, rule{host: "api.example.test"})
@@ -567,6 +567,9 @@ func TestMeterAggregates(t *testing.T) {
 		}
 	}
 	get(t, c, "http://evil.example.test/")
+	e.pol.mu.Lock()
+	delete(e.pol.sandboxOf, testVM) // released
+	e.pol.mu.Unlock()
 	e.srv.CloseDoors(testVM)
 	m := e.meter
 	m.mu.Lock()
@@ -933,5 +936,77 @@ func TestSecretEcho(t *testing.T) {
 	}
 	if counts["http secret_echo"] != 3 || counts["inner secret_echo"] != 6 {
 		t.Fatalf("decision counts %v", counts)
+	}
+}
+
+// TestMeterFinalOnlyAtRelease: doors closed while the VM still serves its
+// sandbox (a hibernate) leave its accounting open, across doors opened
+// again (the wake); the doors' close after the release closes it, once,
+// and so does the destroy of a VM released while its doors were closed
+// (a hibernated claim released). A process stop closes nothing.
+func TestMeterFinalOnlyAtRelease(t *testing.T) {
+	pol, met := newFakePolicies(), newFakeMeter()
+	s := New(Config{Policies: pol, Meter: met})
+	t.Cleanup(s.Close)
+	const vm2, sb2 = "vm-0000000000000002", "sb_0000000000000002"
+	pol.sandboxOf[testVM], pol.sandboxOf[vm2] = testSandbox, sb2
+	pol.setRules(testSandbox)
+	pol.setRules(sb2)
+	dir := t.TempDir()
+	serve := func(vm string) {
+		t.Helper()
+		vs := filepath.Join(dir, vm)
+		if err := s.Open(vm, VsockDoors(vs)); err != nil {
+			t.Fatal(err)
+		}
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: "door"}),
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "unix", vs+"_2049")
+			},
+		}}
+		if st, _ := get(t, hc, "http://api.example.test/"); st != 403 {
+			t.Fatalf("%s: %d", vm, st)
+		}
+	}
+	closed := func() []string {
+		met.mu.Lock()
+		defer met.mu.Unlock()
+		return append([]string(nil), met.closed...)
+	}
+	release := func(vm string) {
+		pol.mu.Lock()
+		delete(pol.sandboxOf, vm)
+		pol.mu.Unlock()
+	}
+	serve(testVM)
+	serve(vm2)
+	s.CloseDoors(testVM) // hibernate
+	s.CloseDoors(vm2)
+	if got := closed(); len(got) != 0 {
+		t.Fatalf("hibernate closed %v", got)
+	}
+	serve(testVM) // wake
+	release(testVM)
+	s.CloseDoors(testVM)
+	if got := closed(); len(got) != 1 || got[0] != testSandbox {
+		t.Fatalf("after the release: closed %v", got)
+	}
+	release(vm2) // released while hibernated: its doors stay closed
+	s.CloseDoors(vm2)
+	s.CloseDoors(testVM)
+	if got := closed(); len(got) != 2 || got[1] != sb2 {
+		t.Fatalf("after the hibernated release: closed %v", got)
+	}
+	// A process stop leaves the accounting of a live sandbox open.
+	const vm3, sb3 = "vm-0000000000000003", "sb_0000000000000003"
+	pol.mu.Lock()
+	pol.sandboxOf[vm3] = sb3
+	pol.mu.Unlock()
+	pol.setRules(sb3)
+	serve(vm3)
+	s.Close()
+	if got := closed(); len(got) != 2 {
+		t.Fatalf("a process stop closed %v", got)
 	}
 }
