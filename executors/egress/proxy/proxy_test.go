@@ -647,6 +647,12 @@ func TestCAPersists(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(dir, CAKeyFile)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("key file %v %v", fi, err)
 	}
+	if fi, err := os.Stat(filepath.Join(dir, CACertFile)); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("certificate file %v %v", fi, err)
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 2 {
+		t.Fatalf("the CA dir holds %v (%v), want the two files only", ents, err)
+	}
 	leaf, err := b.Leaf("api.example.test")
 	if err != nil {
 		t.Fatal(err)
