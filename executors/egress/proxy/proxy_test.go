@@ -673,8 +673,20 @@ func (e *env) hostAddr(t *testing.T, ip netip.Addr) {
 		if err != nil {
 			return err
 		}
-		// No duplicate address detection: the address is usable at once.
-		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}, Flags: unix.IFA_F_NODAD})
+		// No duplicate address detection, so the address can be bound at
+		// once; its local route still comes from the kernel's address
+		// work queue, so wait for it.
+		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}, Flags: unix.IFA_F_NODAD}); err != nil {
+			return err
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if rs, err := netlink.RouteGet(ip.AsSlice()); err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_LOCAL {
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("no local route to %s", ip)
+			}
+		}
 	})
 }
 
