@@ -27,7 +27,7 @@ type door struct {
 	srv       *http.Server
 	transport *http.Transport // forward requests and intercepted tunnels
 	sem       chan struct{}
-	nl        *netlink.Handle // a TCP door's, in its namespace: hostPeer's route lookups
+	nl        *netlink.Handle // a TCP door's: the Server's, for hostPeer's route lookups
 
 	mu        sync.Mutex
 	closed    bool
@@ -61,7 +61,7 @@ func (s *Server) openDoor(vm string, spec Doors) (*door, error) {
 	}
 	var binds []bind
 	if spec.TCP.IsValid() {
-		nl, err := netlink.NewHandle()
+		nl, err := s.routes()
 		if err != nil {
 			return nil, fmt.Errorf("door %s: netlink: %w", spec.TCP, err)
 		}
@@ -79,9 +79,6 @@ func (s *Server) openDoor(vm string, spec Doors) (*door, error) {
 		if err != nil {
 			for _, l := range d.lns {
 				l.Close()
-			}
-			if d.nl != nil {
-				d.nl.Close()
 			}
 			return nil, err
 		}
@@ -224,9 +221,6 @@ func (d *door) close() map[string]bool {
 	}
 	d.transport.CloseIdleConnections()
 	d.wg.Wait()
-	if d.nl != nil {
-		d.nl.Close()
-	}
 	d.mu.Lock()
 	flows := make([]*flow, 0, len(d.flows))
 	for f := range d.flows {

@@ -87,6 +87,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxlog/sbxlog/executors/netguard"
@@ -149,6 +150,7 @@ type Server struct {
 	// restart), so the Meter.Close is due when its doors close once it
 	// no longer does (settle).
 	unsettled map[string]map[string]bool
+	nl        *netlink.Handle // route lookups of the TCP doors (routes)
 
 	counts sync.Map // countKey -> *atomic.Uint64
 }
@@ -292,6 +294,28 @@ func (s *Server) Close() {
 	for _, d := range ds {
 		d.close()
 	}
+	s.mu.Lock()
+	if s.nl != nil {
+		s.nl.Close()
+		s.nl = nil
+	}
+	s.mu.Unlock()
+}
+
+// routes is the netlink handle the TCP doors look their peers up with,
+// made on the first one's Open, in the network namespace Open runs in:
+// every door of a Server is in one (the egress bridge's).
+func (s *Server) routes() (*netlink.Handle, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nl == nil {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return nil, err
+		}
+		s.nl = h
+	}
+	return s.nl, nil
 }
 
 // OpenDoors reports vm's open doors.
