@@ -1,8 +1,10 @@
 // Package egressmeter is the accounting of guarded egress: the proxy
 // reports each decision and the bytes it moves, the meter adds them up per
 // sandbox in memory and writes one usage record per sandbox per interval,
-// and a final one when the sandbox's proxy closes (its release) — never
-// one per request (the old daemon's per-request billing line rotated its
+// and a final one when the sandbox's accounting ends (Close: the proxy
+// closed its VM's doors once the VM no longer serves it, on its release
+// or destroy; a hibernate, a restart or a process stop is not an end) —
+// never one per request (the old daemon's per-request billing line rotated its
 // journal in minutes under a busy guest and evicted other sandboxes'
 // records).
 //
@@ -10,10 +12,17 @@
 //   - Decision, Transfer and Close are safe for concurrent use and cheap
 //     (atomic adds under a read-locked map lookup); Observer, when set, sees
 //     every decision and every byte count as it happens (the metrics).
+//   - Only a claim id (fsm.ValidClaimID) is counted: a decision or bytes
+//     of no sandbox (a warm VM's door, "") reach the Observer only, so no
+//     record the log would refuse is ever made.
 //   - Flush hands the records of every sandbox with something to record
 //     (plus the final records of closed ones) to Options.Record, at most
 //     fsm.MaxUsageBatch at a time; a failed Record keeps them for the next
-//     Flush. Run flushes every Options.Every and soon after a Close.
+//     Flush. A batch the log rejects as invalid (fsm.ErrInvalid) is
+//     written again one record at a time, and each record it still
+//     rejects is dropped and logged: one bad record never holds back the
+//     node's accounting. Run flushes every Options.Every and soon after a
+//     Close.
 //   - Bytes that arrive after a sandbox's Close go into a later record of
 //     the same sandbox; a crash loses at most the interval not yet
 //     flushed.
@@ -21,11 +30,14 @@ package egressmeter
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/egress"
@@ -59,6 +71,8 @@ type Options struct {
 	Observer Observer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Log says which records were dropped (default: nowhere).
+	Log zerolog.Logger
 }
 
 type counter struct {
@@ -108,13 +122,15 @@ func (m *Meter) add(sandbox string, fn func(*counter)) {
 
 // Decision counts one decision of sandbox's proxy at door.
 func (m *Meter) Decision(sandbox, door string, d egress.Decision) {
-	m.add(sandbox, func(c *counter) {
-		if d.Allow {
-			c.allowed.Add(1)
-		} else {
-			c.denied.Add(1)
-		}
-	})
+	if fsm.ValidClaimID(sandbox) {
+		m.add(sandbox, func(c *counter) {
+			if d.Allow {
+				c.allowed.Add(1)
+			} else {
+				c.denied.Add(1)
+			}
+		})
+	}
 	if m.o.Observer != nil {
 		m.o.Observer.EgressDecision(door, d.Allow, string(d.Reason))
 	}
@@ -126,18 +142,24 @@ func (m *Meter) Transfer(sandbox string, tx, rx int64) {
 	if tx <= 0 && rx <= 0 {
 		return
 	}
-	m.add(sandbox, func(c *counter) {
-		c.tx.Add(max(tx, 0))
-		c.rx.Add(max(rx, 0))
-	})
+	if fsm.ValidClaimID(sandbox) {
+		m.add(sandbox, func(c *counter) {
+			c.tx.Add(max(tx, 0))
+			c.rx.Add(max(rx, 0))
+		})
+	}
 	if m.o.Observer != nil {
 		m.o.Observer.EgressBytes(max(tx, 0), max(rx, 0))
 	}
 }
 
-// Close ends sandbox's accounting (its proxy closed): its remainder is
-// written as its final record at the next flush, which Run does soon.
+// Close ends sandbox's accounting (it was released or destroyed, and its
+// proxy's doors closed): its remainder is written as its final record at
+// the next flush, which Run does soon.
 func (m *Meter) Close(sandbox string) {
+	if !fsm.ValidClaimID(sandbox) {
+		return
+	}
 	now := m.o.Now().UnixNano()
 	m.mu.Lock()
 	c := m.sb[sandbox]
@@ -186,7 +208,15 @@ func (m *Meter) Flush(ctx context.Context) error {
 	}
 	for len(out) > 0 {
 		n := min(len(out), fsm.MaxUsageBatch)
-		if err := m.o.Record(ctx, out[:n]); err != nil {
+		err := m.o.Record(ctx, out[:n])
+		if errors.Is(err, fsm.ErrInvalid) {
+			var done int
+			done, err = m.recordEach(ctx, out[:n])
+			if err != nil {
+				out = out[done:]
+			}
+		}
+		if err != nil {
 			m.mu.Lock()
 			m.held = append(out, m.held...)
 			m.mu.Unlock()
@@ -195,6 +225,25 @@ func (m *Meter) Flush(ctx context.Context) error {
 		out = out[n:]
 	}
 	return nil
+}
+
+// recordEach writes batch one record at a time after the log rejected it
+// whole as invalid, dropping (and logging) each record it rejects again.
+// On another error it returns how many records are done (written or
+// dropped); the rest are to be kept.
+func (m *Meter) recordEach(ctx context.Context, batch []fsm.EgressUsage) (int, error) {
+	for i, u := range batch {
+		err := m.o.Record(ctx, []fsm.EgressUsage{u})
+		switch {
+		case errors.Is(err, fsm.ErrInvalid):
+			m.o.Log.Error().Err(err).Str("claim", u.Claim).Int64("tx", u.Tx).Int64("rx", u.Rx).
+				Int64("allowed", u.Allowed).Int64("denied", u.Denied).Bool("final", u.Final).
+				Msg("egress usage record refused by the log as invalid; dropped")
+		case err != nil:
+			return i, err
+		}
+	}
+	return len(batch), nil
 }
 
 // Run flushes every Options.Every, and shortly after a Close, until ctx

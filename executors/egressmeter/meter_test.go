@@ -1,13 +1,18 @@
 package egressmeter
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/egress"
 )
@@ -216,5 +221,106 @@ func TestConcurrent(t *testing.T) {
 	}
 	if tx != 16000 || rx != 32000 || n != 16000 {
 		t.Fatalf("tx %d rx %d allowed %d", tx, rx, n)
+	}
+}
+
+// logSink records as the node's log does: each batch decided by the fsm
+// (RecordEgressUsage's checks, the whole batch refused when one record is
+// invalid), plus the claims a test makes it refuse as invalid too.
+type logSink struct {
+	sink
+	refuse map[string]bool
+	calls  int
+}
+
+func (s *logSink) record(ctx context.Context, u []fsm.EgressUsage) error {
+	s.mu.Lock()
+	s.calls++
+	for _, r := range u {
+		if s.refuse[r.Claim] {
+			s.mu.Unlock()
+			return &fsm.Rejection{Code: fsm.Invalid, Msg: "usage of " + r.Claim + ": refused"}
+		}
+	}
+	s.mu.Unlock()
+	if _, err := fsm.Decide(fsm.New(), fsm.RecordEgressUsage{Meta: fsm.Meta{Op: event.OpIDFromUint(1, 1), Now: 1}, Usage: u}); err != nil {
+		return err
+	}
+	return s.sink.record(ctx, u)
+}
+
+// A decision or bytes of no sandbox (a warm VM's door) make no record, so
+// nothing the log refuses as invalid; the Observer still sees them.
+func TestNoRecordWithoutASandbox(t *testing.T) {
+	s := &logSink{}
+	o := &obs{decisions: map[string]int{}}
+	m := New(Options{Record: s.record, Observer: o})
+	for _, id := range []string{"", "vm-0000000000000001", "sb_nothex"} {
+		m.Decision(id, DoorHTTP, deny)
+		m.Transfer(id, 3, 4)
+		m.Close(id)
+	}
+	m.Decision("sb_0000000000000001", DoorHTTP, allow)
+	if got := m.Open(); len(got) != 1 || got[0] != "sb_0000000000000001" {
+		t.Fatalf("open %v", got)
+	}
+	if err := m.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.all(); len(got) != 1 || got[0].Claim != "sb_0000000000000001" || got[0].Allowed != 1 {
+		t.Fatalf("records %+v", got)
+	}
+	if o.decisions["http false no_rule\n"] != 3 || o.tx != 9 || o.rx != 12 {
+		t.Fatalf("observer %+v %d %d", o.decisions, o.tx, o.rx)
+	}
+}
+
+// A record the log refuses as invalid is dropped (and logged), the rest of
+// its batch written; the next flush does not try it again. Any other
+// failure keeps everything.
+func TestFlushDropsInvalid(t *testing.T) {
+	const bad = "sb_00000000000000ff"
+	var logged bytes.Buffer
+	s := &logSink{refuse: map[string]bool{bad: true}}
+	m := New(Options{Record: s.record, Log: zerolog.New(&logged)})
+	for _, id := range []string{"sb_0000000000000001", bad, "sb_0000000000000002"} {
+		m.Transfer(id, 1, 1)
+	}
+	m.Close("sb_0000000000000003")
+	if err := m.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var claims []string
+	for _, u := range s.all() {
+		claims = append(claims, u.Claim)
+	}
+	if fmt.Sprint(claims) != "[sb_0000000000000003 sb_0000000000000001 sb_0000000000000002]" {
+		t.Fatalf("recorded %v", claims)
+	}
+	if !strings.Contains(logged.String(), bad) || !strings.Contains(logged.String(), "dropped") {
+		t.Fatalf("log %q", logged.String())
+	}
+	s.calls = 0
+	if err := m.Flush(context.Background()); err != nil || s.calls != 0 {
+		t.Fatalf("second flush: %v, %d calls (the dropped record held)", err, s.calls)
+	}
+	// A failure that is not a rejection while writing one by one keeps
+	// the records not yet written.
+	m.Transfer(bad, 1, 1)
+	m.Transfer("sb_0000000000000004", 5, 5)
+	s.mu.Lock()
+	s.fail = errors.New("engine stopped")
+	s.mu.Unlock()
+	if err := m.Flush(context.Background()); err == nil {
+		t.Fatal("flush did not fail")
+	}
+	s.mu.Lock()
+	s.fail = nil
+	s.mu.Unlock()
+	if err := m.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.all(); len(got) != 4 || got[3].Claim != "sb_0000000000000004" || got[3].Tx != 5 {
+		t.Fatalf("after the failure: %+v", got)
 	}
 }

@@ -6,6 +6,11 @@
 //     Control hook, so a name that resolves or rebinds to an internal
 //     address is caught) is first unwrapped: v4-mapped IPv6 to IPv4, and
 //     NAT64 (64:ff9b::/96) to its embedded IPv4;
+//   - an IPv6 address with a zone ("::%eth0") is refused, whatever the
+//     allow list: a zone names a link, never a destination on the
+//     internet, and netip's prefix tests and equality do not see through
+//     it (Linux connects "::%x" to loopback, and a zoned host address is
+//     still the host);
 //   - an address egress_internal_allow admits (a prefix, and the port when
 //     the entry names ports) may be connected: an explicit entry wins;
 //   - otherwise an internal address is refused: not global unicast
@@ -78,10 +83,11 @@ func Unwrap(ip netip.Addr) netip.Addr {
 }
 
 // Internal reports whether ip (unwrapped first) is internal by the fixed
-// table, with no allow list and no host addresses.
+// table, with no allow list and no host addresses. Every zoned address
+// is.
 func Internal(ip netip.Addr) bool {
 	ip = Unwrap(ip)
-	if !ip.IsValid() || !ip.IsGlobalUnicast() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() {
+	if !ip.IsValid() || ip.Zone() != "" || !ip.IsGlobalUnicast() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() {
 		return true
 	}
 	return slices.ContainsFunc(internalRanges, func(p netip.Prefix) bool { return p.Contains(ip) })
@@ -103,7 +109,7 @@ func New(allow []string, hostAddrs []netip.Addr) (*Guard, error) {
 	}
 	g := &Guard{allow: entries, host: make(map[netip.Addr]bool, len(hostAddrs))}
 	for _, a := range hostAddrs {
-		g.host[Unwrap(a)] = true
+		g.host[Unwrap(a).WithZone("")] = true
 	}
 	return g, nil
 }
@@ -164,9 +170,13 @@ func (e Entry) Admits(ip netip.Addr, port uint16) bool {
 }
 
 // Check says whether the proxy may connect to ip:port: nil, or a
-// *BlockedError. A nil guard checks the fixed table only.
+// *BlockedError. A nil guard checks the fixed table only. A zoned address
+// is refused before the allow list is read.
 func (g *Guard) Check(ip netip.Addr, port uint16) error {
 	ip = Unwrap(ip)
+	if ip.Zone() != "" {
+		return &BlockedError{Addr: ip, Port: port}
+	}
 	if g != nil && slices.ContainsFunc(g.allow, func(e Entry) bool { return e.Admits(ip, port) }) {
 		return nil
 	}

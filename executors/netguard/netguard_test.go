@@ -46,6 +46,13 @@ func TestInternal(t *testing.T) {
 		{"1.1.1.1", false},
 		{"::ffff:1.1.1.1", false},
 		{"2606:4700:4700::1111", false},
+		// A zone hides an address from prefix tests: every zoned one is internal.
+		{"::%x", true},
+		{"::1%lo", true},
+		{"64:ff9b::a00:1%x", true},   // NAT64 of 10.0.0.1, zoned
+		{"64:ff9b::808:808%x", true}, // NAT64 of 8.8.8.8, zoned
+		{"::ffff:10.0.0.1%x", true},
+		{"2606:4700:4700::1111%eth0", true},
 	} {
 		if got := Internal(netip.MustParseAddr(tc.ip)); got != tc.want {
 			t.Errorf("Internal(%s) = %v", tc.ip, got)
@@ -81,6 +88,13 @@ func TestGuard(t *testing.T) {
 		{"169.254.169.254:80", false},
 		{"127.0.0.1:7777", false},
 		{"8.8.8.8:53", true},
+		// Zoned: refused whatever the table, the allow list or the host says.
+		{"[::%x]:7777", false},
+		{"[64:ff9b::a00:1%x]:80", false},
+		{"[64:ff9b::a08:1%x]:9000", false}, // NAT64 of the allowed 10.8.0.1, zoned
+		{"[2a01::5%lo]:443", false},        // the host's own global address, zoned
+		{"[2a01::6%eth0]:443", false},      // a global address, zoned
+		{"[fdc8::7%x]:443", false},         // inside an allowed prefix, zoned
 	} {
 		err := g.CheckAddr(tc.addr)
 		if (err == nil) != tc.ok {
@@ -106,6 +120,14 @@ func TestGuard(t *testing.T) {
 	}
 	if open.Check(netip.MustParseAddr("127.0.0.1"), 22) != nil || open.Check(netip.MustParseAddr("::1"), 22) != nil {
 		t.Error("0.0.0.0/0 plus ::/0 does not turn the guard off")
+	}
+	for _, z := range []string{"::%x", "::1%lo", "2606:4700:4700::1111%eth0"} {
+		if err := open.Check(netip.MustParseAddr(z), 22); !errors.Is(err, ErrInternal) {
+			t.Errorf("open guard, %s: %v, want refused", z, err)
+		}
+		if err := none.Check(netip.MustParseAddr(z), 22); !errors.Is(err, ErrInternal) {
+			t.Errorf("nil guard, %s: %v, want refused", z, err)
+		}
 	}
 }
 

@@ -1,13 +1,14 @@
 // Package egressview is what a node tells its egress proxy about each
 // sandbox, read from the state at the moment it asks: the effective
 // policy (so a policy change applies to the next connection), the
-// sandbox a VM or a tap belongs to, its secrets and claim credentials
-// (opened with the node's env key), the env its guest may see, the
-// node's internal-address guard and the accounting meter.
+// sandbox a VM belongs to, its secrets and claim credentials (opened with
+// the node's env key), the env its guest may see, the node's
+// internal-address guard and the accounting meter. (SandboxOfTap, the
+// sandbox of a tap, is a diagnostic lookup off the data path.)
 //
 // Contract: every method is safe for concurrent use and takes the
-// engine's read lock once (SandboxOfTap may rebuild its tap index from
-// the state on a miss). The types are stdlib's, fsm's and fsm/egress's,
+// engine's read lock once (SandboxOfTap walks every VM of the state under
+// it). The types are stdlib's, fsm's and fsm/egress's,
 // so a proxy package below the projections can declare the interface it
 // needs. An ended or unknown sandbox is ErrUnknownSandbox (or false); a
 // value that does not open (a lost env key) is envseal.ErrOpen.
@@ -17,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 
 	"github.com/sbxlog/sbxlog/executors/egressmeter"
 	"github.com/sbxlog/sbxlog/executors/netguard"
@@ -60,9 +60,6 @@ type View struct {
 	node  map[string]string // secret name -> the node's value
 	guard *netguard.Guard
 	meter *egressmeter.Meter
-
-	tapMu sync.Mutex
-	taps  map[string]string // tap name -> VM id
 }
 
 // New builds a view. A registry secret naming a value_env that is unset
@@ -75,7 +72,7 @@ func New(eng Engine, o Options) (*View, error) {
 		o.Getenv = os.Getenv
 	}
 	v := &View{eng: eng, key: o.Key, specs: o.Secrets, byNm: map[string]egress.SecretSpec{}, node: map[string]string{},
-		guard: o.Guard, meter: o.Meter, taps: map[string]string{}}
+		guard: o.Guard, meter: o.Meter}
 	for _, s := range o.Secrets {
 		v.byNm[s.Name] = s
 		if s.ValueEnv == "" {
@@ -116,27 +113,22 @@ func (v *View) SandboxOfVM(vm string) (string, bool) {
 }
 
 // SandboxOfTap returns the live claim (and its VM) whose VM has tap
-// (executors/tap.Name of the VM id).
+// (executors/tap.Name of the VM id). It hashes every VM id of the state:
+// a diagnostic, not for the data path.
 func (v *View) SandboxOfTap(name string) (sandbox, vm string, ok bool) {
-	v.tapMu.Lock()
-	vm, known := v.taps[name]
-	v.tapMu.Unlock()
-	if !known {
-		v.eng.View(func(st *fsm.State) {
-			idx := make(map[string]string, len(st.VMIDs()))
-			for _, id := range st.VMIDs() {
-				idx[tap.Name(id)] = id
+	v.eng.View(func(st *fsm.State) {
+		for _, id := range st.VMIDs() {
+			if tap.Name(id) != name {
+				continue
 			}
-			vm, known = idx[name]
-			v.tapMu.Lock()
-			v.taps = idx
-			v.tapMu.Unlock()
-		})
-	}
-	if !known {
-		return "", "", false
-	}
-	sandbox, ok = v.SandboxOfVM(vm)
+			vm = id
+			var c fsm.ClaimRec
+			if c, ok = st.ClaimOfVM(id); ok {
+				sandbox = c.ID
+			}
+			return
+		}
+	})
 	return sandbox, vm, ok
 }
 
@@ -145,9 +137,6 @@ func (v *View) SecretHeader(name string) (string, bool) {
 	s, ok := v.byNm[name]
 	return s.Header, ok
 }
-
-// SecretSpecs returns the node's registry.
-func (v *View) SecretSpecs() []egress.SecretSpec { return v.specs }
 
 // Guard returns the node's internal-address guard.
 func (v *View) Guard() *netguard.Guard { return v.guard }

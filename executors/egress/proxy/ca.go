@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/sbxlog/sbxlog/executors/fsx"
 )
 
 // CA is the node's interception CA: a self-signed ECDSA P-256 root whose
@@ -49,8 +51,9 @@ const (
 var ErrBadCA = errors.New("proxy: bad CA files")
 
 // LoadOrCreateCA loads the CA kept in dir, or makes one there (the key
-// 0600, written before the certificate, so a crash leaves no certificate
-// without its key).
+// 0600, written before the certificate, each replaced atomically and
+// fsynced with its directory, so a crash or a power loss leaves no
+// certificate without its key, nor an empty file).
 func LoadOrCreateCA(dir string) (*CA, error) {
 	certPath, keyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
 	certPEM, err := os.ReadFile(certPath)
@@ -66,10 +69,14 @@ func LoadOrCreateCA(dir string) (*CA, error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, err
 		}
-		if err := writeFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		if err := fsx.WriteFileAtomic(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 			return nil, err
 		}
-		if err := writeFile(certPath, ca.pem, 0o644); err != nil {
+		if err := fsx.WriteFileAtomic(certPath, ca.pem, 0o644); err != nil {
+			return nil, err
+		}
+		// dir itself may be new: its entry in the parent too.
+		if err := fsx.SyncTree(dir); err != nil {
 			return nil, err
 		}
 		return ca, nil
@@ -98,14 +105,6 @@ func LoadOrCreateCA(dir string) (*CA, error) {
 		return nil, fmt.Errorf("%w: the key does not match a CA certificate", ErrBadCA)
 	}
 	return newCA(cert, key, certPEM)
-}
-
-func writeFile(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // NewCA makes a CA in memory.

@@ -22,10 +22,21 @@ type blockedError struct {
 }
 
 func (e *blockedError) Error() string {
-	return fmt.Sprintf("blocked internal address %s (for %s): %v", e.ip, e.host, e.err)
+	return fmt.Sprintf("blocked internal address %s (for %s): %v", e.addr(), e.host, e.err)
+}
+
+// addr is the address refused, or the host when there was none.
+func (e *blockedError) addr() string {
+	if e.ip.IsValid() {
+		return e.ip.String()
+	}
+	return e.host
 }
 
 func (e *blockedError) Unwrap() error { return e.err }
+
+// errZoned refuses a host with an IPv6 zone.
+var errZoned = fmt.Errorf("%w: the host has a zone", netguard.ErrInternal)
 
 func isBlocked(err error) bool {
 	var b *blockedError
@@ -34,11 +45,16 @@ func isBlocked(err error) bool {
 
 // dial connects to host:port: the name resolved here (never by the guest),
 // each address checked by the node's guard (executors/netguard: it judges
-// the address a v4-mapped or NAT64 one reaches) before the connect and
-// again, as the kernel is asked to connect it, in the dialer's Control
-// hook. Addresses the guard refuses are skipped; when none is left the
-// error is a blockedError (502, reason internal).
+// the address a v4-mapped or NAT64 one reaches, and refuses any zoned
+// one) before the connect and again, as the kernel is asked to connect
+// it, in the dialer's Control hook. Addresses the guard refuses are
+// skipped; when none is left the error is a blockedError (502, reason
+// internal). A host with a zone ("%") is refused before anything: no
+// destination on the internet has one.
 func (s *Server) dial(ctx context.Context, host string, port uint16) (net.Conn, error) {
+	if strings.ContainsRune(host, '%') {
+		return nil, &blockedError{host: host, err: errZoned}
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	var addrs []netip.Addr
@@ -61,13 +77,14 @@ func (s *Server) dial(ctx context.Context, host string, port uint16) (net.Conn, 
 			}
 			continue
 		}
-		d := net.Dialer{Control: func(network, address string, _ syscall.RawConn) error {
-			ap, err := netip.ParseAddrPort(address)
-			if err != nil {
-				return err
-			}
-			if err := s.guard.Check(ap.Addr(), ap.Port()); err != nil {
-				return &blockedError{host: host, ip: netguard.Unwrap(ap.Addr()), err: err}
+		d := net.Dialer{Control: func(_, address string, _ syscall.RawConn) error {
+			if err := s.guard.CheckAddr(address); err != nil {
+				b := &blockedError{host: host, err: err}
+				var be *netguard.BlockedError
+				if errors.As(err, &be) {
+					b.ip = be.Addr
+				}
+				return b
 			}
 			return nil
 		}}
@@ -92,7 +109,8 @@ func (s *Server) dial(ctx context.Context, host string, port uint16) (net.Conn, 
 }
 
 // splitHostPort splits an authority; def is the port when there is none
-// (0: required). The port must be 1-65535.
+// (0: required). The port must be 1-65535; a host with a zone ("%", as
+// in "[::%25x]" once unescaped) is a bad authority.
 func splitHostPort(authority string, def uint16) (string, uint16, error) {
 	host, ps, err := net.SplitHostPort(authority)
 	if err != nil {
@@ -102,7 +120,7 @@ func splitHostPort(authority string, def uint16) (string, uint16, error) {
 		host, ps = strings.Trim(authority, "[]"), strconv.Itoa(int(def))
 	}
 	p, err := strconv.ParseUint(ps, 10, 16)
-	if err != nil || p == 0 || host == "" {
+	if err != nil || p == 0 || host == "" || strings.ContainsRune(host, '%') {
 		return "", 0, fmt.Errorf("bad authority %q", authority)
 	}
 	return strings.ToLower(host), uint16(p), nil

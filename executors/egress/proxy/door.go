@@ -5,11 +5,15 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // door is one VM's set of doors and everything open through them.
@@ -23,12 +27,13 @@ type door struct {
 	srv       *http.Server
 	transport *http.Transport // forward requests and intercepted tunnels
 	sem       chan struct{}
+	nl        *netlink.Handle // a TCP door's: the Server's, for hostPeer's route lookups
 
 	mu        sync.Mutex
 	closed    bool
 	conns     map[net.Conn]struct{} // hijacked and SOCKS5 connections
 	flows     map[*flow]struct{}
-	sandboxes map[string]bool // every sandbox served, for Meter.Close
+	sandboxes map[string]bool // every sandbox served, for the Server's settle
 	wg        sync.WaitGroup
 	stop      chan struct{}
 }
@@ -56,6 +61,11 @@ func (s *Server) openDoor(vm string, spec Doors) (*door, error) {
 	}
 	var binds []bind
 	if spec.TCP.IsValid() {
+		nl, err := s.routes()
+		if err != nil {
+			return nil, fmt.Errorf("door %s: netlink: %w", spec.TCP, err)
+		}
+		d.nl = nl
 		binds = append(binds, bind{"tcp", spec.TCP.String(), false, true})
 	}
 	if spec.HTTPSocket != "" {
@@ -117,8 +127,13 @@ func (d *door) accept(ln net.Listener, socks, sniff bool) {
 	}
 }
 
-// sniff sends a TCP door's connection to SOCKS5 (first byte 5) or HTTP.
+// sniff sends a TCP door's connection to SOCKS5 (first byte 5) or HTTP;
+// one from the host itself is closed unread.
 func (d *door) sniff(c *trackedConn) {
+	if d.hostPeer(c.Conn) {
+		c.Close()
+		return
+	}
 	_ = c.SetReadDeadline(time.Now().Add(d.s.cfg.Timeout))
 	br := bufio.NewReader(c.Conn)
 	b, err := br.Peek(1)
@@ -133,6 +148,25 @@ func (d *door) sniff(c *trackedConn) {
 		return
 	}
 	d.httpConns.push(c)
+}
+
+// hostPeer reports whether a TCP door's connection comes from the host
+// itself: its peer address is local (or cannot be told). The listener's
+// device binding keeps out what arrives on another interface, but the
+// kernel delivers a host-local connection to the bridge's address as if
+// it came in on the bridge; its source, though, is one of the host's own
+// addresses, never a guest's.
+func (d *door) hostPeer(c net.Conn) bool {
+	ta, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return true
+	}
+	rs, err := d.nl.RouteGet(ta.IP)
+	if err != nil || len(rs) == 0 {
+		d.s.log.Warn().Err(err).Str("vm", d.vm).Str("peer", ta.IP.String()).Msg("door: cannot tell where a connection comes from; closed")
+		return true
+	}
+	return rs[0].Type == unix.RTN_LOCAL
 }
 
 // track registers a connection that the HTTP server no longer owns
@@ -153,7 +187,7 @@ func (d *door) untrack(c net.Conn) {
 	d.mu.Unlock()
 }
 
-// served notes a sandbox this door served, for Meter.Close.
+// served notes a sandbox this door served, for the Server's settle.
 func (d *door) served(sandbox string) {
 	d.mu.Lock()
 	d.sandboxes[sandbox] = true
@@ -161,13 +195,14 @@ func (d *door) served(sandbox string) {
 }
 
 // close ends the doors: listeners, the HTTP server and its connections,
-// every tunnel; the flows' last bytes are reported, then, when final (the
-// VM stopped), Meter.Close for every sandbox the doors served.
-func (d *door) close(final bool) {
+// every tunnel; the flows' last bytes are reported. It returns every
+// sandbox the doors served (nil when already closed), whose accounting
+// the Server settles.
+func (d *door) close() map[string]bool {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return
+		return nil
 	}
 	d.closed = true
 	conns := make([]net.Conn, 0, len(d.conns))
@@ -196,12 +231,7 @@ func (d *door) close(final bool) {
 	for _, f := range flows {
 		d.report(f)
 	}
-	if !final {
-		return
-	}
-	for sb := range sbs {
-		d.s.met.Close(sb)
-	}
+	return sbs
 }
 
 // flow counts the payload bytes of one request or tunnel.
@@ -233,7 +263,7 @@ func (d *door) report(f *flow) {
 	dtx, drx := tx-f.repTx, rx-f.repRx
 	f.repTx, f.repRx = tx, rx
 	d.mu.Unlock()
-	if dtx != 0 || drx != 0 {
+	if (dtx != 0 || drx != 0) && f.sandbox != "" {
 		d.s.met.Transfer(f.sandbox, dtx, drx)
 	}
 }

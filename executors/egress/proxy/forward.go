@@ -39,7 +39,7 @@ func unreachable(w http.ResponseWriter, err error) egress.Reason {
 	why, reason := "upstream unreachable", egress.ReasonUpstream
 	var b *blockedError
 	if errors.As(err, &b) {
-		why, reason = fmt.Sprintf("upstream unreachable: blocked internal address %s", b.ip), egress.ReasonInternal
+		why, reason = fmt.Sprintf("upstream unreachable: blocked internal address %s", b.addr()), egress.ReasonInternal
 	}
 	http.Error(w, "egress: "+why, http.StatusBadGateway)
 	return reason
@@ -79,7 +79,7 @@ func (d *door) forward(w http.ResponseWriter, r *http.Request, sb string, known 
 	host, port, err := splitHostPort(r.URL.Host, def)
 	if err != nil {
 		d.s.record(sb, doorHTTP, egress.Decision{Reason: ReasonBadRequest})
-		denied(w, r.URL.Host)
+		http.Error(w, "egress: bad authority in the request URI", http.StatusBadRequest)
 		return
 	}
 	dec := egress.Decide(d.s.policy(sb, known), host, r.Method, port)
@@ -95,8 +95,20 @@ func (d *door) forward(w http.ResponseWriter, r *http.Request, sb string, known 
 		out.Host = ""
 	}
 	stripHop(out.Header)
-	d.inject(out, sb, dec.Secret)
+	if d.inject(out, sb, dec.Secret) != "" && echoes(out.Method) {
+		d.refuseEcho(w, sb, doorHTTP, host, dec)
+		return
+	}
 	d.roundTrip(w, out, sb, doorHTTP, dec)
+}
+
+// refuseEcho refuses a request that would carry an injected secret or
+// credential and whose answer echoes it (TRACE, TRACK): 403, as a policy
+// refusal, counted as secret_echo.
+func (d *door) refuseEcho(w http.ResponseWriter, sb, doorName, host string, dec egress.Decision) {
+	dec.Allow, dec.Reason = false, ReasonEcho
+	d.s.record(sb, doorName, dec)
+	denied(w, host)
 }
 
 // inject sets the rule's secret on the request toward the destination and

@@ -80,27 +80,44 @@ func (in *inner) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.URL.Scheme = "https"
-	out.URL.Host = in.host
-	if in.port != 443 {
-		out.URL.Host = net.JoinHostPort(in.host, strconv.Itoa(int(in.port)))
-	}
+	// Always host:port, so an IPv6 literal is bracketed: a bare
+	// "2001:db8::1:8080" would be read as port 8080 of another address.
+	out.URL.Host = net.JoinHostPort(in.host, strconv.Itoa(int(in.port)))
 	// The guest's Host stays when it names the tunnel's host (signatures
-	// over it survive); anything else is the tunnel's.
-	if h, _, err := net.SplitHostPort(r.Host); (err == nil && !strings.EqualFold(h, in.host)) || (err != nil && !strings.EqualFold(r.Host, in.host)) {
-		out.Host = ""
+	// over it survive); anything else is the tunnel's, without the port
+	// when it is 443 (as a client writes it).
+	if !strings.EqualFold(authorityHost(r.Host), in.host) {
+		out.Host = out.URL.Host
+		if in.port == 443 {
+			out.Host = strings.TrimSuffix(out.URL.Host, ":443")
+		}
 	}
 	stripHop(out.Header)
 	set := d.inject(out, in.sb, dec.Secret)
-	d.injectCredentials(out, in.sb, in.host, set)
+	if n := d.injectCredentials(out, in.sb, in.host, set); (set != "" || n > 0) && echoes(out.Method) {
+		d.refuseEcho(w, in.sb, doorInner, in.host, dec)
+		return
+	}
 	d.roundTrip(w, out, in.sb, doorInner, dec)
+}
+
+// authorityHost is the host of a Host header: without its port and, for
+// an IPv6 literal, its brackets.
+func authorityHost(authority string) string {
+	if h, _, err := net.SplitHostPort(authority); err == nil {
+		return h
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(authority, "["), "]")
 }
 
 // injectCredentials sets the claim's header credentials for host on out,
 // in name order (the old daemon's): one with a placeholder only where the
 // guest sent exactly the placeholder, and none over a header an earlier
 // injection set (secretHeader, the rule's secret; an earlier credential).
-func (d *door) injectCredentials(out *http.Request, sb, host, secretHeader string) {
+// It returns how many it set.
+func (d *door) injectCredentials(out *http.Request, sb, host, secretHeader string) int {
 	set := map[string]bool{secretHeader: true}
+	n := 0
 	for _, c := range d.s.credentials(sb, host) {
 		if c.Inject.Header == "" {
 			continue // a query credential: not injected by this proxy
@@ -111,7 +128,9 @@ func (d *door) injectCredentials(out *http.Request, sb, host, secretHeader strin
 		}
 		out.Header.Set(k, c.Value)
 		set[k] = true
+		n++
 	}
+	return n
 }
 
 // readAhead is a connection whose first bytes were read into r.

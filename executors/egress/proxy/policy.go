@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"strings"
+
 	"github.com/sbxlog/sbxlog/executors/egressmeter"
 	"github.com/sbxlog/sbxlog/fsm/egress"
 )
@@ -11,7 +13,15 @@ import (
 const (
 	ReasonNoSocks    egress.Reason = "no_socks"    // SOCKS5 on a sandbox whose policy does not opt in
 	ReasonBadRequest egress.Reason = "bad_request" // not a proxy request (relative URI, bad authority)
+	ReasonEcho       egress.Reason = "secret_echo" // TRACE or TRACK with a secret or credential to inject: its echo would hand it to the guest
 )
+
+// echoes reports whether method is one whose answer echoes the request
+// back (TRACE, and IIS's TRACK), headers included. HTTP methods are
+// case-sensitive, but servers are lenient, so the match is not.
+func echoes(method string) bool {
+	return strings.EqualFold(method, "TRACE") || strings.EqualFold(method, "TRACK")
+}
 
 // Policies is what the proxy asks of the node's egress state, per request
 // or tunnel, so a change applies to the next one; the decisions themselves
@@ -43,7 +53,8 @@ type Meter interface {
 	Decision(sandbox, door string, d egress.Decision)
 	// Transfer adds payload bytes: tx guest to destination, rx back.
 	Transfer(sandbox string, tx, rx int64)
-	// Close: the sandbox's doors closed; its last record is due.
+	// Close: the sandbox's accounting ended (its VM's doors closed and the
+	// VM serves it no more); its last record is due.
 	Close(sandbox string)
 }
 

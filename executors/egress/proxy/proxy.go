@@ -6,8 +6,12 @@
 // it stops, never on a claim):
 //   - a `net: egress` VM's TCP door on its tap's host address (the egress
 //     bridge's), on the VM's own port, which the tap's nftables lock is the
-//     only thing admitting (executors/egress/nft); HTTP and SOCKS5 share it,
-//     told apart by the first byte (0x05 is SOCKS5's version);
+//     only thing admitting among what crosses the bridge
+//     (executors/egress/nft); the listener is bound to the device holding
+//     the address (SO_BINDTODEVICE: the bridge), so nothing arriving
+//     elsewhere reaches it (a host-local process through lo, a neighbour
+//     routing the bridge's address through an uplink); HTTP and SOCKS5
+//     share it, told apart by the first byte (0x05 is SOCKS5's version);
 //   - a `net: none` VM's vsock doors: the unix sockets <vsock socket>_2049
 //     (HTTP) and <vsock socket>_2050 (SOCKS5), where Cloud Hypervisor's
 //     hybrid vsock delivers the guest's connections to CID 2 ports 2049 and
@@ -18,7 +22,8 @@
 // What a door serves (the old daemon's contract), each request or tunnel
 // decided by fsm/egress over the sandbox's effective policy as
 // Policies.Policy reads it at that moment:
-//   - HTTP forward requests (absolute-form URI; 400 otherwise), decided by
+//   - HTTP forward requests (absolute-form URI with a valid authority; 400
+//     otherwise), decided by
 //     egress.Decide with the URL's port (or the scheme's); an https URL is
 //     re-originated over verified TLS. Hop-by-hop headers are stripped both
 //     ways, the rule's secret injected as its header, the body streamed.
@@ -33,23 +38,38 @@
 //     names resolved host-side; never intercepted.
 //
 // Answers: a refusal by the policy is 403 "egress denied: <host>" (SOCKS5
-// reply 0x02); a destination the guard refuses, or one that cannot be
-// reached, is 502 "egress: upstream unreachable: <why>" (SOCKS5 0x04).
-// The proxy resolves names itself and the node's guard (Config.Guard,
-// executors/netguard) sees every address it connects to, inside the
-// dialer's Control hook, so a name that resolves (or rebinds) to an
-// internal address is refused whatever the policy said, and no packet
-// leaves toward it.
+// reply 0x02), and so is a CONNECT whose authority is not host:port; a
+// destination the guard refuses, or one that cannot be reached, is 502
+// "egress: upstream unreachable: <why>" (SOCKS5 0x04). A host with an
+// IPv6 zone ("[::%25x]") is a bad authority (400 forward, 403 CONNECT;
+// SOCKS5 0x04 from the guard): a zone names a link, and the guard refuses
+// every zoned address besides. The proxy resolves names itself and the
+// node's guard (Config.Guard, executors/netguard) sees every address it
+// connects to, inside the dialer's Control hook, so a name that resolves
+// (or rebinds) to an internal address is refused whatever the policy
+// said, and no packet leaves toward it.
 //
-// Every decision is counted (Counts) and handed to the Meter with its door;
-// payload bytes go to Meter.Transfer at the end of each request and tunnel
-// and every 10 s of a long tunnel, so the meter aggregates per sandbox and
-// nothing records one line per request. Policies are asked per request or
-// tunnel: a policy change applies to the next one.
+// Every decision is counted (Counts) and, when its VM serves a sandbox,
+// handed to the Meter with its door; payload bytes go to Meter.Transfer at
+// the end of each request and tunnel and every 10 s of a long tunnel, so
+// the meter aggregates per sandbox and nothing records one line per
+// request. A sandbox's accounting is closed (Meter.Close) when its VM's
+// doors close and the VM no longer serves it (a release or a destroy, as
+// Policies.SandboxOfVM says then): doors closed for a hibernate or a
+// process stop leave it open. Policies are asked per request or tunnel: a
+// policy change applies to the next one.
 //
 // Secrets and credentials are looked up per request (Policies.SecretsFor,
 // Credentials) and set on the request toward the destination only: nothing
-// the guest receives carries them.
+// the guest receives carries them. A TRACE or TRACK request (whose answer
+// echoes the request, headers included) that would carry one is refused
+// (403, counted secret_echo), forward and intercepted alike. A rule's
+// secret is injected into a plain http:// forward request too, as the old
+// daemon did and its clients rely on: the value then crosses the network
+// between the node and the destination in the clear (never the guest's
+// side of the door), so a rule carrying a secret should name a
+// destination reached over https (an https URL, or an intercepted
+// CONNECT, both re-originated over verified TLS).
 package proxy
 
 import (
@@ -63,9 +83,12 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxlog/sbxlog/executors/netguard"
 	"github.com/sbxlog/sbxlog/fsm/egress"
@@ -122,6 +145,12 @@ type Server struct {
 
 	mu    sync.Mutex
 	doors map[string]*door
+	// unsettled are, per VM, the sandboxes its closed doors served whose
+	// accounting is not closed: the VM still served them (a hibernate, a
+	// restart), so the Meter.Close is due when its doors close once it
+	// no longer does (settle).
+	unsettled map[string]map[string]bool
+	nl        *netlink.Handle // route lookups of the TCP doors (routes)
 
 	counts sync.Map // countKey -> *atomic.Uint64
 }
@@ -151,7 +180,7 @@ func New(cfg Config) *Server {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
-	return &Server{cfg: cfg, pol: cfg.Policies, met: cfg.Meter, guard: cfg.Guard, log: cfg.Log.With().Str("component", "egress-proxy").Logger(), doors: map[string]*door{}}
+	return &Server{cfg: cfg, pol: cfg.Policies, met: cfg.Meter, guard: cfg.Guard, log: cfg.Log.With().Str("component", "egress-proxy").Logger(), doors: map[string]*door{}, unsettled: map[string]map[string]bool{}}
 }
 
 // Doors are one VM's doors; a zero field is not opened.
@@ -185,9 +214,9 @@ func (s *Server) Open(vm string, d Doors) error {
 	}
 	s.mu.Lock()
 	if cur := s.doors[vm]; cur != nil {
-		// A concurrent Open won: keep its doors.
+		// A concurrent Open won: keep its doors (these served nothing).
 		s.mu.Unlock()
-		dr.close(false)
+		dr.close()
 		return nil
 	}
 	s.doors[vm] = dr
@@ -196,15 +225,59 @@ func (s *Server) Open(vm string, d Doors) error {
 }
 
 // CloseDoors closes vm's doors and every connection through them; their
-// sandboxes' bytes are reported and the meter told they closed.
+// sandboxes' bytes are reported. The meter is told a sandbox closed
+// (Meter.Close, its final record) only once vm no longer serves it (a
+// release, a destroy: Policies.SandboxOfVM says so as the doors close);
+// a VM that still serves it (a hibernate, a restart) keeps its
+// accounting open, and a later CloseDoors of the VM, its doors open
+// again or not (a hibernated claim released), closes it.
 func (s *Server) CloseDoors(vm string) {
 	s.mu.Lock()
 	d := s.doors[vm]
 	delete(s.doors, vm)
 	s.mu.Unlock()
+	var served map[string]bool
 	if d != nil {
-		d.close(true)
+		served = d.close()
 	}
+	s.settle(vm, served)
+}
+
+// settle closes the accounting of the sandboxes vm's doors served (now,
+// and before) that vm no longer serves.
+func (s *Server) settle(vm string, served map[string]bool) {
+	s.mu.Lock()
+	sbs := s.unsettled[vm]
+	delete(s.unsettled, vm)
+	s.mu.Unlock()
+	if sbs == nil {
+		sbs = map[string]bool{}
+	}
+	for sb := range served {
+		sbs[sb] = true
+	}
+	if len(sbs) == 0 {
+		return
+	}
+	cur, live := s.pol.SandboxOfVM(vm)
+	for sb := range sbs {
+		if live && sb == cur {
+			continue
+		}
+		delete(sbs, sb)
+		s.met.Close(sb)
+	}
+	if len(sbs) == 0 {
+		return
+	}
+	s.mu.Lock()
+	if cur := s.unsettled[vm]; cur != nil {
+		for sb := range cur {
+			sbs[sb] = true
+		}
+	}
+	s.unsettled[vm] = sbs
+	s.mu.Unlock()
 }
 
 // Close closes every door as the process stops: the bytes in flight are
@@ -219,8 +292,30 @@ func (s *Server) Close() {
 	}
 	s.mu.Unlock()
 	for _, d := range ds {
-		d.close(false)
+		d.close()
 	}
+	s.mu.Lock()
+	if s.nl != nil {
+		s.nl.Close()
+		s.nl = nil
+	}
+	s.mu.Unlock()
+}
+
+// routes is the netlink handle the TCP doors look their peers up with,
+// made on the first one's Open, in the network namespace Open runs in:
+// every door of a Server is in one (the egress bridge's).
+func (s *Server) routes() (*netlink.Handle, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nl == nil {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return nil, err
+		}
+		s.nl = h
+	}
+	return s.nl, nil
 }
 
 // OpenDoors reports vm's open doors.
@@ -286,7 +381,10 @@ func (s *Server) Counts() []Count {
 	return out
 }
 
-// record counts a decision and hands it to the meter.
+// record counts a decision and hands it to the meter when it is a
+// sandbox's: a VM that serves none (warm, or released with its doors
+// still open) has nothing to account, and a record of claim "" would be
+// refused by the log.
 func (s *Server) record(sandbox, doorName string, d egress.Decision) {
 	outcome := "allow"
 	if !d.Allow {
@@ -301,10 +399,13 @@ func (s *Server) record(sandbox, doorName string, d egress.Decision) {
 		v, _ = s.counts.LoadOrStore(k, new(atomic.Uint64))
 	}
 	v.(*atomic.Uint64).Add(1)
-	s.met.Decision(sandbox, doorName, d)
+	if sandbox != "" {
+		s.met.Decision(sandbox, doorName, d)
+	}
 }
 
-// listen binds one door: a unix socket (a stale file removed first) or TCP.
+// listenDoor binds one door: a unix socket (a stale file removed first)
+// or TCP, bound to the device that holds the door's address.
 func listenDoor(network, addr string) (net.Listener, error) {
 	if network == "unix" {
 		if err := os.Remove(addr); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -317,5 +418,54 @@ func listenDoor(network, addr string) (net.Listener, error) {
 		ln.SetUnlinkOnClose(true)
 		return ln, nil
 	}
-	return net.Listen(network, addr)
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("door %s: %w", addr, err)
+	}
+	dev, err := deviceOf(ap.Addr())
+	if err != nil {
+		return nil, fmt.Errorf("door %s: %w", addr, err)
+	}
+	// The nftables locks admit only a tap's guest to its door among what
+	// crosses the bridge; the binding keeps out what does not cross it: a
+	// host-local process (through lo) and a neighbour that routes the
+	// bridge's address through the host's uplink (Linux accepts a local
+	// address on any interface).
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev)
+		}); err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("bind to device %s: %w", dev, serr)
+		}
+		return nil
+	}}
+	return lc.Listen(context.Background(), network, addr)
+}
+
+// deviceOf is the interface that holds ip (the egress bridge for a lane's
+// door).
+func deviceOf(ip netip.Addr) (string, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "", err
+	}
+	want := ip.Unmap().WithZone("")
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			return "", err
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				if got, ok := netip.AddrFromSlice(n.IP); ok && got.Unmap() == want {
+					return ifc.Name, nil
+				}
+			}
+		}
+	}
+	return "", fmt.Errorf("no interface holds %s", ip)
 }

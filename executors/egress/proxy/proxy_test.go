@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -17,10 +18,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
@@ -38,7 +41,12 @@ const (
 // namespace's loopback; names resolve through a fixed table.
 var (
 	upstreamIP = netip.MustParseAddr("93.184.0.10")
-	names      = map[string][]netip.Addr{
+	// upstream6 is a public-looking IPv6 upstream, on the host namespace's
+	// loopback for the tests that add it; hostGlobal6 a global address
+	// of the host's own (the guard knows it).
+	upstream6   = netip.MustParseAddr("2606:4700::10")
+	hostGlobal6 = netip.MustParseAddr("2a01:4f8::1")
+	names       = map[string][]netip.Addr{
 		"api.example.test":      {upstreamIP},
 		"evil.example.test":     {upstreamIP},
 		"late.example.test":     {upstreamIP},
@@ -93,7 +101,7 @@ func newEnv(t *testing.T) *env {
 	e.guest = e.lane.AddGuest(t, 1, "sbxtestproxy01", net.HardwareAddr{0x02, 1, 2, 3, 4, 5})
 	e.door = netip.AddrPortFrom(e.lane.HostAddr, 20001)
 	// The guard knows the host's own addresses: the bridge's and another.
-	guard, err := netguard.New(nil, []netip.Addr{e.lane.HostAddr, upstreamIP.Next()})
+	guard, err := netguard.New(nil, []netip.Addr{e.lane.HostAddr, upstreamIP.Next(), hostGlobal6})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,6 +324,21 @@ func TestPolicyChangeNextConnection(t *testing.T) {
 	if st, _ := get(t, c, "http://api.example.test/"); st != 403 {
 		t.Fatalf("warm VM: %d", st)
 	}
+	// Its refusal is counted, but the meter hears of no sandbox "".
+	e.meter.mu.Lock()
+	defer e.meter.mu.Unlock()
+	for _, d := range e.meter.decisions {
+		if !strings.HasPrefix(d, testSandbox+" ") {
+			t.Fatalf("meter decisions %v", e.meter.decisions)
+		}
+	}
+	counts := map[string]uint64{}
+	for _, c := range e.srv.Counts() {
+		counts[c.Door+" "+c.Outcome] = c.N
+	}
+	if counts["http no_policy"] != 1 {
+		t.Fatalf("decision counts %v", counts)
+	}
 }
 
 // TestSecretInjection is acceptance 4's proxy half: the host-held secret
@@ -533,7 +556,7 @@ func TestSocks(t *testing.T) {
 
 // TestMeterAggregates: decisions reach the meter with their doors; bytes
 // reach it as totals per sandbox (a few Transfer calls, not one per read),
-// and closing the doors closes the sandbox's record.
+// and closing the doors of a released sandbox closes its record.
 func TestMeterAggregates(t *testing.T) {
 	e := newEnv(t)
 	e.pol.setRules(testSandbox, rule{host: "api.example.test"})
@@ -544,6 +567,9 @@ func TestMeterAggregates(t *testing.T) {
 		}
 	}
 	get(t, c, "http://evil.example.test/")
+	e.pol.mu.Lock()
+	delete(e.pol.sandboxOf, testVM) // released
+	e.pol.mu.Unlock()
 	e.srv.CloseDoors(testVM)
 	m := e.meter
 	m.mu.Lock()
@@ -621,6 +647,12 @@ func TestCAPersists(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(dir, CAKeyFile)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("key file %v %v", fi, err)
 	}
+	if fi, err := os.Stat(filepath.Join(dir, CACertFile)); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("certificate file %v %v", fi, err)
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 2 {
+		t.Fatalf("the CA dir holds %v (%v), want the two files only", ents, err)
+	}
 	leaf, err := b.Leaf("api.example.test")
 	if err != nil {
 		t.Fatal(err)
@@ -630,5 +662,369 @@ func TestCAPersists(t *testing.T) {
 	}
 	if again, _ := b.Leaf("api.example.test"); again != leaf {
 		t.Fatal("leaf not cached")
+	}
+}
+
+// hostAddr gives the host namespace's loopback one more address.
+func (e *env) hostAddr(t *testing.T, ip netip.Addr) {
+	t.Helper()
+	e.lane.Host.MustDo(t, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		// No duplicate address detection, so the address can be bound at
+		// once; its local route still comes from the kernel's address
+		// work queue, so wait for it.
+		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}, Flags: unix.IFA_F_NODAD}); err != nil {
+			return err
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if rs, err := netlink.RouteGet(ip.AsSlice()); err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_LOCAL {
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("no local route to %s", ip)
+			}
+		}
+	})
+}
+
+// canary is a listener in the host namespace that counts what reaches it.
+func (e *env) canary(t *testing.T, addr string) *atomic.Int64 {
+	t.Helper()
+	ln, err := e.lane.Host.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var n atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			c.Close()
+		}
+	}()
+	return &n
+}
+
+// raw sends one request as the guest wrote it to its door and returns the
+// answer's status and body (none for a 200 to a CONNECT).
+func (e *env) raw(t *testing.T, req string) (int, string) {
+	t.Helper()
+	c, err := e.guest.DialContext(context.Background(), "tcp", e.door.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("%q: %v", req, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == 200 && strings.HasPrefix(req, "CONNECT ") {
+		return 200, ""
+	}
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestZonedHosts: a host with an IPv6 zone never reaches anything, whatever
+// the policy allows: not loopback through "::%x" (Linux connects :: to
+// loopback), not an internal address through a zoned NAT64 one, not the
+// host's own global address with a zone. CONNECT answers 403 and a
+// forward request 400 (a bad authority), SOCKS5 0x04 (the guard), and the
+// dialer refuses them itself.
+func TestZonedHosts(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox, rule{host: "*"})
+	e.pol.mu.Lock()
+	e.pol.socks[testSandbox] = true
+	e.pol.mu.Unlock()
+	e.hostAddr(t, hostGlobal6)
+	loop := e.canary(t, "[::1]:20901")
+	own := e.canary(t, "["+hostGlobal6.String()+"]:20902")
+	// Without a zone the host's own address is the guard's 502.
+	if st, body := e.raw(t, "CONNECT ["+hostGlobal6.String()+"]:20902 HTTP/1.1\r\nHost: ["+hostGlobal6.String()+"]:20902\r\n\r\n"); st != 502 || !strings.Contains(body, "blocked internal address") {
+		t.Fatalf("CONNECT to the host's own address: %d %q", st, body)
+	}
+	for _, tc := range []struct {
+		authority string
+		port      uint16
+	}{
+		{"[::%25x]:20901", 20901},
+		{"[::1%25lo]:20901", 20901},
+		{"[64:ff9b::a00:1%25x]:80", 80},     // 10.0.0.1
+		{"[64:ff9b::a4d:1%25x]:8080", 8080}, // 10.77.0.1, the bridge
+		{"[" + hostGlobal6.String() + "%25lo]:20902", 20902},
+		{"[" + upstream6.String() + "%25eth0]:443", 443},
+	} {
+		if st, body := e.raw(t, "CONNECT "+tc.authority+" HTTP/1.1\r\nHost: "+tc.authority+"\r\n\r\n"); st != 403 {
+			t.Errorf("CONNECT %s: %d %q, want 403", tc.authority, st, body)
+		}
+		if st, body := e.raw(t, "GET http://"+tc.authority+"/ HTTP/1.1\r\nHost: "+tc.authority+"\r\n\r\n"); st != 400 {
+			t.Errorf("GET http://%s/: %d %q, want 400", tc.authority, st, body)
+		}
+	}
+	for _, host := range []string{"::%x", "::1%lo", "64:ff9b::a00:1%x", hostGlobal6.String() + "%lo"} {
+		c, err := e.guest.DialContext(context.Background(), "tcp", e.door.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := socks5(t, c, host, 20901); code != socksUnreachable {
+			t.Errorf("SOCKS5 to %s: reply %d, want %d", host, code, socksUnreachable)
+		}
+		c.Close()
+		if _, err := e.srv.dial(context.Background(), host, 20901); !isBlocked(err) {
+			t.Errorf("dial %s: %v, want blocked", host, err)
+		}
+	}
+	if n, m := loop.Load(), own.Load(); n != 0 || m != 0 {
+		t.Fatalf("a zoned host reached loopback %d times, the host's own address %d times", n, m)
+	}
+	counts := map[string]uint64{}
+	for _, c := range e.srv.Counts() {
+		counts[c.Door+" "+c.Outcome] = c.N
+	}
+	if counts["http bad_request"] != 6 || counts["connect bad_request"] != 6 {
+		t.Fatalf("decision counts %v", counts)
+	}
+}
+
+// TestInterceptIPv6Literal: an intercepted tunnel to an IPv6 literal on
+// 443 reaches that address and port (the URL toward it is bracketed).
+func TestInterceptIPv6Literal(t *testing.T) {
+	e := newEnv(t)
+	e.hostAddr(t, upstream6)
+	ln, err := e.lane.Host.Listen("tcp", netip.AddrPortFrom(upstream6, 443).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := e.up.ca.Leaf(upstream6.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: e.up}
+	go hs.Serve(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*leaf}}))
+	t.Cleanup(func() { hs.Close() })
+	e.pol.setRules(testSandbox, rule{host: upstream6.String(), secret: "gh", intercept: egress.InterceptAlways})
+	resp, err := e.client(nil).Get("https://[" + upstream6.String() + "]/v6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "hello ["+upstream6.String()+"]" {
+		t.Fatalf("intercepted IPv6 literal: %d %q", resp.StatusCode, b)
+	}
+	if resp.TLS.PeerCertificates[0].Issuer.CommonName != "test node CA" {
+		t.Fatalf("not intercepted: issuer %q", resp.TLS.PeerCertificates[0].Issuer.CommonName)
+	}
+	if got := e.up.last().Get("Authorization"); got != "Bearer "+testSecret {
+		t.Fatalf("upstream got Authorization %q", got)
+	}
+}
+
+// TestDoorOnlyFromTheBridge: a TCP door serves only what crosses the
+// bridge: a LAN neighbour routing the bridge's address through the
+// host's uplink does not reach it (the listener is bound to the bridge),
+// a host-local process connects but is closed unserved (the kernel
+// delivers it as if from the bridge; its source is the host's), while a
+// plain service on the same address serves both and the guest is still
+// served by its door.
+func TestDoorOnlyFromTheBridge(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox, rule{host: "api.example.test"})
+	lan := netnstest.New(t, "lan")
+	netnstest.Veth(t, e.lane.Host, "uplink0", lan, "eth0")
+	e.lane.Host.AddrAdd(t, "uplink0", netip.MustParsePrefix("198.51.100.1/24"))
+	lan.AddrAdd(t, "eth0", netip.MustParsePrefix("198.51.100.2/24"))
+	lan.RouteDefault(t, netip.MustParseAddr("198.51.100.1"))
+	// served sends a proxy request to addr from ns: the status, or the
+	// error of the connect or of the read.
+	served := func(ns *netnstest.NS, addr string, local netip.Addr) (int, error) {
+		// A refused SYN from a host address other than the door's is
+		// dropped, not reset: the connect times out.
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		var c net.Conn
+		err := ns.Do(func() error {
+			d := net.Dialer{}
+			if local.IsValid() {
+				d.LocalAddr = &net.TCPAddr{IP: local.AsSlice()}
+			}
+			var err error
+			c, err = d.DialContext(ctx, "tcp", addr)
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := io.WriteString(c, "GET http://api.example.test/ HTTP/1.1\r\nHost: api.example.test\r\n\r\n"); err != nil {
+			return 0, err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	svc := netip.AddrPortFrom(e.lane.HostAddr, 8080).String() // the API stand-in, on the bridge's address
+	for _, tc := range []struct {
+		ns    *netnstest.NS
+		local netip.Addr
+	}{
+		{e.lane.Host, netip.Addr{}},
+		{e.lane.Host, netip.MustParseAddr("127.0.0.1")},
+		{e.lane.Host, netip.MustParseAddr("198.51.100.1")},
+		{lan, netip.Addr{}},
+	} {
+		if _, err := served(tc.ns, svc, tc.local); err != nil {
+			t.Fatalf("%s from %v: the bridge's address serves nothing at all (%v): the test proves nothing", tc.ns.Name, tc.local, err)
+		}
+		if st, err := served(tc.ns, e.door.String(), tc.local); err == nil {
+			t.Errorf("%s from %v: the door %s answered %d", tc.ns.Name, tc.local, e.door, st)
+		}
+	}
+	if st, body := get(t, e.client(nil), "http://api.example.test/"); st != 200 || body != "hello api.example.test" {
+		t.Fatalf("the guest through its door: %d %q", st, body)
+	}
+}
+
+// TestSecretEcho: TRACE and TRACK, whose answers echo the request with its
+// headers, are refused (403, secret_echo) wherever a rule's secret or a
+// claim credential would be injected, forward and intercepted, and never
+// reach the upstream; with nothing to inject they pass.
+func TestSecretEcho(t *testing.T) {
+	e := newEnv(t)
+	e.pol.setRules(testSandbox,
+		rule{host: "plain.example.test", secret: "gh"},
+		rule{host: "secret.example.test", secret: "gh", intercept: egress.InterceptAlways},
+		rule{host: "api.example.test", intercept: egress.InterceptInject},
+		rule{host: "late.example.test"})
+	e.pol.mu.Lock()
+	e.pol.creds[testSandbox] = []egress.Credential{{Name: "API_KEY", Value: "claim-cred-echo", Inject: egress.EnvInject{Hosts: []string{"api.example.test"}, Header: "X-Api-Key"}}}
+	e.pol.mu.Unlock()
+	c := e.client(nil)
+	seen := func() int {
+		e.up.mu.Lock()
+		defer e.up.mu.Unlock()
+		return len(e.up.seen)
+	}
+	do := func(method, u string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, u, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, u, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, m := range []string{"TRACE", "TRACK", "trace"} {
+		for _, u := range []string{"http://plain.example.test/", "https://secret.example.test/", "https://api.example.test/"} {
+			before := seen()
+			if st := do(m, u); st != 403 || seen() != before {
+				t.Errorf("%s %s: %d, the upstream got %d requests; want 403 and none", m, u, st, seen()-before)
+			}
+		}
+		if st := do(m, "http://late.example.test/"); st != 200 {
+			t.Errorf("%s without a secret: %d", m, st)
+		}
+	}
+	// The same hosts serve other methods with the injection.
+	if st := do("GET", "https://api.example.test/"); st != 200 || e.up.last().Get("X-Api-Key") != "claim-cred-echo" {
+		t.Fatalf("GET with the credential: %d", st)
+	}
+	counts := map[string]uint64{}
+	for _, c := range e.srv.Counts() {
+		counts[c.Door+" "+c.Outcome] = c.N
+	}
+	if counts["http secret_echo"] != 3 || counts["inner secret_echo"] != 6 {
+		t.Fatalf("decision counts %v", counts)
+	}
+}
+
+// TestMeterFinalOnlyAtRelease: doors closed while the VM still serves its
+// sandbox (a hibernate) leave its accounting open, across doors opened
+// again (the wake); the doors' close after the release closes it, once,
+// and so does the destroy of a VM released while its doors were closed
+// (a hibernated claim released). A process stop closes nothing.
+func TestMeterFinalOnlyAtRelease(t *testing.T) {
+	pol, met := newFakePolicies(), newFakeMeter()
+	s := New(Config{Policies: pol, Meter: met})
+	t.Cleanup(s.Close)
+	const vm2, sb2 = "vm-0000000000000002", "sb_0000000000000002"
+	pol.sandboxOf[testVM], pol.sandboxOf[vm2] = testSandbox, sb2
+	pol.setRules(testSandbox)
+	pol.setRules(sb2)
+	dir := t.TempDir()
+	serve := func(vm string) {
+		t.Helper()
+		vs := filepath.Join(dir, vm)
+		if err := s.Open(vm, VsockDoors(vs)); err != nil {
+			t.Fatal(err)
+		}
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: "door"}),
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "unix", vs+"_2049")
+			},
+		}}
+		if st, _ := get(t, hc, "http://api.example.test/"); st != 403 {
+			t.Fatalf("%s: %d", vm, st)
+		}
+	}
+	closed := func() []string {
+		met.mu.Lock()
+		defer met.mu.Unlock()
+		return append([]string(nil), met.closed...)
+	}
+	release := func(vm string) {
+		pol.mu.Lock()
+		delete(pol.sandboxOf, vm)
+		pol.mu.Unlock()
+	}
+	serve(testVM)
+	serve(vm2)
+	s.CloseDoors(testVM) // hibernate
+	s.CloseDoors(vm2)
+	if got := closed(); len(got) != 0 {
+		t.Fatalf("hibernate closed %v", got)
+	}
+	serve(testVM) // wake
+	release(testVM)
+	s.CloseDoors(testVM)
+	if got := closed(); len(got) != 1 || got[0] != testSandbox {
+		t.Fatalf("after the release: closed %v", got)
+	}
+	release(vm2) // released while hibernated: its doors stay closed
+	s.CloseDoors(vm2)
+	s.CloseDoors(testVM)
+	if got := closed(); len(got) != 2 || got[1] != sb2 {
+		t.Fatalf("after the hibernated release: closed %v", got)
+	}
+	// A process stop leaves the accounting of a live sandbox open.
+	const vm3, sb3 = "vm-0000000000000003", "sb_0000000000000003"
+	pol.mu.Lock()
+	pol.sandboxOf[vm3] = sb3
+	pol.mu.Unlock()
+	pol.setRules(sb3)
+	serve(vm3)
+	s.Close()
+	if got := closed(); len(got) != 2 {
+		t.Fatalf("a process stop closed %v", got)
 	}
 }
