@@ -58,7 +58,7 @@ func (n *Node) startEgress(metrics *api.Metrics) error {
 	if err != nil {
 		return fmt.Errorf("egress: %w", err)
 	}
-	meter := egressmeter.New(egressmeter.Options{Every: ec.UsageEvery, Observer: metrics, Record: n.recordUsage})
+	meter := egressmeter.New(egressmeter.Options{Every: ec.UsageEvery, Observer: metrics, Record: n.recordUsage, Log: n.zl})
 	if n.Egress, err = egressview.New(n.Engine, egressview.Options{Key: n.EnvKey, Secrets: ec.Secrets, Getenv: ec.Getenv, Guard: guard, Meter: meter}); err != nil {
 		return fmt.Errorf("egress: %w", err)
 	}
