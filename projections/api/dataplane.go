@@ -16,7 +16,6 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
-	"github.com/sbxlog/sbxlog/projections/auth"
 	"github.com/sbxlog/sbxlog/projections/relay"
 )
 
@@ -245,29 +244,6 @@ func newRelayID() string {
 		panic("crypto/rand failed: " + err.Error())
 	}
 	return "rl_" + hex.EncodeToString(b[:])
-}
-
-// requireBearer is the data plane's first check: no bearer token is 401.
-func requireBearer(r *http.Request) error {
-	if auth.Bearer(r) == "" {
-		return errorf(http.StatusUnauthorized, "missing bearer token")
-	}
-	return nil
-}
-
-// sandboxCaller authenticates a data-plane request the old daemon's way: a
-// token that is not this sandbox's (another sandbox's, a tenant's, root's
-// where root is not accepted, a token of the sandbox's released claim) is
-// 404, like an unknown id. root reports a root token, when rootOK.
-func (s *Server) sandboxCaller(r *http.Request, rootOK bool) (root bool, err error) {
-	switch who := s.auth.Identify(auth.Bearer(r), r.PathValue("id"), s.tokenGen); {
-	case who.Kind == auth.Sandbox:
-		return false, nil
-	case who.Kind == auth.Root && rootOK:
-		return true, nil
-	}
-	// Unknown id or wrong token: indistinguishable by design.
-	return false, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
 }
 
 // guestReady returns claim's VM once the claim runs. A sandbox that is not

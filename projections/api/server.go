@@ -244,9 +244,11 @@ func (s *Server) register() {
 	add("GET", "/v1/sandboxes/{id}/env", "root|tenant", s.handleGetEnv, root, tenant)
 	add("PUT", "/v1/sandboxes/{id}/env", "root|tenant", s.handlePutEnv, root, tenant)
 	add("PATCH", "/v1/sandboxes/{id}/env", "root|tenant", s.handlePatchEnv, root, tenant)
-	add("GET", "/v1/sandboxes/{id}/agent", "sandbox", s.handleAgent)            // authenticates itself (agent.go)
-	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort) // authenticates itself (ports.go)
-	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec)             // authenticates itself (exec.go)
+	// The data plane: any caller it does not take is the old daemon's 404
+	// (hiddenRoutes), after the header and path checks it made first.
+	add("GET", "/v1/sandboxes/{id}/agent", "sandbox", s.handleAgent, sandbox)
+	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort, root, sandbox)
+	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec, sandbox)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
 	add("GET", "/v1/info", "root", s.handleInfo, root)
@@ -289,6 +291,7 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 	}
 	sort.Strings(methods)
 	allow := strings.Join(methods, ", ")
+	hidden, hides := hiddenRoutes[path]
 	return func(w http.ResponseWriter, r *http.Request) {
 		entry, ok := table[r.Method]
 		if !ok {
@@ -297,26 +300,32 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 			return
 		}
 		hasBody := r.ContentLength > 0 || (r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody)
-		// Authentication before the body: a caller without a valid token
-		// gets its 401/403 at once, and the connection is closed rather
-		// than drained, so a stalled body holds nothing.
+		// Authentication before the body, on every route: a caller without
+		// a valid token gets its 401/403/404 at once, and the connection is
+		// closed rather than drained, so a stalled body holds nothing.
 		var id auth.Identity
 		if len(entry.allow) > 0 {
 			bearer := auth.Bearer(r)
+			if hides && bearer != "" && hidden.pre != nil {
+				if err := hidden.pre(w, r); err != nil {
+					refuseBodyIf(hasBody, w, err)
+					return
+				}
+			}
 			id = s.auth.Identify(bearer, r.PathValue("id"), s.tokenGen)
-			if unknown, verb := sandboxVerbs[path]; verb && id.Kind == auth.Anonymous {
-				refuseBodyIf(hasBody, w, refuseSandboxCaller(bearer, unknown))
-				return
-			}
-			if id.Kind == auth.Anonymous {
-				refuseBodyIf(hasBody, w, errorf(http.StatusUnauthorized, "%s", errInvalidToken))
-				return
-			}
 			permitted := false
 			for _, k := range entry.allow {
 				permitted = permitted || k == id.Kind
 			}
-			if !permitted {
+			switch {
+			case permitted:
+			case hides:
+				refuseBodyIf(hasBody, w, refuseSandboxCaller(bearer, hidden.unknown))
+				return
+			case id.Kind == auth.Anonymous:
+				refuseBodyIf(hasBody, w, errorf(http.StatusUnauthorized, "%s", errInvalidToken))
+				return
+			default:
 				refuseBodyIf(hasBody, w, errorf(http.StatusForbidden, "%s", errOperatorOnly))
 				return
 			}

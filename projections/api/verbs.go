@@ -51,22 +51,38 @@ const (
 	errNotOwnedHere   = "not owned here"
 )
 
-// sandboxVerbs are the routes that answer callers as the old daemon's
-// sandbox verbs did, by path, with the 404 text of each: no bearer token is
-// 401 "missing bearer token" (even on a node without a root token), and a
-// token that is no credential for the sandbox named (a wrong or forgotten
-// sandbox token, another sandbox's) is the same 404 an unknown id gets, so
-// a client cannot tell an id that exists from one that does not.
-var sandboxVerbs = map[string]string{
-	"/v1/sandboxes/{id}/release":   errUnknownSandbox,
-	"/v1/sandboxes/{id}/hibernate": errUnknownSandbox,
-	"/v1/sandboxes/{id}/wake":      errUnknownSandbox,
-	"/v1/sandboxes/{id}/renew":     errUnknownSandbox,
-	"/v1/sandboxes/{id}/owner":     errNotOwnedHere,
+// hiddenRoute is how a route that hides which sandboxes exist answers a
+// caller it does not take.
+type hiddenRoute struct {
+	// unknown is the route's 404 text.
+	unknown string
+	// pre, when set, are the header and path checks the old daemon made
+	// before the token (an upgrade's 426, a port's 400): dispatch runs them
+	// for a caller with a bearer token, before authenticating it. They read
+	// no body.
+	pre func(w http.ResponseWriter, r *http.Request) error
 }
 
-// refuseSandboxCaller is dispatch's answer on a sandbox verb's route to a
-// caller it could not identify.
+// hiddenRoutes are the routes that answer callers as the old daemon's
+// sandbox verbs and data plane did, by path: no bearer token is 401
+// "missing bearer token" (even on a node without a root token), and a
+// token that is no credential for the sandbox named (a wrong or forgotten
+// sandbox token, another sandbox's, a kind the route does not take) is the
+// same 404 an unknown id gets, so a client cannot tell an id that exists
+// from one that does not.
+var hiddenRoutes = map[string]hiddenRoute{
+	"/v1/sandboxes/{id}/release":      {unknown: errUnknownSandbox},
+	"/v1/sandboxes/{id}/hibernate":    {unknown: errUnknownSandbox},
+	"/v1/sandboxes/{id}/wake":         {unknown: errUnknownSandbox},
+	"/v1/sandboxes/{id}/renew":        {unknown: errUnknownSandbox},
+	"/v1/sandboxes/{id}/owner":        {unknown: errNotOwnedHere},
+	"/v1/sandboxes/{id}/agent":        {unknown: errUnknownSandbox, pre: agentPre},
+	"/v1/sandboxes/{id}/ports/{port}": {unknown: errUnknownSandbox, pre: portPre},
+	"/v1/sandboxes/{id}/exec":         {unknown: errUnknownSandbox},
+}
+
+// refuseSandboxCaller is dispatch's answer on a hidden route to a caller
+// the route does not take.
 func refuseSandboxCaller(bearer, unknown string) error {
 	if bearer == "" {
 		return errorf(http.StatusUnauthorized, "missing bearer token")
