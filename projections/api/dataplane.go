@@ -358,15 +358,26 @@ func (d *dataPlane) open(r *http.Request, claim, kind string, port int, passive 
 			guest.Close()
 			return nil, err
 		}
-		_, err = d.s.eng.ProposeNew(ctx, func(m fsm.Meta) fsm.Command {
+		// Not cancelled with the request: a client that leaves during the
+		// fsync must not make a committed open look like a failed one.
+		_, err = d.s.eng.ProposeNew(context.WithoutCancel(ctx), func(m fsm.Meta) fsm.Command {
 			return fsm.OpenRelay{Meta: m, ID: id, Claim: claim, Kind: kind, Port: port, Passive: passive}
 		}, engine.Hooks{})
+		o := &opened{id: id, vm: vm, guest: guest, live: l}
 		if err == nil {
-			return &opened{id: id, vm: vm, guest: guest, live: l}, nil
+			return o, nil
+		}
+		guest.Close()
+		rej, isRej := fsm.AsRejection(err)
+		if !isRej {
+			// It may have committed (sync replication that did not
+			// acknowledge, a log that failed after the append): record it
+			// closed, a no-op for a relay that never opened.
+			d.close(o, relay.Result{Reason: "error"})
+			return nil, err
 		}
 		d.unregister(id)
-		guest.Close()
-		if rej, ok := fsm.AsRejection(err); !ok || rej.Code != fsm.InvalidTransition || attempt >= 3 {
+		if rej.Code != fsm.InvalidTransition || attempt >= 3 {
 			return nil, err
 		}
 	}

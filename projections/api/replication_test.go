@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -199,5 +200,81 @@ func TestWarmClaimAnsweredAfterConfirmation(t *testing.T) {
 	}
 	if count.Load() != 1 {
 		t.Fatalf("%d confirmations, want 1", count.Load())
+	}
+}
+
+// lingering is an engine that reports a committed OpenRelay as the local
+// engine does when its caller's context ends during the fsync: the events
+// with the context's error. It waits (bounded) for that context to end
+// after committing, and signals committed.
+type lingering struct {
+	eng       *engine.Engine
+	committed chan struct{}
+}
+
+var _ api.Engine = lingering{}
+
+func (l lingering) View(fn func(st *fsm.State)) { l.eng.View(fn) }
+
+func (l lingering) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, hooks engine.Hooks) (engine.Result, error) {
+	res, err := l.eng.ProposeNew(ctx, build, hooks)
+	if _, open := build(fsm.Meta{}).(fsm.OpenRelay); err != nil || !open {
+		return res, err
+	}
+	close(l.committed)
+	select {
+	case <-ctx.Done():
+		return res, ctx.Err()
+	case <-time.After(time.Second):
+		return res, nil
+	}
+}
+
+// A relay whose opening committed although its proposal answered an
+// error (sync replication that did not acknowledge, a client that left
+// during the fsync) is recorded closed: no open relay holds the sandbox's
+// idle clock with no connection behind it.
+func TestRelayOpenErrorAfterCommitIsClosed(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		eng    func(n *nodetest.Node) (api.Engine, chan struct{})
+		cancel bool
+	}{
+		{"unacknowledged", func(n *nodetest.Node) (api.Engine, chan struct{}) { return unconfirmed{eng: n.Engine}, nil }, false},
+		{"client left during the commit", func(n *nodetest.Node) (api.Engine, chan struct{}) {
+			l := lingering{eng: n.Engine, committed: make(chan struct{})}
+			return l, l.committed
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t, 1, nil)
+			c := claimAs(t, n, rootTok, "")
+			eng, committed := tc.eng(n)
+			hs := serveOver(t, n, eng, api.Options{DataPlane: api.DataPlane{Dialer: n.Driver}})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if committed != nil {
+				go func() {
+					<-committed
+					cancel()
+				}()
+			}
+			req, err := http.NewRequestWithContext(ctx, "POST", hs.URL+"/v1/sandboxes/"+c.ID+"/exec", strings.NewReader(`{"argv":["sleep","30"]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer "+c.Token)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if !tc.cancel && resp.StatusCode != http.StatusServiceUnavailable {
+					t.Fatalf("exec: %d %s, want 503", resp.StatusCode, b)
+				}
+			}
+			if got := relayEvents(t, n, c.ID); len(got) == 0 || got[0] != "relay_opened exec" {
+				t.Fatalf("relay events %v, want the exec relay opened", got)
+			}
+			waitRelays(t, n, c.ID, 0)
+		})
 	}
 }
