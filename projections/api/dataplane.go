@@ -290,12 +290,17 @@ func (d *dataPlane) guestReady(ctx context.Context, r *http.Request, claim strin
 		if err := d.s.queue.enter(ctx, claim); err != nil {
 			return guestVM{}, d.s.waitErr(r, claim, &wakeOp, "queued behind earlier hibernate and wake calls of this sandbox", err)
 		}
-		err := d.s.runTransition(ctx, r, claim, &wakeOp)
-		d.s.queue.leave(claim)
-		if err != nil {
+		if err := d.wake(ctx, r, claim); err != nil {
 			return guestVM{}, err
 		}
 	}
+}
+
+// wake wakes claim once guestReady holds its turn in the queue, and
+// leaves the queue however it ends (a panic included).
+func (d *dataPlane) wake(ctx context.Context, r *http.Request, claim string) error {
+	defer d.s.queue.leave(claim)
+	return d.s.runTransition(ctx, r, claim, &wakeOp)
 }
 
 // state reads claim and its VM, and the sequence the state reflects.

@@ -93,16 +93,24 @@ func (s *Server) transition(w http.ResponseWriter, r *http.Request, id auth.Iden
 	if err := s.queue.enter(ctx, c.ID); err != nil {
 		return s.waitErr(r, c.ID, op, "queued behind earlier hibernate and wake calls of this sandbox", err)
 	}
-	err = s.runTransition(ctx, r, c.ID, op)
 	// The answer leaves before the next call of the queue starts, so the
-	// calls of one sandbox are answered in the order they run.
+	// calls of one sandbox are answered in the order they run. Deferred, so
+	// that a panic (net/http recovers it) leaves the queue too, unanswered.
+	rc := http.NewResponseController(w)
+	answered := false
+	defer func() {
+		if answered {
+			_ = rc.Flush()
+		}
+		s.queue.leave(c.ID)
+	}()
+	err = s.runTransition(ctx, r, c.ID, op)
+	answered = true
 	if err != nil {
 		s.writeErr(w, r, err)
 	} else {
 		w.WriteHeader(http.StatusNoContent)
 	}
-	_ = http.NewResponseController(w).Flush()
-	s.queue.leave(c.ID)
 	return nil
 }
 
