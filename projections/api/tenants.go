@@ -108,26 +108,40 @@ func (s *Server) handleTenants(w http.ResponseWriter, r *http.Request, id auth.I
 	if err := s.operatorOnly(id); err != nil {
 		return err
 	}
-	return s.writeTenants(w, r)
+	pg, err := tenantQuery(r)
+	if err != nil {
+		return err
+	}
+	return s.writeTenants(w, r, pg)
 }
 
-// writeTenants answers the tenant list page the query asks for, once the
-// log is durable up to the state it reports.
-func (s *Server) writeTenants(w http.ResponseWriter, r *http.Request) error {
+// tenantPaging is the page a tenant list's query asks for.
+type tenantPaging struct {
+	after string
+	limit int
+}
+
+// tenantQuery reads ?after= and ?limit= (default DefaultTenantLimit).
+func tenantQuery(r *http.Request) (tenantPaging, error) {
 	q := r.URL.Query()
-	limit := DefaultTenantLimit
+	pg := tenantPaging{after: q.Get("after"), limit: DefaultTenantLimit}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > MaxTenantLimit {
-			return errorf(http.StatusBadRequest, "limit must be 1..%d", MaxTenantLimit)
+			return pg, errorf(http.StatusBadRequest, "limit must be 1..%d", MaxTenantLimit)
 		}
-		limit = n
+		pg.limit = n
 	}
-	after := q.Get("after")
+	return pg, nil
+}
+
+// writeTenants answers the tenant list page pg, once the log is durable up
+// to the state it reports.
+func (s *Server) writeTenants(w http.ResponseWriter, r *http.Request, pg tenantPaging) error {
 	var out TenantList
 	var applied uint64
 	s.eng.View(func(st *fsm.State) {
-		out, applied = tenantPage(st, after, limit), st.Applied()
+		out, applied = tenantPage(st, pg.after, pg.limit), st.Applied()
 	})
 	if err := s.log.WaitDurable(r.Context(), applied); err != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
@@ -189,10 +203,16 @@ func (s *Server) handlePutTenants(w http.ResponseWriter, r *http.Request, id aut
 			return err
 		}
 	}
+	// The answer's page is read before the change: a bad query must not be
+	// a 400 for a set already replaced.
+	pg, err := tenantQuery(r)
+	if err != nil {
+		return err
+	}
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.SetTenants{Meta: m, Tenants: specs} }, engine.Hooks{}); err != nil {
 		return err
 	}
-	return s.writeTenants(w, r)
+	return s.writeTenants(w, r, pg)
 }
 
 // handlePutTenant creates or changes one tenant (PUT /v1/tenants/{name}):
