@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -101,10 +102,15 @@ func (s *Server) transition(w http.ResponseWriter, r *http.Request, id auth.Iden
 	defer func() {
 		if answered {
 			_ = rc.Flush()
+			_ = rc.SetWriteDeadline(time.Time{})
 		}
 		s.queue.leave(c.ID)
 	}()
 	err = s.runTransition(ctx, r, c.ID, op)
+	// A caller that does not read its answers (pipelined requests filling
+	// the socket buffers) must not hold the sandbox's queue: the write is
+	// bounded. A socket deadline: the real clock.
+	_ = rc.SetWriteDeadline(time.Now().Add(queuedAnswerWait))
 	answered = true
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -113,6 +119,11 @@ func (s *Server) transition(w http.ResponseWriter, r *http.Request, id auth.Iden
 	}
 	return nil
 }
+
+// queuedAnswerWait bounds writing a hibernate or wake's answer while the
+// call holds its sandbox's queue: far beyond what a reading client needs
+// for a few hundred bytes.
+const queuedAnswerWait = 5 * time.Second
 
 // runTransition brings sandbox id to op.to and returns nil once it is
 // there: it proposes op's command when the sandbox is in op.from, waits
