@@ -221,7 +221,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// log is durable up to what the answer reports.
 	c, _ = s.claim(claimID)
 	if c.Status == fsm.ClaimPending {
-		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClaimWait)
+		ctx, cancel := s.waitContext(r.Context(), s.cfg.ClaimWait)
 		defer cancel()
 		select {
 		case <-served:

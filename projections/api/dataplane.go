@@ -123,9 +123,6 @@ func (l *liveRelay) attach(stop func(string)) string {
 	return l.reason
 }
 
-// ErrDataPlaneClosed: sandboxd is shutting down and opens no relay.
-var ErrDataPlaneClosed = errors.New("sandboxd is shutting down")
-
 // errNoTransport: the node's hypervisor driver cannot reach guests.
 var errNoTransport = fmt.Errorf("%w: this node's hypervisor driver has no guest transport", executors.ErrAgentUnreachable)
 
@@ -133,7 +130,7 @@ func (d *dataPlane) track(id, claim string) (*liveRelay, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closing {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrDataPlaneClosed)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrShuttingDown)
 	}
 	l := &liveRelay{id: id, claim: claim}
 	d.live[id] = l
@@ -254,7 +251,7 @@ func newRelayID() string {
 // restarting under a running claim is waited for too. passive (an
 // operator's relay) never wakes: a sandbox that is not running is 409.
 func (d *dataPlane) guestReady(ctx context.Context, r *http.Request, claim string, passive bool) (guestVM, error) {
-	ctx, cancel := context.WithTimeout(ctx, d.s.cfg.LifecycleWait)
+	ctx, cancel := d.s.waitContext(ctx, d.s.cfg.LifecycleWait)
 	defer cancel()
 	for {
 		// Watched before the state is read, so a restart's end cannot

@@ -18,9 +18,6 @@ import (
 // effect and the destruction continuing.
 const DrainWait = time.Minute
 
-// drainPoll is how often the drain's wait looks at the state.
-const drainPoll = 5 * time.Millisecond
-
 // handleDrain drains the node (fsm Drain): new claims are refused with the
 // old daemon's 429, refills stop, warm VMs are destroyed. Like the old
 // daemon it answers once they are gone, with the info body (draining:
@@ -42,7 +39,9 @@ func (s *Server) handleDrain(w http.ResponseWriter, r *http.Request, id auth.Ide
 			vms = append(vms, res.Events[i].AggID)
 		}
 	}
-	s.waitGone(r.Context(), vms)
+	if err := s.waitGone(r.Context(), vms); err != nil {
+		return err
+	}
 	return s.writeInfo(w, r, id)
 }
 
@@ -61,15 +60,27 @@ func (s *Server) handleUncordon(w http.ResponseWriter, r *http.Request, id auth.
 	return s.writeInfo(w, r, id)
 }
 
-// waitGone waits, at most DrainWait, until none of vms is in the state.
-func (s *Server) waitGone(ctx context.Context, vms []string) {
+// waitGone waits, at most DrainWait, until none of vms is in the state,
+// watching for their destroyed events. It returns the wait's error only
+// when the server began shutting down first (503 for the drain); past
+// DrainWait the drain answers with its VMs still going.
+func (s *Server) waitGone(ctx context.Context, vms []string) error {
 	if len(vms) == 0 {
-		return
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, DrainWait)
+	ctx, cancel := s.waitContext(ctx, DrainWait)
 	defer cancel()
-	t := time.NewTicker(drainPoll)
-	defer t.Stop()
+	// Watched before the state is read, so no destruction slips past.
+	signal := make(chan struct{}, 1)
+	ws := make([]*watch, len(vms))
+	for i, vm := range vms {
+		ws[i] = s.watchOn(vm, signal, event.TypeVMDestroyed)
+	}
+	defer func() {
+		for _, w := range ws {
+			s.unwatch(w)
+		}
+	}()
 	for {
 		left := 0
 		s.eng.View(func(st *fsm.State) {
@@ -80,15 +91,18 @@ func (s *Server) waitGone(ctx context.Context, vms []string) {
 			}
 		})
 		if left == 0 {
-			return
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			switch {
+			case s.stopping.Err() != nil:
+				return ctx.Err()
+			case errors.Is(ctx.Err(), context.DeadlineExceeded):
 				s.zl.Warn().Int("vms", left).Dur("waited", DrainWait).Msg("api: drain answered before its warm VMs were destroyed")
 			}
-			return
-		case <-t.C:
+			return nil
+		case <-signal:
 		}
 	}
 }

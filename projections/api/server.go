@@ -46,6 +46,10 @@ type Log interface {
 
 var _ Log = (*eventlog.Log)(nil)
 
+// ErrShuttingDown: the server began shutting down (BeginShutdown); waiting
+// requests and new relays are answered 503 with it.
+var ErrShuttingDown = errors.New("sandboxd is shutting down")
+
 // The old daemon's texts for a missing or unknown token and for a known
 // token of a kind the route does not take (its clients show them).
 const (
@@ -133,6 +137,11 @@ type Server struct {
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
 
+	// stopping ends when the server begins shutting down (BeginShutdown):
+	// the waits of handlers derive from it (waitContext).
+	stopping     context.Context
+	stopHandlers context.CancelFunc
+
 	data *dataPlane // the routes to guests (dataplane.go)
 }
 
@@ -181,6 +190,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
 	}
+	s.stopping, s.stopHandlers = context.WithCancel(context.Background())
 	s.vms = newVMView()
 	s.data = newDataPlane(s, opts.DataPlane)
 	s.mux = http.NewServeMux()
@@ -438,6 +448,8 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &ae), errors.Is(err, engine.ErrStopped):
 		s.zl.Error().Err(err).Str("path", r.URL.Path).Msg("api: op log unavailable")
 		writeError(w, errorf(http.StatusServiceUnavailable, "op log unavailable: %v", err))
+	case errors.Is(err, context.Canceled) && s.stopping.Err() != nil:
+		writeError(w, errorf(http.StatusServiceUnavailable, "%v", ErrShuttingDown))
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		writeError(w, errorf(http.StatusServiceUnavailable, "request cancelled or timed out: %v", err))
 	default:
@@ -461,6 +473,25 @@ func (s *Server) tokenGen(id string) (uint64, bool) {
 		}
 	})
 	return gen, ok
+}
+
+// BeginShutdown ends the waits of the handlers in flight (a hibernate or
+// wake waiting for its outcome or its turn, a claim waiting for its VM, a
+// drain waiting for its VMs, a relay waiting for its sandbox to run): they
+// answer 503 at once instead of holding http.Server.Shutdown until its
+// bound, which would leave the executors no time to stop. The node calls it
+// first on Stop. Idempotent.
+func (s *Server) BeginShutdown() { s.stopHandlers() }
+
+// waitContext bounds a handler's wait: d, ctx's own end, and the server's
+// shutdown (BeginShutdown), whichever comes first.
+func (s *Server) waitContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	unhook := context.AfterFunc(s.stopping, cancel)
+	return ctx, func() {
+		unhook()
+		cancel()
+	}
 }
 
 // SetReady marks the first reconcile as finished: the VM view may now send

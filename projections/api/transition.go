@@ -89,7 +89,7 @@ func (s *Server) transition(w http.ResponseWriter, r *http.Request, id auth.Iden
 	if async {
 		return s.transitionAsync(w, r, c.ID, op)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.LifecycleWait)
+	ctx, cancel := s.waitContext(r.Context(), s.cfg.LifecycleWait)
 	defer cancel()
 	if err := s.queue.enter(ctx, c.ID); err != nil {
 		return s.waitErr(r, c.ID, op, "queued behind earlier hibernate and wake calls of this sandbox", err)
