@@ -82,9 +82,8 @@ func (s *Server) operatorOnly(id auth.Identity) error {
 }
 
 // tenantSpec validates what the fsm cannot see (the token itself: not the
-// root token) and the egress class against the node's classes (the state
-// lets a tenant name a class that does not exist: its sandboxes get no
-// policy; the old daemon refused it), and hashes the token.
+// root token) and hashes the token; the fsm refuses an egress class that
+// does not exist, as the old daemon did.
 func (s *Server) tenantSpec(name, token string, maxClaims int, class string) (fsm.TenantSpec, error) {
 	spec := fsm.TenantSpec{Name: name, MaxClaims: maxClaims, EgressClass: class}
 	if token != "" {
@@ -92,13 +91,6 @@ func (s *Server) tenantSpec(name, token string, maxClaims int, class string) (fs
 			return spec, errorf(http.StatusBadRequest, "invalid tenant: tenant %q: token must differ from api_token", name)
 		}
 		spec.TokenSHA256 = auth.HashToken(token)
-	}
-	if class != "" {
-		var known bool
-		s.eng.View(func(st *fsm.State) { _, known = st.EgressClass(class) })
-		if !known {
-			return spec, errorf(http.StatusBadRequest, "invalid tenant: tenant %q names unknown egress class %q", name, class)
-		}
 	}
 	return spec, nil
 }
