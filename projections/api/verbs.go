@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -18,30 +17,17 @@ type RenewRequest struct {
 	// TTLSeconds is the new lease from now: 0 or negative is the default
 	// (5 min), over 24 h is 24 h (the old daemon clamped, it did not refuse).
 	TTLSeconds int64 `json:"ttl_seconds"`
-	// OnExpire is the old daemon's action at the deadline: "destroy" (or
-	// none) is what sbxlog does; "archive" needs an archive store, which
-	// sbxlog does not have, and is refused rather than ignored.
+	// OnExpire is the old daemon's action at the deadline (validOnExpire).
 	OnExpire string `json:"on_expire,omitempty"`
 }
 
-// normalize validates on_expire and clamps the ttl into what the state
-// machine takes.
+// normalize validates on_expire and clamps the ttl (clampTTL).
 func (r *RenewRequest) normalize() error {
-	switch r.OnExpire {
-	case "", "destroy":
-	case "archive":
-		return errorf(http.StatusBadRequest, `on_expire "archive" is not supported: this node has no archive store (a sandbox is destroyed at its deadline)`)
-	default:
-		return errorf(http.StatusBadRequest, "on_expire %q must be destroy or archive", r.OnExpire)
+	if err := validOnExpire(r.OnExpire); err != nil {
+		return err
 	}
-	r.TTLSeconds = clampTTLSeconds(r.TTLSeconds)
+	r.TTLSeconds = clampTTL(r.TTLSeconds)
 	return nil
-}
-
-// clampTTLSeconds is the old daemon's lease rule: 0 or negative is the
-// default (0 to the state machine), more than MaxTTL is MaxTTL.
-func clampTTLSeconds(ttl int64) int64 {
-	return min(max(ttl, 0), int64(MaxTTL/time.Second))
 }
 
 // The old daemon's 404 texts of the sandbox verbs, which its clients show
