@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -49,9 +48,6 @@ func (s *Server) handleDrain(w http.ResponseWriter, r *http.Request, id auth.Ide
 // It answers the info body.
 func (s *Server) handleUncordon(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	if err := rootOnly(id); err != nil {
-		return err
-	}
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
 		return err
 	}
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.Uncordon{Meta: m} }, engine.Hooks{}); err != nil {
@@ -107,11 +103,12 @@ func (s *Server) waitGone(ctx context.Context, vms []string) error {
 	}
 }
 
-// writeInfo answers the info body once the log is durable up to it.
+// writeInfo answers the info body once the log is durable up to the state
+// it reports (its log_seq): it acknowledges a change.
 func (s *Server) writeInfo(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	out := s.info(id)
-	if err := s.log.WaitDurable(r.Context(), out.LogSeq); err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	if err := s.durableAt(r.Context(), out.LogSeq); err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

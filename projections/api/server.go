@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -469,10 +470,39 @@ func (s *Server) tokenGen(id string) (uint64, bool) {
 	s.eng.View(func(st *fsm.State) {
 		c, found := st.Claim(id)
 		if found {
-			gen, ok = uint64(max(c.TokenGen, 1)), true
+			gen, ok = tokenGen(&c), true
 		}
 	})
 	return gen, ok
+}
+
+// tokenGen is c's sandbox token generation: claims logged before
+// generations were recorded have 0, which is generation 1.
+func tokenGen(c *fsm.ClaimRec) uint64 { return uint64(max(c.TokenGen, 1)) }
+
+// durableRead runs read on the state and returns once the log is durable
+// up to the state it read, with that state's sequence: an answer built
+// from the read acknowledges nothing a crash could take back (the state
+// runs ahead of the log by the fsync in flight).
+func (s *Server) durableRead(ctx context.Context, read func(st *fsm.State)) (uint64, error) {
+	var seq uint64
+	s.eng.View(func(st *fsm.State) {
+		read(st)
+		seq = st.Applied()
+	})
+	return seq, s.durableAt(ctx, seq)
+}
+
+// durableAt waits until the log is durable up to seq: ctx's error when it
+// ends first, ErrUnavailable when the log fails.
+func (s *Server) durableAt(ctx context.Context, seq uint64) error {
+	if err := s.log.WaitDurable(ctx, seq); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return nil
 }
 
 // BeginShutdown ends the waits of the handlers in flight (a hibernate or

@@ -66,7 +66,7 @@ type TenantRequest struct {
 // for that answer).
 func rootOnly(id auth.Identity) error {
 	if id.Kind != auth.Root {
-		return errorf(http.StatusForbidden, "operator token required")
+		return errorf(http.StatusForbidden, "%s", errOperatorOnly)
 	}
 	return nil
 }
@@ -131,12 +131,8 @@ func tenantQuery(r *http.Request) (tenantPaging, error) {
 // to the state it reports.
 func (s *Server) writeTenants(w http.ResponseWriter, r *http.Request, pg tenantPaging) error {
 	var out TenantList
-	var applied uint64
-	s.eng.View(func(st *fsm.State) {
-		out, applied = tenantPage(st, pg.after, pg.limit), st.Applied()
-	})
-	if err := s.log.WaitDurable(r.Context(), applied); err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	if _, err := s.durableRead(r.Context(), func(st *fsm.State) { out = tenantPage(st, pg.after, pg.limit) }); err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -233,9 +229,6 @@ func (s *Server) handlePutTenant(w http.ResponseWriter, r *http.Request, id auth
 // unknown name is 404 {"error":"unknown tenant"}, which old clients compare.
 func (s *Server) handleDeleteTenant(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	if err := s.operatorOnly(id); err != nil {
-		return err
-	}
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
 		return err
 	}
 	name := r.PathValue("name")

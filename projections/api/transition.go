@@ -225,18 +225,11 @@ func (s *Server) waitErr(r *http.Request, id string, op *transitionOp, doing str
 	return &httpError{status: http.StatusServiceUnavailable, id: id, msg: msg}
 }
 
-// durableState reads claim id once the log is durable up to the state it
-// was read from, and that state's sequence: the events after it are the
-// ones the read did not see.
+// durableState reads claim id with durableRead, and that state's
+// sequence: the events after it are the ones the read did not see.
 func (s *Server) durableState(ctx context.Context, id string) (c fsm.ClaimRec, found bool, seq uint64, err error) {
-	s.eng.View(func(st *fsm.State) { c, found = st.Claim(id); seq = st.Applied() })
-	if err := s.log.WaitDurable(ctx, seq); err != nil {
-		if ctx.Err() != nil {
-			return c, found, seq, ctx.Err()
-		}
-		return c, found, seq, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	return c, found, seq, nil
+	seq, err = s.durableRead(ctx, func(st *fsm.State) { c, found = st.Claim(id) })
+	return c, found, seq, err
 }
 
 // transitionAsync is hibernate or wake answered once the request is
