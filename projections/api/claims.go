@@ -269,7 +269,7 @@ func (s *Server) redirectClaim(w http.ResponseWriter, key fsm.PoolKey, start tim
 
 func (s *Server) claimResponse(id string, c *fsm.ClaimRec) ClaimResponse {
 	return ClaimResponse{
-		ID: id, Token: s.auth.SandboxToken(id, tokenGen(c)),
+		ID: id, Token: s.auth.SandboxToken(id, tokenGenOf(c)),
 		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, NetRoute: s.netRoute(id, c),
 		Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size, Tier: c.Tier.String(), VM: c.VM,
 	}
@@ -322,7 +322,7 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, id auth.Ident
 	if id.Kind == auth.Root {
 		// The old daemon hands root the sandbox token here (its operator
 		// client acts as the sandbox with it).
-		sb.Token = s.auth.SandboxToken(c.ID, tokenGen(&c))
+		sb.Token = s.auth.SandboxToken(c.ID, tokenGenOf(&c))
 	}
 	writeJSON(w, http.StatusOK, sb)
 	return nil

@@ -311,9 +311,10 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 			return
 		}
 		hasBody := r.ContentLength > 0 || (r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody)
-		// Authentication before the body, on every route: a caller without
-		// a valid token gets its 401/403/404 at once, and the connection is
-		// closed rather than drained, so a stalled body holds nothing.
+		// Authentication before the body, on every route that takes a
+		// token: a caller without a valid one gets its 401/403/404 at once,
+		// and the connection is closed rather than drained, so a stalled
+		// body holds nothing.
 		var id auth.Identity
 		if len(entry.allow) > 0 {
 			bearer := auth.Bearer(r)
@@ -470,15 +471,14 @@ func (s *Server) tokenGen(id string) (uint64, bool) {
 	s.eng.View(func(st *fsm.State) {
 		c, found := st.Claim(id)
 		if found {
-			gen, ok = tokenGen(&c), true
+			gen, ok = tokenGenOf(&c), true
 		}
 	})
 	return gen, ok
 }
 
-// tokenGen is c's sandbox token generation: claims logged before
-// generations were recorded have 0, which is generation 1.
-func tokenGen(c *fsm.ClaimRec) uint64 { return uint64(max(c.TokenGen, 1)) }
+// tokenGenOf is c's sandbox token generation (the state's 0 means 1).
+func tokenGenOf(c *fsm.ClaimRec) uint64 { return uint64(max(c.TokenGen, 1)) }
 
 // durableRead runs read on the state and returns once the log is durable
 // up to the state it read, with that state's sequence: an answer built
