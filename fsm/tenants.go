@@ -183,6 +183,18 @@ func (s *State) tenantRec(spec TenantSpec) (TenantRec, error) {
 	return rec, nil
 }
 
+// classKnown refuses a tenant of the API that names an egress class the
+// state does not hold: checked in the decision, so that no class removal
+// commits between the check and the tenant (RemoveEgressClass refuses a
+// class a tenant names). The config's tenants are not refused here: a node
+// must start whatever its config names (its sandboxes get no policy).
+func (s *State) classKnown(r TenantRec) error {
+	if r.EgressClass != "" && s.egressClasses[r.EgressClass] == nil {
+		return reject(Invalid, "invalid tenant: tenant %q names unknown egress class %q", r.Name, r.EgressClass)
+	}
+	return nil
+}
+
 func (d *decider) putTenant(r TenantRec, fromConfig bool) {
 	if cur := d.s.tenants[r.Name]; cur != nil && *cur == r {
 		return
@@ -193,6 +205,9 @@ func (d *decider) putTenant(r TenantRec, fromConfig bool) {
 func (c PutTenant) decide(d *decider) error {
 	r, err := d.s.tenantRec(c.Tenant)
 	if err != nil {
+		return err
+	}
+	if err := d.s.classKnown(r); err != nil {
 		return err
 	}
 	if other, used := d.s.tenantByHash[r.sum]; used && other != r.Name {
@@ -234,6 +249,11 @@ func (c SetTenants) decide(d *decider) error {
 		r, err := d.s.tenantRec(spec)
 		if err != nil {
 			return err
+		}
+		if !c.FromConfig {
+			if err := d.s.classKnown(r); err != nil {
+				return err
+			}
 		}
 		if other, used := byHash[r.sum]; used {
 			return reject(Invalid, "invalid tenant: tenant %q: token reused by tenant %q", r.Name, other)

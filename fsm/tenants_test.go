@@ -36,6 +36,7 @@ func TestTenantCommands(t *testing.T) {
 			}
 			// No token: the stored one is kept; caps and class take the
 			// values sent.
+			h.do(PutEgressClass{Meta: h.meta(), Class: EgressClassSpec{Name: "desk"}}, event.TypeEgressClassPut)
 			h.do(PutTenant{Meta: h.meta(), Tenant: TenantSpec{Name: "acme", EgressClass: "desk"}}, event.TypeTenantPut)
 			tr, _ := h.s.Tenant("acme")
 			if tr.TokenSHA256 != tokenHash("a") || tr.MaxClaims != 0 || tr.EgressClass != "desk" {
@@ -50,6 +51,17 @@ func TestTenantCommands(t *testing.T) {
 			h.do(PutTenant{Meta: h.meta(), Tenant: TenantSpec{Name: "acme", TokenSHA256: tokenHash("b")}}, event.TypeTenantPut)
 			if _, ok := h.s.TenantByHash(sum); ok {
 				t.Fatal("the old token still resolves")
+			}
+		}},
+		{"an egress class must exist when the API names it, the config's tenants excepted", func(t *testing.T, h *harness) {
+			h.do(PutEgressClass{Meta: h.meta(), Class: EgressClassSpec{Name: "desk"}}, event.TypeEgressClassPut)
+			h.do(RemoveEgressClass{Meta: h.meta(), Name: "desk"}, event.TypeEgressClassRemoved)
+			spec := TenantSpec{Name: "acme", TokenSHA256: tokenHash("a"), EgressClass: "desk"}
+			h.rejects(PutTenant{Meta: h.meta(), Tenant: spec}, Invalid)
+			h.rejects(SetTenants{Meta: h.meta(), Tenants: []TenantSpec{spec}}, Invalid)
+			h.do(SetTenants{Meta: h.meta(), Tenants: []TenantSpec{spec}, FromConfig: true}, event.TypeTenantPut)
+			if tr, _ := h.s.Tenant("acme"); tr.EgressClass != "desk" {
+				t.Fatalf("config tenant %+v", tr)
 			}
 		}},
 		{"remove, then unknown", func(t *testing.T, h *harness) {
@@ -132,6 +144,8 @@ func TestTenantRejections(t *testing.T) {
 		{"short hash", PutTenant{Meta: h.meta(), Tenant: TenantSpec{Name: "beta", TokenSHA256: "abcd"}}, Invalid, "64 lowercase hex"},
 		{"negative cap", PutTenant{Meta: h.meta(), Tenant: TenantSpec{Name: "beta", TokenSHA256: tokenHash("x"), MaxClaims: -1}}, Invalid, "negative"},
 		{"bad egress class", PutTenant{Meta: h.meta(), Tenant: TenantSpec{Name: "beta", TokenSHA256: tokenHash("x"), EgressClass: "a b"}}, Invalid, "egress class"},
+		{"unknown egress class", PutTenant{Meta: h.meta(), Tenant: TenantSpec{Name: "beta", TokenSHA256: tokenHash("x"), EgressClass: "desk"}}, Invalid, `tenant "beta" names unknown egress class "desk"`},
+		{"set: unknown egress class", SetTenants{Meta: h.meta(), Tenants: []TenantSpec{{Name: "acme", EgressClass: "desk"}}}, Invalid, `tenant "acme" names unknown egress class "desk"`},
 		{"token of another tenant", PutTenant{Meta: h.meta(), Tenant: TenantSpec{Name: "beta", TokenSHA256: tokenHash("a")}}, Invalid, `token reused by tenant "acme"`},
 		{"set: name twice", SetTenants{Meta: h.meta(), Tenants: []TenantSpec{{Name: "acme"}, {Name: "acme"}}}, Invalid, "listed twice"},
 		{"set: shared token", SetTenants{Meta: h.meta(), Tenants: []TenantSpec{{Name: "acme"}, {Name: "beta", TokenSHA256: tokenHash("a")}}}, Invalid, "token reused"},

@@ -28,20 +28,16 @@ var relayKeepAlive = net.KeepAliveConfig{Enable: true, Idle: 60 * time.Second, I
 // handleAgent is GET /v1/sandboxes/{id}/agent with "Upgrade: silkd": once
 // the guest agent is reached (the sandbox woken first if hibernated), 101
 // and a byte relay to it. Only the sandbox's own token opens it.
+//
+// dispatch has authenticated the caller, after agentPre.
 func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, _ auth.Identity) error {
-	if err := requireBearer(r); err != nil {
-		return err
-	}
-	// The upgrade check comes before the lookup and any wake: waking
-	// spends the hibernate snapshot, which a plain GET must not.
-	if err := upgradeRequired(w, r, "silkd"); err != nil {
-		return err
-	}
-	if _, err := s.sandboxCaller(r, false); err != nil {
-		return err
-	}
 	return s.serveUpgrade(w, r, upgrade{kind: fsm.RelayAgent, proto: "silkd", dial: s.data.dialGuest})
 }
+
+// agentPre is the agent route's check before the token (hiddenRoute.pre),
+// in the old daemon's order. It also comes before the lookup and any
+// wake: waking spends the hibernate snapshot, which a plain GET must not.
+func agentPre(w http.ResponseWriter, r *http.Request) error { return upgradeRequired(w, r, "silkd") }
 
 // upgradeRequired answers 426 unless the request asks to upgrade to proto;
 // like the old daemon it reads Upgrade alone, case-insensitively.

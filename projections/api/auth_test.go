@@ -144,10 +144,9 @@ func expectStatus(rt api.Route, c string) (status int, allowed bool) {
 	panic("unknown caller " + c)
 }
 
-// upgradeRoutes are the data plane's upgrade routes. They authenticate in
-// their handlers, as the old daemon did (a token that is not the sandbox's
-// own is 404, like an unknown id), and they check the Upgrade header before
-// the token: their full matrix, upgrade included, is in relay_test.go.
+// upgradeRoutes are the data plane's upgrade routes. They answer as the
+// old daemon did (a token that is not the sandbox's own is 404, like an
+// unknown id), and they check the Upgrade header before the token: their full matrix, upgrade included, is in relay_test.go.
 var upgradeRoutes = map[string]bool{
 	"GET /v1/sandboxes/{id}/agent":        true,
 	"GET /v1/sandboxes/{id}/ports/{port}": true,

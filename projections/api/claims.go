@@ -2,7 +2,6 @@ package api
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -217,19 +216,20 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return err
 	}
 	// Not answered from Durable (a warm claim behind an Engine that never
-	// calls it, or a claim still pending): answer from the state, once the
-	// log is durable up to what the answer reports.
+	// calls it, or a claim still pending): answer from the state. A pending
+	// claim waits for its outcome first. Either way the answer waits for
+	// the log to be durable (with synchronous replication: acknowledged by
+	// JetStream) up to the state it reports: a claim served while
+	// ProposeNew returned may still be in its fsync.
 	if c, _ = s.claim(claimID); c.Status == fsm.ClaimPending {
-		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClaimWait)
+		ctx, cancel := s.waitContext(r.Context(), s.cfg.ClaimWait)
 		defer cancel()
 		select {
 		case <-served:
 		case <-ctx.Done():
 		}
 	}
-	// Served while ProposeNew returned or since: the state may still run
-	// ahead of the log (or, with synchronous replication, of JetStream).
-	if c, err = s.durableClaim(r.Context(), claimID); err != nil {
+	if c, _, _, err = s.durableState(r.Context(), claimID); err != nil {
 		return err
 	}
 	switch {
@@ -269,7 +269,7 @@ func (s *Server) redirectClaim(w http.ResponseWriter, key fsm.PoolKey, start tim
 
 func (s *Server) claimResponse(id string, c *fsm.ClaimRec) ClaimResponse {
 	return ClaimResponse{
-		ID: id, Token: s.auth.SandboxToken(id, uint64(max(c.TokenGen, 1))),
+		ID: id, Token: s.auth.SandboxToken(id, tokenGenOf(c)),
 		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, NetRoute: s.netRoute(id, c),
 		Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size, Tier: c.Tier.String(), VM: c.VM,
 	}
@@ -280,19 +280,6 @@ func outcomeOf(err error) string {
 		return rej.Code.String()
 	}
 	return "error"
-}
-
-// durableClaim reads claim id once the log is durable up to the state it
-// was read from: an answer built from it acknowledges nothing a crash could
-// take back (the state runs ahead of the log by the fsync in flight).
-func (s *Server) durableClaim(ctx context.Context, id string) (fsm.ClaimRec, error) {
-	var c fsm.ClaimRec
-	var applied uint64
-	s.eng.View(func(st *fsm.State) { c, _ = st.Claim(id); applied = st.Applied() })
-	if err := s.log.WaitDurable(ctx, applied); err != nil {
-		return c, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	return c, nil
 }
 
 func (s *Server) claim(id string) (fsm.ClaimRec, bool) {
@@ -315,7 +302,7 @@ func (s *Server) visible(r *http.Request, id auth.Identity) (fsm.ClaimRec, error
 			return c, &ownedElsewhere{addr: addr}
 		}
 	}
-	return c, errorf(http.StatusNotFound, "unknown sandbox")
+	return c, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
 }
 
 type ownedElsewhere struct{ addr string }
@@ -335,7 +322,7 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, id auth.Ident
 	if id.Kind == auth.Root {
 		// The old daemon hands root the sandbox token here (its operator
 		// client acts as the sandbox with it).
-		sb.Token = s.auth.SandboxToken(c.ID, uint64(max(c.TokenGen, 1)))
+		sb.Token = s.auth.SandboxToken(c.ID, tokenGenOf(&c))
 	}
 	writeJSON(w, http.StatusOK, sb)
 	return nil

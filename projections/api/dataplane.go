@@ -16,7 +16,6 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
-	"github.com/sbxlog/sbxlog/projections/auth"
 	"github.com/sbxlog/sbxlog/projections/relay"
 )
 
@@ -124,9 +123,6 @@ func (l *liveRelay) attach(stop func(string)) string {
 	return l.reason
 }
 
-// ErrDataPlaneClosed: sandboxd is shutting down and opens no relay.
-var ErrDataPlaneClosed = errors.New("sandboxd is shutting down")
-
 // errNoTransport: the node's hypervisor driver cannot reach guests.
 var errNoTransport = fmt.Errorf("%w: this node's hypervisor driver has no guest transport", executors.ErrAgentUnreachable)
 
@@ -134,7 +130,7 @@ func (d *dataPlane) track(id, claim string) (*liveRelay, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closing {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrDataPlaneClosed)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrShuttingDown)
 	}
 	l := &liveRelay{id: id, claim: claim}
 	d.live[id] = l
@@ -247,29 +243,6 @@ func newRelayID() string {
 	return "rl_" + hex.EncodeToString(b[:])
 }
 
-// requireBearer is the data plane's first check: no bearer token is 401.
-func requireBearer(r *http.Request) error {
-	if auth.Bearer(r) == "" {
-		return errorf(http.StatusUnauthorized, "missing bearer token")
-	}
-	return nil
-}
-
-// sandboxCaller authenticates a data-plane request the old daemon's way: a
-// token that is not this sandbox's (another sandbox's, a tenant's, root's
-// where root is not accepted, a token of the sandbox's released claim) is
-// 404, like an unknown id. root reports a root token, when rootOK.
-func (s *Server) sandboxCaller(r *http.Request, rootOK bool) (root bool, err error) {
-	switch who := s.auth.Identify(auth.Bearer(r), r.PathValue("id"), s.tokenGen); {
-	case who.Kind == auth.Sandbox:
-		return false, nil
-	case who.Kind == auth.Root && rootOK:
-		return true, nil
-	}
-	// Unknown id or wrong token: indistinguishable by design.
-	return false, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
-}
-
 // guestReady returns claim's VM once the claim runs. A sandbox that is not
 // running is brought there as POST .../wake brings it, in the same queue
 // of the sandbox's hibernates and wakes and within Config.LifecycleWait: a
@@ -278,7 +251,7 @@ func (s *Server) sandboxCaller(r *http.Request, rootOK bool) (root bool, err err
 // restarting under a running claim is waited for too. passive (an
 // operator's relay) never wakes: a sandbox that is not running is 409.
 func (d *dataPlane) guestReady(ctx context.Context, r *http.Request, claim string, passive bool) (guestVM, error) {
-	ctx, cancel := context.WithTimeout(ctx, d.s.cfg.LifecycleWait)
+	ctx, cancel := d.s.waitContext(ctx, d.s.cfg.LifecycleWait)
 	defer cancel()
 	for {
 		// Watched before the state is read, so a restart's end cannot
@@ -314,12 +287,17 @@ func (d *dataPlane) guestReady(ctx context.Context, r *http.Request, claim strin
 		if err := d.s.queue.enter(ctx, claim); err != nil {
 			return guestVM{}, d.s.waitErr(r, claim, &wakeOp, "queued behind earlier hibernate and wake calls of this sandbox", err)
 		}
-		err := d.s.runTransition(ctx, r, claim, &wakeOp)
-		d.s.queue.leave(claim)
-		if err != nil {
+		if err := d.wake(ctx, r, claim); err != nil {
 			return guestVM{}, err
 		}
 	}
+}
+
+// wake wakes claim once guestReady holds its turn in the queue, and
+// leaves the queue however it ends (a panic included).
+func (d *dataPlane) wake(ctx context.Context, r *http.Request, claim string) error {
+	defer d.s.queue.leave(claim)
+	return d.s.runTransition(ctx, r, claim, &wakeOp)
 }
 
 // state reads claim and its VM, and the sequence the state reflects.
@@ -382,15 +360,26 @@ func (d *dataPlane) open(r *http.Request, claim, kind string, port int, passive 
 			guest.Close()
 			return nil, err
 		}
-		_, err = d.s.eng.ProposeNew(ctx, func(m fsm.Meta) fsm.Command {
+		// Not cancelled with the request: a client that leaves during the
+		// fsync must not make a committed open look like a failed one.
+		_, err = d.s.eng.ProposeNew(context.WithoutCancel(ctx), func(m fsm.Meta) fsm.Command {
 			return fsm.OpenRelay{Meta: m, ID: id, Claim: claim, Kind: kind, Port: port, Passive: passive}
 		}, engine.Hooks{})
+		o := &opened{id: id, vm: vm, guest: guest, live: l}
 		if err == nil {
-			return &opened{id: id, vm: vm, guest: guest, live: l}, nil
+			return o, nil
+		}
+		guest.Close()
+		rej, isRej := fsm.AsRejection(err)
+		if !isRej {
+			// It may have committed (sync replication that did not
+			// acknowledge, a log that failed after the append): record it
+			// closed, a no-op for a relay that never opened.
+			d.close(o, relay.Result{Reason: "error"})
+			return nil, err
 		}
 		d.unregister(id)
-		guest.Close()
-		if rej, ok := fsm.AsRejection(err); !ok || rej.Code != fsm.InvalidTransition || attempt >= 3 {
+		if rej.Code != fsm.InvalidTransition || attempt >= 3 {
 			return nil, err
 		}
 	}

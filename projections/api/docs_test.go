@@ -200,8 +200,8 @@ func TestDocsTypes(t *testing.T) {
 // handler's code, read with go/ast: every status the handler (or a function
 // of this package it calls) names must be documented, plus 401 on
 // authenticated routes and 403 where dispatch refuses a kind of token that
-// can reach the route (routes that authenticate in their handler, the data
-// plane's, answer what their code names); and every documented status must
+// can reach the route (404 on hiddenRoutes, whose pre checks count as the
+// handler's code); and every documented status must
 // be one of those, a rejection status (400, 404, 409, 429) or 503 when the
 // handler proposes a command to the engine, or 500.
 func TestDocsStatuses(t *testing.T) {
@@ -212,6 +212,12 @@ func TestDocsStatuses(t *testing.T) {
 			continue // TestDocsRouteTable reports it
 		}
 		found, proposes := an.statuses(h)
+		pre, hidden := an.hidden[r.Path]
+		if pre != "" {
+			// dispatch runs the route's pre check before the token.
+			preFound, _ := an.statuses(pre)
+			maps.Copy(found, preFound)
+		}
 		required := map[int]bool{}
 		for s := range found {
 			required[s] = true
@@ -221,8 +227,12 @@ func TestDocsStatuses(t *testing.T) {
 		}
 		kinds := strings.Split(r.Auth, "|")
 		// A tenant token reaches every route; a sandbox token only routes
-		// about its own sandbox (elsewhere it is unknown: 401).
-		if r.Auth != "none" && an.dispatchAuth[r.Method+" "+r.Path] && (!slices.Contains(kinds, "tenant") || strings.Contains(r.Path, "{id}") && !slices.Contains(kinds, "sandbox")) {
+		// about its own sandbox (elsewhere it is unknown: 401). A hidden
+		// route answers a caller it does not take 404 instead.
+		switch {
+		case hidden:
+			required[http.StatusNotFound] = true
+		case r.Auth != "none" && an.dispatchAuth[r.Method+" "+r.Path] && (!slices.Contains(kinds, "tenant") || strings.Contains(r.Path, "{id}") && !slices.Contains(kinds, "sandbox")):
 			required[http.StatusForbidden] = true
 		}
 		allowed := map[int]bool{http.StatusInternalServerError: true}
@@ -257,8 +267,11 @@ type analysis struct {
 	funcs    map[string][]*ast.FuncDecl // methods and functions by name
 	handlers map[string]string          // "METHOD /path" -> handler name
 	// dispatchAuth: routes registered with the token kinds dispatch
-	// admits (the others authenticate in their handler, or not at all).
+	// admits (the others are open to anyone).
 	dispatchAuth map[string]bool
+	// hidden: the paths of hiddenRoutes (dispatch answers a caller they do
+	// not take 404, never 403) -> their pre check's name ("" for none).
+	hidden map[string]string
 }
 
 func analyse(t *testing.T) *analysis {
@@ -267,7 +280,7 @@ func analyse(t *testing.T) *analysis {
 	if err != nil {
 		t.Fatal(err)
 	}
-	an := &analysis{funcs: map[string][]*ast.FuncDecl{}, handlers: map[string]string{}, dispatchAuth: map[string]bool{}}
+	an := &analysis{funcs: map[string][]*ast.FuncDecl{}, handlers: map[string]string{}, dispatchAuth: map[string]bool{}, hidden: map[string]string{}}
 	fset := token.NewFileSet()
 	for _, f := range files {
 		if strings.HasSuffix(f, "_test.go") {
@@ -281,7 +294,13 @@ func analyse(t *testing.T) *analysis {
 			if fd, ok := d.(*ast.FuncDecl); ok && fd.Body != nil {
 				an.funcs[fd.Name.Name] = append(an.funcs[fd.Name.Name], fd)
 			}
+			if gd, ok := d.(*ast.GenDecl); ok {
+				an.hiddenRoutes(gd)
+			}
 		}
+	}
+	if len(an.hidden) == 0 {
+		t.Fatal("found no hiddenRoutes entries")
 	}
 	// register() calls add("METHOD", "/path", "auth", s.handleX, ...).
 	regs := an.funcs["register"]
@@ -310,6 +329,28 @@ func analyse(t *testing.T) *analysis {
 		t.Fatal("found no add(...) calls in register")
 	}
 	return an
+}
+
+// hiddenRoutes records the entries of the hiddenRoutes map literal, if gd
+// declares it: {"/path": {unknown: ..., pre: fn}}.
+func (an *analysis) hiddenRoutes(gd *ast.GenDecl) {
+	for _, sp := range gd.Specs {
+		vs, ok := sp.(*ast.ValueSpec)
+		if !ok || len(vs.Names) != 1 || vs.Names[0].Name != "hiddenRoutes" || len(vs.Values) != 1 {
+			continue
+		}
+		for _, el := range vs.Values[0].(*ast.CompositeLit).Elts {
+			kv := el.(*ast.KeyValueExpr)
+			path, _ := strconv.Unquote(kv.Key.(*ast.BasicLit).Value)
+			pre := ""
+			for _, f := range kv.Value.(*ast.CompositeLit).Elts {
+				if fkv := f.(*ast.KeyValueExpr); fkv.Key.(*ast.Ident).Name == "pre" {
+					pre = fkv.Value.(*ast.Ident).Name
+				}
+			}
+			an.hidden[path] = pre
+		}
+	}
 }
 
 // statusByName maps net/http's StatusXxx names to their codes, derived from
@@ -380,7 +421,7 @@ func TestDocsStatusAnalysis(t *testing.T) {
 	}{
 		{"GET /v1/info", []int{200}, false},
 		{"POST /v1/sandboxes/{id}/release", []int{204, 400, 404}, true},
-		{"GET /healthz", []int{200, 400, 503}, false},
+		{"GET /healthz", []int{200, 503}, false},
 	} {
 		got, proposes := an.statuses(an.handlers[tc.route])
 		var codes []int

@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -17,9 +16,6 @@ import (
 // destroys to be gone; past it the answer goes out with the drain in
 // effect and the destruction continuing.
 const DrainWait = time.Minute
-
-// drainPoll is how often the drain's wait looks at the state.
-const drainPoll = 5 * time.Millisecond
 
 // handleDrain drains the node (fsm Drain): new claims are refused with the
 // old daemon's 429, refills stop, warm VMs are destroyed. Like the old
@@ -42,7 +38,9 @@ func (s *Server) handleDrain(w http.ResponseWriter, r *http.Request, id auth.Ide
 			vms = append(vms, res.Events[i].AggID)
 		}
 	}
-	s.waitGone(r.Context(), vms)
+	if err := s.waitGone(r.Context(), vms); err != nil {
+		return err
+	}
 	return s.writeInfo(w, r, id)
 }
 
@@ -52,24 +50,33 @@ func (s *Server) handleUncordon(w http.ResponseWriter, r *http.Request, id auth.
 	if err := rootOnly(id); err != nil {
 		return err
 	}
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
-		return err
-	}
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.Uncordon{Meta: m} }, engine.Hooks{}); err != nil {
 		return err
 	}
 	return s.writeInfo(w, r, id)
 }
 
-// waitGone waits, at most DrainWait, until none of vms is in the state.
-func (s *Server) waitGone(ctx context.Context, vms []string) {
+// waitGone waits, at most DrainWait, until none of vms is in the state,
+// watching for their destroyed events. It returns the wait's error only
+// when the server began shutting down first (503 for the drain); past
+// DrainWait the drain answers with its VMs still going.
+func (s *Server) waitGone(ctx context.Context, vms []string) error {
 	if len(vms) == 0 {
-		return
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, DrainWait)
+	ctx, cancel := s.waitContext(ctx, DrainWait)
 	defer cancel()
-	t := time.NewTicker(drainPoll)
-	defer t.Stop()
+	// Watched before the state is read, so no destruction slips past.
+	signal := make(chan struct{}, 1)
+	ws := make([]*watch, len(vms))
+	for i, vm := range vms {
+		ws[i] = s.watchOn(vm, signal, event.TypeVMDestroyed)
+	}
+	defer func() {
+		for _, w := range ws {
+			s.unwatch(w)
+		}
+	}()
 	for {
 		left := 0
 		s.eng.View(func(st *fsm.State) {
@@ -80,24 +87,28 @@ func (s *Server) waitGone(ctx context.Context, vms []string) {
 			}
 		})
 		if left == 0 {
-			return
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			switch {
+			case s.stopping.Err() != nil:
+				return ctx.Err()
+			case errors.Is(ctx.Err(), context.DeadlineExceeded):
 				s.zl.Warn().Int("vms", left).Dur("waited", DrainWait).Msg("api: drain answered before its warm VMs were destroyed")
 			}
-			return
-		case <-t.C:
+			return nil
+		case <-signal:
 		}
 	}
 }
 
-// writeInfo answers the info body once the log is durable up to it.
+// writeInfo answers the info body once the log is durable up to the state
+// it reports (its log_seq): it acknowledges a change.
 func (s *Server) writeInfo(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	out := s.info(id)
-	if err := s.log.WaitDurable(r.Context(), out.LogSeq); err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	if err := s.durableAt(r.Context(), out.LogSeq); err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -115,9 +115,6 @@ func (s *Server) handleDeleteEgressClass(w http.ResponseWriter, r *http.Request,
 	if err := rootOnly(id); err != nil {
 		return err
 	}
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
-		return err
-	}
 	name := r.PathValue("name")
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.RemoveEgressClass{Meta: m, Name: name} }, engine.Hooks{}); err != nil {
 		return err

@@ -149,7 +149,7 @@ func (s *Server) envSandbox(r *http.Request, id auth.Identity) (fsm.ClaimRec, er
 		return c, err
 	}
 	if err != nil || !c.Status.Live() {
-		return c, errorf(http.StatusNotFound, "unknown sandbox")
+		return c, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
 	}
 	return c, nil
 }

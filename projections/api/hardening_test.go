@@ -182,3 +182,38 @@ func TestHugeLastEventIDIsBeyondTheHead(t *testing.T) {
 		t.Fatalf("stream %q, want an error event saying the cursor is beyond the head", b)
 	}
 }
+
+// The data plane authenticates before it reads a body, like every other
+// route: a token that is no credential for the sandbox is the 404 of an
+// unknown id at once, whatever the body (a stalled one included, whose
+// connection is closed), and no bearer token is 401.
+func TestDataPlaneAuthBeforeBody(t *testing.T) {
+	n := hardenedNode(t)
+	exec := func(bearer, body string, length int) string {
+		h := ""
+		if bearer != "" {
+			h = "Authorization: Bearer " + bearer + "\r\n"
+		}
+		return "POST /v1/sandboxes/sb_0000000000000000/exec HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + h +
+			fmt.Sprintf("Content-Length: %d\r\n\r\n", length) + body
+	}
+	for _, tc := range []struct {
+		name, req string
+		want      int
+		msg       string
+	}{
+		{"stalled body, wrong token", exec("nobody", `{"argv":`, 100), http.StatusNotFound, "unknown sandbox"},
+		{"stalled body, no token", exec("", `{"argv":`, 100), http.StatusUnauthorized, "missing bearer token"},
+		{"malformed body, wrong token", exec("nobody", `{"argv":`, 8), http.StatusNotFound, "unknown sandbox"},
+		{"unknown field, root token", exec(rootTok, `{"user":"x"}`, 12), http.StatusNotFound, "unknown sandbox"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, br := rawConn(t, n, tc.req)
+			resp, body := readReply(t, c, br, testBodyTimeout/2)
+			if resp.StatusCode != tc.want || !strings.Contains(body, `"error":"`+tc.msg+`"`) {
+				t.Fatalf("%d %s, want %d %q", resp.StatusCode, body, tc.want, tc.msg)
+			}
+			awaitClosed(t, c, br, time.Second)
+		})
+	}
+}

@@ -172,22 +172,13 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, id auth.
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.ConfigurePools{Meta: m, Pools: specs, Egress: pols} }, engine.Hooks{}); err != nil {
 		return err
 	}
-	// The answer reports the state at its log_seq: it acknowledges the
-	// change, so it goes out once the log is durable up to there.
-	out := s.info(id)
-	if err := s.log.WaitDurable(r.Context(), out.LogSeq); err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	// The answer acknowledges the change (writeInfo).
+	return s.writeInfo(w, r, id)
 }
 
 // handleHealthz answers the old daemon's text: "ok" once the first
 // reconcile finished, a short text with 503 before.
 func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request, _ auth.Identity) error {
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
-		return err
-	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	select {
 	case <-s.ready:

@@ -17,21 +17,14 @@ import (
 // The sandbox's token wakes a hibernated sandbox; root's token is an
 // operator's passive relay: it never wakes one (409 unless running) and
 // holds its idle clock without counting as activity.
-func (s *Server) handlePort(w http.ResponseWriter, r *http.Request, _ auth.Identity) error {
-	if err := requireBearer(r); err != nil {
-		return err
-	}
-	if err := upgradeRequired(w, r, "tcp"); err != nil {
-		return err
-	}
-	port, err := strconv.ParseUint(r.PathValue("port"), 10, 16)
-	if err != nil || port == 0 {
-		return errorf(http.StatusBadRequest, "port must be 1-65535")
-	}
-	root, err := s.sandboxCaller(r, true)
+//
+// dispatch has authenticated the caller, after portPre.
+func (s *Server) handlePort(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	port, err := pathPort(r)
 	if err != nil {
 		return err
 	}
+	root := id.Kind == auth.Root
 	return s.serveUpgrade(w, r, upgrade{
 		kind: fsm.RelayPort, port: int(port), passive: root, proto: "tcp",
 		dial: func(ctx context.Context, vm guestVM) (net.Conn, error) {
@@ -39,6 +32,25 @@ func (s *Server) handlePort(w http.ResponseWriter, r *http.Request, _ auth.Ident
 		},
 		unreachable: "guest port unreachable",
 	})
+}
+
+// portPre is the ports route's checks before the token (hiddenRoute.pre),
+// in the old daemon's order: the upgrade, then the port.
+func portPre(w http.ResponseWriter, r *http.Request) error {
+	if err := upgradeRequired(w, r, "tcp"); err != nil {
+		return err
+	}
+	_, err := pathPort(r)
+	return err
+}
+
+// pathPort is the route's {port}: 1-65535, decimal digits only.
+func pathPort(r *http.Request) (uint64, error) {
+	port, err := strconv.ParseUint(r.PathValue("port"), 10, 16)
+	if err != nil || port == 0 {
+		return 0, errorf(http.StatusBadRequest, "port must be 1-65535")
+	}
+	return port, nil
 }
 
 // dialPort reaches guest port port through the agent: a connection whose

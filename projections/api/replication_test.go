@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -199,5 +201,163 @@ func TestWarmClaimAnsweredAfterConfirmation(t *testing.T) {
 	}
 	if count.Load() != 1 {
 		t.Fatalf("%d confirmations, want 1", count.Load())
+	}
+}
+
+// lingering is an engine that reports a committed OpenRelay as the local
+// engine does when its caller's context ends during the fsync: the events
+// with the context's error. It waits (bounded) for that context to end
+// after committing, and signals committed.
+type lingering struct {
+	eng       *engine.Engine
+	committed chan struct{}
+}
+
+var _ api.Engine = lingering{}
+
+func (l lingering) View(fn func(st *fsm.State)) { l.eng.View(fn) }
+
+func (l lingering) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, hooks engine.Hooks) (engine.Result, error) {
+	res, err := l.eng.ProposeNew(ctx, build, hooks)
+	if _, open := build(fsm.Meta{}).(fsm.OpenRelay); err != nil || !open {
+		return res, err
+	}
+	close(l.committed)
+	select {
+	case <-ctx.Done():
+		return res, ctx.Err()
+	case <-time.After(time.Second):
+		return res, nil
+	}
+}
+
+// A relay whose opening committed although its proposal answered an
+// error (sync replication that did not acknowledge, a client that left
+// during the fsync) is recorded closed: no open relay holds the sandbox's
+// idle clock with no connection behind it.
+func TestRelayOpenErrorAfterCommitIsClosed(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		eng    func(n *nodetest.Node) (api.Engine, chan struct{})
+		cancel bool
+	}{
+		{"unacknowledged", func(n *nodetest.Node) (api.Engine, chan struct{}) { return unconfirmed{eng: n.Engine}, nil }, false},
+		{"client left during the commit", func(n *nodetest.Node) (api.Engine, chan struct{}) {
+			l := lingering{eng: n.Engine, committed: make(chan struct{})}
+			return l, l.committed
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t, 1, nil)
+			c := claimAs(t, n, rootTok, "")
+			eng, committed := tc.eng(n)
+			hs := serveOver(t, n, eng, api.Options{DataPlane: api.DataPlane{Dialer: n.Driver}})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if committed != nil {
+				go func() {
+					<-committed
+					cancel()
+				}()
+			}
+			req, err := http.NewRequestWithContext(ctx, "POST", hs.URL+"/v1/sandboxes/"+c.ID+"/exec", strings.NewReader(`{"argv":["sleep","30"]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer "+c.Token)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if !tc.cancel && resp.StatusCode != http.StatusServiceUnavailable {
+					t.Fatalf("exec: %d %s, want 503", resp.StatusCode, b)
+				}
+			}
+			if got := relayEvents(t, n, c.ID); len(got) == 0 || got[0] != "relay_opened exec" {
+				t.Fatalf("relay events %v, want the exec relay opened", got)
+			}
+			waitRelays(t, n, c.ID, 0)
+		})
+	}
+}
+
+// panicking is an engine whose next proposal of a command of type T
+// panics (once armed), as a bug in a handler's path would.
+type panicking[T fsm.Command] struct {
+	eng   *engine.Engine
+	armed *atomic.Bool
+}
+
+func (p panicking[T]) View(fn func(st *fsm.State)) { p.eng.View(fn) }
+
+func (p panicking[T]) ProposeNew(ctx context.Context, build func(fsm.Meta) fsm.Command, hooks engine.Hooks) (engine.Result, error) {
+	if _, ok := build(fsm.Meta{}).(T); ok && p.armed.CompareAndSwap(true, false) {
+		panic("panicking: a bug")
+	}
+	return p.eng.ProposeNew(ctx, build, hooks)
+}
+
+// postStatus posts body to url with token: the answer's status, 0 when
+// there is none (the connection closed).
+func postStatus(url, token, body string) int {
+	req, err := http.NewRequest("POST", url, strings.NewReader(body))
+	if err != nil {
+		return -1
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// A hibernate or wake that panics while it holds its sandbox's queue
+// leaves it: the next call of that sandbox runs instead of waiting out
+// the lifecycle bound behind it.
+func TestQueuePanicLeaves(t *testing.T) {
+	n := newNode(t, 2, nil)
+	for _, tc := range []struct {
+		name string
+		eng  func(armed *atomic.Bool) api.Engine
+		call func(t *testing.T, base string, c api.ClaimResponse) int
+	}{
+		{"hibernate", func(armed *atomic.Bool) api.Engine { return panicking[fsm.Hibernate]{eng: n.Engine, armed: armed} },
+			func(t *testing.T, base string, c api.ClaimResponse) int {
+				return postStatus(base+"/v1/sandboxes/"+c.ID+"/hibernate", c.Token, "")
+			}},
+		{"a relay's wake", func(armed *atomic.Bool) api.Engine { return panicking[fsm.Wake]{eng: n.Engine, armed: armed} },
+			func(t *testing.T, base string, c api.ClaimResponse) int {
+				hibernateNow(t, n, c.ID, c.Token)
+				return postStatus(base+"/v1/sandboxes/"+c.ID+"/exec", c.Token, `{"argv":["true"]}`)
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := claimAs(t, n, rootTok, "")
+			var armed atomic.Bool
+			armed.Store(true)
+			srv := api.New(api.Config{Node: "n1", OwnerAddr: "127.0.0.1:1", LifecycleWait: 5 * time.Second},
+				tc.eng(&armed), n.Log, n.Auth, api.Options{DataPlane: api.DataPlane{Dialer: n.Driver}})
+			srv.SetReady()
+			hs := httptest.NewUnstartedServer(srv)
+			hs.Config.ErrorLog = log.New(io.Discard, "", 0) // the panic's trace
+			hs.Start()
+			t.Cleanup(hs.Close)
+			// The second server sees the commits too (its waits watch them).
+			n.Engine.SetOnCommit(func(c engine.Commit) {
+				n.Server.OnCommit(c.Events)
+				srv.OnCommit(c.Events)
+				if len(c.Intents) > 0 {
+					n.Executors.Offer(c.Intents)
+				}
+			})
+			if st := tc.call(t, hs.URL, c); st != 0 {
+				t.Fatalf("the panicking call answered %d", st)
+			}
+			began := time.Now()
+			if st := tc.call(t, hs.URL, c); st/100 != 2 {
+				t.Fatalf("the next call: %d after %s, want 2xx", st, time.Since(began))
+			}
+		})
 	}
 }

@@ -71,12 +71,8 @@ func (c *ClaimRequest) normalize() error {
 	if err := validMetadata(c.Metadata); err != nil {
 		return err
 	}
-	switch c.OnExpire {
-	case "", "destroy":
-	case "archive":
-		return errorf(http.StatusBadRequest, "on_expire \"archive\" is not supported on this node (no archive store): use \"destroy\" or leave it out")
-	default:
-		return errorf(http.StatusBadRequest, "on_expire %q must be destroy or archive", c.OnExpire)
+	if err := validOnExpire(c.OnExpire); err != nil {
+		return err
 	}
 	switch {
 	case len(c.Volumes) > 0:
@@ -87,8 +83,23 @@ func (c *ClaimRequest) normalize() error {
 	return nil
 }
 
-// clampTTL is the old daemon's lease rule: 0 or less is the default, over
-// MaxTTL is MaxTTL.
+// validOnExpire checks the old daemon's action at a lease's deadline (a
+// claim's or a renew's): "destroy" (or none) is what sbxlog does; "archive"
+// needs an archive store, which sbxlog does not have, and is refused rather
+// than ignored.
+func validOnExpire(v string) error {
+	switch v {
+	case "", "destroy":
+		return nil
+	case "archive":
+		return errorf(http.StatusBadRequest, "on_expire \"archive\" is not supported on this node (no archive store): use \"destroy\" or leave it out")
+	}
+	return errorf(http.StatusBadRequest, "on_expire %q must be destroy or archive", v)
+}
+
+// clampTTL is the old daemon's lease rule (a claim's and a renew's): 0 or
+// less is the default, over MaxTTL is MaxTTL; the old daemon clamped, it
+// did not refuse.
 func clampTTL(s int64) int64 {
 	switch {
 	case s <= 0:

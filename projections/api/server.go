@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -45,6 +46,10 @@ type Log interface {
 }
 
 var _ Log = (*eventlog.Log)(nil)
+
+// ErrShuttingDown: the server began shutting down (BeginShutdown); waiting
+// requests and new relays are answered 503 with it.
+var ErrShuttingDown = errors.New("sandboxd is shutting down")
 
 // The old daemon's texts for a missing or unknown token and for a known
 // token of a kind the route does not take (its clients show them).
@@ -133,6 +138,11 @@ type Server struct {
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
 
+	// stopping ends when the server begins shutting down (BeginShutdown):
+	// the waits of handlers derive from it (waitContext).
+	stopping     context.Context
+	stopHandlers context.CancelFunc
+
 	data *dataPlane // the routes to guests (dataplane.go)
 }
 
@@ -181,6 +191,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
 	}
+	s.stopping, s.stopHandlers = context.WithCancel(context.Background())
 	s.vms = newVMView()
 	s.data = newDataPlane(s, opts.DataPlane)
 	s.mux = http.NewServeMux()
@@ -244,9 +255,11 @@ func (s *Server) register() {
 	add("GET", "/v1/sandboxes/{id}/env", "root|tenant", s.handleGetEnv, root, tenant)
 	add("PUT", "/v1/sandboxes/{id}/env", "root|tenant", s.handlePutEnv, root, tenant)
 	add("PATCH", "/v1/sandboxes/{id}/env", "root|tenant", s.handlePatchEnv, root, tenant)
-	add("GET", "/v1/sandboxes/{id}/agent", "sandbox", s.handleAgent)            // authenticates itself (agent.go)
-	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort) // authenticates itself (ports.go)
-	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec)             // authenticates itself (exec.go)
+	// The data plane: any caller it does not take is the old daemon's 404
+	// (hiddenRoutes), after the header and path checks it made first.
+	add("GET", "/v1/sandboxes/{id}/agent", "sandbox", s.handleAgent, sandbox)
+	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort, root, sandbox)
+	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec, sandbox)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
 	add("GET", "/v1/info", "root", s.handleInfo, root)
@@ -289,6 +302,7 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 	}
 	sort.Strings(methods)
 	allow := strings.Join(methods, ", ")
+	hidden, hides := hiddenRoutes[path]
 	return func(w http.ResponseWriter, r *http.Request) {
 		entry, ok := table[r.Method]
 		if !ok {
@@ -297,26 +311,33 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 			return
 		}
 		hasBody := r.ContentLength > 0 || (r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody)
-		// Authentication before the body: a caller without a valid token
-		// gets its 401/403 at once, and the connection is closed rather
-		// than drained, so a stalled body holds nothing.
+		// Authentication before the body, on every route that takes a
+		// token: a caller without a valid one gets its 401/403/404 at once,
+		// and the connection is closed rather than drained, so a stalled
+		// body holds nothing.
 		var id auth.Identity
 		if len(entry.allow) > 0 {
 			bearer := auth.Bearer(r)
+			if hides && bearer != "" && hidden.pre != nil {
+				if err := hidden.pre(w, r); err != nil {
+					refuseBodyIf(hasBody, w, err)
+					return
+				}
+			}
 			id = s.auth.Identify(bearer, r.PathValue("id"), s.tokenGen)
-			if unknown, verb := sandboxVerbs[path]; verb && id.Kind == auth.Anonymous {
-				refuseBodyIf(hasBody, w, refuseSandboxCaller(bearer, unknown))
-				return
-			}
-			if id.Kind == auth.Anonymous {
-				refuseBodyIf(hasBody, w, errorf(http.StatusUnauthorized, "%s", errInvalidToken))
-				return
-			}
 			permitted := false
 			for _, k := range entry.allow {
 				permitted = permitted || k == id.Kind
 			}
-			if !permitted {
+			switch {
+			case permitted:
+			case hides:
+				refuseBodyIf(hasBody, w, refuseSandboxCaller(bearer, hidden.unknown))
+				return
+			case id.Kind == auth.Anonymous:
+				refuseBodyIf(hasBody, w, errorf(http.StatusUnauthorized, "%s", errInvalidToken))
+				return
+			default:
 				refuseBodyIf(hasBody, w, errorf(http.StatusForbidden, "%s", errOperatorOnly))
 				return
 			}
@@ -429,6 +450,8 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &ae), errors.Is(err, engine.ErrStopped):
 		s.zl.Error().Err(err).Str("path", r.URL.Path).Msg("api: op log unavailable")
 		writeError(w, errorf(http.StatusServiceUnavailable, "op log unavailable: %v", err))
+	case errors.Is(err, context.Canceled) && s.stopping.Err() != nil:
+		writeError(w, errorf(http.StatusServiceUnavailable, "%v", ErrShuttingDown))
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		writeError(w, errorf(http.StatusServiceUnavailable, "request cancelled or timed out: %v", err))
 	default:
@@ -448,10 +471,57 @@ func (s *Server) tokenGen(id string) (uint64, bool) {
 	s.eng.View(func(st *fsm.State) {
 		c, found := st.Claim(id)
 		if found {
-			gen, ok = uint64(max(c.TokenGen, 1)), true
+			gen, ok = tokenGenOf(&c), true
 		}
 	})
 	return gen, ok
+}
+
+// tokenGenOf is c's sandbox token generation (the state's 0 means 1).
+func tokenGenOf(c *fsm.ClaimRec) uint64 { return uint64(max(c.TokenGen, 1)) }
+
+// durableRead runs read on the state and returns once the log is durable
+// up to the state it read, with that state's sequence: an answer built
+// from the read acknowledges nothing a crash could take back (the state
+// runs ahead of the log by the fsync in flight).
+func (s *Server) durableRead(ctx context.Context, read func(st *fsm.State)) (uint64, error) {
+	var seq uint64
+	s.eng.View(func(st *fsm.State) {
+		read(st)
+		seq = st.Applied()
+	})
+	return seq, s.durableAt(ctx, seq)
+}
+
+// durableAt waits until the log is durable up to seq: ctx's error when it
+// ends first, ErrUnavailable when the log fails.
+func (s *Server) durableAt(ctx context.Context, seq uint64) error {
+	if err := s.log.WaitDurable(ctx, seq); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// BeginShutdown ends the waits of the handlers in flight (a hibernate or
+// wake waiting for its outcome or its turn, a claim waiting for its VM, a
+// drain waiting for its VMs, a relay waiting for its sandbox to run): they
+// answer 503 at once instead of holding http.Server.Shutdown until its
+// bound, which would leave the executors no time to stop. The node calls it
+// first on Stop. Idempotent.
+func (s *Server) BeginShutdown() { s.stopHandlers() }
+
+// waitContext bounds a handler's wait: d, ctx's own end, and the server's
+// shutdown (BeginShutdown), whichever comes first.
+func (s *Server) waitContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	unhook := context.AfterFunc(s.stopping, cancel)
+	return ctx, func() {
+		unhook()
+		cancel()
+	}
 }
 
 // SetReady marks the first reconcile as finished: the VM view may now send

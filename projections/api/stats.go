@@ -52,10 +52,9 @@ type SandboxStats struct {
 // handleStats answers GET /v1/sandboxes/{id}/stats for a live claim.
 // Reading never wakes, touches or changes the sandbox.
 func (s *Server) handleStats(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	sid := r.PathValue("id")
-	c, ok := s.claim(sid)
-	if !ok || !c.Status.Live() || (id.Kind == auth.Sandbox && id.SandboxID != sid) {
-		return errorf(http.StatusNotFound, "unknown sandbox")
+	c, err := s.target(r, id, true)
+	if err != nil {
+		return err
 	}
 	size, _ := fsm.SizeNamed(c.Key.Size)
 	out := SandboxStats{

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // checkStrictJSON reports the first object key in data that encoding/json
@@ -18,7 +19,7 @@ import (
 // after it: on input it cannot follow, the scan stops and reports nothing.
 //
 // It scans the bytes itself, without allocating for a well-formed body
-// whose keys have no escapes: it runs on every claim.
+// whose keys have no escapes and are valid UTF-8: it runs on every claim.
 func checkStrictJSON(data []byte, t reflect.Type) error {
 	s := scanner{b: data}
 	if err := s.value(t, ""); err != nil && err != errStop {
@@ -178,7 +179,10 @@ func (s *scanner) object(t reflect.Type, path string) error {
 			return err
 		}
 		key := raw
-		if escaped {
+		// Escapes, and invalid UTF-8 (which the decoder reads as U+FFFD),
+		// make the key the decoder sees differ from its bytes: compare
+		// that one.
+		if escaped || !utf8.Valid(raw) {
 			var k string
 			if json.Unmarshal(s.b[s.i-len(raw)-2:s.i], &k) != nil {
 				return errStop

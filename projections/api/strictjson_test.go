@@ -31,3 +31,24 @@ func TestStrictJSONCostIsBounded(t *testing.T) {
 		t.Fatalf("a deep array is the decoder's to refuse: %v", err)
 	}
 }
+
+// Keys are compared as the decoder sees them: invalid UTF-8 is U+FFFD to
+// it, so keys that differ only there are one key, kept last.
+func TestStrictJSONInvalidUTF8Keys(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		dup        bool
+	}{
+		{"two invalid bytes", "{\"metadata\":{\"a\xff\":\"1\",\"a\xfe\":\"2\"}}", true},
+		{"an invalid byte and its replacement, escaped", "{\"metadata\":{\"a\xff\":\"1\",\"a\\ufffd\":\"2\"}}", true},
+		{"an invalid byte and its replacement, raw", "{\"metadata\":{\"a\xff\":\"1\",\"a\uFFFD\":\"2\"}}", true},
+		{"different keys", "{\"metadata\":{\"a\xff\":\"1\",\"b\xff\":\"2\"}}", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkStrictJSON([]byte(tc.body), reflect.TypeOf(&ClaimRequest{}))
+			if got := err != nil && strings.Contains(err.Error(), "duplicate field"); got != tc.dup {
+				t.Fatalf("%q: %v, want duplicate %v", tc.body, err, tc.dup)
+			}
+		})
+	}
+}

@@ -66,7 +66,7 @@ type TenantRequest struct {
 // for that answer).
 func rootOnly(id auth.Identity) error {
 	if id.Kind != auth.Root {
-		return errorf(http.StatusForbidden, "operator token required")
+		return errorf(http.StatusForbidden, "%s", errOperatorOnly)
 	}
 	return nil
 }
@@ -82,9 +82,8 @@ func (s *Server) operatorOnly(id auth.Identity) error {
 }
 
 // tenantSpec validates what the fsm cannot see (the token itself: not the
-// root token) and the egress class against the node's classes (the state
-// lets a tenant name a class that does not exist: its sandboxes get no
-// policy; the old daemon refused it), and hashes the token.
+// root token) and hashes the token; the fsm refuses an egress class that
+// does not exist, as the old daemon did.
 func (s *Server) tenantSpec(name, token string, maxClaims int, class string) (fsm.TenantSpec, error) {
 	spec := fsm.TenantSpec{Name: name, MaxClaims: maxClaims, EgressClass: class}
 	if token != "" {
@@ -92,13 +91,6 @@ func (s *Server) tenantSpec(name, token string, maxClaims int, class string) (fs
 			return spec, errorf(http.StatusBadRequest, "invalid tenant: tenant %q: token must differ from api_token", name)
 		}
 		spec.TokenSHA256 = auth.HashToken(token)
-	}
-	if class != "" {
-		var known bool
-		s.eng.View(func(st *fsm.State) { _, known = st.EgressClass(class) })
-		if !known {
-			return spec, errorf(http.StatusBadRequest, "invalid tenant: tenant %q names unknown egress class %q", name, class)
-		}
 	}
 	return spec, nil
 }
@@ -108,29 +100,39 @@ func (s *Server) handleTenants(w http.ResponseWriter, r *http.Request, id auth.I
 	if err := s.operatorOnly(id); err != nil {
 		return err
 	}
-	return s.writeTenants(w, r)
+	pg, err := tenantQuery(r)
+	if err != nil {
+		return err
+	}
+	return s.writeTenants(w, r, pg)
 }
 
-// writeTenants answers the tenant list page the query asks for, once the
-// log is durable up to the state it reports.
-func (s *Server) writeTenants(w http.ResponseWriter, r *http.Request) error {
+// tenantPaging is the page a tenant list's query asks for.
+type tenantPaging struct {
+	after string
+	limit int
+}
+
+// tenantQuery reads ?after= and ?limit= (default DefaultTenantLimit).
+func tenantQuery(r *http.Request) (tenantPaging, error) {
 	q := r.URL.Query()
-	limit := DefaultTenantLimit
+	pg := tenantPaging{after: q.Get("after"), limit: DefaultTenantLimit}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > MaxTenantLimit {
-			return errorf(http.StatusBadRequest, "limit must be 1..%d", MaxTenantLimit)
+			return pg, errorf(http.StatusBadRequest, "limit must be 1..%d", MaxTenantLimit)
 		}
-		limit = n
+		pg.limit = n
 	}
-	after := q.Get("after")
+	return pg, nil
+}
+
+// writeTenants answers the tenant list page pg, once the log is durable up
+// to the state it reports.
+func (s *Server) writeTenants(w http.ResponseWriter, r *http.Request, pg tenantPaging) error {
 	var out TenantList
-	var applied uint64
-	s.eng.View(func(st *fsm.State) {
-		out, applied = tenantPage(st, after, limit), st.Applied()
-	})
-	if err := s.log.WaitDurable(r.Context(), applied); err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	if _, err := s.durableRead(r.Context(), func(st *fsm.State) { out = tenantPage(st, pg.after, pg.limit) }); err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -189,10 +191,16 @@ func (s *Server) handlePutTenants(w http.ResponseWriter, r *http.Request, id aut
 			return err
 		}
 	}
+	// The answer's page is read before the change: a bad query must not be
+	// a 400 for a set already replaced.
+	pg, err := tenantQuery(r)
+	if err != nil {
+		return err
+	}
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.SetTenants{Meta: m, Tenants: specs} }, engine.Hooks{}); err != nil {
 		return err
 	}
-	return s.writeTenants(w, r)
+	return s.writeTenants(w, r, pg)
 }
 
 // handlePutTenant creates or changes one tenant (PUT /v1/tenants/{name}):
@@ -221,9 +229,6 @@ func (s *Server) handlePutTenant(w http.ResponseWriter, r *http.Request, id auth
 // unknown name is 404 {"error":"unknown tenant"}, which old clients compare.
 func (s *Server) handleDeleteTenant(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	if err := s.operatorOnly(id); err != nil {
-		return err
-	}
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
 		return err
 	}
 	name := r.PathValue("name")

@@ -324,3 +324,17 @@ func TestDrainRoutes(t *testing.T) {
 		t.Fatalf("info of an uncordoned node: %s", raw)
 	}
 }
+
+// PUT /v1/tenants reads its answer's page before it changes the set: a bad
+// ?limit= is 400 with nothing changed, not a 400 for a change made.
+func TestPutTenantsBadPageChangesNothing(t *testing.T) {
+	n := newNode(t, 0, func(o *nodetest.Options) { o.NoExecutors = true })
+	before, seq := tenantList(t, n, ""), n.Log.LastSeq()
+	for _, q := range []string{"?limit=0", "?limit=10001", "?limit=x"} {
+		errorIs(t, mustStatus(t, n, 400, "PUT", "/v1/tenants"+q, rootTok, `{"tenants":[{"name":"z","token":"tz"}]}`), "limit must be 1..10000")
+	}
+	if got := tenantList(t, n, ""); got.Digest != before.Digest || n.Log.LastSeq() != seq {
+		t.Fatalf("after refused puts: digest %s (was %s), log %d -> %d", got.Digest, before.Digest, seq, n.Log.LastSeq())
+	}
+	mustStatus(t, n, 401, "GET", "/v1/sandboxes", "tz", "")
+}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -88,23 +89,41 @@ func (s *Server) transition(w http.ResponseWriter, r *http.Request, id auth.Iden
 	if async {
 		return s.transitionAsync(w, r, c.ID, op)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.LifecycleWait)
+	ctx, cancel := s.waitContext(r.Context(), s.cfg.LifecycleWait)
 	defer cancel()
 	if err := s.queue.enter(ctx, c.ID); err != nil {
 		return s.waitErr(r, c.ID, op, "queued behind earlier hibernate and wake calls of this sandbox", err)
 	}
-	err = s.runTransition(ctx, r, c.ID, op)
 	// The answer leaves before the next call of the queue starts, so the
-	// calls of one sandbox are answered in the order they run.
+	// calls of one sandbox are answered in the order they run. Deferred, so
+	// that a panic (net/http recovers it) leaves the queue too, unanswered.
+	rc := http.NewResponseController(w)
+	answered := false
+	defer func() {
+		if answered {
+			_ = rc.Flush()
+			_ = rc.SetWriteDeadline(time.Time{})
+		}
+		s.queue.leave(c.ID)
+	}()
+	err = s.runTransition(ctx, r, c.ID, op)
+	// A caller that does not read its answers (pipelined requests filling
+	// the socket buffers) must not hold the sandbox's queue: the write is
+	// bounded. A socket deadline: the real clock.
+	_ = rc.SetWriteDeadline(time.Now().Add(queuedAnswerWait))
+	answered = true
 	if err != nil {
 		s.writeErr(w, r, err)
 	} else {
 		w.WriteHeader(http.StatusNoContent)
 	}
-	_ = http.NewResponseController(w).Flush()
-	s.queue.leave(c.ID)
 	return nil
 }
+
+// queuedAnswerWait bounds writing a hibernate or wake's answer while the
+// call holds its sandbox's queue: far beyond what a reading client needs
+// for a few hundred bytes.
+const queuedAnswerWait = 5 * time.Second
 
 // runTransition brings sandbox id to op.to and returns nil once it is
 // there: it proposes op's command when the sandbox is in op.from, waits
@@ -152,7 +171,7 @@ func (s *Server) outcome(ctx context.Context, r *http.Request, wt *watch, seq ui
 		// The answer reports ev: it goes out once the log is durable up to
 		// it (OnCommit saw it durable here; with synchronous replication
 		// the Log waits for JetStream too).
-		err = s.durable(ctx, ev.Seq)
+		err = s.durableAt(ctx, ev.Seq)
 	}
 	switch {
 	case err != nil:
@@ -212,24 +231,11 @@ func (s *Server) waitErr(r *http.Request, id string, op *transitionOp, doing str
 	return &httpError{status: http.StatusServiceUnavailable, id: id, msg: msg}
 }
 
-// durableState reads claim id once the log is durable up to the state it
-// was read from, and that state's sequence: the events after it are the
-// ones the read did not see.
+// durableState reads claim id with durableRead, and that state's
+// sequence: the events after it are the ones the read did not see.
 func (s *Server) durableState(ctx context.Context, id string) (c fsm.ClaimRec, found bool, seq uint64, err error) {
-	s.eng.View(func(st *fsm.State) { c, found = st.Claim(id); seq = st.Applied() })
-	return c, found, seq, s.durable(ctx, seq)
-}
-
-// durable waits until the log is durable up to seq: ctx's error when it
-// ended first, else the log's as ErrUnavailable.
-func (s *Server) durable(ctx context.Context, seq uint64) error {
-	if err := s.log.WaitDurable(ctx, seq); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	return nil
+	seq, err = s.durableRead(ctx, func(st *fsm.State) { c, found = st.Claim(id) })
+	return c, found, seq, err
 }
 
 // transitionAsync is hibernate or wake answered once the request is

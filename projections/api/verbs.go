@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -18,30 +17,17 @@ type RenewRequest struct {
 	// TTLSeconds is the new lease from now: 0 or negative is the default
 	// (5 min), over 24 h is 24 h (the old daemon clamped, it did not refuse).
 	TTLSeconds int64 `json:"ttl_seconds"`
-	// OnExpire is the old daemon's action at the deadline: "destroy" (or
-	// none) is what sbxlog does; "archive" needs an archive store, which
-	// sbxlog does not have, and is refused rather than ignored.
+	// OnExpire is the old daemon's action at the deadline (validOnExpire).
 	OnExpire string `json:"on_expire,omitempty"`
 }
 
-// normalize validates on_expire and clamps the ttl into what the state
-// machine takes.
+// normalize validates on_expire and clamps the ttl (clampTTL).
 func (r *RenewRequest) normalize() error {
-	switch r.OnExpire {
-	case "", "destroy":
-	case "archive":
-		return errorf(http.StatusBadRequest, `on_expire "archive" is not supported: this node has no archive store (a sandbox is destroyed at its deadline)`)
-	default:
-		return errorf(http.StatusBadRequest, "on_expire %q must be destroy or archive", r.OnExpire)
+	if err := validOnExpire(r.OnExpire); err != nil {
+		return err
 	}
-	r.TTLSeconds = clampTTLSeconds(r.TTLSeconds)
+	r.TTLSeconds = clampTTL(r.TTLSeconds)
 	return nil
-}
-
-// clampTTLSeconds is the old daemon's lease rule: 0 or negative is the
-// default (0 to the state machine), more than MaxTTL is MaxTTL.
-func clampTTLSeconds(ttl int64) int64 {
-	return min(max(ttl, 0), int64(MaxTTL/time.Second))
 }
 
 // The old daemon's 404 texts of the sandbox verbs, which its clients show
@@ -51,22 +37,38 @@ const (
 	errNotOwnedHere   = "not owned here"
 )
 
-// sandboxVerbs are the routes that answer callers as the old daemon's
-// sandbox verbs did, by path, with the 404 text of each: no bearer token is
-// 401 "missing bearer token" (even on a node without a root token), and a
-// token that is no credential for the sandbox named (a wrong or forgotten
-// sandbox token, another sandbox's) is the same 404 an unknown id gets, so
-// a client cannot tell an id that exists from one that does not.
-var sandboxVerbs = map[string]string{
-	"/v1/sandboxes/{id}/release":   errUnknownSandbox,
-	"/v1/sandboxes/{id}/hibernate": errUnknownSandbox,
-	"/v1/sandboxes/{id}/wake":      errUnknownSandbox,
-	"/v1/sandboxes/{id}/renew":     errUnknownSandbox,
-	"/v1/sandboxes/{id}/owner":     errNotOwnedHere,
+// hiddenRoute is how a route that hides which sandboxes exist answers a
+// caller it does not take.
+type hiddenRoute struct {
+	// unknown is the route's 404 text.
+	unknown string
+	// pre, when set, are the header and path checks the old daemon made
+	// before the token (an upgrade's 426, a port's 400): dispatch runs them
+	// for a caller with a bearer token, before authenticating it. They read
+	// no body.
+	pre func(w http.ResponseWriter, r *http.Request) error
 }
 
-// refuseSandboxCaller is dispatch's answer on a sandbox verb's route to a
-// caller it could not identify.
+// hiddenRoutes are the routes that answer callers as the old daemon's
+// sandbox verbs and data plane did, by path: no bearer token is 401
+// "missing bearer token" (even on a node without a root token), and a
+// token that is no credential for the sandbox named (a wrong or forgotten
+// sandbox token, another sandbox's, a kind the route does not take) is the
+// same 404 an unknown id gets, so a client cannot tell an id that exists
+// from one that does not.
+var hiddenRoutes = map[string]hiddenRoute{
+	"/v1/sandboxes/{id}/release":      {unknown: errUnknownSandbox},
+	"/v1/sandboxes/{id}/hibernate":    {unknown: errUnknownSandbox},
+	"/v1/sandboxes/{id}/wake":         {unknown: errUnknownSandbox},
+	"/v1/sandboxes/{id}/renew":        {unknown: errUnknownSandbox},
+	"/v1/sandboxes/{id}/owner":        {unknown: errNotOwnedHere},
+	"/v1/sandboxes/{id}/agent":        {unknown: errUnknownSandbox, pre: agentPre},
+	"/v1/sandboxes/{id}/ports/{port}": {unknown: errUnknownSandbox, pre: portPre},
+	"/v1/sandboxes/{id}/exec":         {unknown: errUnknownSandbox},
+}
+
+// refuseSandboxCaller is dispatch's answer on a hidden route to a caller
+// the route does not take.
 func refuseSandboxCaller(bearer, unknown string) error {
 	if bearer == "" {
 		return errorf(http.StatusUnauthorized, "missing bearer token")

@@ -30,7 +30,13 @@ var claimOutcomes = []event.Type{event.TypeClaimServed, event.TypeClaimFailed, e
 // watch registers a watch of the events of the given types about sandbox id.
 // End it with unwatch.
 func (s *Server) watch(id string, types ...event.Type) *watch {
-	w := &watch{id: id, types: types, signal: make(chan struct{}, 1)}
+	return s.watchOn(id, make(chan struct{}, 1), types...)
+}
+
+// watchOn is watch signalling on signal (cap 1), which several watches
+// may share.
+func (s *Server) watchOn(id string, signal chan struct{}, types ...event.Type) *watch {
+	w := &watch{id: id, types: types, signal: signal}
 	s.waitMu.Lock()
 	s.waiters[id] = append(s.waiters[id], w)
 	s.waitMu.Unlock()

@@ -678,6 +678,16 @@ func (n *Node) snapshot() {
 	n.zl.Info().Uint64("seq", seq).Int("bytes", len(data)).Dur("elapsed", time.Since(start)).Msg("state snapshot saved")
 }
 
+// Stop's bounds, one per step: the relays' ends recorded (a few seconds,
+// plus a sync-mode proposal), the HTTP requests in flight answered (their
+// waits end at once), the executors' running calls finished (VM
+// operations, the longest).
+const (
+	stopRelaysWait    = 10 * time.Second
+	stopHTTPWait      = 10 * time.Second
+	stopExecutorsWait = 10 * time.Second
+)
+
 // Stop is SIGTERM: end the relays, stop serving, stop the executors (VMs
 // keep running), close the egress proxy's doors, record the egress usage,
 // stop the engine, snapshot, flush replication, close everything. It is
@@ -686,22 +696,32 @@ func (n *Node) Stop() error {
 	var err error
 	n.stopOnce.Do(func() {
 		close(n.stopped)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
+		// Each step has its own bound: one that runs long must not leave
+		// the next (the executors' recipes) an expired context.
+		step := func(bound time.Duration, fn func(ctx context.Context)) {
+			ctx, cancel := context.WithTimeout(context.Background(), bound)
+			defer cancel()
+			fn(ctx)
+		}
 		if n.Server != nil {
+			// The requests waiting on an outcome (a hibernate, a claim's
+			// VM, a drain) answer 503 now instead of holding Shutdown.
+			n.Server.BeginShutdown()
 			// Relays run on hijacked connections, which Shutdown leaves
 			// alone, and a buffered exec would hold Shutdown up: end them
 			// first (new ones are refused) and record them closed while the
 			// engine runs.
-			n.Server.CloseRelays(ctx)
+			step(stopRelaysWait, n.Server.CloseRelays)
 		}
 		if n.http != nil {
-			_ = n.http.Shutdown(ctx)
+			step(stopHTTPWait, func(ctx context.Context) { _ = n.http.Shutdown(ctx) })
 		}
 		if n.Executors != nil {
-			if e := n.Executors.Shutdown(ctx); e != nil {
-				n.zl.Warn().Err(e).Msg("executors did not stop in time; their intents re-run on the next start")
-			}
+			step(stopExecutorsWait, func(ctx context.Context) {
+				if e := n.Executors.Shutdown(ctx); e != nil {
+					n.zl.Warn().Err(e).Msg("executors did not stop in time; their intents re-run on the next start")
+				}
+			})
 		}
 		if n.Proxy != nil {
 			// The doors close before the meter's last flush, so the bytes
@@ -762,6 +782,8 @@ func (n *Node) closeAll() {
 	}
 	if n.Proxy != nil {
 		// The doors go with the process; the taps' locks stay in the kernel.
+		// Stop closed them already, before the meter's last flush (Close
+		// is idempotent); this serves Kill and a failed Start.
 		n.Proxy.Close()
 	}
 	if n.Repl != nil {
