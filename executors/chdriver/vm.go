@@ -91,8 +91,9 @@ func (d *Driver) waitReady(ctx context.Context, api API, runDir string, timeout 
 // teardown rolls a VM's run dir back to nothing: its VMM, tap and files.
 // An egress tap goes before its lock, and the lock stays when the VMM could
 // not be stopped (or its pid not be read) or the tap not be deleted: a guest
-// that may still run is never on an unlocked tap. A lock left behind keeps
-// its door port until the VM's destroy, or the start-up reconcile removes it
+// that may still run is never on an unlocked tap. A lock left behind (a
+// failed clone's VM is dropped from the state, so no destroy follows) keeps
+// its table and door port until the next start-up reconcile removes both
 // (the kernel keeps a netdev table whose device is gone).
 func (d *Driver) teardown(r *run, vm, runDir string, egress bool) {
 	d.closeDoors(vm)

@@ -233,6 +233,11 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return err
 	}
 	switch {
+	case c.Status == fsm.ClaimPending && s.stopping.Err() != nil:
+		// Still pending as the node stops: served or failed after the
+		// restart.
+		s.metrics.claim("timeout", c.Tier.String(), time.Since(start))
+		return &httpError{status: http.StatusServiceUnavailable, id: claimID, msg: ErrShuttingDown.Error()}
 	case c.Status == fsm.ClaimPending:
 		// Still pending: the client gave up or the wait bound passed. The
 		// state will fail it at its serve deadline; say so.

@@ -353,6 +353,16 @@ func (l *Lane) Reconcile(members []Member) (Report, error) {
 	l.mu.Unlock()
 	for _, m := range kept {
 		if err := l.isolate(m.Tap); err != nil {
+			// A lock whose tap is gone (deleted, not yet unlocked) is
+			// not a failure: there is no guest behind it to stop.
+			if exists, terr := l.ops.TapExists(m.Tap); terr == nil && !exists {
+				_ = l.ops.Remove(m.Tap)
+				l.mu.Lock()
+				l.freeLocked(m.VM)
+				l.mu.Unlock()
+				rep.NoTap = append(rep.NoTap, m.VM)
+				continue
+			}
 			rep.Failed[m.VM] = err
 			continue
 		}
@@ -396,6 +406,7 @@ func (l *Lane) Reconcile(members []Member) (Report, error) {
 		rep.Removed = append(rep.Removed, tap)
 	}
 	sort.Strings(rep.Removed)
+	sort.Strings(rep.NoTap)
 	return rep, nil
 }
 

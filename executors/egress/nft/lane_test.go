@@ -171,15 +171,24 @@ func TestLaneReconcile(t *testing.T) {
 	k.tables["tap9"] = State{Tap: "tap9", Lock: lock(9, 30007), OK: true} // nobody's: removed
 	k.tables["tap7"] = State{Tap: "tap7", Lock: lock(7, 30005), OK: true} // nobody's either
 	// tap3: no table, tap exists: repaired. tap4: no tap at all. tap5: install fails.
+	// tap6: a right table, but its tap is gone (deleted, not yet unlocked).
 	delete(k.taps, "tap4")
+	delete(k.taps, "tap6")
+	k.tables["tap6"] = State{Tap: "tap6", Lock: lock(6, 30008), OK: true}
 	k.failOn = "tap5"
 
 	l := fakeLane(t, k, PortRange{First: 30000, Last: 30009})
-	rep, err := l.Reconcile(numbered(6))
+	rep, err := l.Reconcile(numbered(7))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Kept != 1 || !slices.Equal(rep.Repaired, []string{"vm1", "vm2", "vm3"}) || !slices.Equal(rep.NoTap, []string{"vm4"}) ||
+	if _, ok := k.tables["tap6"]; ok {
+		t.Fatal("the lock of a tap that is gone was kept")
+	}
+	if d, ok := l.Door("vm6"); ok {
+		t.Fatalf("vm6 (no tap) keeps door %s", d)
+	}
+	if rep.Kept != 1 || !slices.Equal(rep.Repaired, []string{"vm1", "vm2", "vm3"}) || !slices.Equal(rep.NoTap, []string{"vm4", "vm6"}) ||
 		!slices.Equal(rep.Removed, []string{"tap7", "tap9"}) || len(rep.Failed) != 1 || rep.Failed["vm5"] == nil {
 		t.Fatalf("report %+v", rep)
 	}

@@ -35,6 +35,7 @@ type door struct {
 	flows     map[*flow]struct{}
 	sandboxes map[string]bool // every sandbox served, for the Server's settle
 	wg        sync.WaitGroup
+	sniffing  sync.WaitGroup // TCP connections still in hostPeer (the Server's netlink handle)
 	stop      chan struct{}
 }
 
@@ -75,7 +76,7 @@ func (s *Server) openDoor(vm string, spec Doors) (*door, error) {
 		binds = append(binds, bind{"unix", spec.SocksSocket, true, false})
 	}
 	for _, b := range binds {
-		ln, err := listenDoor(b.network, b.addr)
+		ln, err := listenDoor(b.network, b.addr, d.nl)
 		if err != nil {
 			for _, l := range d.lns {
 				l.Close()
@@ -120,6 +121,7 @@ func (d *door) accept(ln net.Listener, socks, sniff bool) {
 		case socks:
 			go d.serveSocks(tc)
 		case sniff:
+			d.sniffing.Add(1)
 			go d.sniff(tc)
 		default:
 			d.httpConns.push(tc)
@@ -130,7 +132,9 @@ func (d *door) accept(ln net.Listener, socks, sniff bool) {
 // sniff sends a TCP door's connection to SOCKS5 (first byte 5) or HTTP;
 // one from the host itself is closed unread.
 func (d *door) sniff(c *trackedConn) {
-	if d.hostPeer(c.Conn) {
+	local := d.hostPeer(c.Conn)
+	d.sniffing.Done()
+	if local {
 		c.Close()
 		return
 	}
@@ -221,6 +225,9 @@ func (d *door) close() map[string]bool {
 	}
 	d.transport.CloseIdleConnections()
 	d.wg.Wait()
+	// No accept loop runs now, so no sniff starts; the ones started are
+	// past their route lookup before the Server may close its handle.
+	d.sniffing.Wait()
 	d.mu.Lock()
 	flows := make([]*flow, 0, len(d.flows))
 	for f := range d.flows {

@@ -405,8 +405,9 @@ func (s *Server) record(sandbox, doorName string, d egress.Decision) {
 }
 
 // listenDoor binds one door: a unix socket (a stale file removed first)
-// or TCP, bound to the device that holds the door's address.
-func listenDoor(network, addr string) (net.Listener, error) {
+// or TCP, bound to the device that holds the door's address (found
+// through nl, the Server's netlink handle, which TCP doors have).
+func listenDoor(network, addr string, nl *netlink.Handle) (net.Listener, error) {
 	if network == "unix" {
 		if err := os.Remove(addr); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, err
@@ -422,7 +423,7 @@ func listenDoor(network, addr string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("door %s: %w", addr, err)
 	}
-	dev, err := deviceOf(ap.Addr())
+	dev, err := deviceOf(nl, ap.Addr())
 	if err != nil {
 		return nil, fmt.Errorf("door %s: %w", addr, err)
 	}
@@ -447,24 +448,27 @@ func listenDoor(network, addr string) (net.Listener, error) {
 }
 
 // deviceOf is the interface that holds ip (the egress bridge for a lane's
-// door).
-func deviceOf(ip netip.Addr) (string, error) {
-	ifs, err := net.Interfaces()
+// door): one dump of the addresses and one link lookup, whatever the
+// number of interfaces (a host with many taps has many).
+func deviceOf(nl *netlink.Handle, ip netip.Addr) (string, error) {
+	if nl == nil {
+		return "", errors.New("no netlink handle")
+	}
+	addrs, err := nl.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return "", err
 	}
 	want := ip.Unmap().WithZone("")
-	for _, ifc := range ifs {
-		addrs, err := ifc.Addrs()
-		if err != nil {
-			return "", err
+	for _, a := range addrs {
+		if a.IPNet == nil {
+			continue
 		}
-		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok {
-				if got, ok := netip.AddrFromSlice(n.IP); ok && got.Unmap() == want {
-					return ifc.Name, nil
-				}
+		if got, ok := netip.AddrFromSlice(a.IP); ok && got.Unmap() == want {
+			link, err := nl.LinkByIndex(a.LinkIndex)
+			if err != nil {
+				return "", err
 			}
+			return link.Attrs().Name, nil
 		}
 	}
 	return "", fmt.Errorf("no interface holds %s", ip)
