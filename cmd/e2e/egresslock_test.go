@@ -295,6 +295,14 @@ func TestEgressSurvivesSIGKILL(t *testing.T) {
 	if _, ok := after["straytap0"]; ok {
 		t.Fatal("a lock no VM owns survived the restart")
 	}
+	// Its tap went first: a guest behind a tap no VM owns is never on an
+	// unlocked tap.
+	n.lane.Host.MustDo(t, func() error {
+		if _, err := netlink.LinkByName("straytap0"); err == nil {
+			t.Error("the tap of the stray lock is still there: its lock was removed before it")
+		}
+		return nil
+	})
 	if _, ok := after["foreigntap0"]; ok {
 		t.Fatal("the node lists another instance's lock as its own")
 	}

@@ -115,7 +115,8 @@ func (d *Driver) closeDoors(vm string) {
 var _ reconcile.EgressLocker = (*Driver)(nil)
 
 // ReconcileEgress implements reconcile.EgressLocker: the locks of the
-// egress VMs among vms are checked and repaired, every other lock removed.
+// egress VMs among vms are checked and repaired, every other lock removed
+// (after its tap, when that is still there).
 // A VM whose tap cannot be locked has its VMM stopped (its guest would
 // otherwise have open egress) and is listed as failed; the adoption that
 // follows reports it dead.
@@ -137,6 +138,9 @@ func (d *Driver) ReconcileEgress(ctx context.Context, vms []reconcile.VMRef) (re
 	rep.Kept, rep.Repaired, rep.Removed = nr.Kept, nr.Repaired, nr.Removed
 	if err != nil {
 		return rep, err
+	}
+	for tap, serr := range nr.Stray {
+		d.log.Warn().Err(serr).Str("tap", tap).Msg("a tap no VM of the state owns could not be deleted; its lock stays")
 	}
 	for vm, ferr := range nr.Failed {
 		d.log.Error().Err(ferr).Str("vm", vm).Msg("could not lock the tap of an egress VM; stopping its VMM")

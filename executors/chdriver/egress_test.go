@@ -37,7 +37,8 @@ func nsLane(t *testing.T, n *nsTaps) *nft.Lane {
 			err = n.do(func() error { ok, err = k.TapExists(tap); return err })
 			return ok, err
 		},
-		Isolate: func(tap string) error { return n.do(func() error { return k.Isolate(tap) }) },
+		Isolate:   func(tap string) error { return n.do(func() error { return k.Isolate(tap) }) },
+		DeleteTap: func(tap string) error { return n.do(func() error { return k.DeleteTap(tap) }) },
 	}
 	l, err := nft.NewLane(nft.LaneConfig{Bridge: testBridge, Addr: netip.MustParseAddr("10.77.0.1"), MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, Ops: &ops})
 	if err != nil {

@@ -20,9 +20,10 @@
 //     daemon died, and nothing else would ever stop it.
 //  2. The taps of egress VMs (a driver that is an EgressLocker): the lock of
 //     every VM the state says may have a tap (any status but hibernated) is
-//     checked and repaired, and the locks of taps no VM owns removed, before
-//     any VM is adopted, so the node serves (/healthz) only once every
-//     running guest's egress is locked again. A VM whose tap cannot be
+//     checked and repaired, and the locks of taps no VM owns removed (the
+//     tap deleted first, when it still exists), before any VM is adopted,
+//     so the node serves (/healthz) only once every running guest's egress
+//     is locked again. A VM whose tap cannot be
 //     locked has its VMM stopped by the driver, and the adoption below
 //     reports it dead.
 //  3. Every VM the state says runs (warm, claimed) is adopted through the

@@ -70,11 +70,14 @@ type Ops struct {
 	Isolate func(tap string) error
 	// Guard installs the bridge's guard (nil: none).
 	Guard func(Guard) error
+	// DeleteTap deletes a device that is gone already or must go (nil:
+	// the lock of a tap no member owns stays while the tap exists).
+	DeleteTap func(tap string) error
 }
 
 // KernelOps act on o's tables in the calling thread's network namespace.
 func KernelOps(o Owner) Ops {
-	return Ops{Install: o.Install, Remove: o.Remove, Tables: o.Tables, TapExists: linkExists, Isolate: Isolate, Guard: o.InstallGuard}
+	return Ops{Install: o.Install, Remove: o.Remove, Tables: o.Tables, TapExists: linkExists, Isolate: Isolate, Guard: o.InstallGuard, DeleteTap: deleteLink}
 }
 
 // Isolate makes tap an isolated port of the bridge it is attached to: the
@@ -88,6 +91,22 @@ func Isolate(tap string) error {
 	}
 	if err := netlink.LinkSetIsolated(l, true); err != nil {
 		return fmt.Errorf("nft: isolate %s: %w", tap, err)
+	}
+	return nil
+}
+
+// deleteLink deletes the device name; one that is gone is no error.
+func deleteLink(name string) error {
+	l, err := netlink.LinkByName(name)
+	var nf netlink.LinkNotFoundError
+	switch {
+	case errors.As(err, &nf):
+		return nil
+	case err != nil:
+		return fmt.Errorf("nft: delete %s: %w", name, err)
+	}
+	if err := netlink.LinkDel(l); err != nil {
+		return fmt.Errorf("nft: delete %s: %w", name, err)
 	}
 	return nil
 }
@@ -303,8 +322,12 @@ type Report struct {
 	// NoTap: members without a tap (nothing to lock: no guest can send).
 	NoTap []string
 	// Removed: taps whose table (this instance's) no member owns,
-	// unlocked.
+	// unlocked; a tap still there was deleted first.
 	Removed []string
+	// Stray: taps no member owns that could not be deleted, with why. Their
+	// lock stays: a VMM the state does not know may still run behind one
+	// (the caller's reconcile stops it later).
+	Stray map[string]error
 	// Failed: members whose tap could not be locked or isolated, with why.
 	// Their guest may have open egress, or reach other guests: the caller
 	// must stop their VMMs.
@@ -316,12 +339,12 @@ type Report struct {
 // one read of the instance's tables, then a repair per member whose lock is
 // missing or wrong (a tap that exists is never left without one: Install
 // replaces atomically), every member's tap isolated, then the removal of
-// the instance's tables no member owns. Those include orphans: the table of
-// a tap deleted by a destroy or rollback whose unlock failed or was held
-// back. Door ports are taken from the locks found, so every door stays where
+// the instance's tables no member owns, each after its tap if that still
+// exists. Those include orphans: the table of a tap deleted by a destroy or
+// rollback whose unlock failed or was held back. Door ports are taken from the locks found, so every door stays where
 // its guest knows it. Other instances' tables are never read or touched.
 func (l *Lane) Reconcile(members []Member) (Report, error) {
-	rep := Report{Failed: map[string]error{}}
+	rep := Report{Failed: map[string]error{}, Stray: map[string]error{}}
 	if l.ops.Guard != nil {
 		if err := l.ops.Guard(Guard{Bridge: l.bridge, Addr: l.addr, Ports: l.ports, TapPrefix: l.prefix}); err != nil {
 			return rep, err
@@ -398,6 +421,22 @@ func (l *Lane) Reconcile(members []Member) (Report, error) {
 	}
 	for tap := range tables {
 		if owned[tap] {
+			continue
+		}
+		// A tap no member owns may still have a guest behind it (a run
+		// dir the state does not own, whose VMM the caller stops later):
+		// the tap goes before its lock, as everywhere, so that guest is
+		// never on an unlocked tap.
+		exists, err := l.ops.TapExists(tap)
+		if err == nil && exists {
+			if l.ops.DeleteTap == nil {
+				err = errors.New("tap exists and this lane cannot delete taps")
+			} else {
+				err = l.ops.DeleteTap(tap)
+			}
+		}
+		if err != nil {
+			rep.Stray[tap] = err
 			continue
 		}
 		if err := l.ops.Remove(tap); err != nil {

@@ -23,6 +23,7 @@ type fakeKernel struct {
 	isolated  map[string]bool
 	failOn    string // tap whose Install fails
 	noIsolate string // tap whose Isolate fails
+	noDelete  string // tap whose DeleteTap fails
 	install   int
 }
 
@@ -72,6 +73,18 @@ func (k *fakeKernel) ops() *Ops {
 				return fmt.Errorf("cannot isolate %s", tap)
 			}
 			k.isolated[tap] = true
+			return nil
+		},
+		DeleteTap: func(tap string) error {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			if tap == k.noDelete {
+				return fmt.Errorf("cannot delete %s", tap)
+			}
+			if _, locked := k.tables[tap]; !locked && k.taps[tap] {
+				return fmt.Errorf("%s deleted after its lock", tap)
+			}
+			delete(k.taps, tap)
 			return nil
 		},
 	}
@@ -170,6 +183,13 @@ func TestLaneReconcile(t *testing.T) {
 	k.tables["tap2"] = State{Tap: "tap2", Lock: bad, OK: true}            // other MAC: repaired, keeps 30006
 	k.tables["tap9"] = State{Tap: "tap9", Lock: lock(9, 30007), OK: true} // nobody's: removed
 	k.tables["tap7"] = State{Tap: "tap7", Lock: lock(7, 30005), OK: true} // nobody's either
+	// Nobody's, but their taps are still there (a run dir the state does
+	// not own): tap8 is deleted, then unlocked; tap11 cannot be deleted and
+	// stays locked.
+	k.tables["tap8"] = State{Tap: "tap8", Lock: lock(8, 30009), OK: true}
+	k.tables["tap11"] = State{Tap: "tap11", Lock: lock(11, 30001), OK: true}
+	k.taps["tap8"], k.taps["tap11"] = true, true
+	k.noDelete = "tap11"
 	// tap3: no table, tap exists: repaired. tap4: no tap at all. tap5: install fails.
 	// tap6: a right table, but its tap is gone (deleted, not yet unlocked).
 	delete(k.taps, "tap4")
@@ -189,8 +209,15 @@ func TestLaneReconcile(t *testing.T) {
 		t.Fatalf("vm6 (no tap) keeps door %s", d)
 	}
 	if rep.Kept != 1 || !slices.Equal(rep.Repaired, []string{"vm1", "vm2", "vm3"}) || !slices.Equal(rep.NoTap, []string{"vm4", "vm6"}) ||
-		!slices.Equal(rep.Removed, []string{"tap7", "tap9"}) || len(rep.Failed) != 1 || rep.Failed["vm5"] == nil {
+		!slices.Equal(rep.Removed, []string{"tap7", "tap8", "tap9"}) || len(rep.Failed) != 1 || rep.Failed["vm5"] == nil ||
+		len(rep.Stray) != 1 || rep.Stray["tap11"] == nil {
 		t.Fatalf("report %+v", rep)
+	}
+	if k.taps["tap8"] {
+		t.Fatal("tap8, no member's, still there")
+	}
+	if _, ok := k.tables["tap11"]; !ok || !k.taps["tap11"] {
+		t.Fatal("tap11 could not be deleted, yet its lock was removed")
 	}
 	if d, _ := l.Door("vm0"); d.Port() != 30005 {
 		t.Fatalf("vm0 door %s, want its port 30005 kept", d)
