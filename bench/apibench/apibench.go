@@ -344,21 +344,8 @@ func buildSection(cfg config, systems []*system, fsyncs, appends report.Duration
 		}
 	}
 	sec.Notes = append(sec.Notes, "The hypervisor is faked in-process for every sbxlog row; the claim path (HTTP, auth, fsm, Pebble fsync, reply) is the daemon's.",
-		fmt.Sprintf("Load average at the end of the run: %s.", loadAvg()))
+		fmt.Sprintf("Load average at the end of the run: %s.", report.LoadAvg()))
 	return sec
-}
-
-// loadAvg is /proc/loadavg's first three fields: how busy the host was.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // sequential makes n claims one after another and returns their latencies;

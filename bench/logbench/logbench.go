@@ -18,7 +18,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -57,7 +56,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 }
 
 func runWith(ctx context.Context, scratch string, cfg config) (*report.Section, error) {
-	b := &bench{cfg: cfg, dir: scratch, start: time.Now(), load: loadAvg()}
+	b := &bench{cfg: cfg, dir: scratch, start: time.Now(), load: report.LoadAvg()}
 	sec, err := b.run(ctx)
 	for _, l := range []*eventlog.Log{b.small, b.big} {
 		if l != nil {
@@ -185,7 +184,7 @@ dilute. The payload row also JSON-decodes each payload.%s`,
 	sec.Notes = append(sec.Notes,
 		"the big log writes into a recycled WAL file (Pebble reuses WAL files after memtable flushes); overwriting allocated blocks spares fdatasync a metadata update, so its appends can be faster than the fresh 1k log's: the flatness target is that they are not slower",
 		"an uncontended append commits and waits for its fsync on its own goroutine; under contention appends queue for the committer and syncer goroutines, more hand-offs than a raw Pebble Set, so the log loses more than the floor when other processes load the CPUs",
-		fmt.Sprintf("section took %s; load average at start %s, at end %s (2-core figures are only comparable at low load)", time.Since(b.start).Round(time.Second), b.load, loadAvg()))
+		fmt.Sprintf("section took %s; load average at start %s, at end %s (2-core figures are only comparable at low load)", time.Since(b.start).Round(time.Second), b.load, report.LoadAvg()))
 	return sec, nil
 }
 
@@ -498,15 +497,6 @@ func count(n uint64) string {
 		return fmt.Sprintf("%.0fk", float64(n)/1e3)
 	}
 	return fmt.Sprint(n)
-}
-
-// loadAvg returns the 1-minute load average, or "?".
-func loadAvg() string {
-	data, err := os.ReadFile("/proc/loadavg")
-	if f := strings.Fields(string(data)); err == nil && len(f) > 0 {
-		return f[0]
-	}
-	return "?"
 }
 
 // quiet keeps Pebble's own logging out of the benchmark output.

@@ -28,7 +28,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"runtime"
 	"time"
@@ -71,24 +70,12 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	if opts.Quick {
 		cfg = quick
 	}
-	loadStart := loadAvg()
-	dir := opts.Scratch
-	if dir == "" {
-		d, err := os.MkdirTemp("", "relaybench")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(d)
-		dir = d
-	} else {
-		dir = filepath.Join(dir, "relaybench")
-		if err := os.RemoveAll(dir); err != nil {
-			return nil, err
-		}
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	loadStart := report.LoadAvg()
+	dir, done, err := opts.Dir("relaybench")
+	if err != nil {
 		return nil, err
 	}
+	defer done()
 	guest, err := startEcho(filepath.Join(dir, "guest.sock"))
 	if err != nil {
 		return nil, err
@@ -193,17 +180,8 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	}
 	sec.Verdict(worst >= ratioTarget, "relay throughput at worst %.2fx the direct unix-socket copy's (target >= %.1fx)", worst, ratioTarget)
 	sec.Notes = append(sec.Notes,
-		fmt.Sprintf("the client, the node and the echo server share the machine's %d CPUs; load average at start %.2f, at end %.2f (other load dilutes both systems alike; the figures are only comparable within a run)",
-			runtime.NumCPU(), loadStart, loadAvg()),
+		fmt.Sprintf("the client, the node and the echo server share the machine's %d CPUs; load average at start %s, at end %s (other load dilutes both systems alike; the figures are only comparable within a run)",
+			runtime.NumCPU(), loadStart, report.LoadAvg()),
 		"the relay's extra cost over the direct copy is, at connect, the node's work (parse the request, authenticate, read the state, dial the guest, make relay_opened durable: one fsync, shared with concurrent ones; write the 101) and, in flight, nothing: both splice; the no-hop reference shows what the TCP hop itself costs on this machine")
 	return sec, nil
-}
-
-// loadAvg is the 1-minute load average (0 where unknown).
-func loadAvg() float64 {
-	var load float64
-	if data, err := os.ReadFile("/proc/loadavg"); err == nil {
-		fmt.Sscanf(string(data), "%f", &load)
-	}
-	return load
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
@@ -253,4 +254,35 @@ type Options struct {
 	Quick bool
 	// Scratch is a directory the section may fill; it is removed after the run.
 	Scratch string
+}
+
+// Dir makes the section's own empty directory name under Scratch, or a
+// temp dir when there is no Scratch (a section run alone, as its tests
+// do). done removes the temp dir; what is under Scratch goes with it.
+func (o Options) Dir(name string) (dir string, done func(), err error) {
+	if o.Scratch == "" {
+		d, err := os.MkdirTemp("", name)
+		if err != nil {
+			return "", nil, err
+		}
+		return d, func() { os.RemoveAll(d) }, nil
+	}
+	dir = filepath.Join(o.Scratch, name)
+	if err := os.RemoveAll(dir); err != nil {
+		return "", nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", nil, err
+	}
+	return dir, func() {}, nil
+}
+
+// LoadAvg is /proc/loadavg's 1, 5 and 15 minute figures ("unknown" where
+// it cannot be read): how busy the host was while a section measured.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "unknown"
 }

@@ -26,7 +26,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"runtime"
 	"time"
@@ -62,20 +61,11 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	if opts.Quick {
 		claims, total, tail = claims/50, total/50, tail/50
 	}
-	dir := opts.Scratch
-	if dir == "" {
-		d, err := os.MkdirTemp("", "restartbench")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(d)
-		dir = d
-	} else {
-		dir = filepath.Join(dir, "restartbench")
-		if err := os.RemoveAll(dir); err != nil {
-			return nil, err
-		}
+	dir, done, err := opts.Dir("restartbench")
+	if err != nil {
+		return nil, err
 	}
+	defer done()
 	built, err := buildLog(ctx, filepath.Join(dir, "log"), claims, total, tail)
 	if err != nil {
 		return nil, err
