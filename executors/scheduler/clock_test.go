@@ -11,6 +11,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
 )
 
 // fakeClock is a Clock that moves only when Advance says so.
@@ -27,7 +28,7 @@ type fakeTimer struct {
 	on bool
 }
 
-var _ Clock = (*fakeClock)(nil)
+var _ engine.Clock = (*fakeClock)(nil)
 
 func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_900_000_000, 0)} }
 
@@ -37,7 +38,7 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
-func (c *fakeClock) NewTimer(d time.Duration) Timer {
+func (c *fakeClock) NewTimer(d time.Duration) engine.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &fakeTimer{c: c, ch: make(chan time.Time, 1)}

@@ -21,5 +21,6 @@
 //
 // The scheduler knows no intent type: it dispatches on the fsm.Intent
 // methods and the executors dispatch table only. Its clock (Options.Clock)
-// is injectable.
+// is injectable, of the engine's kind (fsm/engine.Clock), so one clock
+// drives a node's engine and its executors.
 package scheduler

@@ -14,6 +14,7 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/fsm"
+	"github.com/sbxlog/sbxlog/fsm/engine"
 )
 
 // Proposer hands a command to the single writer: Decide, durable append,
@@ -42,10 +43,10 @@ type RetryPolicy struct {
 type Options struct {
 	// Concurrency bounds operations running at once (DefaultConcurrency).
 	Concurrency int
-	// Clock schedules backoff and parking, and times operations (default
-	// the real clock). Attempt and propose timeouts are context deadlines
+	// Clock schedules backoff and parking, and times operations: the
+	// node's clock, the one the engine runs on (default the system clock). Attempt and propose timeouts are context deadlines
 	// on the real clock: they bound real I/O.
-	Clock Clock
+	Clock engine.Clock
 	// Now stamps Meta.Now of proposed commands (default Clock.Now). Backoff
 	// and parking are scheduled on Clock's monotonic time, not on Now.
 	Now func() time.Time
@@ -108,7 +109,7 @@ func New(d executors.Driver, p Proposer, opt Options) *Scheduler {
 		opt.Concurrency = DefaultConcurrency()
 	}
 	if opt.Clock == nil {
-		opt.Clock = RealClock{}
+		opt.Clock = engine.SystemClock()
 	}
 	if opt.Now == nil {
 		opt.Now = opt.Clock.Now

@@ -207,7 +207,8 @@ type Config struct {
 	// the driver, when the driver is an executors.AgentDialer.
 	DataPlane api.DataPlane
 	// Clock is the time the node's logic reads (the engine's stamps and
-	// timers, the API's answers); default the system clock. Durations of
+	// timers, the executors' backoff and parking, the API's answers);
+	// default the system clock. Durations of
 	// I/O (start phases, snapshot timing) are measured on the real clock.
 	Clock engine.Clock
 	// Egress configures guarded egress (egress.go).
@@ -475,7 +476,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		}
 	}
 	n.Server = api.New(apiCfg, apiEng, apiLog, n.Auth, apiOpts)
-	n.Executors = scheduler.New(n.Driver, proposer{n.Engine}, scheduler.Options{Concurrency: cfg.Concurrency, Log: zl, Observer: metrics})
+	n.Executors = scheduler.New(n.Driver, proposer{n.Engine}, scheduler.Options{Concurrency: cfg.Concurrency, Log: zl, Observer: metrics, Clock: cfg.Clock})
 	n.Engine.SetOnCommit(func(c engine.Commit) {
 		n.Server.OnCommit(c.Events)
 		metrics.OnCommit(c.Events)
