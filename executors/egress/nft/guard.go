@@ -63,19 +63,11 @@ func (o Owner) InstallGuard(g Guard) error {
 	if !g.Addr.Is4() || g.TapPrefix == "" || g.Ports.First == 0 || g.Ports.Last < g.Ports.First {
 		return fmt.Errorf("%w: guard %+v", ErrInvalid, g)
 	}
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("nft: %w", err)
-	}
 	t := o.guardTable()
-	exists, err := tableExists(c, t)
+	c, err := replaceTable(t)
 	if err != nil {
 		return err
 	}
-	if exists {
-		c.DelTable(t)
-	}
-	c.AddTable(t)
 	accept := nftables.ChainPolicyAccept
 	ch := c.AddChain(&nftables.Chain{
 		Name: "input", Table: t, Type: nftables.ChainTypeFilter,

@@ -221,19 +221,11 @@ func (o Owner) Install(l Lock) error {
 	if err := l.Validate(); err != nil {
 		return err
 	}
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("nft: %w", err)
-	}
 	t := o.table(l.Tap)
-	exists, err := tableExists(c, t)
+	c, err := replaceTable(t)
 	if err != nil {
 		return err
 	}
-	if exists {
-		c.DelTable(t)
-	}
-	c.AddTable(t)
 	ch := c.AddChain(chain(t, l.Tap))
 	ex := l.exprs()
 	for _, role := range Roles {
@@ -243,6 +235,26 @@ func (o Owner) Install(l Lock) error {
 		return fmt.Errorf("nft: lock %s: %w", l, err)
 	}
 	return nil
+}
+
+// replaceTable opens a netlink connection whose batch starts by replacing
+// t: deleting it where it exists, then adding it empty. The caller adds
+// the chains and rules and flushes, so the kernel swaps the whole table in
+// one transaction (no moment without it).
+func replaceTable(t *nftables.Table) (*nftables.Conn, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("nft: %w", err)
+	}
+	exists, err := tableExists(c, t)
+	if err != nil {
+		return nil, err
+	}
+	if exists {
+		c.DelTable(t)
+	}
+	c.AddTable(t)
+	return c, nil
 }
 
 func tableExists(c *nftables.Conn, t *nftables.Table) (bool, error) {
