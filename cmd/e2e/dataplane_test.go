@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors/ch/chsim"
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -287,7 +288,7 @@ func echoThroughAgent(ctx context.Context, addr string, cl *api.ClaimResponse, s
 		return err
 	}
 	defer sc.Close()
-	pc, err := sc.PortForward(ctx, chsim.SimEchoPort)
+	pc, err := sc.PortForward(ctx, silkagent.SimEchoPort)
 	if err != nil {
 		return fmt.Errorf("port_forward: %w", err)
 	}

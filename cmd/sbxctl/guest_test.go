@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
 	"github.com/sbxlog/sbxlog/projections/api"
 )
 
@@ -42,7 +42,7 @@ func TestExecCommand(t *testing.T) {
 		code     int
 		out, err string
 	}{
-		{"stdout", []string{"exec", cl.ID, "--sandbox-token", cl.Token, "--", "echo", "-n", "42"}, "", 0, "-n 42\n", ""},
+		{"stdout", []string{"exec", cl.ID, "--sandbox-token", cl.Token, "--", "echo", "-n", "42"}, "", 0, "42", ""},
 		{"stderr and the exit code", []string{"exec", "--sandbox-token", cl.Token, cl.ID, "--", "stderr", "oops"}, "", 0, "", "oops\n"},
 		{"exit code passed on", []string{"exec", cl.ID, "--sandbox-token", cl.Token, "--", "exit", "3"}, "", 3, "", ""},
 		{"stdin with -i", []string{"exec", "-i", cl.ID, "--sandbox-token", cl.Token, "--", "cat"}, "from stdin", 0, "from stdin", ""},
@@ -122,7 +122,7 @@ func TestPortForwardCommand(t *testing.T) {
 	out := syncWriter{lines: make(chan string, 16)}
 	done := make(chan int, 1)
 	go func() {
-		done <- dispatch([]string{"port-forward", cl.ID, fmt.Sprintf("0:%d", nodetest.EchoPort)}, out, io.Discard)
+		done <- dispatch([]string{"port-forward", cl.ID, fmt.Sprintf("0:%d", silkagent.SimEchoPort)}, out, io.Discard)
 	}()
 	var addr string
 	select {

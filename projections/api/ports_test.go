@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -97,7 +98,7 @@ func TestPortRelayStatuses(t *testing.T) {
 func TestPortRelayEcho(t *testing.T) {
 	n := newNode(t, 1, nil)
 	c := claimAs(t, n, rootTok, "")
-	u, st, msg := dialPort(t, n, c.ID, c.Token, fmt.Sprint(nodetest.EchoPort), true)
+	u, st, msg := dialPort(t, n, c.ID, c.Token, fmt.Sprint(silkagent.SimEchoPort), true)
 	if st != http.StatusSwitchingProtocols {
 		t.Fatalf("%d %s", st, msg)
 	}
@@ -123,7 +124,7 @@ func TestPortRelayEcho(t *testing.T) {
 func TestPortRelayRootIsPassive(t *testing.T) {
 	n := newNode(t, 2, nil)
 	c := claimAs(t, n, rootTok, "")
-	u, st, msg := dialPort(t, n, c.ID, rootTok, fmt.Sprint(nodetest.EchoPort), true)
+	u, st, msg := dialPort(t, n, c.ID, rootTok, fmt.Sprint(silkagent.SimEchoPort), true)
 	if st != http.StatusSwitchingProtocols {
 		t.Fatalf("%d %s", st, msg)
 	}
@@ -132,7 +133,7 @@ func TestPortRelayRootIsPassive(t *testing.T) {
 	n.Engine.View(func(st *fsm.State) {
 		for _, id := range st.RelaysOf(c.ID) {
 			r, _ := st.Relay(id)
-			passive = r.Passive && r.Kind == fsm.RelayPort && r.Port == nodetest.EchoPort
+			passive = r.Passive && r.Kind == fsm.RelayPort && r.Port == silkagent.SimEchoPort
 		}
 	})
 	if !passive {

@@ -32,11 +32,12 @@
 //     size; vm.resize moves the target;
 //   - hybrid vsock: "CONNECT <port>\n" is answered "OK <n>\n" once the VM runs
 //     (and AgentDelay after boot has passed); then, on the silkd port (2048),
-//     a simulated guest agent speaks the real silkd protocol (guest.go: it
-//     says it is simulated, keeps the guest's files in memory and in its
-//     snapshots, simulates a few commands and never runs a host one, and
-//     forwards SimEchoPort to an echo server), and on any other port lines
-//     are echoed.
+//     a simulated guest agent speaks the real silkd protocol (guest.go:
+//     silkagent's simulated guest, which says it is simulated, simulates a
+//     few commands and never runs a host one, and forwards
+//     silkagent.SimEchoPort to an echo server; chsim keeps the guest's files
+//     in memory and in its snapshots), and on any other port lines are
+//     echoed.
 //
 // Fault injection (Options, or the SBX_CHSIM_* environment variables listed
 // with ApplyEnv and in Usage): latency per call, failing the n-th call of an

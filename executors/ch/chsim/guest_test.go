@@ -14,6 +14,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/ch/chsim"
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 	"github.com/sbxlog/sbxlog/executors/hvsock"
 )
@@ -132,7 +133,7 @@ func TestSimulatedPortForward(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p, err := dial().PortForward(ctx, chsim.SimEchoPort)
+			p, err := dial().PortForward(ctx, silkagent.SimEchoPort)
 			if err != nil {
 				t.Error(err)
 				return

@@ -1,11 +1,11 @@
 // Package silkagent is the guest agent's side of the silkd v1 protocol
 // (package executors/guest/silkd): Server serves connections, and what it
 // acts on is pluggable, so the one protocol engine serves both the real
-// guest (cmd/sbx-agent: OSProcs, OSFS, DialTCP) and chsim's simulated guest
-// (its own Spawner, MemFS and an in-memory port dialer). A MemFS can be
-// bounded (MemFS.Limit): what would pass the bound fails with ENOSPC, which
-// reaches the client as a full tmpfs does on the real guest (an internal
-// error saying "no space left on device").
+// guest (cmd/sbx-agent: OSProcs, OSFS, DialTCP) and the simulated guest of
+// chsim and of nodetest's fake hypervisor (SimSpawner, MemFS, SimDial). A
+// MemFS can be bounded (MemFS.Limit): what would pass the bound fails with
+// ENOSPC, which reaches the client as a full tmpfs does on the real guest
+// (an internal error saying "no space left on device").
 //
 // Served ops: info, exec (argv, cwd, env, user; stdin and stdin_close;
 // stdout, stderr, exit; detach), kill, fs_read, fs_write, fs_stat, fs_list,
@@ -52,6 +52,15 @@
 //     answers ready, copies both ways, half-closes the guest socket at
 //     data_end and answers done at the guest's EOF; the RPC ends when both
 //     directions have.
+//
+// The simulated guest (sim.go) runs nothing on the host: SimSpawner
+// simulates SimCommands (echo [-n], stderr, cat of files of its MemFS or of
+// stdin, true, false, exit N, sleep S, yes [word]) with synthetic pids,
+// refuses anything else and a cwd that is not a directory of its MemFS
+// (bad_request, naming who simulates), and gives its processes the default
+// signal dispositions (SIGKILL, SIGTERM, SIGINT and SIGHUP end one, the
+// others are ignored). SimDial serves an in-memory echo server on
+// SimEchoPort (half-closes passed on) and refuses every other port.
 //
 // Errors of a backend become error frames: an *silkd.Error as it is, one
 // wrapping fs.ErrNotExist as not_found, anything else internal; messages are

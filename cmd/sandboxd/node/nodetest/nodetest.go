@@ -8,9 +8,10 @@
 // so pools fill and claims are served without chsim or Cloud Hypervisor.
 // Its guests are in-process too: DialAgent hands the data plane one end of
 // a unix socketpair and an Agent serves the other: by default a SIMULATED
-// GUEST AGENT speaking the silkd protocol over an in-memory file tree, with
-// a few simulated commands and an echo port, running nothing on the host
-// (SetAgent picks another, e.g. EchoAgent for raw byte relays).
+// GUEST AGENT speaking the silkd protocol over package silkagent's
+// simulated guest (an in-memory file tree, a few simulated commands and an
+// echo port), running nothing on the host (SetAgent picks another, e.g.
+// EchoAgent for raw byte relays).
 //
 // Claims are decided by the fsm, made durable by the eventlog (fsync
 // included) and answered by the api handlers; executor results travel
