@@ -486,6 +486,54 @@ func TestCrashHibernate(t *testing.T) {
 	}
 }
 
+// A re-run that finds its snapshot in the store (the daemon died between
+// the rename and the stop, the VM paused) and then fails while the VM is
+// still paused rolls back as the first run would: the snapshot goes, the
+// VM runs again; the next run hibernates it afresh.
+func TestHibernateRerunFailsAfterRename(t *testing.T) {
+	t.Parallel()
+	_, golden, _ := sharedSnapshots(t)
+	const vm = "vm-00000000000000d4"
+	h := newHarness(t, "")
+	h.clone(vm, h.seed(golden))
+	op := newOp()
+	final := h.store(layout.HibernateRel(vm, op))
+	hib := func() (executors.Result, error) {
+		return h.d.Hibernate(context.Background(), fsm.HibernateVM{OpID: op, VM: vm, Key: testKey, RunDir: testInstance + "/" + vm})
+	}
+	h.inject(fsm.KindHibernate, StepShutdown, modeCrash)
+	if _, err := hib(); err == nil {
+		t.Fatal("hibernate succeeded through a crash")
+	}
+	h.afterFailure(modeCrash)
+	if _, err := ReadMeta(final); err != nil {
+		t.Fatalf("after a crash past the rename: %v", err)
+	}
+	if st := h.vmState(vm); st != ch.StatePaused {
+		t.Fatalf("after a crash past the rename the VM is %q", st)
+	}
+	h.inject(fsm.KindHibernate, StepSyncTree, modeAbort)
+	if _, err := hib(); err == nil {
+		t.Fatal("re-run succeeded through an injected failure")
+	}
+	h.clearInjection()
+	h.checkGone(final)
+	h.checkRunning(vm, 1)
+	mem, disk := h.pauseAndRef(vm)
+	res, err := hib()
+	if err != nil {
+		t.Fatalf("third run: %v", err)
+	}
+	if res.SnapshotDir != layout.HibernateRel(vm, op) {
+		t.Fatalf("snapshot dir %q", res.SnapshotDir)
+	}
+	if sha(t, filepath.Join(final, MemoryFile)) != mem || sha(t, filepath.Join(final, DiskFile)) != disk {
+		t.Fatal("snapshot checksums differ from the ones taken before the hibernate")
+	}
+	h.checkGone(h.runDir(vm))
+	h.checkNoTemps()
+}
+
 func TestCrashGolden(t *testing.T) {
 	t.Parallel()
 	build := func(h *harness, op [16]byte) (executors.Result, error) {

@@ -47,7 +47,8 @@
 //     a live VMM removes the snapshot too and resumes the VM: a failed
 //     hibernate's state never names a snapshot, so none is left for the
 //     start-up sweep; once the VMM is gone or the VM shut down the snapshot
-//     is its only memory and stays for the re-run.
+//     is its only memory and stays for the re-run. A re-run that found its
+//     snapshot and fails the same way rolls back the same way.
 //   - Golden: a complete golden under the op's name is kept and the build VM
 //     removed; otherwise the build starts over from the template.
 //   - Destroy: every step tolerates what is already gone.

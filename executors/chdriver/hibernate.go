@@ -116,6 +116,16 @@ func (d *Driver) afterSnapshot(r *run, api API, proc *vmm.Process, rel string, c
 	return d.resumeAfter(r, api, proc, "", cause)
 }
 
+// afterStored is afterSnapshot for a re-run that found its snapshot in the
+// store (a crash between the rename and the stop leaves the VM paused).
+func (d *Driver) afterStored(r *run, rel, vm, runDir string, cause error) error {
+	proc, _ := d.attach(context.WithoutCancel(r.ctx), runDir, vm)
+	if proc == nil {
+		return cause // no VMM: the snapshot is the VM's only memory
+	}
+	return d.afterSnapshot(r, d.api(runDir), proc, rel, cause)
+}
+
 // resumeAfter is the rollback of a failed hibernate (or golden snapshot)
 // before its rename: remove the temp dir, resume the VM. A dead VMM makes
 // the error Lost.
@@ -241,10 +251,10 @@ func (d *Driver) finishStored(r *run, rel, vm, runDir string, egress bool) (res 
 	}
 	r.log.Info().Str("snapshot", final).Msg("snapshot already in the store; finishing the recipe")
 	if err := r.step(StepSyncTree, func() error { return d.fs.SyncTree(final) }); err != nil {
-		return res, true, err
+		return res, true, d.afterStored(r, rel, vm, runDir, err)
 	}
 	if err := d.stopVM(r, vm, runDir, egress); err != nil {
-		return res, true, err
+		return res, true, d.afterStored(r, rel, vm, runDir, err)
 	}
 	res = r.result(rel)
 	res.Report.CopyMode = m.CopyMode
