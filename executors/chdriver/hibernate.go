@@ -90,6 +90,10 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 //
 // A VM whose state cannot be read (its VMM not answering) counts as the
 // second case: nothing that may be the only copy is removed on a guess.
+// The snapshot goes before the resume, never after: one left behind a VM
+// that ran on would make the re-run stop the VM for a stale image. The
+// price is that a VMM dying during the resume takes the VM with it (Lost),
+// as it would have without the snapshot.
 // A failure before the rename (no snapshot of this op) is returned as is:
 // snapshotInto rolled it back.
 func (d *Driver) afterSnapshot(r *run, api API, proc *vmm.Process, rel string, cause error) error {
