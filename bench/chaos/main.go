@@ -3,8 +3,10 @@
 // killing it with SIGKILL at random moments (and crashing it at recipe
 // steps, killing VMMs and turning on chsim faults), and checks at the end
 // that no acknowledged operation was lost, no VM serves two claims, no VMM
-// is orphaned, no other instance's VM was touched and every woken sandbox
-// restored exactly what its hibernate stored. It prints the operations,
+// is orphaned, no other instance's VM was touched, every woken sandbox
+// restored exactly what its hibernate stored and (as root, with its egress
+// pool) every running egress VM's tap is locked after each restart and no
+// lock outlives its VM. It prints the operations,
 // kills, faults and violations, and exits 1 on any violation (2 when the
 // campaign could not run). See package bench/chaos/campaign.
 package main
@@ -30,6 +32,7 @@ func main() {
 	faults := flag.Bool("faults", true, "turn on chsim faults for some incarnations")
 	crashSteps := flag.Bool("crash-steps", true, "crash sandboxd at random recipe steps (SBX_CRASH_AT) too")
 	nats := flag.Bool("nats", true, "run sandboxd with replication (embedded NATS), so usage.jsonl is checked against the log")
+	egress := flag.Bool("egress", true, "add an egress pool (sandboxd in a network namespace with a bridge; needs root) and check its taps' locks")
 	dir := flag.String("dir", "", "scratch dir (default: a temp dir, removed unless -keep)")
 	keep := flag.Bool("keep", false, "keep the scratch dir (data dirs, daemon logs)")
 	bin := flag.String("bin", "", "directory holding prebuilt sandboxd and chsim (default: build them)")
@@ -52,9 +55,15 @@ func main() {
 			fatal(err)
 		}
 	}
+	if *egress {
+		if err := campaign.EgressAvailable(); err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: no egress pool: %v\n", err)
+			*egress = false
+		}
+	}
 	opt := campaign.Options{
 		Bins: bins, Dir: *dir, Keep: *keep, Duration: *duration, Kills: *kills, Seed: *seed, Workers: *workers,
-		VMMKills: *vmmKills, Faults: *faults, CrashSteps: *crashSteps, NATS: *nats,
+		VMMKills: *vmmKills, Faults: *faults, CrashSteps: *crashSteps, NATS: *nats, Egress: *egress,
 	}
 	if !*quiet {
 		opt.Out = os.Stderr

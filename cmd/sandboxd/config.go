@@ -56,6 +56,12 @@ type Config struct {
 	Tenants []auth.TenantConfig `json:"tenants,omitempty"`
 	// MaxClaims caps live claims on this node (0 = no cap).
 	MaxClaims int `json:"max_claims,omitempty"`
+	// RelayMemoryBytes is the node's relay memory budget: every data-plane
+	// relay (agent, ports, exec) reserves its worst-case buffers from it
+	// before it opens, and a relay that does not fit is refused with 503
+	// (0: api.DefaultRelayMemory, 512 MiB; else at least
+	// api.MinRelayMemory).
+	RelayMemoryBytes int64 `json:"relay_memory_bytes,omitempty"`
 	// Pools applied on the first start (an empty log); afterwards PUT /v1/pools
 	// owns pool configuration and the log remembers it.
 	Pools []PoolConfig `json:"pools,omitempty"`
@@ -418,6 +424,9 @@ func (c *Config) finish() error {
 	}
 	if err := c.HTTP.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.RelayMemoryBytes != 0 && c.RelayMemoryBytes < api.MinRelayMemory {
+		errs = append(errs, fmt.Errorf("relay_memory_bytes %d: 0 (the default, %d) or at least %d, what the largest relay reserves", c.RelayMemoryBytes, api.DefaultRelayMemory, api.MinRelayMemory))
 	}
 	if _, err := c.EgressProxy.ports(); err != nil {
 		errs = append(errs, err)

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/auth"
 )
 
@@ -57,5 +59,36 @@ func TestConfigTenants(t *testing.T) {
 	// Unknown keys stay an error (the old inline egress policy too).
 	if _, err := loadConfig(write(`{"tenants":[{"name":"a","token":"x","egress":{}}]}`)); err == nil {
 		t.Error("a tenant with an unknown key loaded")
+	}
+}
+
+// relay_memory_bytes: 0 is the default; a budget that no relay fits in is
+// refused at start, with the floor named.
+func TestConfigRelayMemory(t *testing.T) {
+	write := configWriter(t)
+	for _, tc := range []struct {
+		body string
+		want int64
+		err  string
+	}{
+		{`{}`, 0, ""},
+		{`{"relay_memory_bytes":1073741824}`, 1 << 30, ""},
+		{fmt.Sprintf(`{"relay_memory_bytes":%d}`, api.MinRelayMemory), api.MinRelayMemory, ""},
+		{fmt.Sprintf(`{"relay_memory_bytes":%d}`, api.MinRelayMemory-1), 0, fmt.Sprintf("at least %d", api.MinRelayMemory)},
+		{`{"relay_memory_bytes":-1}`, 0, "relay_memory_bytes -1"},
+	} {
+		cfg, err := loadConfig(write(tc.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		err = cfg.finish()
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("%s: %v", tc.body, err)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: finish = %v, want %q", tc.body, err, tc.err)
+		case tc.err == "" && cfg.RelayMemoryBytes != tc.want:
+			t.Errorf("%s: relay_memory_bytes %d, want %d", tc.body, cfg.RelayMemoryBytes, tc.want)
+		}
 	}
 }

@@ -392,8 +392,10 @@ func TestCrashHibernate(t *testing.T) {
 		}
 		return res
 	})
-	renamed := slices.Index(steps, StepRename)
 	snapshotted := slices.Index(steps, StepSnapshot)
+	// Up to the shutdown the VM sits paused in its VMM; from the shutdown
+	// on its memory is in the snapshot alone.
+	shutdown := slices.Index(steps, StepShutdown)
 	for _, sc := range scenarios(steps, "", true) {
 		m, step := crashMode(sc[0]), sc[1]
 		at := slices.Index(steps, step)
@@ -427,9 +429,12 @@ func TestCrashHibernate(t *testing.T) {
 			case err == nil:
 				// Done despite the kill (after the snapshot, nothing needs
 				// the VMM): the snapshot must be the reference.
-			case m == modeAbort && at <= renamed:
+			case m == modeAbort && at <= shutdown:
 				// Rolled back: no snapshot, the VM running again (or, when
-				// the recipe stopped before pausing, left as it was).
+				// the recipe stopped before pausing, left as it was). That
+				// holds after the rename too, while the VM is intact: a
+				// failed hibernate's state never names the snapshot, so
+				// the rollback removes it rather than the start-up sweep.
 				h.checkGone(final)
 				st := h.vmState(vm)
 				untouched := at < slices.Index(steps, StepPause)
@@ -438,6 +443,15 @@ func TestCrashHibernate(t *testing.T) {
 				}
 				if st == ch.StateRunning {
 					mem, disk = h.pauseAndRef(vm) // it ran on: new reference
+				}
+			case m == modeAbort:
+				// The VM was shut down: the snapshot is the only copy of
+				// its memory and stays for the re-run.
+				if _, err := ReadMeta(final); err != nil {
+					t.Fatalf("after a failure past the shutdown the snapshot is gone: %v", err)
+				}
+				if st := h.vmState(vm); st == ch.StateRunning || st == ch.StatePaused {
+					t.Fatalf("after a failure past the shutdown the VM is %q", st)
 				}
 			}
 			res, err := hib(h, op)
@@ -470,6 +484,54 @@ func TestCrashHibernate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A re-run that finds its snapshot in the store (the daemon died between
+// the rename and the stop, the VM paused) and then fails while the VM is
+// still paused rolls back as the first run would: the snapshot goes, the
+// VM runs again; the next run hibernates it afresh.
+func TestHibernateRerunFailsAfterRename(t *testing.T) {
+	t.Parallel()
+	_, golden, _ := sharedSnapshots(t)
+	const vm = "vm-00000000000000d4"
+	h := newHarness(t, "")
+	h.clone(vm, h.seed(golden))
+	op := newOp()
+	final := h.store(layout.HibernateRel(vm, op))
+	hib := func() (executors.Result, error) {
+		return h.d.Hibernate(context.Background(), fsm.HibernateVM{OpID: op, VM: vm, Key: testKey, RunDir: testInstance + "/" + vm})
+	}
+	h.inject(fsm.KindHibernate, StepShutdown, modeCrash)
+	if _, err := hib(); err == nil {
+		t.Fatal("hibernate succeeded through a crash")
+	}
+	h.afterFailure(modeCrash)
+	if _, err := ReadMeta(final); err != nil {
+		t.Fatalf("after a crash past the rename: %v", err)
+	}
+	if st := h.vmState(vm); st != ch.StatePaused {
+		t.Fatalf("after a crash past the rename the VM is %q", st)
+	}
+	h.inject(fsm.KindHibernate, StepSyncTree, modeAbort)
+	if _, err := hib(); err == nil {
+		t.Fatal("re-run succeeded through an injected failure")
+	}
+	h.clearInjection()
+	h.checkGone(final)
+	h.checkRunning(vm, 1)
+	mem, disk := h.pauseAndRef(vm)
+	res, err := hib()
+	if err != nil {
+		t.Fatalf("third run: %v", err)
+	}
+	if res.SnapshotDir != layout.HibernateRel(vm, op) {
+		t.Fatalf("snapshot dir %q", res.SnapshotDir)
+	}
+	if sha(t, filepath.Join(final, MemoryFile)) != mem || sha(t, filepath.Join(final, DiskFile)) != disk {
+		t.Fatal("snapshot checksums differ from the ones taken before the hibernate")
+	}
+	h.checkGone(h.runDir(vm))
+	h.checkNoTemps()
 }
 
 func TestCrashGolden(t *testing.T) {

@@ -42,7 +42,13 @@
 //     after the rename: SyncTree it again and finish stopping the VM.
 //     Otherwise pause (idempotent) and snapshot afresh. A failure before the
 //     rename removes the temp dir and resumes the VM; if the VMM is gone by
-//     then, the VM is lost (Unrecoverable with Lost).
+//     then, the VM is lost (Unrecoverable with Lost). A failure after the
+//     rename (its SyncTree, stopping the VM) while the VM is still paused in
+//     a live VMM removes the snapshot too and resumes the VM: a failed
+//     hibernate's state never names a snapshot, so none is left for the
+//     start-up sweep; once the VMM is gone or the VM shut down the snapshot
+//     is its only memory and stays for the re-run. A re-run that found its
+//     snapshot and fails the same way rolls back the same way.
 //   - Golden: a complete golden under the op's name is kept and the build VM
 //     removed; otherwise the build starts over from the template.
 //   - Destroy: every step tolerates what is already gone.

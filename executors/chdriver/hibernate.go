@@ -66,14 +66,68 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	k := in.Key
 	copyMode, err := d.snapshotInto(r, api, proc, runDir, final, Meta{Kind: fsm.KindHibernate, Op: in.OpID.String(), VM: in.VM, Key: k})
 	if err != nil {
-		return executors.Result{}, err
+		return executors.Result{}, d.afterSnapshot(r, api, proc, rel, err)
 	}
 	if err := d.stopVM(r, in.VM, runDir, egress); err != nil {
-		return executors.Result{}, err
+		return executors.Result{}, d.afterSnapshot(r, api, proc, rel, err)
 	}
 	res := r.result(rel)
 	res.Report.CopyMode = copyMode
 	return res, nil
+}
+
+// afterSnapshot is the rollback of a hibernate that failed once its
+// snapshot stood in the store (its SyncTree, or stopping the VM). Which
+// way it goes depends on where the VM's memory is:
+//   - the VM is still paused in a live VMM (the stop did not reach it): the
+//     snapshot is a copy nothing needs. A failed hibernate leaves the VM
+//     claimed and never references its snapshot (fsm HibernateFailed), and
+//     a re-run that found it would stop a VM resumed since; so the snapshot
+//     is removed and the VM resumed, as before the rename.
+//   - the VMM is gone or the VM shut down: the snapshot is the only copy of
+//     its memory. It stays, and the re-run (finishStored) completes the
+//     hibernate from it.
+//
+// A VM whose state cannot be read (its VMM not answering) counts as the
+// second case: nothing that may be the only copy is removed on a guess.
+// The snapshot goes before the resume, never after: one left behind a VM
+// that ran on would make the re-run stop the VM for a stale image. The
+// price is that a VMM dying during the resume takes the VM with it (Lost),
+// as it would have without the snapshot.
+// A failure before the rename (no snapshot of this op) is returned as is:
+// snapshotInto rolled it back.
+func (d *Driver) afterSnapshot(r *run, api API, proc *vmm.Process, rel string, cause error) error {
+	final := filepath.Join(d.roots.Store, rel)
+	if m, err := ReadMeta(final); err != nil || m.Op != r.op.String() {
+		return cause
+	}
+	intact := false
+	if proc.Alive() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 5*time.Second)
+		info, err := api.Info(ctx)
+		cancel()
+		intact = err == nil && info.State == ch.StatePaused
+	}
+	if !intact {
+		r.log.Warn().Err(cause).Str("snapshot", rel).Msg("hibernate failed after its snapshot stood; the VM is stopped, so the snapshot stays for the re-run")
+		return cause
+	}
+	if r.undo("undo_"+StepRename, func(context.Context) error { return d.fs.RemoveAll(final) }) != nil {
+		// The snapshot could not be removed: leave the VM paused, so the
+		// re-run (finishStored) stops the VM it describes.
+		return cause
+	}
+	return d.resumeAfter(r, api, proc, "", cause)
+}
+
+// afterStored is afterSnapshot for a re-run that found its snapshot in the
+// store (a crash between the rename and the stop leaves the VM paused).
+func (d *Driver) afterStored(r *run, rel, vm, runDir string, cause error) error {
+	proc, _ := d.attach(context.WithoutCancel(r.ctx), runDir, vm)
+	if proc == nil {
+		return cause // no VMM: the snapshot is the VM's only memory
+	}
+	return d.afterSnapshot(r, d.api(runDir), proc, rel, cause)
 }
 
 // resumeAfter is the rollback of a failed hibernate (or golden snapshot)
@@ -201,10 +255,10 @@ func (d *Driver) finishStored(r *run, rel, vm, runDir string, egress bool) (res 
 	}
 	r.log.Info().Str("snapshot", final).Msg("snapshot already in the store; finishing the recipe")
 	if err := r.step(StepSyncTree, func() error { return d.fs.SyncTree(final) }); err != nil {
-		return res, true, err
+		return res, true, d.afterStored(r, rel, vm, runDir, err)
 	}
 	if err := d.stopVM(r, vm, runDir, egress); err != nil {
-		return res, true, err
+		return res, true, d.afterStored(r, rel, vm, runDir, err)
 	}
 	res = r.result(rel)
 	res.Report.CopyMode = m.CopyMode

@@ -77,7 +77,10 @@
 //     after.
 //   - Hibernate: stop; as Golden from the migration on; then quit and remove
 //     the run dir. A failure before the rename removes the temp dir and resumes
-//     the VM.
+//     the VM; so does a rename that landed and then failed (the store's fsync),
+//     which removes the snapshot too: a failed hibernate names none, and a
+//     re-run finding it would quit the VM that ran on. Once QEMU was told to
+//     quit, the snapshot is the VM's only memory and stays for the re-run.
 //   - Destroy: quit, SIGTERM, SIGKILL (each after checking the cmdline), remove
 //     the run dir.
 //   - Resume: cont a VM left stopped by a hibernate that a crash cut short

@@ -235,6 +235,16 @@ func (q *Recipes) snapshot(ctx context.Context, c *qmp.Client, spec Spec, name s
 	}
 	t.mark(StepSync)
 	if err := q.fs.RenameDir(tmp, spec.SnapshotDir(name)); err != nil {
+		// RenameDir may have renamed and then failed to fsync the store. The
+		// caller resumes the VM and reports the hibernate failed, which no
+		// state records as a snapshot; left standing, it would make a re-run
+		// quit the VM that ran on since. The rename refuses an existing
+		// name, so a snapshot there with the temp dir gone is this one.
+		if _, terr := os.Lstat(tmp); errors.Is(terr, os.ErrNotExist) {
+			if rerr := q.fs.RemoveAll(spec.SnapshotDir(name)); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("qemu: removing the snapshot of a failed rename: %w", rerr))
+			}
+		}
 		return err
 	}
 	t.mark(StepRename)

@@ -320,6 +320,26 @@ func TestGoldenCloneHibernateWake(t *testing.T) {
 		}
 		a.Close()
 	}
+	// A rename that lands and then fails (the store's fsync) is a failed
+	// hibernate too: the VM runs on, so the snapshot must go with the
+	// rollback (a re-run finding it would quit the VM for a stale image).
+	inner := e.rec.FS
+	e.rec.FS = renameLandsThenFails{FS: inner}
+	_, err = e.q.Hibernate(ctx, spec, "landed")
+	e.rec.FS = inner
+	if !errors.Is(err, errStoreSync) {
+		t.Fatalf("hibernate whose rename failed after landing = %v", err)
+	}
+	noEntry(t, spec.SnapshotDir("landed"))
+	noTemp(t, spec.StoreDir)
+	if st, err := e.q.Status(ctx, spec); err != nil || st != "running" {
+		t.Fatalf("after a rename that landed and failed: status %q, %v; want running", st, err)
+	}
+	la := dialAgent(t, ctx, spec)
+	if got, err := la.Sha(ctx); err != nil || got != sum {
+		t.Fatalf("after a rename that landed and failed: sha %q, %v", got, err)
+	}
+	la.Close()
 	if pid, err := e.q.Adopt(spec); err != nil || pid != cr.PID {
 		t.Fatalf("after failed hibernates: pid %d, %v; want %d", pid, err, cr.PID)
 	}
@@ -532,4 +552,19 @@ func crashMidHibernate(t *testing.T, ctx context.Context, q *Recipes, spec Spec)
 	if _, err := q.saveState(ctx, c, filepath.Join(tmp, FileState)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// errStoreSync is the fsync failure renameLandsThenFails reports.
+var errStoreSync = errors.New("test: fsync of the store failed after the rename")
+
+// renameLandsThenFails renames, then fails as fsx.RenameDir does when the
+// parent's fsync fails: the directory is in place and the call reports an
+// error.
+type renameLandsThenFails struct{ fsx.FS }
+
+func (f renameLandsThenFails) RenameDir(oldpath, newpath string) error {
+	if err := f.FS.RenameDir(oldpath, newpath); err != nil {
+		return err
+	}
+	return errStoreSync
 }

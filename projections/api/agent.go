@@ -97,6 +97,10 @@ func (s *Server) serveUpgrade(w http.ResponseWriter, r *http.Request, u upgrade)
 		s.data.close(o, relay.Result{Reason: relay.ReasonClient})
 		return nil
 	}
+	if relay.Spliceable(o.guest, conn) && relay.Spliceable(conn, o.guest) {
+		// Both directions run in the kernel: no copy buffer to hold.
+		o.mem.shrink(relayMemory(u.kind) - relayCopyMemory)
+	}
 	rl := relay.Splice(conn, o.guest, s.data.relayOptions())
 	if reason := o.live.attach(rl.Stop); reason != "" {
 		rl.Stop(reason)

@@ -47,6 +47,10 @@ type DataPlane struct {
 	RelayIdle time.Duration
 	// DialTimeout bounds reaching the guest agent (default 30 s).
 	DialTimeout time.Duration
+	// RelayMemory is the node's relay memory budget in bytes (default
+	// DefaultRelayMemory): every relay reserves its worst-case buffers
+	// from it before it opens (relaymem.go).
+	RelayMemory int64
 }
 
 // DefaultRelayIdle is DataPlane.RelayIdle's default: far beyond the SDKs'
@@ -74,6 +78,7 @@ type dataPlane struct {
 	idle    *sync.Cond            // signalled when live shrinks
 
 	execBytes atomic.Int64 // buffered exec output held node-wide
+	mem       *relayBudget // the relays' buffers, reserved node-wide
 }
 
 func newDataPlane(s *Server, o DataPlane) *dataPlane {
@@ -86,7 +91,7 @@ func newDataPlane(s *Server, o DataPlane) *dataPlane {
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = 30 * time.Second
 	}
-	d := &dataPlane{s: s, opts: o, live: map[string]*liveRelay{}}
+	d := &dataPlane{s: s, opts: o, live: map[string]*liveRelay{}, mem: newRelayBudget(o.RelayMemory, s.metrics)}
 	d.idle = sync.NewCond(&d.mu)
 	return d
 }
@@ -327,20 +332,32 @@ func (d *dataPlane) dialGuest(ctx context.Context, vm guestVM) (net.Conn, error)
 	return d.opts.Dialer.DialAgent(ctx, vm.RunDir)
 }
 
-// opened is a relay recorded open: the guest connection and the live
-// registration.
+// opened is a relay recorded open: the guest connection, the live
+// registration and the relay's share of the memory budget (given back by
+// close).
 type opened struct {
 	id    string
 	vm    guestVM
 	guest net.Conn
 	live  *liveRelay
+	mem   *relayLease
 }
 
-// open readies the guest (waking it unless passive), dials it with dial,
-// and records the relay open. A sandbox that leaves running between the
-// wake and the record (a hibernate in between) is readied again, within
-// the same bound.
-func (d *dataPlane) open(r *http.Request, claim, kind string, port int, passive bool, dial func(context.Context, guestVM) (net.Conn, error)) (*opened, error) {
+// open reserves the relay's memory, readies the guest (waking it unless
+// passive), dials it with dial, and records the relay open. A sandbox that
+// leaves running between the wake and the record (a hibernate in between)
+// is readied again, within the same bound. A refusal for memory comes
+// first, so it neither wakes nor dials.
+func (d *dataPlane) open(r *http.Request, claim, kind string, port int, passive bool, dial func(context.Context, guestVM) (net.Conn, error)) (_ *opened, err error) {
+	mem, err := d.mem.reserve(relayMemory(kind))
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			mem.release()
+		}
+	}()
 	ctx := r.Context()
 	for attempt := 0; ; attempt++ {
 		vm, err := d.guestReady(ctx, r, claim, passive)
@@ -365,7 +382,7 @@ func (d *dataPlane) open(r *http.Request, claim, kind string, port int, passive 
 		_, err = d.s.eng.ProposeNew(context.WithoutCancel(ctx), func(m fsm.Meta) fsm.Command {
 			return fsm.OpenRelay{Meta: m, ID: id, Claim: claim, Kind: kind, Port: port, Passive: passive}
 		}, engine.Hooks{})
-		o := &opened{id: id, vm: vm, guest: guest, live: l}
+		o := &opened{id: id, vm: vm, guest: guest, live: l, mem: mem}
 		if err == nil {
 			return o, nil
 		}
@@ -395,6 +412,7 @@ func (e *guestError) Unwrap() error { return e.err }
 // already closed (a release) is a no-op there. A crashed node records
 // nothing.
 func (d *dataPlane) close(o *opened, res relay.Result) {
+	o.mem.release()
 	if d.unregister(o.id) {
 		return
 	}

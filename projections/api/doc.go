@@ -25,5 +25,8 @@
 // fsm.CloseRelay), never per byte; a relay to a sandbox that is not running
 // first brings it there as a wake does, in the same queue; a relay the log
 // closes (a release, a reap, a hibernate) has its connection ended on that
-// commit. The bytes move in package relay.
+// commit. Before anything else a relay reserves its worst-case buffers from
+// the node's relay memory budget (relaymem.go), given back when it ends;
+// when the budget is spent it is refused with 503. The bytes move in
+// package relay.
 package api

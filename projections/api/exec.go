@@ -114,8 +114,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, _ auth.Ident
 	case errors.Is(err, errOutputCap):
 		return errorf(http.StatusRequestEntityTooLarge, "%v", errOutputCap)
 	case errors.Is(err, errNodeOutput):
-		w.Header().Set("Retry-After", "1")
-		return errorf(http.StatusServiceUnavailable, "%v", errNodeOutput)
+		return &httpError{status: http.StatusServiceUnavailable, msg: errNodeOutput.Error(), retryAfter: "1"}
 	case errors.As(err, &fe) && fe.Kind == silkd.KindBadRequest:
 		return errorf(http.StatusBadRequest, "%s", fe.Message)
 	case errors.As(err, &fe):

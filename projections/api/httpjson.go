@@ -33,6 +33,9 @@ type httpError struct {
 	// reason, when set, says why for people (a claim not provisioned: the
 	// old daemon's fixed message stays in msg).
 	reason string
+	// retryAfter, when set, is the Retry-After header (seconds) of a
+	// refusal for a capacity that frees up by itself.
+	retryAfter string
 }
 
 func (e *httpError) Error() string { return e.msg }
@@ -86,6 +89,9 @@ func writeError(w http.ResponseWriter, err error) {
 		}
 		if he.reason != "" {
 			body["reason"] = he.reason
+		}
+		if he.retryAfter != "" {
+			w.Header().Set("Retry-After", he.retryAfter)
 		}
 		writeJSON(w, he.status, body)
 		return

@@ -26,6 +26,8 @@ type Metrics struct {
 	queue      *prometheus.GaugeVec
 	sse        prometheus.Gauge
 	replicated prometheus.Gauge
+	relayMem   *prometheus.GaugeVec
+	relayRefs  *prometheus.CounterVec
 	old        *oldMetrics // the old daemon's sandboxd_* families
 	egress     egressMetrics
 }
@@ -66,9 +68,15 @@ func NewMetrics(eng Engine) *Metrics {
 		replicated: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sbx_replicated_seq", Help: "Highest log sequence acknowledged by JetStream.",
 		}),
+		relayMem: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sbx_relay_memory_bytes", Help: "The relay memory budget (state budget) and what open relays reserve from it (state reserved).",
+		}, []string{"state"}),
+		relayRefs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbx_relay_refused_total", Help: "Relays refused before they opened, by reason (memory: the relay memory budget was spent).",
+		}, []string{"reason"}),
 		old: newOldMetrics(eng),
 	}
-	m.reg.MustRegister(m.claims, m.claimLat, m.appendLat, m.opDur, m.stepDur, m.retries, m.queue, m.sse, m.replicated,
+	m.reg.MustRegister(m.claims, m.claimLat, m.appendLat, m.opDur, m.stepDur, m.retries, m.queue, m.sse, m.replicated, m.relayMem, m.relayRefs,
 		&poolCollector{eng: eng}, m.old, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	m.egress = newEgressMetrics(m.reg)
 	return m
@@ -96,6 +104,27 @@ func (m *Metrics) claim(outcome, tier string, d time.Duration) {
 func (m *Metrics) sseClients(d float64) {
 	if m != nil {
 		m.sse.Add(d)
+	}
+}
+
+// relayMemoryBudget records the relay memory budget.
+func (m *Metrics) relayMemoryBudget(n int64) {
+	if m != nil {
+		m.relayMem.WithLabelValues("budget").Set(float64(n))
+	}
+}
+
+// relayMemoryReserved adds delta to the bytes open relays reserve.
+func (m *Metrics) relayMemoryReserved(delta int64) {
+	if m != nil {
+		m.relayMem.WithLabelValues("reserved").Add(float64(delta))
+	}
+}
+
+// relayRefused counts a relay refused before it opened.
+func (m *Metrics) relayRefused(reason string) {
+	if m != nil {
+		m.relayRefs.WithLabelValues(reason).Inc()
 	}
 }
 

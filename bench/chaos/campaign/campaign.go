@@ -26,7 +26,11 @@
 //     counter is past the snapshot's (it runs the restored memory);
 //   - usage records agree with the log (when the daemon writes usage.jsonl:
 //     one record per usage event of the log, none twice); otherwise the
-//     check is reported as not applicable.
+//     check is reported as not applicable;
+//   - with Options.Egress (an egress pool, the daemon in a network
+//     namespace with a bridge): after every restart and at the end, every
+//     egress VM whose VMM runs has its tap locked and no lock is left for a
+//     VM the state no longer has (egress.go).
 package campaign
 
 import (
@@ -43,6 +47,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
@@ -72,6 +77,10 @@ type Options struct {
 	// NATS runs the daemon with replication (embedded NATS), which writes
 	// the usage journal the end checks compare with the log.
 	NATS bool
+	// Egress adds an egress pool: the daemon runs in a lane's namespace
+	// with a bridge, and its taps' locks are checked after every restart
+	// and at the end (egress.go). It needs root (EgressAvailable).
+	Egress bool
 	// Out receives progress lines (nil: discarded).
 	Out io.Writer
 }
@@ -198,8 +207,10 @@ type campaign struct {
 
 	foreign    VMMProc
 	foreignDir string
-	bVMMs      map[int]string
-	bClaims    []string
+	// lane is the egress lane daemon a runs in (nil without Options.Egress).
+	lane    *netnstest.Lane
+	bVMMs   map[int]string
+	bClaims []string
 }
 
 func (c *campaign) logf(format string, args ...any) {
@@ -245,6 +256,22 @@ func (c *campaign) checked(what string, n int) {
 // all (binaries, scratch dir, a daemon that never came up), violations are
 // in the Result.
 func Run(ctx context.Context, opt Options) (*Result, error) {
+	if !opt.Egress {
+		return run(ctx, opt, nil)
+	}
+	if err := EgressAvailable(); err != nil {
+		return nil, err
+	}
+	var res *Result
+	var err error
+	if lerr := withLane(func(l *netnstest.Lane) error { res, err = run(ctx, opt, l); return nil }); lerr != nil {
+		return res, fmt.Errorf("campaign: egress lane: %w", lerr)
+	}
+	return res, err
+}
+
+// run is Run with the egress lane, if any.
+func run(ctx context.Context, opt Options, lane *netnstest.Lane) (*Result, error) {
 	if opt.Workers <= 0 {
 		opt.Workers = 3
 	}
@@ -263,7 +290,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 			defer os.RemoveAll(d)
 		}
 	}
-	c := &campaign{opt: opt, out: opt.Out, rng: rand.New(rand.NewPCG(opt.Seed, opt.Seed^0x9e3779b97f4a7c15)), res: res, claims: map[string]*claim{}}
+	c := &campaign{opt: opt, out: opt.Out, rng: rand.New(rand.NewPCG(opt.Seed, opt.Seed^0x9e3779b97f4a7c15)), res: res, claims: map[string]*claim{}, lane: lane}
 	defer func() {
 		// Leave nothing running: the daemons first, then every VMM
 		// under the scratch dir (found by its socket path).
@@ -322,11 +349,18 @@ func (c *campaign) setup(ctx context.Context) error {
 	}
 	c.logf("second instance b: %d claims, %d VMMs", len(c.bClaims), len(c.bVMMs))
 
-	c.a, err = NewDaemon("a", c.opt.Bins.Sandboxd, filepath.Join(c.opt.Dir, "a"), []PoolConf{poolMain, poolAlt}, c.opt.NATS)
+	pools := append([]PoolConf{poolMain, poolAlt}, c.egressPools()...)
+	c.a, err = NewDaemon("a", c.opt.Bins.Sandboxd, filepath.Join(c.opt.Dir, "a"), pools, c.opt.NATS)
 	if err != nil {
 		return err
 	}
 	c.a.Env = vmmEnv
+	if c.lane != nil {
+		if err := c.inLane(c.a); err != nil {
+			return err
+		}
+		c.note("egress pool %s/%s/%s on bridge %s in a network namespace; its VMs' tap locks checked after every restart and at the end", poolEgress.Template, poolEgress.Net, poolEgress.Size, c.lane.Bridge)
+	}
 	// Another instance id's VM in the same run root: started by hand, as
 	// another daemon would have.
 	c.foreignDir = filepath.Join(c.a.DataDir, "run", "i-foreign0", "vm-0f0f0f0f0f0f0f0f")
@@ -350,7 +384,7 @@ func (c *campaign) setup(ctx context.Context) error {
 	ac := c.a.Client(30 * time.Second)
 	if err := waitFor(ctx, 2*time.Minute, func() bool {
 		in, err := ac.Info(ctx)
-		if err != nil || len(in.Pools) != 2 {
+		if err != nil || len(in.Pools) != len(pools) {
 			return false
 		}
 		for _, p := range in.Pools {
@@ -362,9 +396,10 @@ func (c *campaign) setup(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("daemon a: goldens never ready: %w", err)
 	}
-	c.pools.acked(0, []PoolConf{poolMain, poolAlt})
+	c.pools.acked(0, pools)
 	c.inst = c.a.Instance("i-foreign0")
 	c.logf("daemon a up on %s (instance %s)", c.a.Addr, c.inst)
+	c.checkLocks(ctx, "first start")
 	return nil
 }
 
@@ -506,8 +541,12 @@ func (c *campaign) restart(ctx context.Context, chaos bool) error {
 	}
 	c.mu.Lock()
 	c.res.Restarts = append(c.res.Restarts, d)
+	n := len(c.res.Restarts)
 	c.mu.Unlock()
 	c.logf("restarted sandboxd in %s %s", d.Round(time.Millisecond), strings.Join(desc, ", "))
+	// At once: the new incarnation answers only after its reconcile, so
+	// every egress VM it adopted must be locked by now.
+	c.checkLocks(ctx, fmt.Sprintf("restart %d", n))
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
@@ -59,10 +60,18 @@ func scratch(t *testing.T) string {
 // SIGKILLs, under two minutes) with VMM kills, chsim faults and crashes at
 // recipe steps, and no violation.
 func TestShortCampaign(t *testing.T) {
+	// The egress pool and its lock checks need root (network namespaces).
+	egress := EgressAvailable()
+	if egress != nil {
+		if os.Getenv(netnstest.RequireEnv) == "1" {
+			t.Fatalf("%v (required: %s=1)", egress, netnstest.RequireEnv)
+		}
+		t.Logf("without the egress pool: %v", egress)
+	}
 	var out bytes.Buffer
 	res, err := Run(context.Background(), Options{
 		Bins: bins, Dir: scratch(t), Keep: true, Duration: 35 * time.Second, Kills: 12, Seed: 20261130,
-		VMMKills: true, Faults: true, CrashSteps: true, NATS: true, Out: &out,
+		VMMKills: true, Faults: true, CrashSteps: true, NATS: true, Egress: egress == nil, Out: &out,
 	})
 	if res != nil {
 		var rep bytes.Buffer
@@ -77,6 +86,9 @@ func TestShortCampaign(t *testing.T) {
 	}
 	if res.Checked["woken VMs verified (memory, state, disk sums)"] == 0 || res.Checked["acked claims checked"] == 0 {
 		t.Fatalf("the campaign checked nothing: %v", res.Checked)
+	}
+	if egress == nil && (res.Checked["egress lock reads (restart)"] == 0 || res.Checked["egress VMs running with their tap locked"] == 0) {
+		t.Fatalf("the campaign checked no egress lock: %v", res.Checked)
 	}
 	if dup := res.Ops["duplicate"]; dup["release"]+dup["hibernate"]+dup["wake"]+dup["renew"] == 0 {
 		t.Fatalf("the campaign sent no duplicate requests: %v", res.Ops)

@@ -38,6 +38,7 @@ func (c *campaign) finalChecks(ctx context.Context) {
 	if err := c.quiesce(ctx, cl); err != nil {
 		c.violate("not quiescent 3 minutes after the workload stopped: %v", err)
 	}
+	c.checkLocks(ctx, "final (quiescent)")
 	// Snapshots recorded but not yet compared (a wake whose outcome the
 	// workload did not see) are compared now.
 	c.mu.Lock()

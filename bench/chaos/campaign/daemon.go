@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,7 +67,11 @@ type Daemon struct {
 	Addr    string
 	// Env is added to every start (chsim tuning for all incarnations).
 	Env []string
-	Log string // the daemon's stderr, all incarnations appended
+	// Wrap, when set, is the command the daemon runs under (nsenter into
+	// the egress lane's namespace), and Dial how clients reach it there.
+	Wrap []string
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	Log  string // the daemon's stderr, all incarnations appended
 
 	mu    sync.Mutex
 	cmd   *exec.Cmd
@@ -106,6 +112,22 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
+// Configure sets top-level keys of the daemon's config file (before a
+// start).
+func (d *Daemon) Configure(kv map[string]any) error {
+	data, err := os.ReadFile(d.ConfigPath())
+	if err != nil {
+		return err
+	}
+	cfg := map[string]any{}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return err
+	}
+	maps.Copy(cfg, kv)
+	data, _ = json.MarshalIndent(cfg, "", "  ")
+	return os.WriteFile(d.ConfigPath(), data, 0o644)
+}
+
 // ConfigPath is the daemon's config file.
 func (d *Daemon) ConfigPath() string { return filepath.Join(d.DataDir, "..", d.Name+".json") }
 
@@ -128,7 +150,8 @@ func (d *Daemon) Start(ctx context.Context, extra []string, timeout time.Duratio
 	}
 	d.Incarnations++
 	fmt.Fprintf(logf, "\n===== %s incarnation %d: %s =====\n", d.Name, d.Incarnations, strings.Join(extra, " "))
-	cmd := exec.Command(d.Bin, "-config", d.ConfigPath())
+	args := append(slices.Clone(d.Wrap), d.Bin, "-config", d.ConfigPath())
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = append(append(os.Environ(), d.Env...), extra...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: a signal meant for the campaign (^C) does not
@@ -239,7 +262,7 @@ func (d *Daemon) Signal(sig syscall.Signal, wait time.Duration) error {
 
 // Client is a root API client of the daemon.
 func (d *Daemon) Client(timeout time.Duration) *apiclient.Client {
-	c, err := apiclient.New("http://"+d.Addr, Token, &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}})
+	c, err := apiclient.New("http://"+d.Addr, Token, &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true, DialContext: d.Dial}})
 	if err != nil {
 		panic(err) // the address is ours and well-formed
 	}

@@ -161,11 +161,14 @@ func (c *campaign) doClaim(ctx context.Context, cl *apiclient.Client) {
 	if c.liveCount() >= 8 {
 		return
 	}
-	tpl := "default"
-	if c.intn(3) == 0 {
-		tpl = "alt"
+	req := api.ClaimRequest{Template: "default", TTLSeconds: 3600}
+	switch r := c.intn(12); {
+	case r < 4:
+		req.Template = poolAlt.Template
+	case r < 7 && c.lane != nil:
+		req.Template, req.Net = poolEgress.Template, poolEgress.Net
 	}
-	cr, err := cl.Claim(ctx, api.ClaimRequest{Template: tpl, TTLSeconds: 3600})
+	cr, err := cl.Claim(ctx, req)
 	out := outcomeOf(err)
 	if ctx.Err() != nil && out != outAcked {
 		return
@@ -486,6 +489,11 @@ func (c *campaign) doPools(ctx context.Context, cl *apiclient.Client) {
 		alt.Warm = c.intn(3)
 		alt.WarmMax = alt.Warm + 1
 		pools = append(pools, alt)
+	}
+	for _, p := range c.egressPools() {
+		p.Warm = c.intn(3)
+		p.WarmMax = p.Warm + 1
+		pools = append(pools, p)
 	}
 	req := api.PoolsRequest{}
 	for _, p := range pools {

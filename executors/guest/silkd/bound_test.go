@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"strings"
 	"testing"
 )
@@ -140,3 +141,45 @@ func TestClientStreamFrameBound(t *testing.T) {
 		})
 	}
 }
+
+// StreamConnMemory bounds what a Conn's frame buffers hold with frames
+// bounded at MaxStreamFrame: the largest data frame a guest may send
+// within the bound (read and decoded) and a PortWriteChunk written, the
+// line, payload and write buffers stay within it.
+func TestStreamConnMemoryBound(t *testing.T) {
+	// The largest payload whose frame fits MaxStreamFrame.
+	p := (MaxStreamFrame - 64) / 4 * 3
+	for len(AppendBulk(nil, BulkDataReply, make([]byte, p)))-1 > MaxStreamFrame {
+		p -= 3
+	}
+	var in bytes.Buffer
+	in.Write(AppendBulk(nil, BulkDataReply, bytes.Repeat([]byte{9}, p)))
+	if err := NewWriter(&in).WriteResponse(Done{}); err != nil {
+		t.Fatal(err)
+	}
+	c := NewConn(nopConn{Reader: &in})
+	c.R.SetMaxFrame(MaxStreamFrame)
+	r, err := c.R.ReadResponse()
+	if d, ok := r.(*DataReply); err != nil || !ok || len(d.Data) != p {
+		t.Fatalf("the largest bounded data frame: %T %v", r, err)
+	}
+	if _, err := (BulkWriter{W: c.W, Kind: BulkData, Chunk: PortWriteChunk}).Write(make([]byte, PortWriteChunk)); err != nil {
+		t.Fatal(err)
+	}
+	held := cap(c.R.buf) + cap(c.R.payload) + cap(c.W.buf)
+	if held > StreamConnMemory {
+		t.Fatalf("frame buffers hold %d bytes (line %d, payload %d, writer %d), StreamConnMemory is %d",
+			held, cap(c.R.buf), cap(c.R.payload), cap(c.W.buf), StreamConnMemory)
+	}
+	t.Logf("held %d of StreamConnMemory %d", held, StreamConnMemory)
+}
+
+// nopConn is a net.Conn that reads from Reader and discards what is
+// written; nothing else is called.
+type nopConn struct {
+	net.Conn
+	Reader io.Reader
+}
+
+func (c nopConn) Read(p []byte) (int, error) { return c.Reader.Read(p) }
+func (nopConn) Write(p []byte) (int, error)  { return len(p), nil }

@@ -38,6 +38,14 @@ const (
 	// A larger one is ErrFrameTooLarge, so a guest cannot make the host
 	// buffer MaxFrame for each such connection.
 	MaxStreamFrame = (BulkChunk+2)/3*4 + 64<<10
+	// StreamConnMemory bounds the frame buffers a Conn holds while its
+	// frames are bounded at MaxStreamFrame (exec, kill, port_forward): the
+	// line buffer (a line of MaxStreamFrame and its newline), the decoded
+	// payload of the largest such line, and the writer's buffer, at most a
+	// bulk frame of BulkChunk (PortWriteChunk) bytes, within MaxStreamFrame.
+	// The host's relays reserve it from the node's relay memory budget
+	// before they dial.
+	StreamConnMemory = (MaxStreamFrame + 2) + MaxStreamFrame/4*3 + MaxStreamFrame
 )
 
 // Request ops.
