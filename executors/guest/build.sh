@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Builds the sbxlog test guest from Debian packages and prints the directory that
-# holds it (last line of stdout):
+# Builds the sbxlog guest's kernel and initramfs from Debian packages and prints
+# the directory that holds them (last line of stdout). Booted alone they are the
+# "busybox" template (the fast test guest); with a root disk made by
+# executors/guest/template.sh, every other template (the initramfs switches into
+# the disk's root, see executors/guest/init):
 #
 #   <dir>/vmlinuz      kernel of the linux-image-*-cloud-amd64 package that
 #                      linux-image-cloud-amd64 depends on (apt-get download, dpkg-deb -x)
 #   <dir>/initrd.img   gzip'd newc cpio: busybox-static, executors/guest/init as /init,
 #                      sbx-agent (cmd/sbx-agent, static Go) as /sbin/sbx-agent, and the
-#                      kernel's modules for the agent's NIC (MODULES and what they depend
-#                      on) in /lib/modules, with their load order in /lib/modules/load
+#                      kernel's modules for the agent's NIC and a template's root
+#                      disk (MODULES and what they depend on) in /lib/modules, with
+#                      their load order in /lib/modules/load
 #   <dir>/manifest     the inputs the directory name hashes
 #
 # The output is cached in ${SBX_CACHE:-$HOME/.cache/sbxlog}/guest/<hash>, where hash
@@ -20,9 +24,10 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-# The modules the guest loads: virtio over PCI and the virtio NIC that carries
-# the agent's data plane (the cloud kernel builds them as modules).
-MODULES="virtio_pci virtio_net"
+# The modules the guest loads: virtio over PCI, the virtio NIC that carries
+# the agent's data plane and the virtio disk a template's root is on (the
+# cloud kernel builds them as modules; ext4 is built in).
+MODULES="virtio_pci virtio_net virtio_blk"
 CACHE=${SBX_CACHE:-${HOME:-/root}/.cache/sbxlog}/guest
 GO=${GO:-go}
 
