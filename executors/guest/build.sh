@@ -17,7 +17,8 @@
 # The output is cached in ${SBX_CACHE:-$HOME/.cache/sbxlog}/guest/<hash>, where hash
 # covers this script, executors/guest/init, the sbx-agent binary, the busybox binary and the
 # kernel package's name and version; a second run with the same inputs only
-# rebuilds the agent (a cached go build) and prints the directory.
+# rebuilds the agent (a cached go build), marks the build the newest (touches its
+# manifest) and prints the directory.
 #
 # Needs: go, busybox-static, cpio, gzip, dpkg-deb and apt lists (apt-get update).
 # SBX_KERNEL_DEB=/path/to/linux-image-...deb uses that package instead of asking apt.
@@ -81,22 +82,30 @@ fi
 	echo "sbx-agent $(sha256sum <"$work/sbx-agent" | cut -d' ' -f1)"
 	echo "busybox-static $bb_version $(sha256sum <"$BUSYBOX" | cut -d' ' -f1)"
 	echo "kernel $kpkg $kver"
+	# What the initramfs can do: switch into a template's root disk
+	# (sbx.root=). executors/qemu pairs template disks only with builds
+	# that say so.
+	echo "features root-disk"
 } >"$work/manifest"
 key=$(sha256sum <"$work/manifest" | cut -c1-16)
 out="$CACHE/$key"
 
 done_already() { [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ -s "$out/manifest" ]; }
-if done_already; then
+# A reused build becomes the newest: CachedGuest takes the one asked for last.
+reuse() {
+	touch "$out/manifest"
 	echo "$out"
 	exit 0
+}
+if done_already; then
+	reuse
 fi
 
 # Concurrent test packages may build at once; one builds, the others wait and reuse.
 exec 9>"$CACHE/.lock-$key"
 flock 9
 if done_already; then
-	echo "$out"
-	exit 0
+	reuse
 fi
 
 echo "executors/guest/build.sh: building guest $key (kernel $kpkg $kver)" >&2

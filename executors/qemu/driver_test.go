@@ -634,32 +634,50 @@ func TestTemplates(t *testing.T) {
 func TestCachedTemplates(t *testing.T) {
 	base := t.TempDir()
 	guestDir, tplDir := filepath.Join(base, "guest"), filepath.Join(base, "template")
-	mk := func(dir string, files ...string) {
+	// mk writes files (each holding its name, a manifest body) in dir, aged.
+	mk := func(dir string, age time.Duration, manifest string, files ...string) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		for _, f := range files {
-			if err := os.WriteFile(filepath.Join(dir, f), []byte(f), 0o644); err != nil {
+		mt := time.Now().Add(-age)
+		for _, f := range append(files, "manifest") {
+			body := f
+			if f == "manifest" {
+				body = manifest
+			}
+			p := filepath.Join(dir, f)
+			if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chtimes(p, mt, mt); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	tplFiles := []string{"rootfs.img", "disk.qcow2", "manifest"}
-	mk(filepath.Join(tplDir, "default", "h1"), tplFiles...)
+	tplFiles := []string{"rootfs.img", "disk.qcow2"}
+	mk(filepath.Join(tplDir, "default", "h1"), 0, "format 1\n", tplFiles...)
 	if got := CachedTemplates(guestDir, tplDir); len(got) != 0 {
 		t.Fatalf("without a guest build: %v, want nothing (no kernel to boot)", got)
 	}
-	mk(filepath.Join(guestDir, "g1"), "vmlinuz", "initrd.img", "manifest")
-	mk(filepath.Join(tplDir, "python", "h2"), "rootfs.img", "manifest") // incomplete
-	mk(filepath.Join(tplDir, "python", ".build-x"), tplFiles...)        // a build's work dir
-	mk(filepath.Join(tplDir, "busybox", "h3"), tplFiles...)             // the name is the initramfs guest's
-	got := CachedTemplates(guestDir, tplDir)
-	g := filepath.Join(guestDir, "g1")
-	want := map[string]Guest{
-		TemplateBusybox: {Dir: g, Kernel: filepath.Join(g, "vmlinuz"), Initrd: filepath.Join(g, "initrd.img")},
-		TemplateDefault: {Dir: filepath.Join(tplDir, "default", "h1"), Kernel: filepath.Join(g, "vmlinuz"),
-			Initrd: filepath.Join(g, "initrd.img"), Disk: filepath.Join(tplDir, "default", "h1", "disk.qcow2")},
+	guest := func(dir string) Guest {
+		return Guest{Dir: dir, Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.img")}
 	}
+	// The newest guest build cannot switch into a root disk (built by an
+	// older build.sh): it is busybox, but boots no disk.
+	old := filepath.Join(guestDir, "g-old")
+	mk(old, 0, "format 1\nkernel k 1\n", "vmlinuz", "initrd.img")
+	if got, want := CachedTemplates(guestDir, tplDir), map[string]Guest{TemplateBusybox: guest(old)}; !maps.Equal(got, want) {
+		t.Fatalf("with a guest build that cannot boot a disk: %+v, want %+v", got, want)
+	}
+	rd := filepath.Join(guestDir, "g-rootdisk")
+	mk(rd, time.Hour, "format 1\nkernel k 1\n"+GuestFeatureRootDisk+"\n", "vmlinuz", "initrd.img")
+	mk(filepath.Join(tplDir, "python", "h2"), 0, "m", "rootfs.img")      // incomplete
+	mk(filepath.Join(tplDir, "python", ".build-x"), 0, "m", tplFiles...) // a build's work dir
+	mk(filepath.Join(tplDir, "busybox", "h3"), 0, "m", tplFiles...)      // the name is the initramfs guest's
+	got := CachedTemplates(guestDir, tplDir)
+	dflt := guest(rd)
+	dflt.Dir, dflt.Disk = filepath.Join(tplDir, "default", "h1"), filepath.Join(tplDir, "default", "h1", "disk.qcow2")
+	want := map[string]Guest{TemplateBusybox: guest(old), TemplateDefault: dflt}
 	if !maps.Equal(got, want) {
 		t.Fatalf("CachedTemplates = %+v\nwant %+v", got, want)
 	}

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -64,26 +66,52 @@ func CachedGuest(cacheDir string) (Guest, bool) {
 	if cacheDir == "" {
 		cacheDir = GuestCacheDir()
 	}
-	dir, ok := newestBuild(cacheDir, "vmlinuz", "initrd.img", "manifest")
+	return newestGuest(cacheDir, nil)
+}
+
+// newestGuest is CachedGuest among the builds accept takes (nil: all).
+func newestGuest(cacheDir string, accept func(dir string) bool) (Guest, bool) {
+	dir, ok := newestBuild(cacheDir, accept, "vmlinuz", "initrd.img", "manifest")
 	if !ok {
 		return Guest{}, false
 	}
 	return Guest{Dir: dir, Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.img")}, true
 }
 
+// GuestFeatureRootDisk is the manifest line of a guest build whose initramfs
+// can switch into a template's root disk (RootAppend).
+const GuestFeatureRootDisk = "features root-disk"
+
+// switchesRoot reports whether the guest build in dir says its initramfs
+// can boot a template's root disk. An older build ignores sbx.root and would
+// run its busybox userland with the disk unused: never pair one with a disk.
+func switchesRoot(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "manifest"))
+	if err != nil {
+		return false
+	}
+	return slices.Contains(strings.Split(string(b), "\n"), GuestFeatureRootDisk)
+}
+
 // CachedTemplates is the template table the build scripts left in the cache
 // (guestDir: GuestCacheDir() when empty; templateDir: TemplateCacheDir() when
 // empty): TemplateBusybox is the newest guest build, and each template.sh
 // build <templateDir>/<name>/<hash> (newest complete one per name: rootfs.img,
-// disk.qcow2 and manifest) is name, booting the same kernel and initrd with
-// its disk.qcow2. Without a guest build there is nothing to boot: the table
-// is empty.
+// disk.qcow2 and manifest) is name, booting the newest guest build that can
+// switch into a root disk (GuestFeatureRootDisk) with its disk.qcow2.
+// Without a guest build there is nothing to boot: the table is empty.
 func CachedTemplates(guestDir, templateDir string) map[string]Guest {
-	g, ok := CachedGuest(guestDir)
-	if !ok {
-		return map[string]Guest{}
+	if guestDir == "" {
+		guestDir = GuestCacheDir()
 	}
-	table := map[string]Guest{TemplateBusybox: g}
+	table := map[string]Guest{}
+	if g, ok := CachedGuest(guestDir); ok {
+		table[TemplateBusybox] = g
+	}
+	g, ok := newestGuest(guestDir, switchesRoot)
+	if !ok {
+		return table
+	}
 	if templateDir == "" {
 		templateDir = TemplateCacheDir()
 	}
@@ -92,7 +120,7 @@ func CachedTemplates(guestDir, templateDir string) map[string]Guest {
 		if !e.IsDir() || e.Name()[0] == '.' || e.Name() == TemplateBusybox {
 			continue
 		}
-		dir, ok := newestBuild(filepath.Join(templateDir, e.Name()), "rootfs.img", "disk.qcow2", "manifest")
+		dir, ok := newestBuild(filepath.Join(templateDir, e.Name()), nil, "rootfs.img", "disk.qcow2", "manifest")
 		if !ok {
 			continue
 		}
@@ -104,10 +132,10 @@ func CachedTemplates(guestDir, templateDir string) map[string]Guest {
 }
 
 // newestBuild returns the subdirectory of cacheDir that holds every one of
-// files as a non-empty regular file, newest by the modification time of the
-// last of files (written last by the build scripts). Their work dirs (hidden)
-// never count.
-func newestBuild(cacheDir string, files ...string) (string, bool) {
+// files as a non-empty regular file and that accept (nil: any) takes, newest
+// by the modification time of the last of files (written last by the build
+// scripts). Their work dirs (hidden) never count.
+func newestBuild(cacheDir string, accept func(dir string) bool, files ...string) (string, bool) {
 	ents, err := os.ReadDir(cacheDir)
 	if err != nil {
 		return "", false
@@ -129,7 +157,7 @@ func newestBuild(cacheDir string, files ...string) (string, bool) {
 			}
 			mt = st.ModTime()
 		}
-		if ok && (best == "" || mt.After(bestT)) {
+		if ok && (best == "" || mt.After(bestT)) && (accept == nil || accept(dir)) {
 			best, bestT = dir, mt
 		}
 	}

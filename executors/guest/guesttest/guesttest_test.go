@@ -32,6 +32,11 @@ func TestBuiltGuest(t *testing.T) {
 	if !strings.Contains(string(manifest), "\nkernel linux-image-") || !strings.Contains(string(manifest), "-cloud-amd64 ") {
 		t.Fatalf("manifest names no cloud kernel:\n%s", manifest)
 	}
+	// executors/qemu boots template disks only with builds that say they can
+	// (its GuestFeatureRootDisk).
+	if !strings.Contains(string(manifest), "\nfeatures root-disk\n") {
+		t.Fatalf("manifest does not say the initramfs boots root disks:\n%s", manifest)
+	}
 
 	tmp := t.TempDir()
 	f, err := os.Open(g.Initrd)
