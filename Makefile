@@ -28,19 +28,21 @@ test:
 # run starts sandboxd with its built-in defaults: data in ./data, one pool
 # "default" (net none, size small, warm 2), API on 127.0.0.1:7777, no NATS
 # needed. Where QEMU is installed (apt-get install -y qemu-system-x86
-# busybox-static cpio) it builds the guest (make guest, cached) and runs real
-# Linux guests (-hypervisor qemu); otherwise hypervisor auto
+# qemu-utils busybox-static cpio mmdebstrap, and run as root) it builds the
+# guests (make guest, cached) and runs real Linux guests (-hypervisor qemu):
+# template "default" is Debian (bash, python3, git, SSH on port 22),
+# "busybox" the initramfs alone; otherwise hypervisor auto
 # (cloud-hypervisor from PATH, else chsim from bin/, whose guest is
 # simulated). On its first start it generates a root token into
 # ./data/api.token, which sbxctl run from this directory reads: in another
 # shell, bin/sbxctl claim --template default.
 .PHONY: run
 run: build
-	@if command -v qemu-system-x86_64 >/dev/null 2>&1 && ./executors/guest/build.sh >/dev/null; then \
-		echo "make run: QEMU and the guest are here: real Linux guests (-hypervisor qemu)"; \
+	@if command -v qemu-system-x86_64 >/dev/null 2>&1 && ./executors/guest/build.sh >/dev/null && ./executors/guest/template.sh default >/dev/null; then \
+		echo "make run: QEMU and the guests are here: real Linux guests (-hypervisor qemu), template default is Debian"; \
 		exec ./$(BIN)/sandboxd -hypervisor qemu; \
 	else \
-		echo "make run: no QEMU guest (apt-get install -y qemu-system-x86 busybox-static cpio, then make run again): hypervisor auto, chsim's simulated guest unless cloud-hypervisor is installed"; \
+		echo "make run: no QEMU guest (as root: apt-get install -y qemu-system-x86 qemu-utils busybox-static cpio mmdebstrap, then make run again): hypervisor auto, chsim's simulated guest unless cloud-hypervisor is installed"; \
 		exec ./$(BIN)/sandboxd; \
 	fi
 
@@ -59,10 +61,23 @@ bench:
 chaos:
 	$(GO) run ./bench/chaos $(CHAOS_FLAGS)
 
-# guest builds the QEMU test guest (kernel from Debian's cloud kernel package,
-# busybox initramfs with the project's agent), cached by content hash.
-guest:
+# guest builds the QEMU guests, cached by content hash: the kernel (Debian's
+# cloud kernel package) and the busybox initramfs with the project's agent
+# (template "busybox", the fast test guest), then the Debian root disk of
+# template "default" (executors/guest/template.sh; needs root, mmdebstrap,
+# qemu-utils). guest-busybox builds the first part alone.
+.PHONY: guest-busybox template
+guest: guest-busybox
+	./executors/guest/template.sh default
+
+guest-busybox:
 	./executors/guest/build.sh
+
+# template builds a template of one's own from Debian packages (packages in,
+# template out), served as NAME by sandboxd -hypervisor qemu after a restart:
+#   make template NAME=py EXTRA_PACKAGES="python3-numpy python3-requests"
+template: guest-busybox
+	EXTRA_PACKAGES="$(EXTRA_PACKAGES)" ./executors/guest/template.sh $(or $(NAME),default)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

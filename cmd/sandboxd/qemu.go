@@ -20,10 +20,23 @@ type QEMUConfig struct {
 	// Accel: kvm, tcg or auto (default: KVM only if a short probe boot
 	// answers, else TCG).
 	Accel string `json:"accel,omitempty"`
-	// Kernel and Initrd are the guest every template boots. Default: the
-	// newest build of `make guest` in ${SBX_CACHE:-~/.cache/sbxlog}/guest.
+	// Templates is the template table: what each pool template boots.
+	// Default: what the build scripts cached (qemu.CachedTemplates: "busybox"
+	// from `make guest`'s initramfs, "default" and every other name from
+	// executors/guest/template.sh); an entry here adds or replaces one.
+	Templates map[string]QEMUTemplate `json:"templates,omitempty"`
+	// Kernel and Initrd, if set, are template "default" booting that kernel
+	// and initrd without a disk (a shorthand for templates.default).
 	Kernel string `json:"kernel,omitempty"`
 	Initrd string `json:"initrd,omitempty"`
+}
+
+// QEMUTemplate is one template: a kernel and initrd (executors/guest/build.sh)
+// and optionally a qcow2 root disk (executors/guest/template.sh's disk.qcow2).
+type QEMUTemplate struct {
+	Kernel string `json:"kernel"`
+	Initrd string `json:"initrd"`
+	Disk   string `json:"disk,omitempty"`
 }
 
 func (c QEMUConfig) validate() error {
@@ -46,26 +59,45 @@ func resolveQEMU(cfg Config) (string, error) {
 	return filepath.Abs(p)
 }
 
-// newQEMUDriver builds the QEMU driver; the guest defaults to the newest
-// cached `make guest` build.
+// newQEMUDriver builds the QEMU driver with the template table of
+// qemuTemplates.
 func newQEMUDriver(cfg Config, bin string, roots layout.Roots, instance string, zl zerolog.Logger) (*qemu.Driver, error) {
-	kernel, initrd := cfg.QEMU.Kernel, cfg.QEMU.Initrd
-	if kernel == "" && initrd == "" {
-		if g, ok := qemu.CachedGuest(""); ok {
-			kernel, initrd = g.Kernel, g.Initrd
-		}
-	}
-	for _, p := range []*string{&kernel, &initrd} {
-		if *p != "" {
-			abs, err := filepath.Abs(*p)
-			if err != nil {
-				return nil, err
-			}
-			*p = abs
-		}
+	templates, err := qemuTemplates(cfg.QEMU, qemu.CachedTemplates("", ""))
+	if err != nil {
+		return nil, err
 	}
 	return qemu.New(qemu.Config{
 		Roots: roots, Instance: instance, QEMU: bin, Accel: qemu.Accel(cfg.QEMU.Accel),
-		Kernel: kernel, Initrd: initrd, Log: zl,
+		Templates: templates, Log: zl,
 	})
+}
+
+// qemuTemplates is the one place the QEMU template table is made: the cached
+// builds, then qemu.kernel/initrd as "default", then qemu.templates; paths
+// made absolute.
+func qemuTemplates(c QEMUConfig, cached map[string]qemu.Guest) (map[string]qemu.Guest, error) {
+	table := make(map[string]qemu.Guest, len(cached)+len(c.Templates)+1)
+	for name, g := range cached {
+		table[name] = g
+	}
+	if c.Kernel != "" || c.Initrd != "" {
+		table[qemu.TemplateDefault] = qemu.Guest{Kernel: c.Kernel, Initrd: c.Initrd}
+	}
+	for name, t := range c.Templates {
+		table[name] = qemu.Guest{Kernel: t.Kernel, Initrd: t.Initrd, Disk: t.Disk}
+	}
+	for name, g := range table {
+		for _, p := range []*string{&g.Kernel, &g.Initrd, &g.Disk} {
+			if *p == "" {
+				continue
+			}
+			abs, err := filepath.Abs(*p)
+			if err != nil {
+				return nil, fmt.Errorf("qemu template %s: %w", name, err)
+			}
+			*p = abs
+		}
+		table[name] = g
+	}
+	return table, nil
 }

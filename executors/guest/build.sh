@@ -1,28 +1,34 @@
 #!/usr/bin/env bash
-# Builds the sbxlog test guest from Debian packages and prints the directory that
-# holds it (last line of stdout):
+# Builds the sbxlog guest's kernel and initramfs from Debian packages and prints
+# the directory that holds them (last line of stdout). Booted alone they are the
+# "busybox" template (the fast test guest); with a root disk made by
+# executors/guest/template.sh, every other template (the initramfs switches into
+# the disk's root, see executors/guest/init):
 #
 #   <dir>/vmlinuz      kernel of the linux-image-*-cloud-amd64 package that
 #                      linux-image-cloud-amd64 depends on (apt-get download, dpkg-deb -x)
 #   <dir>/initrd.img   gzip'd newc cpio: busybox-static, executors/guest/init as /init,
 #                      sbx-agent (cmd/sbx-agent, static Go) as /sbin/sbx-agent, and the
-#                      kernel's modules for the agent's NIC (MODULES and what they depend
-#                      on) in /lib/modules, with their load order in /lib/modules/load
+#                      kernel's modules for the agent's NIC and a template's root
+#                      disk (MODULES and what they depend on) in /lib/modules, with
+#                      their load order in /lib/modules/load
 #   <dir>/manifest     the inputs the directory name hashes
 #
 # The output is cached in ${SBX_CACHE:-$HOME/.cache/sbxlog}/guest/<hash>, where hash
 # covers this script, executors/guest/init, the sbx-agent binary, the busybox binary and the
 # kernel package's name and version; a second run with the same inputs only
-# rebuilds the agent (a cached go build) and prints the directory.
+# rebuilds the agent (a cached go build), marks the build the newest (touches its
+# manifest) and prints the directory.
 #
 # Needs: go, busybox-static, cpio, gzip, dpkg-deb and apt lists (apt-get update).
 # SBX_KERNEL_DEB=/path/to/linux-image-...deb uses that package instead of asking apt.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-# The modules the guest loads: virtio over PCI and the virtio NIC that carries
-# the agent's data plane (the cloud kernel builds them as modules).
-MODULES="virtio_pci virtio_net"
+# The modules the guest loads: virtio over PCI, the virtio NIC that carries
+# the agent's data plane and the virtio disk a template's root is on (the
+# cloud kernel builds them as modules; ext4 is built in).
+MODULES="virtio_pci virtio_net virtio_blk"
 CACHE=${SBX_CACHE:-${HOME:-/root}/.cache/sbxlog}/guest
 GO=${GO:-go}
 
@@ -76,22 +82,30 @@ fi
 	echo "sbx-agent $(sha256sum <"$work/sbx-agent" | cut -d' ' -f1)"
 	echo "busybox-static $bb_version $(sha256sum <"$BUSYBOX" | cut -d' ' -f1)"
 	echo "kernel $kpkg $kver"
+	# What the initramfs can do: switch into a template's root disk
+	# (sbx.root=). executors/qemu pairs template disks only with builds
+	# that say so.
+	echo "features root-disk"
 } >"$work/manifest"
 key=$(sha256sum <"$work/manifest" | cut -c1-16)
 out="$CACHE/$key"
 
 done_already() { [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ -s "$out/manifest" ]; }
-if done_already; then
+# A reused build becomes the newest: CachedGuest takes the one asked for last.
+reuse() {
+	touch "$out/manifest"
 	echo "$out"
 	exit 0
+}
+if done_already; then
+	reuse
 fi
 
 # Concurrent test packages may build at once; one builds, the others wait and reuse.
 exec 9>"$CACHE/.lock-$key"
 flock 9
 if done_already; then
-	echo "$out"
-	exit 0
+	reuse
 fi
 
 echo "executors/guest/build.sh: building guest $key (kernel $kpkg $kver)" >&2

@@ -1,7 +1,7 @@
 // Package qemu runs sandbox VMs under qemu-system-x86_64, for machines where
-// Cloud Hypervisor cannot run (`hypervisor: qemu`): the project's test guest,
-// or any kernel+initrd that speaks the executors/guest/agent protocol on ttyS1
-// (and, for the data plane, silkd on TCP port 2048 of its NIC).
+// Cloud Hypervisor cannot run (`hypervisor: qemu`): the project's guests (see
+// Templates below), or any kernel+initrd that speaks the executors/guest/agent
+// protocol on ttyS1 (and, for the data plane, silkd on TCP port 2048 of its NIC).
 // It has two layers:
 //
 //   - Driver (Config, New) is the executors.Driver: it maps the state
@@ -62,8 +62,9 @@
 //
 // Snapshots live in the store as directories holding ram (a reflink of the RAM
 // file), state (the migration stream, saved with x-ignore-shared so it holds
-// only device state and firmware RAM, ~0.5 MB), disk.raw when the VM has a
-// disk, and meta.json (what a restore needs to start a matching QEMU).
+// only device state and firmware RAM, ~0.5 MB), disk.qcow2 when the VM has a
+// disk (a clone of the VM's, taken in the same stop as the RAM, so the two
+// agree), and meta.json (what a restore needs to start a matching QEMU).
 //
 // Recipes:
 //
@@ -96,10 +97,10 @@
 // Driver layout (see layout.Roots):
 //
 //	<runs>/<instance>/<vm>/           one VM's run dir (intent RunDir): ram,
-//	                                  qmp.sock, agent.sock, console.log,
+//	                                  disk.qcow2, qmp.sock, agent.sock, console.log,
 //	                                  qemu.log, qemu.pid, vm.json, agent.json
 //	<runs>/<instance>/golden-<h>/     a golden build's VM (h derived from the op)
-//	<store>/golden/<key>-<op>/        a golden: ram state meta.json
+//	<store>/golden/<key>-<op>/        a golden: ram state [disk.qcow2] meta.json
 //	<store>/hibernate/<vm>-<op>/      a hibernated VM, same files
 //	<store>/{,golden/,hibernate/}.sbx-tmp-*
 //	                                  snapshots being assembled (swept by Prepare)
@@ -132,7 +133,8 @@
 //     state file not the recorded size) is Lost.
 //   - DestroyVM: Destroy, then the snapshot when in.SnapshotDir is set.
 //   - RestartVM (executors.Restarter): the VM whose QEMU died boots again,
-//     cold, in its run dir; the guest has no disk, so it starts empty.
+//     cold, in its run dir, from its template: memory and disk start afresh
+//     (what the VM wrote is lost).
 //
 // Start-up reconcile (AdoptVM, RemoveRunDir, RunDirs, ...): a warm or claimed
 // VM's QEMU is adopted (resumed if a crash left it stopped) or reported dead;
@@ -146,10 +148,26 @@
 // StepRemoveSnapshot) and the copy mode of the RAM clones, "reflink" or "copy"
 // (for a re-run that found its result in place: the mode Prepare detected).
 //
-// Guest: every template boots the one configured guest (Config.Kernel,
-// Config.Initrd, built by `make guest`; CachedGuest finds the newest build). A
-// missing kernel or initrd fails golden builds and cold boots with an
-// *executors.Unrecoverable saying to run `make guest`.
+// Templates: Config.Templates maps a pool's template name to the Guest it
+// boots (kernel, initrd, optional disk); Driver.Templates lists the names, and
+// a template not in the table is refused (*executors.Unrecoverable naming the
+// ones served). CachedTemplates makes the table from the build caches:
+// "busybox", the initramfs of executors/guest/build.sh alone (busybox and the
+// agent; the fastest boot, for tests), and each root disk built by
+// executors/guest/template.sh under its name, "default" being the Debian
+// system `make guest` builds (bash, python3, git, ca-certificates, dropbear on
+// port 22). A missing kernel, initrd or disk fails golden builds and cold
+// boots with an *executors.Unrecoverable saying to run `make guest`.
+//
+// Disks: a template's disk is a qcow2 overlay over its read-only raw
+// rootfs.img (named by absolute path in the overlay's header). Boot clones
+// the template's empty overlay into the run dir, snapshots and restores clone
+// the VM's overlay, so a clone copies what the VMs wrote (a few MB) and never
+// the image, also where the store cannot reflink; the rootfs.img is shared by
+// every VM and snapshot of the template, and must outlive them: a snapshot
+// whose backing file is gone is incomplete (ErrNoSnapshot). A VM with a disk
+// boots with RootAppend on its command line: the initramfs mounts the disk
+// and switches into it (executors/guest/init).
 //
 // Sizes: a pool's size names vCPUs and memory in the one size table,
 // fsm.Sizes (Config.Sizes overrides it). Under KVM a VM gets them as they are,

@@ -89,11 +89,12 @@ type Config struct {
 	// Accel is tcg, kvm or auto (default auto: KVM only if a short probe boot
 	// answers; see RecipesConfig).
 	Accel Accel
-	// Kernel and Initrd are the guest every template boots (`make guest`
-	// builds it; CachedGuest finds the newest build). Checked when a golden
-	// build or cold boot needs them, not by New, so a daemon without a guest
-	// still starts and reports why its pools stay empty.
-	Kernel, Initrd string
+	// Templates is the template table: what a pool's template boots (`make
+	// guest` builds "busybox" and "default"; CachedTemplates finds the
+	// builds). A template not in it is refused. The files are checked when a
+	// golden build or cold boot needs them, not by New, so a daemon without
+	// a guest still starts and reports why its pools stay empty.
+	Templates map[string]Guest
 	// Sizes maps pool sizes to memory and vCPUs as under KVM (default
 	// DefaultSizes, the size table fsm.Sizes); under TCG a VM gets half of
 	// each (at least one vCPU), memory capped at TCGMaxMemoryMiB.
@@ -118,17 +119,17 @@ type Config struct {
 
 // Driver is the QEMU executors.Driver.
 type Driver struct {
-	roots          layout.Roots
-	instance       string
-	kernel, initrd string
-	sizes          Sizes
-	tcgMax         int
-	fs             fsx.FS
-	now            func() time.Time
-	resumeTO       time.Duration
-	log            zerolog.Logger
-	qemuBin        string
-	q              *Recipes
+	roots     layout.Roots
+	instance  string
+	templates map[string]Guest
+	sizes     Sizes
+	tcgMax    int
+	fs        fsx.FS
+	now       func() time.Time
+	resumeTO  time.Duration
+	log       zerolog.Logger
+	qemuBin   string
+	q         *Recipes
 
 	copyMode atomic.Int64 // fsx.Method detected by Prepare
 	capped   sync.Map     // size name -> struct{}: the TCG cap was logged
@@ -149,10 +150,17 @@ func New(cfg Config) (*Driver, error) {
 	if err := layout.ValidInstance(cfg.Instance); err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
-	for what, p := range map[string]string{"kernel": cfg.Kernel, "initrd": cfg.Initrd} {
-		if p != "" && !filepath.IsAbs(p) {
-			return nil, fmt.Errorf("qemu: guest %s %q is not an absolute path", what, p)
+	templates := make(map[string]Guest, len(cfg.Templates))
+	for name, g := range cfg.Templates {
+		if name == "" {
+			return nil, errors.New("qemu: a template without a name")
 		}
+		for what, p := range map[string]string{"kernel": g.Kernel, "initrd": g.Initrd, "disk": g.Disk} {
+			if p != "" && !filepath.IsAbs(p) {
+				return nil, fmt.Errorf("qemu: template %s: %s %q is not an absolute path", name, what, p)
+			}
+		}
+		templates[name] = g
 	}
 	if cfg.Sizes == nil {
 		cfg.Sizes = DefaultSizes
@@ -186,7 +194,7 @@ func New(cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	return &Driver{
-		roots: cfg.Roots, instance: cfg.Instance, kernel: cfg.Kernel, initrd: cfg.Initrd,
+		roots: cfg.Roots, instance: cfg.Instance, templates: templates,
 		sizes: cfg.Sizes, tcgMax: cfg.TCGMaxMemoryMiB, fs: cfg.FS, now: cfg.Now,
 		resumeTO: cfg.ResumeTimeout, log: log, qemuBin: cfg.QEMU, q: q,
 	}, nil
@@ -250,10 +258,16 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	} else {
 		d.log.Warn().Str("store", d.roots.Store).Msg("store filesystem cannot reflink: every clone, hibernate and wake copies the RAM file (sparse copy)")
 	}
-	if err := d.checkGuest(); err != nil {
-		d.log.Warn().Err(err).Msg("no guest: golden builds and cold boots will fail")
-	} else {
-		d.log.Info().Str("kernel", d.kernel).Str("initrd", d.initrd).Msg("qemu guest")
+	if len(d.templates) == 0 {
+		d.log.Warn().Msg("no templates: golden builds and cold boots will fail (run `make guest`)")
+	}
+	for _, name := range d.Templates() {
+		g, err := d.guest(name)
+		if err != nil {
+			d.log.Warn().Err(err).Str("template", name).Msg("template unusable: its golden builds and cold boots will fail")
+			continue
+		}
+		d.log.Info().Str("template", name).Str("kernel", g.Kernel).Str("initrd", g.Initrd).Str("disk", g.Disk).Msg("qemu template")
 	}
 	return rep, ctx.Err()
 }
@@ -262,18 +276,36 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 // daemon, and the next start adopts them by pid file and cmdline.
 func (d *Driver) Close() { d.unwatchAll() }
 
-// checkGuest reports a missing guest as an *executors.Unrecoverable naming
-// what to run.
-func (d *Driver) checkGuest() error {
-	for _, f := range []struct{ what, path string }{{"kernel", d.kernel}, {"initrd", d.initrd}} {
+// Templates lists the names of the templates the driver serves, sorted: a
+// pool or claim of another template cannot be served by this node.
+func (d *Driver) Templates() []string {
+	names := make([]string, 0, len(d.templates))
+	for name := range d.templates {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// guest returns what template boots; an unknown template or a missing file
+// is an *executors.Unrecoverable naming what to run.
+func (d *Driver) guest(template string) (Guest, error) {
+	g, ok := d.templates[template]
+	if !ok {
+		return g, executors.Unrecoverablef("qemu: template %q is not served here (have %v): `make guest` builds %s and %s, `executors/guest/template.sh %s` a template of that name (or set qemu.templates)", template, d.Templates(), TemplateDefault, TemplateBusybox, template)
+	}
+	for _, f := range []struct{ what, path string }{{"kernel", g.Kernel}, {"initrd", g.Initrd}, {"disk", g.Disk}} {
+		if f.path == "" && f.what == "disk" {
+			continue
+		}
 		if f.path == "" {
-			return executors.Unrecoverablef("qemu guest %s not configured and no built guest found: run `make guest` (or set qemu.kernel and qemu.initrd)", f.what)
+			return g, executors.Unrecoverablef("qemu: template %s has no %s: run `make guest` (or set qemu.templates)", template, f.what)
 		}
 		if st, err := os.Stat(f.path); err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
-			return executors.Unrecoverablef("qemu guest %s %s is missing or empty (%v): run `make guest` (or set qemu.kernel and qemu.initrd)", f.what, f.path, err)
+			return g, executors.Unrecoverablef("qemu: template %s: %s %s is missing or empty (%v): run `make guest` (or set qemu.templates)", template, f.what, f.path, err)
 		}
 	}
-	return nil
+	return g, nil
 }
 
 // bootSpec is the spec of a cold boot (golden build or cold clone) of pool k.
@@ -285,10 +317,14 @@ func (d *Driver) bootSpec(ctx context.Context, runDir, storeDir string, k fsm.Po
 	if err != nil {
 		return Spec{}, executors.AsUnrecoverable(err)
 	}
-	if err := d.checkGuest(); err != nil {
+	g, err := d.guest(k.Template)
+	if err != nil {
 		return Spec{}, err
 	}
-	spec := Spec{RunDir: runDir, StoreDir: storeDir, MemoryMiB: z.MemoryMiB, CPUs: z.CPUs, Kernel: d.kernel, Initrd: d.initrd}
+	spec := Spec{RunDir: runDir, StoreDir: storeDir, MemoryMiB: z.MemoryMiB, CPUs: z.CPUs, Kernel: g.Kernel, Initrd: g.Initrd, Disk: g.Disk}
+	if g.Disk != "" {
+		spec.Append = RootAppend
+	}
 	if accel, _ := d.q.Accel(ctx, spec); accel == AccelTCG {
 		t, capped := z.underTCG(d.tcgMax)
 		if capped {
@@ -335,7 +371,7 @@ func classify(err error) error {
 
 // checkSnapshot reports whether dir holds a complete snapshot: meta.json
 // readable, the RAM file as large as the memory it records, the state file
-// as large as the migration stream it records.
+// as large as the migration stream it records, and a disk's backing file present.
 func checkSnapshot(dir string) (Meta, error) {
 	m, err := ReadMeta(dir)
 	if err != nil {
@@ -351,6 +387,19 @@ func checkSnapshot(dir string) (Meta, error) {
 		}
 		if st.Size() != f.size {
 			return m, fmt.Errorf("%w: %s/%s is %d bytes, meta.json says %d", ErrNoSnapshot, dir, f.name, st.Size(), f.size)
+		}
+	}
+	if m.Disk {
+		// The disk's backing file (a template's rootfs.img) is outside the
+		// store: a rebuilt or removed template leaves the snapshot unusable.
+		backing, err := qcow2Backing(filepath.Join(dir, FileDisk))
+		if err != nil {
+			return m, fmt.Errorf("%w: %v", ErrNoSnapshot, err)
+		}
+		if backing != "" {
+			if _, err := os.Stat(backing); err != nil {
+				return m, fmt.Errorf("%w: %s: the disk's backing file is gone: %v", ErrNoSnapshot, dir, err)
+			}
 		}
 	}
 	return m, nil

@@ -2,10 +2,12 @@ package qemu
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -50,6 +52,12 @@ func fakeGuest(t *testing.T) (kernel, initrd string) {
 	return kernel, initrd
 }
 
+// defaultTemplate is a template table with one template, "default", booting
+// kernel and initrd without a disk.
+func defaultTemplate(kernel, initrd string) map[string]Guest {
+	return map[string]Guest{TemplateDefault: {Kernel: kernel, Initrd: initrd}}
+}
+
 func newDriver(t *testing.T, root string, mutate func(*Config)) *Driver {
 	t.Helper()
 	cfg := Config{Roots: layout.RootsIn(root), Instance: testInstance, Accel: AccelTCG, Log: zerolog.Nop()}
@@ -74,7 +82,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"relative roots", func(c *Config) { c.Roots.Store = "store" }, "store root"},
 		{"no instance", func(c *Config) { c.Instance = "" }, "instance"},
 		{"instance with slash", func(c *Config) { c.Instance = "a/b" }, "instance"},
-		{"relative kernel", func(c *Config) { c.Kernel = "vmlinuz" }, "kernel"},
+		{"relative kernel", func(c *Config) { c.Templates = map[string]Guest{"default": {Kernel: "vmlinuz"}} }, "kernel"},
+		{"relative disk", func(c *Config) {
+			c.Templates = map[string]Guest{"debian": {Kernel: "/k", Initrd: "/i", Disk: "disk.qcow2"}}
+		}, "disk"},
+		{"template without a name", func(c *Config) { c.Templates = map[string]Guest{"": {Kernel: "/k"}} }, "without a name"},
 		{"tiny size", func(c *Config) { c.Sizes = Sizes{"small": {MemoryMiB: 8, CPUs: 1}} }, "size \"small\""},
 		{"no cpus", func(c *Config) { c.Sizes = Sizes{"small": {MemoryMiB: 256}} }, "size \"small\""},
 		{"bad accel", func(c *Config) { c.Accel = "hvf" }, "accelerator"},
@@ -121,7 +133,7 @@ func TestSizesAndTCGCap(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newDriver(t, root, func(c *Config) {
-				c.Accel, c.TCGMaxMemoryMiB, c.Kernel, c.Initrd = tc.accel, tc.cap, kernel, initrd
+				c.Accel, c.TCGMaxMemoryMiB, c.Templates = tc.accel, tc.cap, defaultTemplate(kernel, initrd)
 			})
 			k := testKey
 			k.Size = tc.size
@@ -134,7 +146,7 @@ func TestSizesAndTCGCap(t *testing.T) {
 			}
 		})
 	}
-	d := newDriver(t, root, func(c *Config) { c.Kernel, c.Initrd = kernel, initrd })
+	d := newDriver(t, root, func(c *Config) { c.Templates = defaultTemplate(kernel, initrd) })
 	k := testKey
 	k.Size = "huge"
 	if _, err := d.bootSpec(context.Background(), "/r/vm", "/s", k); !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), "small") {
@@ -146,15 +158,19 @@ func TestSizesAndTCGCap(t *testing.T) {
 // run, and leaves nothing behind.
 func TestMissingGuest(t *testing.T) {
 	root := t.TempDir()
+	kernel, initrd := fakeGuest(t)
 	for _, tc := range []struct {
-		name           string
-		kernel, initrd string
+		name      string
+		templates map[string]Guest
 	}{
-		{"not configured", "", ""},
-		{"file gone", filepath.Join(root, "gone", "vmlinuz"), filepath.Join(root, "gone", "initrd.img")},
+		{"no templates", nil},
+		{"template not served", map[string]Guest{TemplateBusybox: {Kernel: kernel, Initrd: initrd}}},
+		{"no kernel", defaultTemplate("", "")},
+		{"file gone", defaultTemplate(filepath.Join(root, "gone", "vmlinuz"), filepath.Join(root, "gone", "initrd.img"))},
+		{"disk gone", map[string]Guest{TemplateDefault: {Kernel: kernel, Initrd: initrd, Disk: filepath.Join(root, "gone", "disk.qcow2")}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := newDriver(t, root, func(c *Config) { c.Kernel, c.Initrd = tc.kernel, tc.initrd })
+			d := newDriver(t, root, func(c *Config) { c.Templates = tc.templates })
 			if _, err := d.Prepare(context.Background()); err != nil {
 				t.Fatalf("Prepare without a guest = %v (it must only warn)", err)
 			}
@@ -181,7 +197,7 @@ func TestMissingGuest(t *testing.T) {
 func TestBadIntents(t *testing.T) {
 	kernel, initrd := fakeGuest(t)
 	root := t.TempDir()
-	d := newDriver(t, root, func(c *Config) { c.Kernel, c.Initrd = kernel, initrd })
+	d := newDriver(t, root, func(c *Config) { c.Templates = defaultTemplate(kernel, initrd) })
 	if _, err := d.Prepare(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -571,4 +587,158 @@ func TestSweepSnapshots(t *testing.T) {
 			t.Errorf("%s present %v, want %v", rel, err == nil, want)
 		}
 	}
+}
+
+// Each template boots its own guest: one with a disk gets it and the root
+// switch on its command line, one without neither; an unknown template is
+// refused for good, naming the ones served.
+func TestTemplates(t *testing.T) {
+	kernel, initrd := fakeGuest(t)
+	disk := filepath.Join(t.TempDir(), "disk.qcow2")
+	if err := os.WriteFile(disk, []byte("QFI\xfb"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := newDriver(t, t.TempDir(), func(c *Config) {
+		c.Templates = map[string]Guest{
+			TemplateDefault: {Kernel: kernel, Initrd: initrd, Disk: disk},
+			TemplateBusybox: {Kernel: kernel, Initrd: initrd},
+		}
+	})
+	if got, want := d.Templates(), []string{TemplateBusybox, TemplateDefault}; !slices.Equal(got, want) {
+		t.Fatalf("Templates() = %v, want %v", got, want)
+	}
+	for _, tc := range []struct {
+		template, disk, append string
+	}{
+		{TemplateDefault, disk, RootAppend},
+		{TemplateBusybox, "", ""},
+	} {
+		k := testKey
+		k.Template = tc.template
+		spec, err := d.bootSpec(context.Background(), "/r/vm", "/s", k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if spec.Kernel != kernel || spec.Initrd != initrd || spec.Disk != tc.disk || spec.Append != tc.append {
+			t.Errorf("template %s: spec %+v, want disk %q append %q", tc.template, spec, tc.disk, tc.append)
+		}
+	}
+	k := testKey
+	k.Template = "python"
+	_, err := d.bootSpec(context.Background(), "/r/vm", "/s", k)
+	if !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), `"python" is not served`) || !strings.Contains(err.Error(), "[busybox default]") {
+		t.Fatalf("unknown template: %v", err)
+	}
+}
+
+func TestCachedTemplates(t *testing.T) {
+	base := t.TempDir()
+	guestDir, tplDir := filepath.Join(base, "guest"), filepath.Join(base, "template")
+	// mk writes files (each holding its name, a manifest body) in dir, aged.
+	mk := func(dir string, age time.Duration, manifest string, files ...string) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		mt := time.Now().Add(-age)
+		for _, f := range append(files, "manifest") {
+			body := f
+			if f == "manifest" {
+				body = manifest
+			}
+			p := filepath.Join(dir, f)
+			if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chtimes(p, mt, mt); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tplFiles := []string{"rootfs.img", "disk.qcow2"}
+	mk(filepath.Join(tplDir, "default", "h1"), 0, "format 1\n", tplFiles...)
+	if got := CachedTemplates(guestDir, tplDir); len(got) != 0 {
+		t.Fatalf("without a guest build: %v, want nothing (no kernel to boot)", got)
+	}
+	guest := func(dir string) Guest {
+		return Guest{Dir: dir, Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.img")}
+	}
+	// The newest guest build cannot switch into a root disk (built by an
+	// older build.sh): it is busybox, but boots no disk.
+	old := filepath.Join(guestDir, "g-old")
+	mk(old, 0, "format 1\nkernel k 1\n", "vmlinuz", "initrd.img")
+	if got, want := CachedTemplates(guestDir, tplDir), map[string]Guest{TemplateBusybox: guest(old)}; !maps.Equal(got, want) {
+		t.Fatalf("with a guest build that cannot boot a disk: %+v, want %+v", got, want)
+	}
+	rd := filepath.Join(guestDir, "g-rootdisk")
+	mk(rd, time.Hour, "format 1\nkernel k 1\n"+GuestFeatureRootDisk+"\n", "vmlinuz", "initrd.img")
+	mk(filepath.Join(tplDir, "python", "h2"), 0, "m", "rootfs.img")      // incomplete
+	mk(filepath.Join(tplDir, "python", ".build-x"), 0, "m", tplFiles...) // a build's work dir
+	mk(filepath.Join(tplDir, "busybox", "h3"), 0, "m", tplFiles...)      // the name is the initramfs guest's
+	got := CachedTemplates(guestDir, tplDir)
+	dflt := guest(rd)
+	dflt.Dir, dflt.Disk = filepath.Join(tplDir, "default", "h1"), filepath.Join(tplDir, "default", "h1", "disk.qcow2")
+	want := map[string]Guest{TemplateBusybox: guest(old), TemplateDefault: dflt}
+	if !maps.Equal(got, want) {
+		t.Fatalf("CachedTemplates = %+v\nwant %+v", got, want)
+	}
+	t.Setenv("SBX_CACHE", "/sbx-cache")
+	if got := TemplateCacheDir(); got != "/sbx-cache/template" {
+		t.Fatalf("TemplateCacheDir with SBX_CACHE = %s", got)
+	}
+}
+
+// A snapshot whose disk's backing file (a template's rootfs.img) is gone is
+// no snapshot: a restore would fail in QEMU, again and again.
+func TestSnapshotDiskBacking(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "rootfs.img")
+	if err := os.WriteFile(base, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(dir, "snap")
+	writeSnapshot(t, snap, 1, nil)
+	m, err := ReadMeta(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Disk = true
+	b, _ := json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(snap, FileMeta), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkSnapshot(snap); !errors.Is(err, ErrNoSnapshot) {
+		t.Fatalf("disk missing: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(snap, FileDisk), qcow2Header(base), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := qcow2Backing(filepath.Join(snap, FileDisk)); err != nil || got != base {
+		t.Fatalf("qcow2Backing = %q, %v; want %s", got, err, base)
+	}
+	if _, err := checkSnapshot(snap); err != nil {
+		t.Fatalf("complete snapshot with disk: %v", err)
+	}
+	if err := os.Remove(base); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkSnapshot(snap); !errors.Is(err, ErrNoSnapshot) || !strings.Contains(err.Error(), "backing file is gone") {
+		t.Fatalf("backing file gone: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(snap, FileDisk), []byte("raw bytes, not qcow2"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkSnapshot(snap); !errors.Is(err, ErrNoSnapshot) || !strings.Contains(err.Error(), "not a qcow2") {
+		t.Fatalf("disk not qcow2: %v", err)
+	}
+}
+
+// qcow2Header is the start of a qcow2 image whose backing file is backing:
+// the fields qcow2Backing reads, the name right after the 104-byte header.
+func qcow2Header(backing string) []byte {
+	h := make([]byte, 104, 104+len(backing))
+	copy(h, "QFI\xfb")
+	binary.BigEndian.PutUint32(h[4:], 3)
+	binary.BigEndian.PutUint64(h[8:], 104)
+	binary.BigEndian.PutUint32(h[16:], uint32(len(backing)))
+	return append(h, backing...)
 }

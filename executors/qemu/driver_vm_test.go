@@ -43,7 +43,7 @@ func TestIntentsWithQEMU(t *testing.T) {
 	// restart returns a new driver, Prepared, as a daemon start makes one.
 	restart := func() *Driver {
 		d := newDriver(t, root, func(c *Config) {
-			c.Kernel, c.Initrd, c.FS, c.StopGrace = g.Kernel, g.Initrd, rec, 3*time.Second
+			c.Templates, c.FS, c.StopGrace = defaultTemplate(g.Kernel, g.Initrd), rec, 3*time.Second
 		})
 		if _, err := d.Prepare(ctx); err != nil {
 			t.Fatal(err)

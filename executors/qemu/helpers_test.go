@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/guest/agent"
+	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
 	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
 )
 
@@ -169,4 +171,22 @@ func qmpStop(t testing.TB, ctx context.Context, runDir string) *qmp.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// qcow2Overlay makes an empty qcow2 overlay over the raw image base, next to
+// it, as executors/guest/template.sh does; without qemu-img the test is
+// skipped (failed where QEMU is required).
+func qcow2Overlay(t testing.TB, base string) string {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		if guesttest.Required() {
+			t.Fatalf("qemu-img not found (apt-get install qemu-utils); required: %s=1 or CI=true", guesttest.RequireEnv)
+		}
+		t.Skip("qemu-img not found (apt-get install qemu-utils)")
+	}
+	overlay := base + ".qcow2"
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v: %s", err, out)
+	}
+	return overlay
 }

@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -137,14 +136,15 @@ func TestBootAgentDestroy(t *testing.T) {
 	e := newEnv(t, mountXFS)
 	ctx := ctxT(t, 3*time.Minute)
 	spec := e.spec("boot")
-	spec.Disk = filepath.Join(e.root, "base.raw")
-	marker := []byte("sbx disk marker")
-	if err := os.WriteFile(spec.Disk, marker, 0o600); err != nil {
+	// As a template's: an overlay over a raw base image.
+	base := filepath.Join(e.root, "base.raw")
+	if err := os.WriteFile(base, []byte("sbx disk marker"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Truncate(spec.Disk, 1<<20); err != nil {
+	if err := os.Truncate(base, 1<<20); err != nil {
 		t.Fatal(err)
 	}
+	spec.Disk = qcow2Overlay(t, base)
 	e.destroyOnCleanup(spec)
 
 	r, err := e.q.Boot(ctx, spec)
@@ -198,8 +198,8 @@ func TestBootAgentDestroy(t *testing.T) {
 	}
 	processGone(t, r.PID)
 	snapDisk := filepath.Join(spec.SnapshotDir("disk"), FileDisk)
-	if b, err := os.ReadFile(snapDisk); err != nil || !bytes.HasPrefix(b, marker) || len(b) != 1<<20 {
-		t.Fatalf("snapshot disk: %d bytes, %v", len(b), err)
+	if b, err := qcow2Backing(snapDisk); err != nil || b != base {
+		t.Fatalf("snapshot disk's backing file: %q, %v; want %s", b, err, base)
 	}
 	if shared, err := fsx.AllExtentsShared(snapDisk); err != nil || !shared || hr.Method != fsx.Reflink {
 		t.Fatalf("snapshot disk not reflinked: shared %v (%v), method %v", shared, err, hr.Method)
@@ -209,8 +209,8 @@ func TestBootAgentDestroy(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.PID = wr.PID
-	if b, err := os.ReadFile(filepath.Join(spec.RunDir, FileDisk)); err != nil || !bytes.HasPrefix(b, marker) {
-		t.Fatalf("woken VM's disk: %v", err)
+	if b, err := qcow2Backing(filepath.Join(spec.RunDir, FileDisk)); err != nil || b != base {
+		t.Fatalf("woken VM's disk's backing file: %q, %v; want %s", b, err, base)
 	}
 	if a, err := agent.Dial(ctx, AgentSocket(spec.RunDir)); err != nil {
 		t.Fatal(err)

@@ -178,6 +178,9 @@ func (q *Recipes) probeBoot(ctx context.Context, spec Spec) error {
 	defer os.RemoveAll(dir)
 	m := q.bootMeta(spec, AccelKVM)
 	m.MemoryMiB = min(m.MemoryMiB, 256)
+	// The initramfs's agent answers without the root disk, which the probe
+	// dir does not have (Boot clones it later).
+	m.Disk, m.Append = false, ""
 	pid, c, err := q.launch(ctx, dir, m, false)
 	if err != nil {
 		return err

@@ -39,7 +39,7 @@ func TestCmdline(t *testing.T) {
 		{"kvm with disk", func() Meta { k := m; k.Accel, k.Disk = AccelKVM, true; return k }(), false, []string{
 			"-machine", "pc,accel=kvm,memory-backend=mem",
 			"-cpu", "host",
-			"-drive", "file=/r/vm,,1/disk.raw,format=raw,if=none,id=disk0",
+			"-drive", "file=/r/vm,,1/disk.qcow2,format=qcow2,if=none,id=disk0",
 			"-device", "virtio-blk-pci,drive=disk0",
 		}, []string{"-incoming"}},
 	}

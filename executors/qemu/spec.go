@@ -75,15 +75,18 @@ type Spec struct {
 	Initrd string
 	// Append is added to the kernel command line.
 	Append string
-	// Disk, if set, is a raw image cloned into the run dir and attached as a
-	// virtio-blk disk; it travels with every snapshot.
+	// Disk, if set, is a qcow2 image cloned into the run dir (FileDisk) and
+	// attached as a virtio-blk disk; the clone travels with every snapshot.
+	// A template's is an empty overlay over its read-only rootfs.img, so a
+	// clone copies only what the VM wrote, not the image (the backing file
+	// is named by absolute path and must outlive every snapshot).
 	Disk string
 }
 
 // Files of a run dir and of a snapshot.
 const (
 	FileRAM     = "ram"         // guest RAM (memory-backend-file, share=on)
-	FileDisk    = "disk.raw"    // optional disk
+	FileDisk    = "disk.qcow2"  // optional disk (qcow2, usually an overlay)
 	FileState   = "state"       // migration stream: device state and non-shared RAM (snapshot only)
 	FileMeta    = "meta.json"   // Meta (snapshot only)
 	FileQMP     = "qmp.sock"    // QMP monitor
@@ -248,7 +251,7 @@ func cmdline(runDir string, m Meta, incoming bool) []string {
 	}
 	if m.Disk {
 		args = append(args,
-			"-drive", fmt.Sprintf("file=%s,format=raw,if=none,id=disk0", escape(filepath.Join(runDir, FileDisk))),
+			"-drive", fmt.Sprintf("file=%s,format=qcow2,if=none,id=disk0", escape(filepath.Join(runDir, FileDisk))),
 			"-device", "virtio-blk-pci,drive=disk0")
 	}
 	if incoming {

@@ -1,8 +1,10 @@
-// Package guesttest gives tests (and benchmarks) the project's test guest: it runs
+// Package guesttest gives tests (and benchmarks) the project's guests: Require runs
 // executors/guest/build.sh, which builds the kernel and initramfs once per content hash and
-// caches them, and returns their paths.
+// caches them, and returns their paths (the busybox guest); RequireDebian adds
+// executors/guest/template.sh's default template, the Debian root disk.
 //
-// When a tool the guest needs is missing (qemu-system-x86_64, busybox-static, cpio),
+// When a tool a guest needs is missing (qemu-system-x86_64, busybox-static, cpio;
+// for the Debian template also root, mmdebstrap, mkfs.ext4 and qemu-img),
 // tests are skipped with the reason, unless CI=true or SBX_REQUIRE_QEMU=1, which turn
 // the skip into a failure so that CI cannot pass by not running the VM tests. A
 // build that fails with every tool present is always a failure.
@@ -33,6 +35,9 @@ type Guest struct {
 	Dir    string // the cache directory holding both files
 	Kernel string // vmlinuz
 	Initrd string // initrd.img
+	// Disk is the Debian template's disk.qcow2 (RequireDebian); empty for the
+	// busybox guest.
+	Disk string
 }
 
 // ErrMissingTool is wrapped by Build's error when a required tool is not installed.
@@ -48,6 +53,14 @@ func Required() bool {
 func Require(t testing.TB) Guest {
 	t.Helper()
 	g, err := build()
+	check(t, err)
+	return g
+}
+
+// check skips t for a missing tool (fails it when Required) and fails it for
+// any other error.
+func check(t testing.TB, err error) {
+	t.Helper()
 	if errors.Is(err, ErrMissingTool) {
 		if Required() {
 			t.Fatalf("%v (required: CI=true or %s=1)", err, RequireEnv)
@@ -57,13 +70,78 @@ func Require(t testing.TB) Guest {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return g
 }
 
 var (
-	once   sync.Mutex
-	cached *Guest
+	once         sync.Mutex
+	cached       *Guest
+	cachedDebian *Guest
 )
+
+// RequireDebian returns the guest with the Debian template's disk
+// (executors/guest/template.sh default), building both if needed: the template
+// takes minutes, once per content hash. It skips t (or fails it, see Required)
+// when a tool is missing or the test does not run as root.
+func RequireDebian(t testing.TB) Guest {
+	t.Helper()
+	g := Require(t)
+	once.Lock()
+	defer once.Unlock()
+	if cachedDebian != nil {
+		return *cachedDebian
+	}
+	dir, err := buildTemplate(context.Background())
+	check(t, err)
+	g.Disk = filepath.Join(dir, "disk.qcow2")
+	cachedDebian = &g
+	return g
+}
+
+// buildTemplate runs executors/guest/template.sh for the default template and
+// returns its directory.
+func buildTemplate(ctx context.Context) (string, error) {
+	if os.Geteuid() != 0 {
+		return "", fmt.Errorf("%w: building the Debian template needs root (mmdebstrap's chroot)", ErrMissingTool)
+	}
+	for _, tool := range []struct{ bin, pkg string }{
+		{"mmdebstrap", "mmdebstrap"}, {"mkfs.ext4", "e2fsprogs"}, {"qemu-img", "qemu-utils"},
+	} {
+		if _, err := exec.LookPath(tool.bin); err != nil {
+			return "", fmt.Errorf("%w: %s not found (apt-get install %s)", ErrMissingTool, tool.bin, tool.pkg)
+		}
+	}
+	// mmdebstrap downloads and installs a few hundred MB on a first build.
+	out, err := runScript(ctx, 30*time.Minute, "template.sh")
+	if err != nil {
+		return "", err
+	}
+	for _, f := range []string{"rootfs.img", "disk.qcow2"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			return "", fmt.Errorf("guesttest: executors/guest/template.sh printed %q but its %s is missing or empty", out, f)
+		}
+	}
+	return out, nil
+}
+
+// runScript runs executors/guest/<script> from the module root and returns
+// the last line it printed (the build's directory).
+func runScript(ctx context.Context, timeout time.Duration, script string) (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "executors", "guest", script))
+	cmd.Dir = root
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("guesttest: executors/guest/%s: %v: %s", script, err, strings.TrimSpace(stderr.String()))
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	return lines[len(lines)-1], nil
+}
 
 func build() (Guest, error) {
 	once.Lock()
@@ -84,21 +162,10 @@ func Build(ctx context.Context) (Guest, error) {
 	if err := CheckTools(); err != nil {
 		return Guest{}, err
 	}
-	root, err := repoRoot()
+	dir, err := runScript(ctx, 10*time.Minute, "build.sh")
 	if err != nil {
 		return Guest{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "executors", "guest", "build.sh"))
-	cmd.Dir = root
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return Guest{}, fmt.Errorf("guesttest: executors/guest/build.sh: %v: %s", err, strings.TrimSpace(stderr.String()))
-	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	dir := lines[len(lines)-1]
 	g := Guest{Dir: dir, Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.img")}
 	for _, p := range []string{g.Kernel, g.Initrd} {
 		if st, err := os.Stat(p); err != nil || st.Size() == 0 {
