@@ -40,7 +40,7 @@ func TestAgedOutSubjectNotRepublished(t *testing.T) {
 	}
 	l := repltest.OpenLog(t, "n1")
 	repltest.AppendFillers(t, l, 20)
-	var logged syncBuffer
+	var logged repltest.LogBuffer
 	rr := start(t, replicator.Options{Log: l, URL: srv.ClientURL(), Stream: scfg, Logger: zerolog.New(&logged)})
 	waitReplicated(t, rr.r, l, 10*time.Second)
 	if w := rr.r.Status().Warnings; len(w) != 1 || !strings.Contains(w[0], "max_age") || !strings.Contains(logged.String(), "max_age") {
@@ -88,7 +88,7 @@ func TestAgedOutSubjectNotRepublished(t *testing.T) {
 func TestEveryOutageLoggedAndCleared(t *testing.T) {
 	srv := natstest.Single(t)
 	l := repltest.OpenLog(t, "n1")
-	var logged syncBuffer
+	var logged repltest.LogBuffer
 	rr := start(t, replicator.Options{Log: l, URL: srv.ClientURL(), Logger: zerolog.New(&logged).Level(zerolog.InfoLevel)})
 	repltest.AppendFillers(t, l, 10)
 	waitReplicated(t, rr.r, l, 10*time.Second)
