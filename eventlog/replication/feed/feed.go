@@ -20,15 +20,21 @@
 //     can fall between Apply and the acknowledgement.
 //   - the feed's position of a node: the last event applied, so the next
 //     delivery must be exactly the one after it. It starts, the first time
-//     a node is seen, at the output's position, and for a Lagging handler
-//     at what the floor proves applied if that is more: the event of the
-//     message at the floor, and any event the kept durable delivers first
-//     whose predecessors must lie at or below the floor (no message was
-//     removed from the stream between the floor and it).
+//     a node is seen, at the output's position (for a Lagging handler at
+//     least the event at the floor). When a delivery skips sequences past
+//     it, a Lagging handler's output cannot say whether the events between
+//     were applied, so the floor, read again from the consumer, decides:
+//     they were if they lie at or below it, which they must when no
+//     message was removed from the stream between the floor and the
+//     delivery (the recreated durable delivers every message of its filter
+//     after the floor, in order).
 //
-// Invariant: the feed's position of a node is never below an event the
-// output applied (its position, or what the acknowledged floor proves), so
-// a delivery that skips sequences past it is a real hole in the stream.
+// Invariant: a delivery that skips sequences past the feed's position is
+// taken for a gap only when neither the output's position nor the
+// acknowledged floor proves the events between applied: it is then a real
+// hole in the stream (messages deleted, or removed by a limit before this
+// consumer got them), never a position the feed accepted behind what it
+// had acknowledged.
 //
 // Contract:
 //   - The consumer's own durable output is the truth about what it has
@@ -433,7 +439,7 @@ func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, info.AckFloor.Stream+1
 		if slices.Equal(filtersOf(info.Config), f.filters) {
 			// The output applied everything the durable acknowledged:
-			// the floor speaks for it (firstPosition). Not for another
+			// the floor speaks for it (firstPosition, acknowledged). Not for another
 			// filter: it says nothing of the subjects it did not cover.
 			f.mu.Lock()
 			if info.AckFloor.Stream > f.floor {
@@ -457,34 +463,45 @@ func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
 // to the durable already. It returns the event at the floor when the
 // stream still holds it.
 func (f *Feed) aheadOfOutput(ctx context.Context, info *jetstream.ConsumerInfo) (ackedEvent, string, error) {
-	if info.AckFloor.Stream == 0 {
-		return ackedEvent{}, "", nil
+	at, err := f.eventAt(ctx, info.AckFloor.Stream)
+	if err != nil || at.node == "" {
+		// Gone from the stream: the gap check is what is left.
+		return at, "", err
+	}
+	pos := f.h.Position(at.node)
+	if pos >= at.seq || (f.lagging() && pos > 0) {
+		return at, "", nil
+	}
+	return at, fmt.Sprintf("it acknowledged event %d of node %s, the output holds up to %d", at.seq, at.node, pos), nil
+}
+
+// eventAt reads which node's event the message at stream sequence sseq
+// is; zero when there is none (0, or it left the stream) or it is not a
+// node's event.
+func (f *Feed) eventAt(ctx context.Context, sseq uint64) (ackedEvent, error) {
+	if sseq == 0 {
+		return ackedEvent{}, nil
 	}
 	st, err := f.opts.JS.Stream(ctx, f.opts.Stream)
 	if err != nil {
-		return ackedEvent{}, "", err
+		return ackedEvent{}, err
 	}
-	m, err := st.GetMsg(ctx, info.AckFloor.Stream)
+	m, err := st.GetMsg(ctx, sseq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return ackedEvent{}, "", nil // it left the stream; the gap check is what is left
+		return ackedEvent{}, nil
 	}
 	if err != nil {
-		return ackedEvent{}, "", fmt.Errorf("read the last acknowledged message (stream seq %d): %w", info.AckFloor.Stream, err)
+		return ackedEvent{}, fmt.Errorf("read the last acknowledged message (stream seq %d): %w", sseq, err)
 	}
 	node, ok := f.layout.NodeOf(m.Subject)
 	if !ok {
-		return ackedEvent{}, "", nil
+		return ackedEvent{}, nil
 	}
 	seq, ok := stream.SeqOfMsgID(node, m.Header.Get(jetstream.MsgIDHeader))
 	if !ok {
-		return ackedEvent{}, "", nil
+		return ackedEvent{}, nil
 	}
-	at := ackedEvent{node: node, seq: seq}
-	pos := f.h.Position(node)
-	if pos >= seq || (f.lagging() && pos > 0) {
-		return at, "", nil
-	}
-	return at, fmt.Sprintf("it acknowledged event %d of node %s, the output holds up to %d", seq, node, pos), nil
+	return ackedEvent{node: node, seq: seq}, nil
 }
 
 func (f *Feed) lagging() bool {
@@ -492,33 +509,55 @@ func (f *Feed) lagging() bool {
 	return ok && l.PositionLags()
 }
 
-// firstPosition is the feed's position of node when its first message this
-// run, event seq at stream sequence sseq, arrives: the output's position,
-// and for a Lagging handler what the acknowledged floor proves applied.
-// Called with f.mu held.
-func (f *Feed) firstPosition(ctx context.Context, node string, seq, sseq uint64) (uint64, error) {
+// firstPosition is the feed's position of node when its first message
+// arrives: the output's position, for a Lagging handler raised to the
+// event at the acknowledged floor. Called with f.mu held.
+func (f *Feed) firstPosition(node string) uint64 {
 	p := f.h.Position(node)
-	if !f.lagging() || f.floor == 0 {
-		return p, nil
-	}
-	if f.floorAt.node == node {
+	if f.lagging() && f.floorAt.node == node {
 		p = max(p, f.floorAt.seq)
 	}
-	if seq <= p+1 {
-		return p, nil
+	return p
+}
+
+// acknowledged reports whether the acknowledged floor proves that the
+// events of node before seq (at stream sequence sseq) were applied, when
+// the next delivery skips sequences a Lagging handler's output cannot vouch
+// for. The floor is read again from the consumer: a stopped run's last
+// acknowledgement can reach the recreated durable late, and the server
+// then skips what it covers. The node's events before seq sit at stream
+// sequences below sseq; those at or below the floor were applied, and
+// those above it were delivered to this run before seq unless the stream
+// lost them (removedSince). Called with f.mu held.
+func (f *Feed) acknowledged(ctx context.Context, node string, seq, sseq uint64) (bool, error) {
+	if !f.lagging() || f.opts.Durable == "" {
+		return false, nil
 	}
-	// The node's events before seq sit at stream sequences below sseq, and
-	// the durable delivers every message of its filter after the floor in
-	// order (consumer): unless one was removed between the floor and sseq,
-	// they all lie at or below the floor, acknowledged, so applied.
-	removed, err := f.removedSince(ctx, f.floor, sseq)
+	cons, err := f.opts.JS.Consumer(ctx, f.opts.Stream, f.opts.Durable)
 	if err != nil {
-		return 0, err
+		return false, fmt.Errorf("consumer %s: %w", f.opts.Durable, err)
 	}
-	if !removed {
-		p = seq - 1
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return false, fmt.Errorf("consumer %s: %w", f.opts.Durable, err)
 	}
-	return p, nil
+	if info.AckFloor.Stream > f.floor {
+		at, err := f.eventAt(ctx, info.AckFloor.Stream)
+		if err != nil {
+			return false, err
+		}
+		f.floor, f.floorAt = info.AckFloor.Stream, at
+	}
+	switch {
+	case f.floor == 0:
+		return false, nil
+	case f.floorAt.node == node && f.floorAt.seq+1 >= seq:
+		return true, nil
+	case sseq <= f.floor:
+		return true, nil
+	}
+	removed, err := f.removedSince(ctx, f.floor, sseq)
+	return !removed && err == nil, err
 }
 
 // removedSince reports whether the stream lost a message with a sequence
@@ -585,10 +624,7 @@ func (f *Feed) verify(ctx context.Context, msgs []jetstream.Msg, evs []event.Eve
 		if !ok {
 			p, known := f.pos[node]
 			if !known {
-				var err error
-				if p, err = f.firstPosition(ctx, node, ev.Seq, sseq); err != nil {
-					return nil, err
-				}
+				p = f.firstPosition(node)
 				f.pos[node] = p
 			}
 			want = p + 1
@@ -597,6 +633,13 @@ func (f *Feed) verify(ctx context.Context, msgs []jetstream.Msg, evs []event.Eve
 		case ev.Seq < want:
 			continue // applied before: a redelivery or a replay from the start
 		case ev.Seq > want:
+			ok, err := f.acknowledged(ctx, node, ev.Seq, sseq)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				break // applied: the events between left no trace
+			}
 			gap := &GapError{Node: node, Want: want, Got: ev.Seq}
 			if f.reset || f.opts.Durable == "" {
 				return nil, gap

@@ -21,9 +21,12 @@ import (
 )
 
 // lagger is a Lagging handler, the way usage is one: its output keeps a
-// record only for events whose seq is a multiple of every, so its Position
-// stays at the last of those. The output outlives the feeds that write it
-// (one lagger across restarts). Writing a record twice is an error.
+// record only for event 1 and events whose seq is a multiple of every, so
+// its Position stays at the last of those. (Event 1 keeps the output from
+// holding nothing of a node the durable acknowledged events of: that
+// cannot be told from a fresh output, and is rebuilt from the start.) The
+// output outlives the feeds that write it (one lagger across restarts).
+// Writing a record twice is an error.
 type lagger struct {
 	every uint64
 
@@ -54,7 +57,7 @@ func (l *lagger) Apply(_ context.Context, evs []event.Event) error {
 	defer l.mu.Unlock()
 	for _, ev := range evs {
 		l.applied[ev.Node] = max(l.applied[ev.Node], ev.Seq)
-		if ev.Seq%l.every != 0 {
+		if !l.leavesRecord(ev.Seq) {
 			continue
 		}
 		if r := l.records[ev.Node]; len(r) > 0 && r[len(r)-1] >= ev.Seq {
@@ -65,21 +68,26 @@ func (l *lagger) Apply(_ context.Context, evs []event.Event) error {
 	return nil
 }
 
+// leavesRecord reports whether event seq leaves a record.
+func (l *lagger) leavesRecord(seq uint64) bool { return seq == 1 || seq%l.every == 0 }
+
 func (l *lagger) lastApplied(node string) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.applied[node]
 }
 
-// requireRecords fails unless node's records are every multiple of every
-// up to last, once each, in order.
+// requireRecords fails unless node's records are those of the events up
+// to last, once each, in order.
 func (l *lagger) requireRecords(t *testing.T, node string, last uint64) {
 	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var want []uint64
-	for s := l.every; s <= last; s += l.every {
-		want = append(want, s)
+	for s := uint64(1); s <= last; s++ {
+		if l.leavesRecord(s) {
+			want = append(want, s)
+		}
 	}
 	if fmt.Sprint(l.records[node]) != fmt.Sprint(want) {
 		t.Fatalf("node %s: records %v, want %v", node, l.records[node], want)
@@ -138,7 +146,9 @@ func runUntil(t *testing.T, js jetstream.JetStream, opts feed.Options, logs *fee
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
-	deadline := time.Now().Add(20 * time.Second)
+	// Past the pull consumer's heartbeat check (twice its 15 s): a pull
+	// request lost under load is only noticed and issued again then.
+	deadline := time.Now().Add(45 * time.Second)
 	for !(cond() && ackFloor(t, js, opts.Durable) == streamLast(t, js)) {
 		select {
 		case err := <-done:
