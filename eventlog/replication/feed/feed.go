@@ -90,7 +90,9 @@ type Handler interface {
 // event they were given, because some events leave no trace in their
 // output (usage writes no record for them). The feed then takes a durable
 // consumer that acknowledged more than Position as consistent, unless
-// Position is 0 (the output holds nothing of that node).
+// Position is 0 (the output holds nothing of that node), and its
+// acknowledged floor as the word on which events were applied beyond
+// Position.
 type Lagging interface {
 	PositionLags() bool
 }
