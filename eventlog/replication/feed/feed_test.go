@@ -296,19 +296,26 @@ func TestLaggingHandlerRestartManyNodes(t *testing.T) {
 }
 
 // Only a real gap is reported: messages deleted from the stream
-// (JetStream DeleteMsg) after the durable consumer acknowledged them cost
-// nothing, and messages deleted before it got them stop the feed with a
-// *GapError naming them, after one rebuild from the start.
+// (JetStream DeleteMsg) or pushed out by a limit after the durable
+// consumer acknowledged them cost nothing, and messages removed before it
+// got them stop the feed with a *GapError naming them, after one rebuild
+// from the start.
 func TestGapOnlyForMissingMessages(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		deleted []uint64 // stream sequences (= the node's seqs: one node)
+		maxMsgs int64    // a limit set after the first 20 were consumed, before 10 more
 		gap     *feed.GapError
 	}{
 		{name: "acknowledged messages deleted", deleted: []uint64{13, 14, 15, 16, 17, 18, 19, 20}},
 		{name: "unacknowledged messages deleted", deleted: []uint64{23, 24}, gap: &feed.GapError{Node: "n1", Want: 23, Got: 25}},
 		{name: "the next messages deleted", deleted: []uint64{21, 22}, gap: &feed.GapError{Node: "n1", Want: 21, Got: 23}},
 		{name: "the last acknowledged message deleted", deleted: []uint64{20}},
+		{name: "a limit removed acknowledged messages", maxMsgs: 25},
+		// The floor's message is gone as well: it proves nothing (a durable
+		// created below the stream's first sequence gets a floor just
+		// under it), so the output's position is all there is.
+		{name: "a limit removed unacknowledged messages", maxMsgs: 5, gap: &feed.GapError{Node: "n1", Want: 15, Got: 26}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := natstest.Single(t)
@@ -325,13 +332,20 @@ func TestGapOnlyForMissingMessages(t *testing.T) {
 			if h.Position("n1") != 14 {
 				t.Fatalf("position %d, want 14", h.Position("n1"))
 			}
-			appendN(t, js, l, 10, r)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			st, err := js.Stream(ctx, stream.DefaultName)
 			if err != nil {
 				t.Fatal(err)
 			}
+			if tc.maxMsgs > 0 {
+				cfg := st.CachedInfo().Config
+				cfg.MaxMsgs = tc.maxMsgs
+				if _, err := js.UpdateStream(ctx, cfg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			appendN(t, js, l, 10, r)
 			for _, seq := range tc.deleted {
 				if err := st.DeleteMsg(ctx, seq); err != nil {
 					t.Fatalf("delete %d: %v", seq, err)
