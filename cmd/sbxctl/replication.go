@@ -307,6 +307,13 @@ func replFollow(args []string, stdout, stderr io.Writer) int {
 	if rf.durable == "" {
 		rf.durable = "follower-" + stream.Token(*node)
 	}
+	sctx, scancel := context.WithTimeout(baseContext(), 10*time.Second)
+	err = rf.followable(sctx, js, *node, replica.LastSeq())
+	scancel()
+	if err != nil {
+		fmt.Fprintf(stderr, "sbxctl follow: %v\n", err)
+		return 1
+	}
 	f, err := follower.New(follower.Options{JS: js, Stream: rf.stream, SubjectPrefix: rf.prefix, Replica: replica, Durable: rf.durable, Logger: zl})
 	if err != nil {
 		fmt.Fprintf(stderr, "sbxctl follow: %v\n", err)
@@ -321,6 +328,30 @@ func replFollow(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// followable refuses to follow node into a replica that holds up to last
+// when the stream cannot continue it: the node's first event in the stream
+// is past last+1, or the stream holds none of the node's events while it
+// has lost messages from its head (into an empty replica: the node's
+// events may be among them). A replica holds the log from event 1 without
+// holes, so both would end in an empty or broken replica (issue 22).
+func (r *replFlags) followable(ctx context.Context, js jetstream.JetStream, node string, last uint64) error {
+	s, err := r.layout().Start(ctx, js, node)
+	if err != nil {
+		return err
+	}
+	const why = "an age or size limit of the stream (max_age, max_msgs, max_bytes) or a purge removed them"
+	const fix = "copy the node's data dir (or a replica) to --data and follow from there, or follow from a stream that kept them"
+	switch {
+	case s.Seq > last+1:
+		return fmt.Errorf("node %s's first event in stream %s is %d (stream seq %d): events %d..%d are no longer in the stream (%s), and a replica holds the log without holes: %s",
+			node, r.stream, s.Seq, s.StreamSeq, last+1, s.Seq-1, why, fix)
+	case s.Seq == 0 && last == 0 && s.Removed > 0:
+		return fmt.Errorf("stream %s holds no event of node %s, and its messages up to stream seq %d are gone (%s): if %s published events they left the stream, and a replica from it would be empty: %s",
+			r.stream, node, s.Removed, why, node, fix)
+	}
+	return nil
 }
 
 // journalConsumer is what usage and audit have in common.

@@ -17,6 +17,8 @@ import (
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed/natstest"
 	"github.com/sbxlog/sbxlog/eventlog/replication/replicator"
+	"github.com/sbxlog/sbxlog/eventlog/replication/repltest"
+	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/fsm/fsmsim"
@@ -207,5 +209,56 @@ func TestReplCommandsBadInput(t *testing.T) {
 		if code != tc.code || !strings.Contains(errs, tc.msg) {
 			t.Errorf("sbxctl %s: exit %d %q, want %d containing %q", strings.Join(tc.args, " "), code, errs, tc.code, tc.msg)
 		}
+	}
+}
+
+// Issue 22, defect 3: follow into a fresh replica from a stream whose limit
+// removed the node's first events, or all of them, fails with the first
+// event the stream has and what to do, instead of ending with an empty or
+// refused replica (before: "events 1..0" and exit 0 when all were gone).
+func TestFollowRefusesTrimmedStream(t *testing.T) {
+	srv := natstest.Single(t)
+	url := srv.ClientURL()
+	_, js := natstest.Connect(t, url)
+	cfg, err := stream.Config{}.StreamConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxMsgs = 30 // keeps the last 30 messages of all nodes
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	l1, l2 := repltest.OpenLog(t, "n1"), repltest.OpenLog(t, "n2")
+	r1, r2 := repltest.Replicate(t, url, l1), repltest.Replicate(t, url, l2)
+	repltest.AppendFillers(t, l1, 10)
+	if err := r1.WaitReplicated(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	repltest.AppendFillers(t, l2, 60)
+	if err := r2.WaitReplicated(ctx, 60); err != nil {
+		t.Fatal(err)
+	}
+	// The stream holds n2's events 31..60 (stream seqs 41..70), none of n1's.
+	for _, tc := range []struct {
+		node string
+		want []string
+	}{
+		{"n2", []string{"node n2's first event in stream SBX_EVENTS is 31 (stream seq 41)", "events 1..30 are no longer in the stream", "max_age"}},
+		{"n1", []string{"stream SBX_EVENTS holds no event of node n1", "up to stream seq 40 are gone", "copy the node's data dir"}},
+	} {
+		t.Run(tc.node, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "replica")
+			code, out, errs := run("follow", "--nats", url, "--node", tc.node, "--data", dir, "--once")
+			if code != 1 {
+				t.Fatalf("exit %d, want 1\n%s%s", code, out, errs)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errs, w) {
+					t.Errorf("stderr %q lacks %q", errs, w)
+				}
+			}
+		})
 	}
 }

@@ -85,7 +85,7 @@ func (n *Node) flushReplication() {
 	defer cancel()
 	if err := n.Repl.WaitReplicated(ctx, last); err != nil {
 		st := n.Repl.Status().Replicator
-		n.zl.Warn().Err(err).Uint64("log_seq", last).Uint64("replicated", st.Replicated).
+		n.zl.Warn().Err(err).Uint64("log_seq", last).Uint64("replicated", st.Replicated).Bool("confirmed", st.Confirmed).
 			Msg("replication: the log's tail is not in the stream yet; it is published at the next start")
 	}
 }

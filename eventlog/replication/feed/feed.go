@@ -5,21 +5,56 @@
 // every message format up to stream.FormatCurrent is read), and each node's
 // sequences contiguous.
 //
+// Three positions say how far a consumer got; the feed keeps them apart:
+//   - the output's position, Handler.Position(node): the last event of the
+//     node whose effects the output holds. Exact for most handlers; a
+//     Lagging handler's (usage) stays at the last event that left a trace,
+//     so it may be below the last event applied.
+//   - the acknowledged floor: the stream sequence up to which the durable
+//     consumer acknowledged. The feed acknowledges a batch only after Apply
+//     made it durable, and only after checking it continues each node
+//     exactly, so every event of the filter at or below the floor is applied
+//     to the output, unless the output is not the one the durable was fed
+//     into (a fresh or restored output: see below). It may be behind the
+//     output's position: acknowledgements are not waited for, and a crash
+//     can fall between Apply and the acknowledgement.
+//   - the feed's position of a node: the last event applied, so the next
+//     delivery must be exactly the one after it. It starts, the first time
+//     a node is seen, at the output's position (for a Lagging handler at
+//     least the event at the floor). When a delivery skips sequences past
+//     it, a Lagging handler's output cannot say whether the events between
+//     were applied, so the floor, read again from the consumer, decides:
+//     they were if they lie at or below it, which they must when no
+//     message was removed from the stream between the floor and the
+//     delivery (the recreated durable delivers every message of its filter
+//     after the floor, in order).
+//
+// Invariant: a delivery that skips sequences past the feed's position is
+// taken for a gap only when neither the output's position nor the
+// acknowledged floor proves the events between applied: it is then a real
+// hole in the stream (messages deleted, or removed by a limit before this
+// consumer got them), never a position the feed accepted behind what it
+// had acknowledged.
+//
 // Contract:
 //   - The consumer's own durable output is the truth about what it has
-//     applied: Handler.Position(node) is asked the first time a node is seen,
-//     and events at or below it are skipped. So a crash between a handler's
-//     write and the acknowledgement, a redelivery, or a durable consumer that
-//     restarted from scratch never applies an event twice.
+//     applied: events at or below the feed's position are skipped. So a
+//     crash between a handler's write and the acknowledgement, a
+//     redelivery, or a durable consumer that restarted from scratch never
+//     applies an event twice.
 //   - Apply receives events in stream order (per node in sequence order, each
 //     node's next sequence exactly) and must make their effects durable
-//     before returning nil; then the batch is acknowledged.
+//     before returning nil; then the batch is acknowledged. A Lagging
+//     handler may be given again events after its Position that it was
+//     given before: they left no trace, so applying them again must not
+//     either.
 //   - A durable consumer that is ahead of the output is rebuilt from the
 //     start of the stream: when the last message it acknowledged belongs to
 //     a node the output holds less of (for a Lagging handler: nothing of),
 //     e.g. a fresh output under an old durable name, or an output restored
 //     from a backup. So is one whose next delivered event skips sequences
-//     of a node (once). A gap that remains is fatal: *GapError.
+//     of a node (once), with a warning naming the missing events. A gap
+//     that remains is fatal: *GapError.
 //   - A record that fails verification is fatal: *CorruptError. A handler
 //     error is fatal and returned as is. Connection loss, leader elections
 //     and deleted consumers are retried with backoff.
@@ -55,7 +90,9 @@ type Handler interface {
 // event they were given, because some events leave no trace in their
 // output (usage writes no record for them). The feed then takes a durable
 // consumer that acknowledged more than Position as consistent, unless
-// Position is 0 (the output holds nothing of that node).
+// Position is 0 (the output holds nothing of that node), and its
+// acknowledged floor as the word on which events were applied beyond
+// Position.
 type Lagging interface {
 	PositionLags() bool
 }
@@ -122,10 +159,20 @@ type Feed struct {
 	attached   chan struct{}
 
 	mu      sync.Mutex
-	pos     map[string]uint64 // next expected is pos+1
+	pos     map[string]uint64 // the feed's positions: next expected is pos+1
 	lastSeq uint64            // stream sequence of the last message handled
 	reset   bool              // the consumer was rebuilt for a gap once
+	// floor is the acknowledged floor of a durable kept for this output
+	// (0: none); floorAt is the event at it, when it could be read.
+	floor   uint64
+	floorAt ackedEvent
 	status  Status
+}
+
+// ackedEvent is the event of the message at the acknowledged floor.
+type ackedEvent struct {
+	node string
+	seq  uint64
 }
 
 // Status is a snapshot for status pages.
@@ -358,13 +405,17 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 
 // consumer returns the feed's consumer, creating it when missing.
 //
-// An existing durable is reused as it is, unless it holds messages it
-// delivered to an earlier run that were never acknowledged (a crash, or a
-// stop with messages prefetched): the server would only send those again
-// after AckWait. It is then rebuilt to start right after its acknowledged
-// floor, and the handler's Position skips whatever was applied but not
-// acknowledged. A durable whose filter no longer matches the options is
-// rebuilt the same way.
+// An existing durable is not reused as it is: it is recreated to start
+// right after its acknowledged floor, so this run is delivered every
+// message of its filter after the floor, in order. A reused durable may
+// hold messages delivered to an earlier run and never acknowledged (a
+// crash, a stop with messages prefetched, or a pull request of a stopped
+// run that outlives it and takes messages published after the stop): the
+// server would send those again only after AckWait, and this run would
+// first see the messages after them. What was applied but not
+// acknowledged is skipped by the feed's positions. A durable that is ahead
+// of the output is rebuilt from the start of the stream instead
+// (aheadOfOutput).
 func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	cfg := f.consumerConfig()
 	if f.opts.Durable == "" {
@@ -378,25 +429,28 @@ func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		return nil, err
 	}
 	info := cons.CachedInfo()
-	ahead, err := f.aheadOfOutput(ctx, info)
+	at, ahead, err := f.aheadOfOutput(ctx, info)
 	if err != nil {
 		return nil, err
 	}
-	if ahead != "" {
+	switch {
+	case ahead != "":
 		f.log.Info().Uint64("acknowledged_stream_seq", info.AckFloor.Stream).
 			Msgf("the durable consumer is ahead of the output (%s): rebuilding it from the start of the stream", ahead)
-		if err := f.opts.JS.DeleteConsumer(ctx, f.opts.Stream, f.opts.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil, err
-		}
-		return f.opts.JS.CreateConsumer(ctx, f.opts.Stream, cfg)
-	}
-	if info.NumAckPending == 0 && slices.Equal(filtersOf(info.Config), f.filters) {
-		return cons, nil
-	}
-	if info.AckFloor.Stream > 0 {
+	case info.AckFloor.Stream > 0:
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, info.AckFloor.Stream+1
+		if slices.Equal(filtersOf(info.Config), f.filters) {
+			// The output applied everything the durable acknowledged:
+			// the floor speaks for it (firstPosition, acknowledged). Not for another
+			// filter: it says nothing of the subjects it did not cover.
+			f.mu.Lock()
+			if info.AckFloor.Stream > f.floor {
+				f.floor, f.floorAt = info.AckFloor.Stream, at
+			}
+			f.mu.Unlock()
+		}
+		f.log.Debug().Int("unacknowledged", info.NumAckPending).Uint64("from_stream_seq", cfg.OptStartSeq).Msg("restarting the durable consumer after its acknowledged floor")
 	}
-	f.log.Info().Int("unacknowledged", info.NumAckPending).Uint64("from_stream_seq", cfg.OptStartSeq).Msg("restarting the durable consumer after its acknowledged floor")
 	if err := f.opts.JS.DeleteConsumer(ctx, f.opts.Stream, f.opts.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, err
 	}
@@ -408,39 +462,131 @@ func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
 // acknowledged is an event of a node the handler's Position is below (for
 // a Lagging handler: at 0). Without this, a fresh output under an existing
 // durable name would receive nothing: the server has delivered everything
-// to the durable already.
-func (f *Feed) aheadOfOutput(ctx context.Context, info *jetstream.ConsumerInfo) (string, error) {
-	if info.AckFloor.Stream == 0 {
-		return "", nil
+// to the durable already. It returns the event at the floor when the
+// stream still holds it.
+func (f *Feed) aheadOfOutput(ctx context.Context, info *jetstream.ConsumerInfo) (ackedEvent, string, error) {
+	at, err := f.eventAt(ctx, info.AckFloor.Stream)
+	if err != nil || at.node == "" {
+		// Gone from the stream: the gap check is what is left.
+		return at, "", err
+	}
+	pos := f.h.Position(at.node)
+	if pos >= at.seq || (f.lagging() && pos > 0) {
+		return at, "", nil
+	}
+	return at, fmt.Sprintf("it acknowledged event %d of node %s, the output holds up to %d", at.seq, at.node, pos), nil
+}
+
+// eventAt reads which node's event the message at stream sequence sseq
+// is; zero when there is none (0, or it left the stream) or it is not a
+// node's event.
+func (f *Feed) eventAt(ctx context.Context, sseq uint64) (ackedEvent, error) {
+	if sseq == 0 {
+		return ackedEvent{}, nil
 	}
 	st, err := f.opts.JS.Stream(ctx, f.opts.Stream)
 	if err != nil {
-		return "", err
+		return ackedEvent{}, err
 	}
-	m, err := st.GetMsg(ctx, info.AckFloor.Stream)
+	m, err := st.GetMsg(ctx, sseq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return "", nil // it left the stream; the gap check is what is left
+		return ackedEvent{}, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("read the last acknowledged message (stream seq %d): %w", info.AckFloor.Stream, err)
+		return ackedEvent{}, fmt.Errorf("read the last acknowledged message (stream seq %d): %w", sseq, err)
 	}
 	node, ok := f.layout.NodeOf(m.Subject)
 	if !ok {
-		return "", nil
+		return ackedEvent{}, nil
 	}
 	seq, ok := stream.SeqOfMsgID(node, m.Header.Get(jetstream.MsgIDHeader))
 	if !ok {
-		return "", nil
+		return ackedEvent{}, nil
 	}
-	pos := f.h.Position(node)
-	lagging := false
-	if l, ok := f.h.(Lagging); ok {
-		lagging = l.PositionLags()
+	return ackedEvent{node: node, seq: seq}, nil
+}
+
+func (f *Feed) lagging() bool {
+	l, ok := f.h.(Lagging)
+	return ok && l.PositionLags()
+}
+
+// firstPosition is the feed's position of node when its first message
+// arrives: the output's position, for a Lagging handler raised to the
+// event at the acknowledged floor. Called with f.mu held.
+func (f *Feed) firstPosition(node string) uint64 {
+	p := f.h.Position(node)
+	if f.lagging() && f.floorAt.node == node {
+		p = max(p, f.floorAt.seq)
 	}
-	if pos >= seq || (lagging && pos > 0) {
-		return "", nil
+	return p
+}
+
+// acknowledged reports whether the acknowledged floor proves that the
+// events of node before seq (at stream sequence sseq) were applied, when
+// the next delivery skips sequences a Lagging handler's output cannot vouch
+// for. The floor is read again from the consumer: a stopped run's last
+// acknowledgement can reach the recreated durable late, and the server
+// then skips what it covers. The node's events before seq sit at stream
+// sequences below sseq; those at or below the floor were applied, and
+// those above it were delivered to this run before seq unless the stream
+// lost them (removedSince). Called with f.mu held.
+func (f *Feed) acknowledged(ctx context.Context, node string, seq, sseq uint64) (bool, error) {
+	if !f.lagging() || f.opts.Durable == "" {
+		return false, nil
 	}
-	return fmt.Sprintf("it acknowledged event %d of node %s, the output holds up to %d", seq, node, pos), nil
+	cons, err := f.opts.JS.Consumer(ctx, f.opts.Stream, f.opts.Durable)
+	if err != nil {
+		return false, fmt.Errorf("consumer %s: %w", f.opts.Durable, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return false, fmt.Errorf("consumer %s: %w", f.opts.Durable, err)
+	}
+	if info.AckFloor.Stream > f.floor {
+		at, err := f.eventAt(ctx, info.AckFloor.Stream)
+		if err != nil {
+			return false, err
+		}
+		f.floor, f.floorAt = info.AckFloor.Stream, at
+	}
+	switch {
+	case f.floor == 0:
+		return false, nil
+	case f.floorAt.node == node && f.floorAt.seq+1 >= seq:
+		return true, nil
+	case sseq <= f.floor:
+		return true, nil
+	}
+	removed, err := f.removedSince(ctx, f.floor, sseq)
+	return !removed && err == nil, err
+}
+
+// removedSince reports whether the stream lost a message with a sequence
+// from floor up to (not including) to, which leaves the floor proving
+// nothing about the messages before to: deleted from the stream's middle
+// between the two, or the floor itself gone below the stream's first
+// sequence (an age or size limit, a purge). A durable created to start
+// below the first sequence gets a floor just under it, past messages it
+// never delivered; a floor that left the stream that way looks the same.
+func (f *Feed) removedSince(ctx context.Context, floor, to uint64) (bool, error) {
+	st, err := f.opts.JS.Stream(ctx, f.opts.Stream)
+	if err != nil {
+		return false, err
+	}
+	info, err := st.Info(ctx, jetstream.WithDeletedDetails(true))
+	if err != nil {
+		return false, fmt.Errorf("stream info: %w", err)
+	}
+	if info.State.FirstSeq > floor {
+		return true, nil
+	}
+	for _, d := range info.State.Deleted {
+		if d > floor && d < to {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func filtersOf(c jetstream.ConsumerConfig) []string {
@@ -480,7 +626,7 @@ func (f *Feed) verify(ctx context.Context, msgs []jetstream.Msg, evs []event.Eve
 		if !ok {
 			p, known := f.pos[node]
 			if !known {
-				p = f.h.Position(node)
+				p = f.firstPosition(node)
 				f.pos[node] = p
 			}
 			want = p + 1
@@ -489,6 +635,13 @@ func (f *Feed) verify(ctx context.Context, msgs []jetstream.Msg, evs []event.Eve
 		case ev.Seq < want:
 			continue // applied before: a redelivery or a replay from the start
 		case ev.Seq > want:
+			ok, err := f.acknowledged(ctx, node, ev.Seq, sseq)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				break // applied: the events between left no trace
+			}
 			gap := &GapError{Node: node, Want: want, Got: ev.Seq}
 			if f.reset || f.opts.Durable == "" {
 				return nil, gap

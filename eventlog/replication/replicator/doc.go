@@ -42,9 +42,13 @@
 //     never overwrites or interleaves with the other writer's messages. (Two
 //     processes with byte-identical logs are indistinguishable until their
 //     logs differ.)
-//   - Replicated reports the highest sequence acknowledged by JetStream, and
-//     WaitReplicated blocks until a sequence is acknowledged: the opt-in
-//     synchronous mode of the API path.
+//   - Replicated reports the highest sequence acknowledged by JetStream in
+//     this run, and WaitReplicated blocks until a sequence is acknowledged:
+//     the opt-in synchronous mode of the API path. Status reports, until
+//     this run has read its resume point from the stream, what the cursor
+//     says an earlier run saw acknowledged, with Confirmed false: a node
+//     started while NATS is unreachable is not shown as having replicated
+//     nothing.
 //
 // Errors: ErrSecondWriter (via *SecondWriterError), ErrGap (via *GapError:
 // the local log no longer holds events the stream lacks), *TooLargeError (an

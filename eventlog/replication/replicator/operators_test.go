@@ -40,7 +40,7 @@ func TestAgedOutSubjectNotRepublished(t *testing.T) {
 	}
 	l := repltest.OpenLog(t, "n1")
 	repltest.AppendFillers(t, l, 20)
-	var logged syncBuffer
+	var logged repltest.LogBuffer
 	rr := start(t, replicator.Options{Log: l, URL: srv.ClientURL(), Stream: scfg, Logger: zerolog.New(&logged)})
 	waitReplicated(t, rr.r, l, 10*time.Second)
 	if w := rr.r.Status().Warnings; len(w) != 1 || !strings.Contains(w[0], "max_age") || !strings.Contains(logged.String(), "max_age") {
@@ -88,7 +88,7 @@ func TestAgedOutSubjectNotRepublished(t *testing.T) {
 func TestEveryOutageLoggedAndCleared(t *testing.T) {
 	srv := natstest.Single(t)
 	l := repltest.OpenLog(t, "n1")
-	var logged syncBuffer
+	var logged repltest.LogBuffer
 	rr := start(t, replicator.Options{Log: l, URL: srv.ClientURL(), Logger: zerolog.New(&logged).Level(zerolog.InfoLevel)})
 	repltest.AppendFillers(t, l, 10)
 	waitReplicated(t, rr.r, l, 10*time.Second)
@@ -199,5 +199,51 @@ func TestMessagesDescribeTheirEvent(t *testing.T) {
 		if i == 0 && m.Header.Get("Sbx-Cause") != "" {
 			t.Errorf("message 0 has a cause header %q", m.Header.Get("Sbx-Cause"))
 		}
+	}
+}
+
+// Issue 22, defect 3: a node restarted while NATS is down reports what it
+// published before (its cursor), marked unconfirmed, not 0; once NATS is
+// back the figure is the stream's and confirmed. WaitReplicated trusts only
+// the stream.
+func TestRestartWhileNATSDownReportsCursor(t *testing.T) {
+	srv := natstest.Single(t)
+	l := repltest.OpenLog(t, "n1")
+	rr := start(t, replicator.Options{Log: l, URL: srv.ClientURL()})
+	repltest.AppendFillers(t, l, 10)
+	waitReplicated(t, rr.r, l, 10*time.Second)
+	if err := rr.halt(t); err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	repltest.AppendFillers(t, l, 3)
+
+	var logged repltest.LogBuffer
+	rr = start(t, replicator.Options{Log: l, URL: srv.ClientURL(), Logger: zerolog.New(&logged)})
+	natstest.Eventually(t, 10*time.Second, "the outage in the status", func() bool {
+		return rr.r.Status().State == replicator.StateRetrying
+	})
+	st := rr.r.Status()
+	if st.Replicated != 10 || st.Confirmed || st.StreamSeq != 10 || st.Pending != 3 {
+		t.Fatalf("status while NATS is down: %+v, want replicated 10 (unconfirmed), stream seq 10, pending 3", st)
+	}
+	b, _ := json.Marshal(st)
+	if !strings.Contains(string(b), `"replicated":10,"confirmed":false`) {
+		t.Fatalf("status JSON %s", b)
+	}
+	if rr.r.Replicated() != 0 {
+		t.Fatalf("Replicated() %d before the stream confirmed anything", rr.r.Replicated())
+	}
+	warn := logged.Lines("replication interrupted; retrying")
+	if len(warn) == 0 || !strings.Contains(warn[0], `"replicated":10,"confirmed":false`) {
+		t.Fatalf("outage warning %q", warn)
+	}
+
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitReplicated(t, rr.r, l, 15*time.Second)
+	if st := rr.r.Status(); st.Replicated != 13 || !st.Confirmed || st.Pending != 0 {
+		t.Fatalf("status after NATS is back: %+v", st)
 	}
 }

@@ -182,11 +182,19 @@ type Status struct {
 	Node    string `json:"node"`
 	Subject string `json:"subject"`
 	State   State  `json:"state"`
-	// Replicated is the highest event sequence JetStream acknowledged.
+	// Replicated is the highest event sequence JetStream acknowledged: in
+	// this run once Confirmed, else as the cursor file says an earlier run
+	// saw it acknowledged (0 without one). A node started while NATS is
+	// unreachable reports what it published before, unconfirmed, not 0.
 	Replicated uint64 `json:"replicated"`
+	// Confirmed: this run has read its resume point from the stream, so
+	// Replicated is what the stream holds now. Until then the stream may
+	// have lost a tail the cursor counts (JetStream acknowledges before it
+	// fsyncs) or have been deleted; that tail is published again.
+	Confirmed bool `json:"confirmed"`
 	// StreamSeq is the stream sequence of that message.
 	StreamSeq uint64 `json:"stream_seq"`
-	// Pending is how many durable local events are not acknowledged yet.
+	// Pending is how many durable local events are not in Replicated.
 	Pending uint64 `json:"pending"`
 	// LastError is the error of the current outage (or the refusal); it is
 	// cleared once replication runs again.
@@ -214,6 +222,7 @@ type Replicator struct {
 
 	acked     atomic.Uint64 // highest acknowledged event seq
 	streamSeq atomic.Uint64 // its stream sequence
+	confirmed atomic.Bool   // acked was read from the stream in this run
 	started   atomic.Bool
 
 	mu       sync.Mutex
@@ -388,15 +397,30 @@ func writeCursor(path string, c cursor) error {
 	return nil
 }
 
-// Replicated is the highest event sequence acknowledged by JetStream (0
-// before the first resume point is known).
+// Replicated is the highest event sequence acknowledged by JetStream in
+// this run (0 before the first resume point is read from the stream):
+// what WaitReplicated waits for. Status also reports an earlier run's.
 func (r *Replicator) Replicated() uint64 { return r.acked.Load() }
+
+// known is the highest sequence known to be acknowledged and its stream
+// sequence: this run's once confirmed, before that the cursor's when it is
+// about this stream and subject. Called with r.mu held.
+func (r *Replicator) known() (seq, streamSeq uint64, confirmed bool) {
+	if r.confirmed.Load() {
+		return r.acked.Load(), r.streamSeq.Load(), true
+	}
+	if c := r.cursor; c.Stream == r.opts.Stream.StreamName() && c.Subject == r.subject {
+		return c.Seq, c.StreamSeq, false
+	}
+	return 0, 0, false
+}
 
 // Status returns a snapshot.
 func (r *Replicator) Status() Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := Status{Node: r.node, Subject: r.subject, State: r.state, Replicated: r.acked.Load(), StreamSeq: r.streamSeq.Load()}
+	st := Status{Node: r.node, Subject: r.subject, State: r.state}
+	st.Replicated, st.StreamSeq, st.Confirmed = r.known()
 	if last := r.opts.Log.LastSeq(); last > st.Replicated {
 		st.Pending = last - st.Replicated
 	}
@@ -463,6 +487,7 @@ func (r *Replicator) advance(seq, streamSeq uint64) {
 	r.streamSeq.Store(streamSeq)
 	r.acked.Store(seq)
 	r.mu.Lock()
+	r.confirmed.Store(true)
 	close(r.progress)
 	r.progress = make(chan struct{})
 	if seq > 0 {
@@ -520,7 +545,7 @@ func (r *Replicator) Run(ctx context.Context) error {
 			return nil
 		}
 		if isFatal(err) {
-			r.log.Error().Err(err).Uint64("replicated", r.acked.Load()).Msg("replication refused; replicator stopped")
+			r.logKnown(r.log.Error().Err(err)).Msg("replication refused; replicator stopped")
 			r.setState(StateRefused, err)
 			return err
 		}
@@ -538,7 +563,7 @@ func (r *Replicator) Run(ctx context.Context) error {
 		// the recovery is logged at info (session).
 		if r.outage.IsZero() {
 			r.outage = time.Now()
-			r.log.Warn().Err(err).Uint64("replicated", r.acked.Load()).Msg("replication interrupted; retrying")
+			r.logKnown(r.log.Warn().Err(err)).Msg("replication interrupted; retrying")
 		} else {
 			r.log.Debug().Err(err).Msg("replication retry failed")
 		}
@@ -553,6 +578,15 @@ func (r *Replicator) Run(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, r.opts.MaxBackoff)
 	}
+}
+
+// logKnown adds what is known to be replicated to a log line, and whether
+// this run confirmed it.
+func (r *Replicator) logKnown(ev *zerolog.Event) *zerolog.Event {
+	r.mu.Lock()
+	seq, _, confirmed := r.known()
+	r.mu.Unlock()
+	return ev.Uint64("replicated", seq).Bool("confirmed", confirmed)
 }
 
 func isFatal(err error) bool {

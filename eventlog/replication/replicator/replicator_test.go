@@ -188,7 +188,7 @@ func TestSecondWriterRefused(t *testing.T) {
 	for _, n := range []int{10, 50, 80} {
 		b := repltest.OpenLog(t, "n1")
 		repltest.AppendFillers(t, b, n)
-		var logged syncBuffer
+		var logged repltest.LogBuffer
 		rb := start(t, replicator.Options{Log: b, URL: srv.ClientURL(), Logger: zerolog.New(&logged)})
 		var err error
 		select {
@@ -340,24 +340,6 @@ func TestIncompatibleStreamRefused(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("not refused")
 	}
-}
-
-// syncBuffer is a log sink safe for the replicator's goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Two nodes publishing into one single-replica stream under load: each

@@ -3,11 +3,14 @@
 package repltest
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -214,4 +217,34 @@ func Replicate(t testing.TB, url string, l *eventlog.Log) *replicator.Replicator
 		}
 	})
 	return r
+}
+
+// LogBuffer is a log sink safe for the goroutines of the parts under test
+// (zerolog.New(&buf)).
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *LogBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *LogBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Lines returns the lines logged so far that contain sub.
+func (s *LogBuffer) Lines(sub string) []string {
+	var out []string
+	for _, l := range strings.Split(s.String(), "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return out
 }

@@ -550,12 +550,71 @@ func (c Config) Ends(ctx context.Context, js jetstream.JetStream, nodes []string
 		if err != nil {
 			return nil, fmt.Errorf("stream %s: last message of %s: %w", name, n, err)
 		}
-		id := m.Header.Get(jetstream.MsgIDHeader)
-		seq, ok := SeqOfMsgID(n, id)
-		if !ok {
-			return nil, fmt.Errorf("stream %s: last message of %s (stream seq %d) has message id %q, not %s-<seq>", name, n, m.Sequence, id, Token(n))
+		seq, err := seqOf(name, "last", n, m)
+		if err != nil {
+			return nil, err
 		}
 		out[n] = End{Seq: seq, StreamSeq: m.Sequence}
 	}
 	return out, nil
+}
+
+// Start is where a node's subject starts in the stream.
+type Start struct {
+	// Seq is the node's first event sequence in the stream (0: no message).
+	Seq uint64
+	// StreamSeq is that message's stream sequence.
+	StreamSeq uint64
+	// Removed is the last stream sequence that left the stream from its
+	// head (an age or size limit, a purge): the stream's first sequence
+	// minus one (0: none left it).
+	Removed uint64
+}
+
+// Start returns where node's subject starts in the stream, and how much of
+// the stream's head is gone: a consumer that must begin at the node's
+// event 1 (a follower's fresh replica) can tell that its events left the
+// stream instead of taking an empty subject for a node that published
+// nothing. The event sequence is read from the message's Nats-Msg-Id.
+func (c Config) Start(ctx context.Context, js jetstream.JetStream, node string) (Start, error) {
+	if err := CheckNodeID(node); err != nil {
+		return Start{}, err
+	}
+	name := c.StreamName()
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return Start{}, fmt.Errorf("stream %s: %w", name, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return Start{}, fmt.Errorf("stream %s: %w", name, err)
+	}
+	var out Start
+	if info.State.FirstSeq > 1 {
+		out.Removed = info.State.FirstSeq - 1
+	}
+	m, err := st.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(c.Subject(node)))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return out, nil
+	}
+	if err != nil {
+		return Start{}, fmt.Errorf("stream %s: first message of %s: %w", name, node, err)
+	}
+	seq, err := seqOf(name, "first", node, m)
+	if err != nil {
+		return Start{}, err
+	}
+	out.Seq, out.StreamSeq = seq, m.Sequence
+	return out, nil
+}
+
+// seqOf is the event sequence of node's message m (its which message in
+// stream name), read from its Nats-Msg-Id.
+func seqOf(name, which, node string, m *jetstream.RawStreamMsg) (uint64, error) {
+	id := m.Header.Get(jetstream.MsgIDHeader)
+	seq, ok := SeqOfMsgID(node, id)
+	if !ok {
+		return 0, fmt.Errorf("stream %s: %s message of %s (stream seq %d) has message id %q, not %s-<seq>", name, which, node, m.Sequence, id, Token(node))
+	}
+	return seq, nil
 }
