@@ -51,6 +51,15 @@ func TestTree(n, size int) Files {
 // Tar archives files (sorted, mode 0640) with their parent directories.
 func Tar(t testing.TB, files Files) []byte {
 	t.Helper()
+	b, err := TarFiles(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TarFiles is Tar without a testing.TB, for benchmarks.
+func TarFiles(files Files) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	names := make([]string, 0, len(files))
@@ -68,21 +77,21 @@ func Tar(t testing.TB, files Files) []byte {
 			if !dirs[d] {
 				dirs[d] = true
 				if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755}); err != nil {
-					t.Fatal(err)
+					return nil, err
 				}
 			}
 		}
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o640, Size: int64(len(files[n]))}); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		if _, err := tw.Write(files[n]); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 	}
 	if err := tw.Close(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	return buf.Bytes()
+	return buf.Bytes(), nil
 }
 
 // Untar reads an archive's regular files and their modes.
