@@ -211,7 +211,9 @@ func (s *Server) lspRequest(req *silkd.LspRequest, w *silkd.Writer) *call {
 	}
 	go func() {
 		defer c.finish()
-		defer func() {
+		// The server is out of the table and reaped before the stream's
+		// last frame: a client that saw it end finds the server gone.
+		end := func(last silkd.Response) {
 			t.mu.Lock()
 			if t.m[req.ServerID] == l {
 				delete(t.m, req.ServerID)
@@ -219,22 +221,26 @@ func (s *Server) lspRequest(req *silkd.LspRequest, w *silkd.Writer) *call {
 			t.mu.Unlock()
 			l.reap()
 			l.p.CloseOutput()
-		}()
+			if last != nil {
+				_ = w.WriteResponse(last)
+			}
+		}
 		buf := make([]byte, silkd.BulkChunk)
 		out := l.p.Stdout()
 		for {
 			n, err := out.Read(buf)
 			if n > 0 {
 				if werr := w.WriteBulk(silkd.BulkDataReply, buf[:n]); werr != nil {
-					return // the client is gone
+					end(nil) // the client is gone
+					return
 				}
 			}
 			if err == io.EOF {
-				_ = w.WriteResponse(silkd.Done{})
+				end(silkd.Done{})
 				return
 			}
 			if err != nil {
-				_ = w.WriteResponse(silkd.Errorf(silkd.KindInternal, "lsp_request: read the server's stdout: %v", err))
+				end(silkd.Errorf(silkd.KindInternal, "lsp_request: read the server's stdout: %v", err))
 				return
 			}
 		}

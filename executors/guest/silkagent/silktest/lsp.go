@@ -48,6 +48,9 @@ func LSP(t testing.TB, ctx context.Context, dial Dial, base, lspDir string) {
 	if _, err := c.LspStart(ctx, "../etc", base); !errors.Is(err, silkd.ErrBadRequest) {
 		t.Fatalf("lsp_start of a language with a path = %v, want bad_request", err)
 	}
+	if err := c.Mkdir(ctx, base, true); err != nil {
+		t.Fatal(err)
+	}
 	mode := uint32(0o755)
 	stub := base + "/stub-lsp.sh"
 	if err := c.WriteFile(ctx, silkd.FsWrite{Path: stub, Mode: &mode}, strings.NewReader(StubLSP)); err != nil {
