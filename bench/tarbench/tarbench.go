@@ -174,7 +174,8 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	sec.Notes = append(sec.Notes,
 		fmt.Sprintf("client, agent and tar share the machine's %d CPUs and the scratch disk; load average at start %s, at end %s (the figures are only comparable within a run)",
 			runtime.NumCPU(), loadStart, report.LoadAvg()),
-		"the agent pays, over tar: base64 and JSON framing both ways, a staging directory merged by renames (fs_push), and Go's archive/tar; it does not pay a process start")
+		"the agent pays, over tar: base64 and JSON framing both ways, a staging directory merged by renames (fs_push), and Go's archive/tar; it does not pay a process start",
+		"fs_pull's floor only reads files and writes a pipe; the agent's stream is also base64 in JSON frames that the client decodes, a per-byte cost its large-file rate shows (fs_write of one large file pays the same framing the other way)")
 	return sec, nil
 }
 

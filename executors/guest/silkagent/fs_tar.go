@@ -403,6 +403,7 @@ func WriteTar(t TreeFS, p, name string, out io.Writer, limits Limits) error {
 		return badRequest("%s is not a directory: only a directory's contents can be archived without its name", p)
 	}
 	tw := tar.NewWriter(out)
+	buf := make([]byte, 64<<10) // one copy buffer for every file, not one each
 	var entries int
 	var bytes int64
 	var walk func(full, name string, st silkd.StatInfo) error
@@ -444,7 +445,7 @@ func WriteTar(t TreeFS, p, name string, out io.Writer, limits Limits) error {
 			if err != nil {
 				return err
 			}
-			n, err := io.Copy(tw, io.LimitReader(f, hdr.Size+1))
+			n, err := io.CopyBuffer(tw, io.LimitReader(f, hdr.Size+1), buf)
 			f.Close()
 			if err == nil && n != hdr.Size {
 				err = fmt.Errorf("%s changed size while it was archived", full)
