@@ -21,28 +21,7 @@ import (
 // bare repository in the same guest, and the language-server broker with
 // a stub server run by the guest's busybox sh. One guest: TCG is slow.
 func TestToolOpsWithQEMU(t *testing.T) {
-	g := guesttest.Require(t)
-	dir, err := os.MkdirTemp("", "qto") // short: socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	killQEMUsOnCleanup(t, dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
-	t.Cleanup(cancel)
-	q, err := NewRecipes(RecipesConfig{Accel: AccelTCG, Log: zerolog.Nop(), StopGrace: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := Spec{RunDir: filepath.Join(dir, "run"), StoreDir: filepath.Join(dir, "store"), MemoryMiB: 512, Kernel: g.Kernel, Initrd: g.Initrd}
-	if err := os.MkdirAll(spec.StoreDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	if _, err := q.Boot(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("boot: %v", time.Since(start))
+	ctx, q, spec := bootTCG(t, "qto", 512, 25*time.Minute)
 	dial := func(t testing.TB) *silkd.Conn {
 		t.Helper()
 		c, err := q.DialAgent(ctx, spec.RunDir)
@@ -61,4 +40,35 @@ func TestToolOpsWithQEMU(t *testing.T) {
 	t.Run("lsp", func(t *testing.T) {
 		silktest.LSP(t, ctx, dial, "/tmp/lsp", silkagent.DefaultLSPDir)
 	})
+}
+
+// bootTCG boots one guest under TCG with memMiB of memory in a fresh
+// directory named after prefix (short: socket paths), and returns the
+// test's context (ending after limit), the recipes and the VM's spec. The
+// guest is killed and its directory removed when the test ends.
+func bootTCG(t *testing.T, prefix string, memMiB int, limit time.Duration) (context.Context, *Recipes, Spec) {
+	t.Helper()
+	g := guesttest.Require(t)
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	killQEMUsOnCleanup(t, dir)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	t.Cleanup(cancel)
+	q, err := NewRecipes(RecipesConfig{Accel: AccelTCG, Log: zerolog.Nop(), StopGrace: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := Spec{RunDir: filepath.Join(dir, "run"), StoreDir: filepath.Join(dir, "store"), MemoryMiB: memMiB, Kernel: g.Kernel, Initrd: g.Initrd}
+	if err := os.MkdirAll(spec.StoreDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := q.Boot(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("boot: %v", time.Since(start))
+	return ctx, q, spec
 }

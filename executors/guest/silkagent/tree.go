@@ -60,23 +60,20 @@ var DefaultLimits = Limits{
 // withDefaults fills l's zero fields from DefaultLimits.
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits
-	if l.TarBytes > 0 {
-		d.TarBytes = l.TarBytes
+	return Limits{
+		TarBytes:       orDefault(l.TarBytes, d.TarBytes),
+		TarEntries:     orDefault(l.TarEntries, d.TarEntries),
+		FindFileBytes:  orDefault(l.FindFileBytes, d.FindFileBytes),
+		FindMatches:    orDefault(l.FindMatches, d.FindMatches),
+		WatchQueue:     orDefault(l.WatchQueue, d.WatchQueue),
+		GitStatusFiles: orDefault(l.GitStatusFiles, d.GitStatusFiles),
 	}
-	if l.TarEntries > 0 {
-		d.TarEntries = l.TarEntries
-	}
-	if l.FindFileBytes > 0 {
-		d.FindFileBytes = l.FindFileBytes
-	}
-	if l.FindMatches > 0 {
-		d.FindMatches = l.FindMatches
-	}
-	if l.WatchQueue > 0 {
-		d.WatchQueue = l.WatchQueue
-	}
-	if l.GitStatusFiles > 0 {
-		d.GitStatusFiles = l.GitStatusFiles
+}
+
+// orDefault is v, or d when v is not positive.
+func orDefault[T int | int64](v, d T) T {
+	if v > 0 {
+		return v
 	}
 	return d
 }
