@@ -28,6 +28,7 @@ import (
 	"github.com/sbxlog/sbxlog/bench/replbench"
 	"github.com/sbxlog/sbxlog/bench/report"
 	"github.com/sbxlog/sbxlog/bench/restartbench"
+	"github.com/sbxlog/sbxlog/bench/tarbench"
 )
 
 // section is one runnable benchmark.
@@ -50,6 +51,7 @@ var sections = []section{
 	{"restartbench", restartbench.Run},
 	{"relaybench", relaybench.Run},
 	{"egressbench", egressbench.Run},
+	{"tarbench", tarbench.Run},
 }
 
 func main() {

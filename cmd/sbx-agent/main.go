@@ -51,6 +51,7 @@ func main() {
 		silk := &silkagent.Server{
 			Version: "sbx-agent", Agent: "sbx-agent",
 			Procs: silkagent.OSProcs{}, FS: silkagent.OSFS{}, Dial: silkagent.DialTCP,
+			Git: true, LSPDir: silkagent.DefaultLSPDir,
 			Uptime: func() time.Duration { d, _ := bootTime(); return d },
 		}
 		go serveData(srv, silk, *listen)

@@ -96,28 +96,7 @@ func TestDialAgentRefusesSquatter(t *testing.T) {
 // guest port, and a hibernate and wake after which the file is still there
 // and only the new key opens the agent.
 func TestDataPlaneWithQEMU(t *testing.T) {
-	g := guesttest.Require(t)
-	dir, err := os.MkdirTemp("", "qdp") // short: socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	killQEMUsOnCleanup(t, dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	t.Cleanup(cancel)
-	q, err := NewRecipes(RecipesConfig{Accel: AccelTCG, Log: zerolog.Nop(), StopGrace: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := Spec{RunDir: filepath.Join(dir, "run"), StoreDir: filepath.Join(dir, "store"), MemoryMiB: 256, Kernel: g.Kernel, Initrd: g.Initrd}
-	if err := os.MkdirAll(spec.StoreDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	if _, err := q.Boot(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("boot: %v", time.Since(start))
+	ctx, q, spec := bootTCG(t, "qdp", 256, 8*time.Minute)
 	dial := func() *silkd.Conn {
 		t.Helper()
 		c, err := q.DialAgent(ctx, spec.RunDir)
@@ -147,7 +126,7 @@ func TestDataPlaneWithQEMU(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := sha256.Sum256(big)
-	start = time.Now()
+	start := time.Now()
 	if err := c.WriteFile(ctx, silkd.FsWrite{Path: "/tmp/big"}, bytes.NewReader(big)); err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,13 @@
 // Served ops: info, exec (argv, cwd, env, user; stdin and stdin_close;
 // stdout, stderr, exit; detach), kill, fs_read, fs_write, fs_stat, fs_list,
 // fs_mkdir, fs_rm, fs_rename, port_forward, and the input frames data and
-// data_end. Every other op, known to the protocol or not, is answered
-// error{kind: "unimplemented"}; so is a served op whose backend is nil.
+// data_end; with an FS that is a TreeFS (OSFS and MemFS are) fs_push,
+// fs_pull, fs_find and fs_replace; with one that is a Watcher (both are)
+// fs_watch; with Git the git ops (git_clone, git_status, git_add,
+// git_commit, git_push, git_pull, git_branch); with LSPDir and Procs
+// lsp_start, lsp_request and lsp_stop. Every other op, known to the
+// protocol or not, is answered error{kind: "unimplemented"}; so is a
+// served op whose backend is missing.
 //
 // Connection rules (the protocol's proto 2, which info reports truthfully):
 //   - RPCs run back to back on one connection, each to its terminal frame.
@@ -52,6 +57,51 @@
 //     answers ready, copies both ways, half-closes the guest socket at
 //     data_end and answers done at the guest's EOF; the RPC ends when both
 //     directions have.
+//   - fs_push extracts the tar stream of the data frames into a staging
+//     directory inside dest and merges it into dest (directories merge, a
+//     file replaces one by rename) only once the stream ended with
+//     data_end: a refused or cut push leaves dest as it was. Refused
+//     (bad_request, at once, the rest of the upload dropped): an entry
+//     whose name is absolute or has a ".." component, one below a symlink
+//     of the archive, a symlink whose target leaves dest (alone or through
+//     the archive's other symlinks), a hard link to anything but an earlier
+//     file of the archive (extracted as a copy), more than Limits.TarEntries
+//     entries or Limits.TarBytes bytes of files (defaults 500000 and 4
+//     GiB), a stream that is not a whole tar (its end-of-archive blocks
+//     included). Directories are made 0755, files keep their permission
+//     bits, devices and fifos are skipped.
+//   - fs_pull streams a tar of the path named by its base name (as
+//     `tar -C dir -c base`), symlinks as symlinks, bounded as fs_push;
+//     past a bound, or when a file changes size while read, the stream ends
+//     with an error frame.
+//   - fs_find walks the path (symlinks not followed; unreadable
+//     directories below it skipped) and answers a match frame (file, line
+//     from 1, content) for every line of a regular file whose name matches
+//     glob (* and ?) and whose line matches pattern (Go regexp), then done.
+//     Files over Limits.FindFileBytes (8 MiB, the old agent's) or not UTF-8
+//     are skipped; past Limits.FindMatches matches (100000) the find ends
+//     with a bad_request saying so. A bad pattern or glob is bad_request.
+//   - fs_replace rewrites each file in turn (atomically, its mode kept):
+//     a replaced frame (file, replacements) a file, then done; a file over
+//     FindFileBytes is left alone (0); the first failure ends the RPC.
+//   - fs_watch answers ready once armed, then event frames (created,
+//     modified, deleted, renamed; inotify on a real guest, the tree's own
+//     changes in the simulated one) until the client sends any frame or
+//     its stream ends, which ends the watch without a terminal frame, as
+//     the old agent's did. At most Limits.WatchQueue (256) events wait for
+//     the client; past it those are sent and an internal "watch event queue
+//     overflow" ends the watch.
+//   - the git ops are go-git in the agent (git.go says why, and how it
+//     differs from git(1)); status files are capped at
+//     Limits.GitStatusFiles (truncated set). A missing path is not_found, a
+//     malformed request bad_request, a failed git operation internal
+//     ("git <verb>: ...").
+//   - lsp_start finds the language's server (the manifest LSPDir/<language>
+//     naming its argv, else a well-known server on PATH; none is not_found),
+//     starts it in root and answers lsp_started; lsp_request relays its
+//     stdio as port_forward relays a socket (data_end closes its stdin),
+//     once: the server is reaped when the stream ends; lsp_stop kills one.
+//     A server nothing attaches is reaped after LSPAttachTTL.
 //
 // The simulated guest (sim.go) runs nothing on the host: SimSpawner
 // simulates SimCommands (echo [-n], stderr, cat of files of its MemFS or of
@@ -60,7 +110,10 @@
 // (bad_request, naming who simulates), and gives its processes the default
 // signal dispositions (SIGKILL, SIGTERM, SIGINT and SIGHUP end one, the
 // others are ignored). SimDial serves an in-memory echo server on
-// SimEchoPort (half-closes passed on) and refuses every other port.
+// SimEchoPort (half-closes passed on) and refuses every other port. Over a
+// MemFS it serves the whole-tree ops and fs_watch (a MemFS holds no
+// symlinks: a pushed one is bad_request); git and lsp are not simulated
+// (unimplemented).
 //
 // Errors of a backend become error frames: an *silkd.Error as it is, one
 // wrapping fs.ErrNotExist as not_found, anything else internal; messages are

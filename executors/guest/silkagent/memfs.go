@@ -36,6 +36,7 @@ type MemFS struct {
 	nodes   map[string]*memNode
 	used    int64 // the nodes' cost
 	pending int64 // bytes of uploads not yet committed or aborted
+	watches map[*memWatch]struct{}
 }
 
 // NodeOverhead is what a MemFS counts for each node besides its path and
@@ -269,11 +270,14 @@ func (u *memUpload) Commit() error {
 		return err
 	}
 	n := &memNode{mode: u.mode, mtime: u.m.now(), data: u.buf.Bytes()}
+	kind := "created"
 	if old, ok := u.m.nodes[u.path]; ok {
 		u.m.used -= cost(u.path, old)
+		kind = "modified"
 	}
 	u.m.nodes[u.path] = n
 	u.m.used += cost(u.path, n)
+	u.m.notify(kind, u.path)
 	return nil
 }
 
@@ -335,6 +339,7 @@ func (m *MemFS) addDir(p string) {
 	n := &memNode{dir: true, mode: 0o755, mtime: m.now()}
 	m.nodes[p] = n
 	m.used += cost(p, n)
+	m.notify("created", p)
 }
 
 // drop removes the node at p (under m.mu).
@@ -364,10 +369,12 @@ func (m *MemFS) Remove(p string, recursive bool) error {
 		}
 		for _, q := range sub {
 			m.drop(q)
+			m.notify("deleted", q)
 		}
 		return nil
 	}
 	m.drop(p)
+	m.notify("deleted", p)
 	return nil
 }
 
@@ -429,5 +436,7 @@ func (m *MemFS) Rename(from, to string) error {
 		m.nodes[q] = nn
 		m.used += cost(q, nn)
 	}
+	m.notify("renamed", from)
+	m.notify("renamed", to)
 	return nil
 }

@@ -191,7 +191,11 @@ func permBits(m fs.FileMode) uint32 {
 
 // Stat implements FS.
 func (OSFS) Stat(path string) (silkd.StatInfo, error) {
-	st, err := os.Stat(path)
+	return statInfo(os.Stat(path))
+}
+
+// statInfo is the wire's description of st.
+func statInfo(st fs.FileInfo, err error) (silkd.StatInfo, error) {
 	if err != nil {
 		return silkd.StatInfo{}, err
 	}

@@ -46,10 +46,21 @@ type Server struct {
 	Dial func(ctx context.Context, port uint16) (net.Conn, error)
 	// Uptime is info's uptime (default: since the Server's first use).
 	Uptime func() time.Duration
+	// Limits bound the whole-tree ops and fs_watch (zero: DefaultLimits).
+	Limits Limits
+	// LSPDir holds the guest's language-server manifests (DefaultLSPDir on
+	// a real guest); empty leaves the lsp ops unimplemented.
+	LSPDir string
+	// Git serves the git ops (go-git on the machine's own files: a real
+	// guest's); false leaves them unimplemented.
+	Git bool
+	// Now stamps git commits (default time.Now).
+	Now func() time.Time
 
 	once  sync.Once
 	start time.Time
 	table procTable
+	lsp   lspTable
 }
 
 func (s *Server) init() {
@@ -187,6 +198,10 @@ func (s *Server) dispatch(ctx context.Context, req silkd.Request, w *silkd.Write
 		}
 		s.fsOp(req, w)
 		return finished()
+	default:
+		if c := s.dispatchTools(req, w); c != nil {
+			return c
+		}
 	}
 	return answer(silkd.Errorf(silkd.KindUnimplemented, "%s is not served by this agent", req.Op()))
 }

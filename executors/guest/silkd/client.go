@@ -222,11 +222,17 @@ func (c *Conn) List(ctx context.Context, path string) ([]Entry, error) {
 // ReadFile runs fs_read, writing the file to w; it returns the bytes
 // written.
 func (c *Conn) ReadFile(ctx context.Context, path string, w io.Writer) (int64, error) {
+	return c.download(ctx, FsRead{Path: path}, w)
+}
+
+// download runs req, a download op (fs_read, fs_pull), writing its data
+// frames to w; it returns the bytes written.
+func (c *Conn) download(ctx context.Context, req Request, w io.Writer) (int64, error) {
 	var n int64
-	err := c.stream(ctx, FsRead{Path: path}, func(r Response) error {
+	err := c.stream(ctx, req, func(r Response) error {
 		v, ok := r.(*DataReply)
 		if !ok {
-			return unexpected(OpFsRead, r)
+			return unexpected(req.Op(), r)
 		}
 		k, err := w.Write(v.Data)
 		n += int64(k)
@@ -239,6 +245,12 @@ func (c *Conn) ReadFile(ctx context.Context, path string, w io.Writer) (int64, e
 // frames. An answer that arrives before the upload is complete (the agent
 // refused the path) stops the upload and is returned.
 func (c *Conn) WriteFile(ctx context.Context, req FsWrite, src io.Reader) error {
+	return c.upload(ctx, req, req.Path, src)
+}
+
+// upload runs req, an upload op (fs_write, fs_push), with the contents of
+// src, as WriteFile describes; what names the upload in errors.
+func (c *Conn) upload(ctx context.Context, req Request, what string, src io.Reader) error {
 	return c.rpc(ctx, func() error {
 		if err := c.W.WriteRequest(req); err != nil {
 			return err
@@ -270,14 +282,14 @@ func (c *Conn) WriteFile(ctx context.Context, req FsWrite, src io.Reader) error 
 			case *Error:
 				return v
 			}
-			return unexpected(OpFsWrite, a.r)
+			return unexpected(req.Op(), a.r)
 		}
 		buf := make([]byte, BulkChunk)
 		for {
 			if a, ok := early(); ok {
 				if a.err == nil {
 					if _, isDone := a.r.(*Done); isDone {
-						return unexpected(OpFsWrite, a.r) // done before data_end
+						return unexpected(req.Op(), a.r) // done before data_end
 					}
 				}
 				return finish(a)
@@ -292,7 +304,7 @@ func (c *Conn) WriteFile(ctx context.Context, req FsWrite, src io.Reader) error 
 				break
 			}
 			if rerr != nil {
-				return fmt.Errorf("silkd: fs_write %s: reading the source: %w", req.Path, rerr)
+				return fmt.Errorf("silkd: %s %s: reading the source: %w", req.Op(), what, rerr)
 			}
 		}
 		if err := c.W.WriteRequest(DataEnd{}); err != nil {
@@ -395,18 +407,24 @@ func (c *Conn) Exec(ctx context.Context, req Exec, sio ExecIO) (ExecResult, erro
 // nothing listens there. Its answers, the stream's included, are bounded
 // by MaxStreamFrame.
 func (c *Conn) PortForward(ctx context.Context, port uint16) (*PortConn, error) {
+	return c.openStream(ctx, PortForward{Port: port})
+}
+
+// openStream runs req, a byte-stream op (port_forward, lsp_request), and
+// returns the stream once the agent answered ready.
+func (c *Conn) openStream(ctx context.Context, req Request) (*PortConn, error) {
 	restore := c.boundFrames()
-	r, err := c.one(ctx, PortForward{Port: port})
+	r, err := c.one(ctx, req)
 	if err != nil {
 		restore()
 		return nil, err
 	}
 	if _, ok := r.(*Ready); !ok {
 		c.unusable.Store(true)
-		return nil, unexpected(OpPortForward, r)
+		return nil, unexpected(req.Op(), r)
 	}
 	c.unusable.Store(true) // the stream owns the connection from now on
-	return &PortConn{c: c}, nil
+	return &PortConn{c: c, op: req.Op()}, nil
 }
 
 // PortConn is a forwarded guest port as a net.Conn: Write sends data
@@ -415,6 +433,7 @@ func (c *Conn) PortForward(ctx context.Context, port uint16) (*PortConn, error) 
 // addresses are the underlying connection's.
 type PortConn struct {
 	c       *Conn
+	op      string
 	rest    []byte // unread part of the last data frame (the Reader's buffer)
 	rerr    error
 	wmu     sync.Mutex
@@ -442,7 +461,7 @@ func (p *PortConn) Read(b []byte) (int, error) {
 		case *Error:
 			p.rerr = v
 		default:
-			p.rerr = unexpected(OpPortForward, r)
+			p.rerr = unexpected(p.op, r)
 		}
 	}
 	n := copy(b, p.rest)

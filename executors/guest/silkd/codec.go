@@ -340,6 +340,28 @@ func decodeRequest(line []byte, r *Reader) (Request, error) {
 		return decodeAs[Data](line)
 	case OpDataEnd:
 		return decodeAs[DataEnd](line)
+	case OpFsReplace:
+		return decodeAs[FsReplace](line)
+	case OpGitClone:
+		return decodeAs[GitClone](line)
+	case OpGitStatus:
+		return decodeAs[GitStatus](line)
+	case OpGitAdd:
+		return decodeAs[GitAdd](line)
+	case OpGitCommit:
+		return decodeAs[GitCommit](line)
+	case OpGitPush:
+		return decodeAs[GitPush](line)
+	case OpGitPull:
+		return decodeAs[GitPull](line)
+	case OpGitBranch:
+		return decodeAs[GitBranch](line)
+	case OpLspStart:
+		return decodeAs[LspStart](line)
+	case OpLspRequest:
+		return decodeAs[LspRequest](line)
+	case OpLspStop:
+		return decodeAs[LspStop](line)
 	}
 	return &UnknownOp{Name: op, Raw: bytes.Clone(line)}, nil
 }
@@ -399,6 +421,12 @@ func decodeResponse(line []byte, r *Reader) (Response, error) {
 		return decodeAs[Replaced](line)
 	case TypeEvent:
 		return decodeAs[Event](line)
+	case TypeGitStatusResult:
+		return decodeAs[GitStatusResult](line)
+	case TypeGitCommitResult:
+		return decodeAs[GitCommitResult](line)
+	case TypeGitBranches:
+		return decodeAs[GitBranches](line)
 	}
 	return &UnknownType{Name: t, Raw: bytes.Clone(line)}, nil
 }

@@ -349,6 +349,77 @@ type (
 	DataEnd struct{}
 )
 
+// Requests of the tool ops: text replacement, git and the language-server
+// broker.
+type (
+	// FsReplace rewrites Pattern (a regular expression; $1 and ${name} in
+	// Replacement expand its groups) in each of Files, one Replaced frame a
+	// file, then Done.
+	FsReplace struct {
+		Files       []string `json:"files"`
+		Pattern     string   `json:"pattern"`
+		Replacement string   `json:"replacement"`
+	}
+	// GitClone clones URL into Path. Auth is a bearer token, sent as an
+	// Authorization header and never stored in the guest.
+	GitClone struct {
+		URL    string `json:"url"`
+		Path   string `json:"path"`
+		Branch string `json:"branch,omitempty"`
+		Depth  uint32 `json:"depth,omitempty"`
+		Auth   string `json:"auth,omitempty"`
+	}
+	// GitStatus is answered by GitStatusResult.
+	GitStatus struct {
+		Path string `json:"path"`
+	}
+	// GitAdd stages Files (relative to the repository at Path).
+	GitAdd struct {
+		Path  string   `json:"path"`
+		Files []string `json:"files"`
+	}
+	// GitCommit commits what is staged; Author is "Name <email>" and is the
+	// committer too. Answered by GitCommitResult.
+	GitCommit struct {
+		Path    string `json:"path"`
+		Message string `json:"message"`
+		Author  string `json:"author"`
+	}
+	// GitPush pushes the current branch to its remote.
+	GitPush struct {
+		Path string `json:"path"`
+		Auth string `json:"auth,omitempty"`
+	}
+	// GitPull pulls the current branch from its remote.
+	GitPull struct {
+		Path string `json:"path"`
+		Auth string `json:"auth,omitempty"`
+	}
+	// GitBranch lists (answered by GitBranches), creates, deletes or checks
+	// out (answered by Done) a branch; Action is one of GitBranchActions.
+	GitBranch struct {
+		Path   string `json:"path"`
+		Action string `json:"action"`
+		Name   string `json:"name,omitempty"`
+	}
+	// LspStart starts the language server for Language in Root; answered by
+	// LspStarted.
+	LspStart struct {
+		Language string `json:"language"`
+		Root     string `json:"root,omitempty"`
+	}
+	// LspRequest attaches the connection to a started server's stdio:
+	// Ready, then Data frames both ways (DataEnd closes its stdin), Done at
+	// its stdout's EOF.
+	LspRequest struct {
+		ServerID string `json:"server_id"`
+	}
+	// LspStop kills a started server.
+	LspStop struct {
+		ServerID string `json:"server_id"`
+	}
+)
+
 // Op implementations.
 func (Info) Op() string          { return OpInfo }
 func (Exec) Op() string          { return OpExec }
@@ -377,10 +448,20 @@ func (PtyResize) Op() string     { return OpPtyResize }
 func (PortForward) Op() string   { return OpPortForward }
 func (Data) Op() string          { return OpData }
 func (DataEnd) Op() string       { return OpDataEnd }
+func (FsReplace) Op() string     { return OpFsReplace }
+func (GitClone) Op() string      { return OpGitClone }
+func (GitStatus) Op() string     { return OpGitStatus }
+func (GitAdd) Op() string        { return OpGitAdd }
+func (GitCommit) Op() string     { return OpGitCommit }
+func (GitPush) Op() string       { return OpGitPush }
+func (GitPull) Op() string       { return OpGitPull }
+func (GitBranch) Op() string     { return OpGitBranch }
+func (LspStart) Op() string      { return OpLspStart }
+func (LspRequest) Op() string    { return OpLspRequest }
+func (LspStop) Op() string       { return OpLspStop }
 
 // UnknownOp is a well-formed request whose op this package has no type for
-// (git_*, lsp_*, fs_replace, or an op newer than the package). Raw is the
-// whole line.
+// (an op newer than the package). Raw is the whole line.
 type UnknownOp struct {
 	Name string
 	Raw  []byte
@@ -469,6 +550,37 @@ type (
 	}
 )
 
+// Responses of the git ops.
+type (
+	// GitStatusResult answers GitStatus: the branch ("HEAD" when detached),
+	// commits ahead of and behind its upstream, and the changed files.
+	// Truncated says Files was cut at the agent's bound.
+	GitStatusResult struct {
+		Branch    string          `json:"branch"`
+		Ahead     uint32          `json:"ahead"`
+		Behind    uint32          `json:"behind"`
+		Files     []GitFileStatus `json:"files"`
+		Truncated bool            `json:"truncated,omitempty"`
+	}
+	// GitCommitResult answers GitCommit with the new commit's hash.
+	GitCommitResult struct {
+		Hash string `json:"hash"`
+	}
+	// GitBranches answers GitBranch list.
+	GitBranches struct {
+		Current  string   `json:"current"`
+		Branches []string `json:"branches"`
+	}
+)
+
+// GitFileStatus is one changed file: Staged and Unstaged are git's
+// porcelain XY codes ("." unchanged, "M", "A", "D", "R", "?" untracked).
+type GitFileStatus struct {
+	Path     string `json:"path"`
+	Staged   string `json:"staged"`
+	Unstaged string `json:"unstaged"`
+}
+
 // Proc is one process of a Procs frame; ExitCode is absent while it runs.
 type Proc struct {
 	Pid                uint32   `json:"pid"`
@@ -495,28 +607,30 @@ type StatInfo struct {
 }
 
 // Type implementations.
-func (Started) Type() string        { return TypeStarted }
-func (Stdout) Type() string         { return TypeStdout }
-func (Stderr) Type() string         { return TypeStderr }
-func (Exit) Type() string           { return TypeExit }
-func (Done) Type() string           { return TypeDone }
-func (Ready) Type() string          { return TypeReady }
-func (*Error) Type() string         { return TypeError }
-func (InfoReply) Type() string      { return TypeInfo }
-func (Procs) Type() string          { return TypeProcs }
-func (DataReply) Type() string      { return TypeData }
-func (Entries) Type() string        { return TypeEntries }
-func (Stat) Type() string           { return TypeStat }
-func (SessionCreated) Type() string { return TypeSessionCreated }
-func (Sessions) Type() string       { return TypeSessions }
-func (LspStarted) Type() string     { return TypeLspStarted }
-func (Match) Type() string          { return TypeMatch }
-func (Replaced) Type() string       { return TypeReplaced }
-func (Event) Type() string          { return TypeEvent }
+func (Started) Type() string         { return TypeStarted }
+func (Stdout) Type() string          { return TypeStdout }
+func (Stderr) Type() string          { return TypeStderr }
+func (Exit) Type() string            { return TypeExit }
+func (Done) Type() string            { return TypeDone }
+func (Ready) Type() string           { return TypeReady }
+func (*Error) Type() string          { return TypeError }
+func (InfoReply) Type() string       { return TypeInfo }
+func (Procs) Type() string           { return TypeProcs }
+func (DataReply) Type() string       { return TypeData }
+func (Entries) Type() string         { return TypeEntries }
+func (Stat) Type() string            { return TypeStat }
+func (SessionCreated) Type() string  { return TypeSessionCreated }
+func (Sessions) Type() string        { return TypeSessions }
+func (LspStarted) Type() string      { return TypeLspStarted }
+func (Match) Type() string           { return TypeMatch }
+func (Replaced) Type() string        { return TypeReplaced }
+func (Event) Type() string           { return TypeEvent }
+func (GitStatusResult) Type() string { return TypeGitStatusResult }
+func (GitCommitResult) Type() string { return TypeGitCommitResult }
+func (GitBranches) Type() string     { return TypeGitBranches }
 
 // UnknownType is a well-formed response whose type this package has no
-// type for (git results, or a type newer than the package). Raw is the
-// whole line.
+// type for (a type newer than the package). Raw is the whole line.
 type UnknownType struct {
 	Name string
 	Raw  []byte

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
+	"github.com/sbxlog/sbxlog/executors/guest/silkd"
+	"github.com/sbxlog/sbxlog/projections/apiclient"
+)
+
+// push and pull move a whole directory through the agent's fs_push and
+// fs_pull as a tar stream, made and extracted here by the agent's own tar
+// code (silkagent.WriteTar, silkagent.ExtractInto) on the local tree, so
+// both ends refuse the same escapes and keep the same bounds.
+
+func init() {
+	register("push", command{summary: "copy a local directory's contents into a sandbox directory (as a tar stream)", run: remoteCommand(remoteSpec{
+		name: "push", args: []string{"ID", "LOCAL_DIR", "GUEST_DIR"}, stream: true, flags: pushFlags})})
+	register("pull", command{summary: "copy a sandbox file or directory into a local directory (as a tar stream)", run: remoteCommand(remoteSpec{
+		name: "pull", args: []string{"ID", "GUEST_PATH", "LOCAL_DIR"}, stream: true, flags: pullFlags})})
+}
+
+func pushFlags(fs *flag.FlagSet) remoteBody {
+	sandbox := sandboxTokenFlag(fs)
+	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
+		id, local, dest := cl.args[0], cl.args[1], cl.args[2]
+		if st, err := os.Stat(local); err != nil {
+			return err
+		} else if !st.IsDir() {
+			return usagef("%s is not a directory: push copies a directory's contents (cp copies a file)", local)
+		}
+		conn, err := dialAgent(ctx, sandbox, c, id)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		pr, pw := io.Pipe()
+		go func() {
+			pw.CloseWithError(silkagent.WriteTar(silkagent.OSFS{}, local, "", pw, silkagent.Limits{}))
+		}()
+		defer pr.Close()
+		return conn.Push(ctx, dest, pr)
+	}
+}
+
+func pullFlags(fs *flag.FlagSet) remoteBody {
+	sandbox := sandboxTokenFlag(fs)
+	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
+		id, p, local := cl.args[0], cl.args[1], cl.args[2]
+		conn, err := dialAgent(ctx, sandbox, c, id)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		pr, pw := io.Pipe()
+		done := make(chan error, 1)
+		go func() {
+			err := silkagent.ExtractInto(silkagent.OSFS{}, local, pr, silkagent.Limits{})
+			pr.CloseWithError(err)
+			done <- err
+		}()
+		_, err = conn.Pull(ctx, p, pw)
+		pw.CloseWithError(err)
+		if xerr := <-done; err == nil && xerr != nil {
+			return fmt.Errorf("extracting into %s: %w", local, xerr)
+		}
+		return err
+	}
+}
+
+// dialAgent connects to sandbox id's agent with the sandbox's own token.
+func dialAgent(ctx context.Context, sandbox func(*apiclient.Client) (*apiclient.Client, error), c *apiclient.Client, id string) (*silkd.Conn, error) {
+	sc, err := sandbox(c)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := sc.DialAgent(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return silkd.NewConn(nc), nil
+}

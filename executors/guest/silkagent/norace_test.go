@@ -1,0 +1,5 @@
+//go:build !race
+
+package silkagent
+
+const raceEnabled = false

@@ -1,0 +1,372 @@
+package silkagent
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent/silktest"
+	"github.com/sbxlog/sbxlog/executors/guest/silkd"
+)
+
+// treeBackends are the two trees the whole-tree ops serve: the machine's
+// own and the simulated guest's.
+var treeBackends = []struct {
+	name string
+	fs   func(t *testing.T) (FS, string)
+}{
+	{"os", func(t *testing.T) (FS, string) { return OSFS{}, t.TempDir() }},
+	{"mem", func(t *testing.T) (FS, string) {
+		return NewMemFS([]MemFile{{Path: "/work", Dir: true, Mode: 0o755}}), "/work"
+	}},
+}
+
+func conns(dial func() net.Conn) silktest.Dial {
+	return func(t testing.TB) *silkd.Conn {
+		c := silkd.NewConn(dial())
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+}
+
+// The acceptance round trip: a 10 MiB tree of 1000 files pushed as tar,
+// a word found and replaced in it, the tree pulled back and every file's
+// sha256 compared; the watch sees a file created by an exec (by fs_write
+// in the simulated guest, which runs no shell).
+func TestTreeRoundTrip(t *testing.T) {
+	size := 10 << 10
+	if raceEnabled {
+		size = 1 << 10
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	t.Run("os", func(t *testing.T) {
+		dial := serve(t, &Server{FS: OSFS{}, Procs: OSProcs{}})
+		silktest.Tree(t, ctx, conns(dial), t.TempDir(), 1000, size, silktest.ExecCreate)
+	})
+	t.Run("sim", func(t *testing.T) {
+		_, dial := simServer(t)
+		silktest.Tree(t, ctx, func(t testing.TB) *silkd.Conn { return dial() }, "/tmp", 1000, size, silktest.WriteCreate)
+	})
+}
+
+// The git ops, go-git on the machine's own files.
+func TestGit(t *testing.T) {
+	dial := serve(t, &Server{FS: OSFS{}, Procs: OSProcs{}, Git: true, Now: func() time.Time { return time.Unix(1_700_000_000, 0) }})
+	silktest.Git(t, testCtx(t), conns(dial), t.TempDir())
+}
+
+// The language-server broker, with the stub server run by the host's sh.
+func TestLSP(t *testing.T) {
+	lspDir := t.TempDir()
+	dial := serve(t, &Server{FS: OSFS{}, Procs: OSProcs{}, LSPDir: lspDir})
+	silktest.LSP(t, testCtx(t), conns(dial), t.TempDir(), lspDir)
+}
+
+// The simulated guest serves the whole-tree ops and fs_watch over its
+// MemFS; git and lsp are not simulated: unimplemented, saying so.
+func TestSimToolOps(t *testing.T) {
+	_, dial := simServer(t)
+	c := dial()
+	ctx := testCtx(t)
+	for _, call := range []func() error{
+		func() error { _, err := c.GitStatus(ctx, "/tmp"); return err },
+		func() error { return c.GitClone(ctx, silkd.GitClone{URL: "/x", Path: "/y"}) },
+		func() error { _, err := c.LspStart(ctx, "go", "/tmp"); return err },
+		func() error { return c.LspStop(ctx, "lsp-1") },
+	} {
+		if err := call(); !errors.Is(err, silkd.ErrUnimplemented) || !strings.Contains(err.Error(), "not served by this agent") {
+			t.Fatalf("got %v, want unimplemented", err)
+		}
+	}
+	if m, err := c.Find(ctx, "/tmp", "^file$", "f"); err != nil || len(m) != 1 || m[0].File != "/tmp/f" {
+		t.Fatalf("find in the simulated guest = %+v, %v", m, err)
+	}
+}
+
+// tarEntry is one entry of a hand-made archive.
+type tarEntry struct {
+	typ  byte
+	name string
+	link string
+	data string
+}
+
+func rawTar(t *testing.T, entries ...tarEntry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Typeflag: e.typ, Name: e.name, Linkname: e.link, Mode: 0o644, Size: int64(len(e.data))}
+		if e.typ != tar.TypeReg {
+			h.Size = 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if e.typ == tar.TypeReg {
+			if _, err := tw.Write([]byte(e.data)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// A push that names a path outside dest, reaches outside it through a
+// link, or passes a bound is refused, and dest is left as it was.
+func TestPushRefusals(t *testing.T) {
+	reg := func(name string) tarEntry { return tarEntry{typ: tar.TypeReg, name: name, data: "x"} }
+	sym := func(name, link string) tarEntry { return tarEntry{typ: tar.TypeSymlink, name: name, link: link} }
+	cases := []struct {
+		name    string
+		archive func(t *testing.T) []byte
+		msg     string
+		osOnly  bool // symlinks: the simulated guest refuses them all
+	}{
+		{"dot-dot", func(t *testing.T) []byte { return rawTar(t, reg("ok.txt"), reg("a/../../evil")) }, `names with ".." are refused`, false},
+		{"absolute", func(t *testing.T) []byte { return rawTar(t, reg("/etc/evil")) }, "absolute or empty names are refused", false},
+		{"symlink out", func(t *testing.T) []byte { return rawTar(t, sym("l", "../../etc")) }, "leaves the destination", true},
+		{"absolute symlink", func(t *testing.T) []byte { return rawTar(t, sym("l", "/etc")) }, "leaves the destination", true},
+		{"symlink chain out", func(t *testing.T) []byte { return rawTar(t, sym("d/t", "s/.."), sym("d/s", "..")) }, "leaves the destination", true},
+		{"symlink loop", func(t *testing.T) []byte { return rawTar(t, sym("a", "b"), sym("b", "a")) }, "leaves the destination", true},
+		{"write through a symlink", func(t *testing.T) []byte { return rawTar(t, sym("l", "."), reg("l/x")) }, "lies below the archive's symlink", true},
+		{"hard link out", func(t *testing.T) []byte {
+			return rawTar(t, tarEntry{typ: tar.TypeLink, name: "h", link: "../../etc/passwd"})
+		}, "hard link", false},
+		{"too many entries", func(t *testing.T) []byte { return rawTar(t, reg("1"), reg("2"), reg("3"), reg("4")) }, "more than 3 entries", false},
+		{"too many bytes", func(t *testing.T) []byte {
+			return rawTar(t, tarEntry{typ: tar.TypeReg, name: "big", data: strings.Repeat("x", 2000)})
+		}, "more than 1000 bytes", false},
+		{"not a tar", func(t *testing.T) []byte { return bytes.Repeat([]byte("not a tar stream "), 100) }, "not a valid tar stream", false},
+		{"cut short", func(t *testing.T) []byte { return rawTar(t, reg("a"), reg("b"))[:700] }, "not a valid tar stream", false},
+	}
+	for _, b := range treeBackends {
+		t.Run(b.name, func(t *testing.T) {
+			fsys, base := b.fs(t)
+			dial := serve(t, &Server{FS: fsys, Limits: Limits{TarEntries: 3, TarBytes: 1000}})
+			c := client(t, dial)
+			ctx := testCtx(t)
+			dest := base + "/dest"
+			if err := c.Mkdir(ctx, dest, false); err != nil {
+				t.Fatal(err)
+			}
+			for _, tc := range cases {
+				if tc.osOnly && b.name == "mem" {
+					continue
+				}
+				t.Run(tc.name, func(t *testing.T) {
+					err := client(t, dial).Push(ctx, dest, bytes.NewReader(tc.archive(t)))
+					if !errors.Is(err, silkd.ErrBadRequest) || !strings.Contains(err.Error(), tc.msg) {
+						t.Fatalf("push = %v, want a bad_request with %q", err, tc.msg)
+					}
+					if es, err := c.List(ctx, dest); err != nil || len(es) != 0 {
+						t.Fatalf("dest after a refused push: %v, %v", es, err)
+					}
+				})
+			}
+			t.Run("a symlink in the simulated guest", func(t *testing.T) {
+				if b.name != "mem" {
+					t.Skip("the real tree takes symlinks")
+				}
+				err := c.Push(ctx, dest, bytes.NewReader(rawTar(t, sym("l", "x"))))
+				if !errors.Is(err, silkd.ErrBadRequest) || !strings.Contains(err.Error(), "holds no symlinks") {
+					t.Fatalf("push = %v", err)
+				}
+			})
+			t.Run("a stream without data_end", func(t *testing.T) {
+				r := newRaw(t, dial)
+				r.send(silkd.FsPush{Dest: dest}, silkd.Data{Data: rawTar(t, reg("a"))})
+				if err := r.c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+					t.Fatal(err)
+				}
+				r.expectError(silkd.KindBadRequest, "stream ended before data_end")
+				if es, err := c.List(ctx, dest); err != nil || len(es) != 0 {
+					t.Fatalf("dest after a cut push: %v, %v", es, err)
+				}
+			})
+		})
+	}
+}
+
+// Symlinks inside the tree survive a push and a pull on the real tree.
+func TestPushSymlinksInside(t *testing.T) {
+	base := t.TempDir()
+	c := client(t, serve(t, &Server{FS: OSFS{}}))
+	ctx := testCtx(t)
+	archive := rawTar(t,
+		tarEntry{typ: tar.TypeReg, name: "lib/real.js", data: "code"},
+		tarEntry{typ: tar.TypeSymlink, name: "bin/tool", link: "../lib/real.js"},
+		tarEntry{typ: tar.TypeLink, name: "lib/copy.js", link: "lib/real.js"},
+	)
+	if err := c.Push(ctx, base+"/p", bytes.NewReader(archive)); err != nil {
+		t.Fatal(err)
+	}
+	if target, err := os.Readlink(base + "/p/bin/tool"); err != nil || target != "../lib/real.js" {
+		t.Fatalf("symlink %q, %v", target, err)
+	}
+	if b, err := os.ReadFile(base + "/p/lib/copy.js"); err != nil || string(b) != "code" {
+		t.Fatalf("hard link %q, %v", b, err)
+	}
+	var out bytes.Buffer
+	if _, err := c.Pull(ctx, base+"/p", &out); err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(&out)
+	seen := map[string]string{}
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		seen[h.Name] = h.Linkname
+	}
+	if link, ok := seen["p/bin/tool"]; !ok || link != "../lib/real.js" {
+		t.Fatalf("pulled entries %v", seen)
+	}
+}
+
+// fs_pull is bounded too, and refuses what has no base name.
+func TestPullRefusals(t *testing.T) {
+	base := t.TempDir()
+	for i := range 5 {
+		if err := os.WriteFile(filepath.Join(base, fmt.Sprint(i)), []byte("12345"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		name   string
+		limits Limits
+		path   string
+		kind   *silkd.Error
+		msg    string
+	}{
+		{"entries", Limits{TarEntries: 3}, base, silkd.ErrBadRequest, "more than 3 entries"},
+		{"bytes", Limits{TarBytes: 12}, base, silkd.ErrBadRequest, "more than 12 bytes"},
+		{"root", Limits{}, "/", silkd.ErrBadRequest, "no base name"},
+		{"missing", Limits{}, base + "/nope", silkd.ErrNotFound, "nope"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := client(t, serve(t, &Server{FS: OSFS{}, Limits: tc.limits}))
+			_, err := c.Pull(ctx, tc.path, io.Discard)
+			if !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("pull = %v, want %v with %q", err, tc.kind, tc.msg)
+			}
+		})
+	}
+}
+
+func TestFindAndReplaceBounds(t *testing.T) {
+	for _, b := range treeBackends {
+		t.Run(b.name, func(t *testing.T) {
+			fsys, base := b.fs(t)
+			c := client(t, serve(t, &Server{FS: fsys, Limits: Limits{FindMatches: 5, FindFileBytes: 100}}))
+			ctx := testCtx(t)
+			write := func(name, data string) {
+				if err := c.WriteFile(ctx, silkd.FsWrite{Path: base + "/" + name}, strings.NewReader(data)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write("few.txt", "x\nx\r\nx\n")
+			write("big.txt", strings.Repeat("x\n", 100))
+			write("bin.dat", "x\xff\xfe\n")
+			if m, err := c.Find(ctx, base, "x", ""); err != nil || len(m) != 3 || m[1].Content != "x" || m[1].Line != 2 {
+				t.Fatalf("find skipping the big and the binary file = %+v, %v", m, err)
+			}
+			write("more.txt", "x\nx\nx\n")
+			if _, err := c.Find(ctx, base, "x", ""); !errors.Is(err, silkd.ErrBadRequest) || !strings.Contains(err.Error(), "more than 5 matches") {
+				t.Fatalf("find past the bound = %v", err)
+			}
+			if _, err := c.Find(ctx, base, "(", ""); !errors.Is(err, silkd.ErrBadRequest) {
+				t.Fatalf("find of a bad pattern = %v", err)
+			}
+			if _, err := c.Find(ctx, base+"/nope", "x", ""); !errors.Is(err, silkd.ErrNotFound) {
+				t.Fatalf("find under a missing path = %v", err)
+			}
+			res, err := c.Replace(ctx, []string{base + "/few.txt", base + "/big.txt"}, "x", "yy")
+			if err != nil || len(res) != 2 || res[0].Replacements != 3 || res[1].Replacements != 0 {
+				t.Fatalf("replace = %+v, %v", res, err)
+			}
+			var got bytes.Buffer
+			if _, err := c.ReadFile(ctx, base+"/few.txt", &got); err != nil || got.String() != "yy\nyy\r\nyy\n" {
+				t.Fatalf("replaced file %q, %v", got.String(), err)
+			}
+			if _, err := c.Replace(ctx, []string{base + "/nope"}, "x", "y"); !errors.Is(err, silkd.ErrNotFound) {
+				t.Fatalf("replace of a missing file = %v", err)
+			}
+			if _, err := c.Replace(ctx, []string{base + "/few.txt"}, "(", "y"); !errors.Is(err, silkd.ErrBadRequest) {
+				t.Fatalf("replace with a bad pattern = %v", err)
+			}
+		})
+	}
+}
+
+// burstFS is a Watcher that reports n events before its watch is armed,
+// so the queue is full before the client reads anything.
+type burstFS struct {
+	FS
+	n int
+}
+
+func (b burstFS) Watch(p string, _ bool, emit func(silkd.Event), _ func(error)) (func(), error) {
+	for i := range b.n {
+		emit(silkd.Event{Kind: "created", Path: fmt.Sprintf("%s/%d", p, i)})
+	}
+	return func() {}, nil
+}
+
+func TestWatchOverflowAndEnd(t *testing.T) {
+	ctx := testCtx(t)
+	dial := serve(t, &Server{FS: burstFS{FS: NewMemFS(nil), n: 10}, Limits: Limits{WatchQueue: 4}})
+	w, err := client(t, dial).Watch(ctx, "/w", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		ev, err := w.Next()
+		if err != nil || ev.Path != fmt.Sprintf("/w/%d", i) {
+			t.Fatalf("event %d = %+v, %v", i, ev, err)
+		}
+	}
+	if _, err := w.Next(); !errors.Is(err, silkd.ErrInternal) || !strings.Contains(err.Error(), overflowMessage) {
+		t.Fatalf("after the queue's bound = %v", err)
+	}
+
+	// A frame from the client ends the watch without a terminal frame, and
+	// the connection serves the next RPC.
+	mem := NewMemFS([]MemFile{{Path: "/w", Dir: true, Mode: 0o755}})
+	r := newRaw(t, serve(t, &Server{FS: mem}))
+	r.send(silkd.FsWatch{Path: "/w"})
+	r.expect(silkd.TypeReady)
+	if err := mem.Mkdir("/w/a", false); err != nil {
+		t.Fatal(err)
+	}
+	r.expect(&silkd.Event{Kind: "created", Path: "/w/a"})
+	r.send(silkd.Info{})
+	r.expect(silkd.TypeInfo)
+	if err := mem.Mkdir("/w/b", false); err != nil {
+		t.Fatal(err)
+	}
+	r.send(silkd.FsStat{Path: "/w/b"})
+	r.expect(silkd.TypeStat)
+
+	if _, err := client(t, serve(t, &Server{FS: mem})).Watch(ctx, "/nope", true); !errors.Is(err, silkd.ErrNotFound) {
+		t.Fatalf("watch of a missing path = %v", err)
+	}
+	if _, err := client(t, serve(t, &Server{FS: OSFS{}})).Watch(ctx, t.TempDir()+"/nope", true); !errors.Is(err, silkd.ErrNotFound) {
+		t.Fatalf("watch of a missing path (os) = %v", err)
+	}
+}
