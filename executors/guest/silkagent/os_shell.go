@@ -71,11 +71,6 @@ type osShell struct {
 	closeOnce sync.Once
 }
 
-// shellQuote quotes s for a POSIX shell: one word, taken literally.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
 // Run implements Shell. The command line is followed by a printf of a
 // marker with a random nonce and the command's status: its output is what
 // comes before the marker. The command runs in a { } group, so it acts on
@@ -87,11 +82,7 @@ func (sh *osShell) Run(argv []string, out func([]byte), interrupt <-chan struct{
 		return 0, err
 	}
 	marker := "__SBX_" + hex.EncodeToString(nonce) + "__"
-	words := make([]string, len(argv))
-	for i, a := range argv {
-		words[i] = shellQuote(a)
-	}
-	script := "{ " + strings.Join(words, " ") + "\n} </dev/null\nprintf '%s %d\\n' " + marker + " \"$?\"\n"
+	script := "{ " + silkd.ShellLine(argv) + "\n} </dev/null\nprintf '%s %d\\n' " + marker + " \"$?\"\n"
 	if _, err := sh.in.Write([]byte(script)); err != nil {
 		return 0, errors.New("the shell is gone")
 	}

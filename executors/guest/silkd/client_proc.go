@@ -3,6 +3,7 @@ package silkd
 import (
 	"context"
 	"io"
+	"strings"
 	"sync"
 )
 
@@ -167,3 +168,13 @@ func (p *Pty) ExitCode() int32 { return p.code }
 
 // Close closes the connection: the agent hangs up the terminal.
 func (p *Pty) Close() error { return p.c.Close() }
+
+// ShellLine is argv as one command line of a POSIX shell, each argument a
+// word taken literally: what a session's shell runs for an exec's argv.
+func ShellLine(argv []string) string {
+	words := make([]string, len(argv))
+	for i, a := range argv {
+		words[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(words, " ")
+}
