@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sbxlog/sbxlog/bench/agentbench"
 	"github.com/sbxlog/sbxlog/bench/apibench"
 	"github.com/sbxlog/sbxlog/bench/chbench"
 	"github.com/sbxlog/sbxlog/bench/egressbench"
@@ -50,6 +51,7 @@ var sections = []section{
 	{"restartbench", restartbench.Run},
 	{"relaybench", relaybench.Run},
 	{"egressbench", egressbench.Run},
+	{"agentbench", agentbench.Run},
 }
 
 func main() {
