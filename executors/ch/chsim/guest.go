@@ -22,9 +22,10 @@ import (
 //     commands".
 //   - ps, logs, attach and kill act on the simulated processes as on real
 //     ones; sessions are silkagent's simulated shell over the VM's tree
-//     (cd, export, eval of simple shell text), kept while the VM runs but
-//     not across a hibernate (a real guest's are, in its memory); pty_open
-//     is unimplemented and says the guest is simulated.
+//     (cd, export, eval of simple shell text), kept in the snapshot's
+//     state.json across hibernate and wake as a real guest's are in its
+//     memory (a command running at the snapshot is lost, as its connection
+//     is); pty_open is unimplemented and says the guest is simulated.
 //   - port_forward reaches silkagent.SimDial's in-memory echo server on
 //     silkagent.SimEchoPort (both half-closes work); every other port is
 //     refused (not_found).

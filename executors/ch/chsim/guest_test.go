@@ -245,8 +245,13 @@ func TestSimulatedFilesBounded(t *testing.T) {
 }
 
 // Issue 23's process suite on the simulated guest: the process table and
-// the simulated shell of sessions; pty_open says it is simulated.
+// the simulated shell of sessions, kept through a snapshot and restore;
+// pty_open says it is simulated.
 func TestSimulatedProcOps(t *testing.T) {
-	_, _, dial := simVM(t)
-	proctest.Run(t, proctest.Agent{Dial: func(*testing.T) *silkd.Conn { return dial() }, Simulated: true})
+	c, dir, dial := simVM(t)
+	proctest.Run(t, proctest.Agent{
+		Dial:      func(*testing.T) *silkd.Conn { return dial() },
+		Simulated: true,
+		Hibernate: func(t *testing.T) { snapshotAndRestore(t, gctx(t), c, dir) },
+	})
 }

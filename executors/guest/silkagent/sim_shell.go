@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -321,4 +323,48 @@ func simParse(text string, lookup func(string) string) ([]simCmd, error) {
 	}
 	endCmd("")
 	return cmds, nil
+}
+
+// SimSession is a simulated session as a snapshot keeps it: a real guest's
+// sessions live in its memory, which a snapshot keeps, so the simulated
+// guest's must come through a hibernate too.
+type SimSession struct {
+	ID  string            `json:"id"`
+	Cwd string            `json:"cwd"`
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// SimSessions returns the simulated sessions of s, by id (none unless its
+// Procs is a *SimSpawner). A command running in one is not kept: it is
+// lost as the snapshot's connections are.
+func (s *Server) SimSessions() []SimSession {
+	s.init()
+	t := &s.sessions
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []SimSession
+	for id, sess := range t.m {
+		if sh, ok := sess.sh.(*simShell); ok {
+			out = append(out, SimSession{ID: id, Cwd: sh.cwd, Env: maps.Clone(sh.vars)})
+		}
+	}
+	slices.SortFunc(out, func(a, b SimSession) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// RestoreSimSessions recreates sessions saved by SimSessions in s, whose
+// Procs must be a *SimSpawner (else it does nothing).
+func (s *Server) RestoreSimSessions(saved []SimSession) {
+	sp, ok := s.Procs.(*SimSpawner)
+	if !ok {
+		return
+	}
+	s.init()
+	t := &s.sessions
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, ss := range saved {
+		t.m[ss.ID] = &session{sh: &simShell{sp: sp, cwd: ss.Cwd, vars: maps.Clone(ss.Env)},
+			busy: make(chan struct{}, 1), used: s.now()}
+	}
 }
