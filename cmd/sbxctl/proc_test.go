@@ -1,10 +1,12 @@
 package main
 
 import (
+	"net"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 )
 
@@ -81,5 +83,23 @@ func TestProcCommands(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want %d, %q", code, errs, tc.code, tc.err)
 			}
 		})
+	}
+}
+
+// exec -t on a guest with terminals: the engine of the real agent on the
+// host's processes stands in for the guest. Standard input that is not a
+// terminal gives the default 80x24; the command's exit code comes through.
+func TestExecTerminal(t *testing.T) {
+	n := startNode(t, 1)
+	agent := &silkagent.Server{Procs: silkagent.OSProcs{}}
+	n.Driver.SetAgent(func(conn net.Conn, _ string) {
+		defer conn.Close()
+		agent.ServeConn(conn)
+	})
+	cl := claimOne(t)
+	setStdin(t, strings.NewReader(""))
+	code, out, errs := sbx("exec", "-t", "--sandbox-token", cl.Token, cl.ID, "--", "sh", "-c", "stty size; echo a'b'c; exit 3")
+	if code != 3 || !strings.Contains(out, "24 80\r\nabc\r\n") {
+		t.Fatalf("exec -t: exit %d, stdout %q, stderr %q; want 3 and the terminal's size", code, out, errs)
 	}
 }
