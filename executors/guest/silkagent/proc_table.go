@@ -17,7 +17,9 @@ const (
 	LogRing = 256 << 10
 	// MaxExited bounds the exited processes the table remembers, so their
 	// rings cannot pile up before ReapDelay: past it the oldest exited one
-	// is forgotten at once.
+	// is forgotten at once. Detached and foreground processes are counted
+	// apart, so a run of short execs does not push out the output of a
+	// detached one (which the old agent kept for its whole ReapDelay).
 	MaxExited = 64
 )
 
@@ -26,7 +28,7 @@ const (
 type procTable struct {
 	mu     sync.Mutex
 	m      map[uint32]*procEntry
-	exited []*procEntry // oldest first, for MaxExited
+	exited [2][]*procEntry // foreground, detached; oldest first, for MaxExited
 }
 
 // procEntry is one process: what ps shows and the output log that logs and
@@ -63,19 +65,23 @@ func (t *procTable) reaped(e *procEntry, code int32) { e.out.reap(code) }
 // newer ones have ended.
 func (t *procTable) ended(e *procEntry) {
 	e.out.end()
+	q := &t.exited[0]
+	if e.detached {
+		q = &t.exited[1]
+	}
 	t.mu.Lock()
-	t.exited = append(t.exited, e)
-	for len(t.exited) > MaxExited {
-		t.forget(t.exited[0])
-		t.exited = t.exited[1:]
+	*q = append(*q, e)
+	for len(*q) > MaxExited {
+		t.forget((*q)[0])
+		*q = (*q)[1:]
 	}
 	t.mu.Unlock()
 	time.AfterFunc(ReapDelay, func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		t.forget(e)
-		if i := slices.Index(t.exited, e); i >= 0 {
-			t.exited = slices.Delete(t.exited, i, i+1)
+		if i := slices.Index(*q, e); i >= 0 {
+			*q = slices.Delete(*q, i, i+1)
 		}
 	})
 }
