@@ -95,13 +95,21 @@ func (sh *osShell) Run(argv []string, out func([]byte), interrupt <-chan struct{
 		case <-done:
 			return
 		}
-		sh.killCommands()
-		t := time.NewTimer(InterruptGrace)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			sh.Close()
-		case <-done:
+		// Again and again: the command may not have started yet.
+		grace := time.NewTimer(InterruptGrace)
+		defer grace.Stop()
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			sh.killCommands()
+			select {
+			case <-grace.C:
+				sh.Close()
+				return
+			case <-done:
+				return
+			case <-tick.C:
+			}
 		}
 	}()
 
@@ -128,8 +136,8 @@ func (sh *osShell) Run(argv []string, out func([]byte), interrupt <-chan struct{
 			}
 			return int32(code), nil
 		}
-		// Hold back what could be the start of the marker.
-		if keep := len(m) - 1; len(acc) > keep {
+		// Send it all but an end that could be the marker's start.
+		if keep := partialMarker(acc, m); keep < len(acc) {
 			out(acc[:len(acc)-keep])
 			acc = append(acc[:0], acc[len(acc)-keep:]...)
 		}
@@ -145,6 +153,16 @@ func (sh *osShell) Run(argv []string, out func([]byte), interrupt <-chan struct{
 			}
 		}
 	}
+}
+
+// partialMarker is the length of the longest end of b that begins m.
+func partialMarker(b, m []byte) int {
+	for k := min(len(b), len(m)-1); k > 0; k-- {
+		if bytes.HasSuffix(b, m[:k]) {
+			return k
+		}
+	}
+	return 0
 }
 
 // killCommands kills the processes of the shell's group but the shell:

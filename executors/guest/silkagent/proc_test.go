@@ -3,6 +3,8 @@ package silkagent
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -68,5 +70,79 @@ func TestExitedBound(t *testing.T) {
 	ps, err := c.Ps(ctx)
 	if err != nil || len(ps) != MaxExited+1 {
 		t.Fatalf("ps lists %d processes (%v), want %d", len(ps), err, MaxExited+1)
+	}
+}
+
+// A session's command whose client goes away is killed, and the session
+// serves the next; one the shell cannot be brought back from (a builtin
+// loop) costs the session, after InterruptGrace; session_rm ends a running
+// command with an error.
+func TestSessionInterrupts(t *testing.T) {
+	dial := procDial(t, osServer())
+	c := dial(t)
+	ctx := testCtx(t)
+	id, err := c.CreateSession(ctx, silkd.SessionCreate{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(c *silkd.Conn, argv ...string) (string, error) {
+		var out bytes.Buffer
+		res, err := c.Exec(ctx, silkd.Exec{Argv: argv, Session: id}, silkd.ExecIO{Stdout: &out})
+		if err == nil && res.Code != 0 {
+			err = fmt.Errorf("exit %d", res.Code)
+		}
+		return out.String(), err
+	}
+	// gone runs shell text in the session and goes away once it has
+	// printed its first line.
+	gone := func(text string) {
+		t.Helper()
+		nc := dial(t)
+		if err := nc.W.WriteRequest(silkd.Exec{Argv: []string{"eval", "echo go; " + text}, Session: id}); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := nc.R.ReadResponse(); err != nil || r.Type() != silkd.TypeStdout {
+			t.Fatalf("the abandoned command's first frame: %v, %v", r, err)
+		}
+		nc.Close()
+	}
+
+	gone("sleep 300")
+	start := time.Now()
+	if out, err := run(c, "echo", "next"); err != nil || out != "next\n" {
+		t.Fatalf("the command after an abandoned sleep: %q, %v", out, err)
+	}
+	if d := time.Since(start); d > InterruptGrace {
+		t.Fatalf("the abandoned sleep held the session %v", d)
+	}
+
+	gone("while :; do :; done")
+	if _, err := run(c, "true"); !errors.Is(err, silkd.ErrInternal) && !errors.Is(err, silkd.ErrNotFound) {
+		t.Fatalf("after a loop the shell could not be brought back from: %v, want the session ended", err)
+	}
+	if _, err := run(c, "true"); !errors.Is(err, silkd.ErrNotFound) {
+		t.Fatalf("the session after its shell was closed: %v, want not_found", err)
+	}
+
+	id, err = c.CreateSession(ctx, silkd.SessionCreate{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := run(dial(t), "sleep", "300"); done <- err }()
+	waitUntil(t, "the sleep to hold the session", func() bool {
+		ps, _ := exec.Command("pgrep", "-f", "^sleep 300$").Output()
+		return len(ps) > 0
+	})
+	if err := c.RemoveSession(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, silkd.ErrInternal) {
+			t.Fatalf("a command of a removed session: %v, want internal", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("session_rm did not end the running command")
 	}
 }
