@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sbxlog/sbxlog/bench/agentbench"
 	"github.com/sbxlog/sbxlog/bench/apibench"
 	"github.com/sbxlog/sbxlog/bench/chbench"
 	"github.com/sbxlog/sbxlog/bench/egressbench"
@@ -52,6 +53,7 @@ var sections = []section{
 	{"relaybench", relaybench.Run},
 	{"egressbench", egressbench.Run},
 	{"tarbench", tarbench.Run},
+	{"agentbench", agentbench.Run},
 }
 
 func main() {

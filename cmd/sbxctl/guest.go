@@ -29,7 +29,7 @@ import (
 const envSandboxToken = "SBX_SANDBOX_TOKEN"
 
 func init() {
-	register("exec", command{summary: "run a command in a sandbox (-- ARGV; streams its output, exits with its code; -i: stdin)", run: remoteCommand(remoteSpec{
+	register("exec", command{summary: "run a command in a sandbox (-- ARGV; streams its output, exits with its code; -i: stdin; -t: on a terminal; --session: in a shell session)", run: remoteCommand(remoteSpec{
 		name: "exec", args: []string{"ID"}, rest: "-- COMMAND [ARG...]", stream: true, flags: execFlags})})
 	register("cp", command{summary: "copy a file to or from a sandbox (ID:/path on one side; - is stdin or stdout)", run: remoteCommand(remoteSpec{
 		name: "cp", args: []string{"SRC", "DST"}, stream: true, flags: cpFlags})})
@@ -63,6 +63,8 @@ func cmpOr(a, b string) string {
 
 func execFlags(fs *flag.FlagSet) remoteBody {
 	interactive := fs.Bool("i", false, "pass standard input to the command")
+	tty := fs.Bool("t", false, "run the command on a terminal of the guest (the local one raw, its size followed), as docker exec -it does")
+	session := fs.String("session", "", "run the command in shell session SID (sbxctl sessions --new): cd and export carry over; eval runs shell text")
 	cwd := fs.String("cwd", "", "working directory in the guest")
 	var env kvFlag
 	fs.Var(&env, "env", "environment variable key=value (repeatable)")
@@ -72,9 +74,15 @@ func execFlags(fs *flag.FlagSet) remoteBody {
 		if len(argv) == 0 {
 			return usagef("no command: sbxctl exec ID -- COMMAND [ARG...]")
 		}
+		if *tty && *session != "" {
+			return usagef("-t and --session exclude each other (a session has no terminal)")
+		}
 		sc, err := sandbox(c)
 		if err != nil {
 			return err
+		}
+		if *tty {
+			return execTerminal(ctx, sc, id, silkd.PtyOpen{Cwd: *cwd, Env: env.m}, argv, cl)
 		}
 		conn, err := sc.DialAgent(ctx, id)
 		if err != nil {
@@ -87,7 +95,7 @@ func execFlags(fs *flag.FlagSet) remoteBody {
 		}
 		var pid uint32
 		sio.Started = func(p uint32) { pid = p }
-		res, err := silkd.NewConn(conn).Exec(ctx, silkd.Exec{Argv: argv, Cwd: *cwd, Env: env.m}, sio)
+		res, err := silkd.NewConn(conn).Exec(ctx, silkd.Exec{Argv: argv, Cwd: *cwd, Env: env.m, Session: *session}, sio)
 		if err != nil {
 			if pid != 0 && ctx.Err() != nil {
 				// Interrupted: the command must not outlive us.
@@ -95,11 +103,7 @@ func execFlags(fs *flag.FlagSet) remoteBody {
 			}
 			return err
 		}
-		if res.Code < 0 {
-			fmt.Fprintf(cl.stderr, "sbxctl exec: the command was killed\n")
-			return exitCode(255)
-		}
-		return exitCode(res.Code & 0xff)
+		return exitOf(res.Code, cl.stderr)
 	}
 }
 

@@ -20,6 +20,12 @@ import (
 //     silkagent.SimCommands over the VM's tree; anything else is a
 //     bad_request that says "chsim simulates the guest and runs no
 //     commands".
+//   - ps, logs, attach and kill act on the simulated processes as on real
+//     ones; sessions are silkagent's simulated shell over the VM's tree
+//     (cd, export, eval of simple shell text), kept in the snapshot's
+//     state.json across hibernate and wake as a real guest's are in its
+//     memory (a command running at the snapshot is lost, as its connection
+//     is); pty_open is unimplemented and says the guest is simulated.
 //   - port_forward reaches silkagent.SimDial's in-memory echo server on
 //     silkagent.SimEchoPort (both half-closes work); every other port is
 //     refused (not_found).

@@ -15,6 +15,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/ch/chsim"
 	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent/proctest"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 	"github.com/sbxlog/sbxlog/executors/hvsock"
 )
@@ -241,4 +242,16 @@ func TestSimulatedFilesBounded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Issue 23's process suite on the simulated guest: the process table and
+// the simulated shell of sessions, kept through a snapshot and restore;
+// pty_open says it is simulated.
+func TestSimulatedProcOps(t *testing.T) {
+	c, dir, dial := simVM(t)
+	proctest.Run(t, proctest.Agent{
+		Dial:      func(*testing.T) *silkd.Conn { return dial() },
+		Simulated: true,
+		Hibernate: func(t *testing.T) { snapshotAndRestore(t, gctx(t), c, dir) },
+	})
 }

@@ -35,6 +35,9 @@ type snapState struct {
 	// GuestFiles is the simulated guest's file tree (its tmpfs, which a
 	// real guest keeps in the memory snapshotted above).
 	GuestFiles []silkagent.MemFile `json:"guest_files,omitempty"`
+	// GuestSessions are the simulated guest's shell sessions (a real
+	// guest's are in its memory).
+	GuestSessions []silkagent.SimSession `json:"guest_sessions,omitempty"`
 }
 
 type memoryRange struct {
@@ -151,6 +154,7 @@ func (s *Server) snapshot(body []byte) (any, *apiError) {
 	}
 	if v.guest != nil {
 		st.GuestFiles = v.guest.files.Files()
+		st.GuestSessions = v.guest.agent.SimSessions()
 	}
 	stData, _ := json.Marshal(st)
 	if err := writeNew(b, filepath.Join(dir, StateFile), stData); err != nil {
@@ -293,6 +297,7 @@ func (s *Server) restore(body []byte) (any, *apiError) {
 	v.balloonActual = st.BalloonActual
 	v.heartbeats, v.resumes, v.bootID = st.Heartbeats, st.Resumes, st.BootID
 	v.guest = newSimGuest(st.GuestFiles, s.now, s.guestFSLimit(v))
+	v.guest.agent.RestoreSimSessions(st.GuestSessions)
 	s.vm = v
 	s.startGuestLocked(v)
 	s.log.Printf("restored from %s (%s, %d bytes of data)", dir, mode, mem.dataBytes())

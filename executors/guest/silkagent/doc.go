@@ -8,15 +8,17 @@
 // (an internal error saying "no space left on device").
 //
 // Served ops: info, exec (argv, cwd, env, user; stdin and stdin_close;
-// stdout, stderr, exit; detach), kill, fs_read, fs_write, fs_stat, fs_list,
-// fs_mkdir, fs_rm, fs_rename, port_forward, and the input frames data and
-// data_end; with an FS that is a TreeFS (OSFS and MemFS are) fs_push,
-// fs_pull, fs_find and fs_replace; with one that is a Watcher (both are)
-// fs_watch; with Git the git ops (git_clone, git_status, git_add,
-// git_commit, git_push, git_pull, git_branch); with LSPDir and Procs
-// lsp_start, lsp_request and lsp_stop. Every other op, known to the
-// protocol or not, is answered error{kind: "unimplemented"}; so is a
-// served op whose backend is missing.
+// stdout, stderr, exit; detach; session), kill, ps, logs, attach,
+// session_create, session_list, session_rm, pty_open, pty_resize, fs_read,
+// fs_write, fs_stat, fs_list, fs_mkdir, fs_rm, fs_rename, port_forward, and
+// the input frames data and data_end; with an FS that is a TreeFS (OSFS and
+// MemFS are) fs_push, fs_pull, fs_find and fs_replace; with one that is a
+// Watcher (both are) fs_watch; with Git the git ops (git_clone, git_status,
+// git_add, git_commit, git_push, git_pull, git_branch); with LSPDir and Procs
+// lsp_start, lsp_request and lsp_stop. Every other op, known to the protocol
+// or not, is answered error{kind: "unimplemented"}; so is a served op whose
+// backend is missing (the session ops when Procs is no ShellSpawner, the pty
+// ops when it is no PtySpawner).
 //
 // Connection rules (the protocol's proto 2, which info reports truthfully):
 //   - RPCs run back to back on one connection, each to its terminal frame.
@@ -41,11 +43,40 @@
 //     bad_request. started, then stdout/stderr (at most 32 KiB a frame),
 //     then exit once the child has exited and its output has drained (for
 //     at most PostExitDrain). A detached exec answers started alone; its
-//     output is discarded and its stdin closed. session is not served (not
-//     found; with detach, bad_request).
+//     output goes to its log only (logs, attach) and its stdin is closed. With
+//     session, it runs in that session (see below; detach with session is
+//     bad_request, an unknown session not_found).
 //   - kill: SIGKILL unless signal is given; a process that already exited
 //     answers done without a signal (its pid may be reused); an unknown pid
-//     is not_found. Exited processes are forgotten after ReapDelay.
+//     is not_found. Exited processes are forgotten after ReapDelay, or
+//     sooner once MaxExited newer ones have exited.
+//   - The process table (proc_table.go): every process exec and pty_open
+//     start, from any connection, detached or not, with its argv, start
+//     time and exit code, and its output log: the last LogRing bytes of
+//     stdout and stderr in order, numbered so that a replay and the live
+//     output after it neither overlap nor leave a gap. ps lists it by pid;
+//     logs replays a log (output frames, exit if it has ended, done); attach
+//     replays it and follows it to exit, or answers done when its client
+//     sends another request or goes away. Unknown pids are not_found.
+//   - Sessions (session.go; the shell of OSProcs in os_shell.go): a
+//     persistent shell each (bash, else sh, in a process group of its own,
+//     stdout and stderr on one pipe), at most MaxSessions, ended after
+//     SessionIdle without a command (checked at session_create and
+//     session_list). An exec in a session writes argv as one shell line of
+//     quoted words in a { } group with stdin from /dev/null, followed by a
+//     printf of a marker with a random nonce and the status: its output is
+//     what comes before the marker, its exit the status; stdout frames then
+//     exit, no started. One command at a time per session; a command whose
+//     client goes away or stops taking its output is interrupted (the
+//     processes of the shell's group but the shell are killed), and a shell
+//     that does not come back within InterruptGrace is closed. A shell that
+//     exits ends its session (internal). session_rm kills the group.
+//   - pty_open (pty.go; os_pty.go): the guest's shell, interactive, as the
+//     session leader of a new creack/pty terminal of the given size, at most
+//     MaxPtys at once; started, output as stdout frames, exit. stdin frames
+//     are typed; stdin_close is ignored; the end of the client's input (its
+//     stream ends or another request comes) kills the shell. pty_resize sets
+//     the size of a terminal's pid (bad_request for a plain exec's).
 //   - fs_write replaces the file atomically (a temp file in the same
 //     directory, renamed at data_end) with mode, else the replaced file's
 //     mode, else 0644; a refusal is answered at once and the upload that
@@ -103,17 +134,19 @@
 //     once: the server is reaped when the stream ends; lsp_stop kills one.
 //     A server nothing attaches is reaped after LSPAttachTTL.
 //
-// The simulated guest (sim.go) runs nothing on the host: SimSpawner
+// The simulated guest (sim.go, sim_shell.go) runs nothing on the host: SimSpawner
 // simulates SimCommands (echo [-n], stderr, cat of files of its MemFS or of
 // stdin, true, false, exit N, sleep S, yes [word]) with synthetic pids,
 // refuses anything else and a cwd that is not a directory of its MemFS
 // (bad_request, naming who simulates), and gives its processes the default
 // signal dispositions (SIGKILL, SIGTERM, SIGINT and SIGHUP end one, the
-// others are ignored). SimDial serves an in-memory echo server on
-// SimEchoPort (half-closes passed on) and refuses every other port. Over a
-// MemFS it serves the whole-tree ops and fs_watch (a MemFS holds no
-// symlinks: a pushed one is bad_request); git and lsp are not simulated
-// (unimplemented).
+// others are ignored). Its sessions are a simulated shell over the MemFS
+// (builtins cd, pwd, export, unset, exit; eval of simple shell text; the
+// SimCommands), and pty_open is unimplemented, saying it simulates. SimDial
+// serves an in-memory echo server on SimEchoPort (half-closes passed on) and
+// refuses every other port. Over a MemFS it serves the whole-tree ops and
+// fs_watch (a MemFS holds no symlinks: a pushed one is bad_request); git and
+// lsp are not simulated (unimplemented).
 //
 // Errors of a backend become error frames: an *silkd.Error as it is, one
 // wrapping fs.ErrNotExist as not_found, anything else internal; messages are

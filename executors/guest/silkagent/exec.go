@@ -1,6 +1,7 @@
 package silkagent
 
 import (
+	"context"
 	"errors"
 	"io"
 	"sync"
@@ -39,60 +40,12 @@ type Process interface {
 	Signal(sig syscall.Signal) error
 }
 
-// procTable is the processes the Server started, by pid.
-type procTable struct {
-	mu sync.Mutex
-	m  map[uint32]*procEntry
-}
-
-type procEntry struct {
-	p      Process
-	exited bool
-}
-
-func (t *procTable) add(p Process) *procEntry {
-	e := &procEntry{p: p}
-	t.mu.Lock()
-	t.m[p.Pid()] = e
-	t.mu.Unlock()
-	return e
-}
-
-// exited marks e exited and forgets it after ReapDelay.
-func (t *procTable) exited(e *procEntry) {
-	t.mu.Lock()
-	e.exited = true
-	t.mu.Unlock()
-	time.AfterFunc(ReapDelay, func() {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		if t.m[e.p.Pid()] == e {
-			delete(t.m, e.p.Pid())
-		}
-	})
-}
-
-func (t *procTable) running() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := 0
-	for _, e := range t.m {
-		if !e.exited {
-			n++
-		}
-	}
-	return n
-}
-
 func (s *Server) kill(req *silkd.Kill) silkd.Response {
-	s.table.mu.Lock()
-	e, ok := s.table.m[req.Pid]
-	exited := ok && e.exited
-	s.table.mu.Unlock()
+	e, ok := s.table.get(req.Pid)
 	if !ok {
 		return silkd.Errorf(silkd.KindNotFound, "kill: no such pid %d", req.Pid)
 	}
-	if exited {
+	if _, exited := e.out.exitCode(); exited {
 		return silkd.Done{} // never signal a reaped pid: it may be another process now
 	}
 	sig := syscall.SIGKILL
@@ -107,8 +60,9 @@ func (s *Server) kill(req *silkd.Kill) silkd.Response {
 
 // exec runs exec: spawned here, on the reader goroutine, so the stdin
 // frames that follow reach the child; its output and exit are sent from
-// goroutines.
-func (s *Server) exec(req *silkd.Exec, w *silkd.Writer) *call {
+// goroutines. Every process's output goes to its log (logs, attach); a
+// foreground one's also to the client.
+func (s *Server) exec(ctx context.Context, req *silkd.Exec, w *silkd.Writer) *call {
 	fail := func(e *silkd.Error) *call {
 		_ = w.WriteResponse(e)
 		return finished()
@@ -119,28 +73,19 @@ func (s *Server) exec(req *silkd.Exec, w *silkd.Writer) *call {
 	case req.Detach && req.Session != "":
 		return fail(badRequest("detach is not supported with session"))
 	case req.Session != "":
-		return fail(silkd.Errorf(silkd.KindNotFound, "no such session %q (sessions are not served by this agent)", req.Session))
+		return s.sessionExec(ctx, req, w)
 	}
 	p, err := s.Procs.Spawn(req)
 	if err != nil {
 		return fail(errFrame(silkd.OpExec, err))
 	}
-	e := s.table.add(p)
+	e := s.table.add(p, req.Argv, req.Detach, s.now())
 	if err := w.WriteResponse(silkd.Started{Pid: p.Pid()}); err != nil && !req.Detach {
 		_ = p.Signal(syscall.SIGKILL)
 	}
 	if req.Detach {
 		_ = p.Stdin().Close()
-		go func() {
-			var wg sync.WaitGroup
-			for _, r := range []io.Reader{p.Stdout(), p.Stderr()} {
-				wg.Add(1)
-				go func() { defer wg.Done(); _, _ = io.Copy(io.Discard, r) }()
-			}
-			p.Wait()
-			s.table.exited(e)
-			drain(&wg, p)
-		}()
+		go s.supervise(e, nil)
 		return finished()
 	}
 	c := &call{done: make(chan struct{})}
@@ -157,33 +102,46 @@ func (s *Server) exec(req *silkd.Exec, w *silkd.Writer) *call {
 	go func() {
 		defer c.finish()
 		defer c.end()
-		var wg sync.WaitGroup
-		for kind, r := range map[silkd.Bulk]io.Reader{silkd.BulkStdout: p.Stdout(), silkd.BulkStderr: p.Stderr()} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				pump(w, kind, r, p)
-			}()
-		}
-		code := p.Wait()
-		s.table.exited(e)
-		drain(&wg, p)
+		code := s.supervise(e, w)
 		_ = w.WriteResponse(silkd.Exit{Code: code})
 	}()
 	return c
 }
 
-// pump sends r as frames of kind until EOF. A client that no longer takes
-// output gets the child killed: nothing it writes can be delivered.
-func pump(w *silkd.Writer, kind silkd.Bulk, r io.Reader, p Process) {
+// supervise pumps e's output into its log (and to w, if not nil) until the
+// process has exited and its output drained, records the exit, and returns
+// the code.
+func (s *Server) supervise(e *procEntry, w *silkd.Writer) int32 {
+	p := e.p
+	var wg sync.WaitGroup
+	for kind, r := range map[silkd.Bulk]io.Reader{silkd.BulkStdout: p.Stdout(), silkd.BulkStderr: p.Stderr()} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pump(w, kind, r, e)
+		}()
+	}
+	code := p.Wait()
+	s.table.reaped(e, code)
+	drain(&wg, p)
+	s.table.ended(e)
+	return code
+}
+
+// pump copies r into e's log, and to w as frames of kind when w is not
+// nil, until EOF. A client that no longer takes output gets the child
+// killed: nothing it writes can be delivered.
+func pump(w *silkd.Writer, kind silkd.Bulk, r io.Reader, e *procEntry) {
 	buf := make([]byte, silkd.OutputChunk)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
-			if werr := w.WriteBulk(kind, buf[:n]); werr != nil {
-				_ = p.Signal(syscall.SIGKILL)
-				_, _ = io.Copy(io.Discard, r)
-				return
+			e.out.append(kind, buf[:n])
+			if w != nil {
+				if werr := w.WriteBulk(kind, buf[:n]); werr != nil {
+					_ = e.p.Signal(syscall.SIGKILL)
+					w = nil
+				}
 			}
 		}
 		if err != nil {

@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/config"
@@ -299,13 +298,6 @@ func (s *Server) gitCommit(req *silkd.GitCommit) (silkd.Response, error) {
 		return nil, gitFail("commit", err)
 	}
 	return silkd.GitCommitResult{Hash: h.String()}, nil
-}
-
-func (s *Server) now() time.Time {
-	if s.Now != nil {
-		return s.Now()
-	}
-	return time.Now()
 }
 
 // onBranch opens the repository at p, which must have a branch checked

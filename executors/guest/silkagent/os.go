@@ -30,47 +30,10 @@ type OSProcs struct{}
 
 // Spawn implements Spawner.
 func (OSProcs) Spawn(req *silkd.Exec) (Process, error) {
-	env := map[string]string{"PATH": DefaultPath}
-	for _, k := range inheritedEnv {
-		if v, ok := os.LookupEnv(k); ok {
-			env[k] = v
-		}
-	}
-	var cred *syscall.Credential
-	if req.User != "" {
-		u, err := user.Lookup(req.User)
-		if err != nil {
-			return nil, badRequest("exec: user %q: %v", req.User, err)
-		}
-		uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-		gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-		if err1 != nil || err2 != nil {
-			return nil, badRequest("exec: user %q has no numeric uid/gid", req.User)
-		}
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
-		env["HOME"], env["USER"] = u.HomeDir, u.Username
-	}
-	for k, v := range req.Env {
-		env[k] = v
-	}
-	if req.Cwd != "" {
-		// Checked here: a failed chdir in the child reads as a missing argv[0].
-		if st, err := os.Stat(req.Cwd); err != nil {
-			return nil, badRequest("exec: cwd: %v", err)
-		} else if !st.IsDir() {
-			return nil, badRequest("exec: cwd %s is not a directory", req.Cwd)
-		}
-	}
-	path, err := lookPath(req.Argv[0], env["PATH"])
+	cmd, err := command("exec", req.Argv, req.Cwd, req.Env, req.User)
 	if err != nil {
-		return nil, badRequest("exec: %s: %v", req.Argv[0], err)
+		return nil, err
 	}
-	cmd := &exec.Cmd{Path: path, Args: req.Argv, Dir: req.Cwd}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-
 	var parent, child [3]*os.File
 	closeAll := func(fs []*os.File) {
 		for _, f := range fs {
@@ -101,7 +64,53 @@ func (OSProcs) Spawn(req *silkd.Exec) (Process, error) {
 		closeAll(parent[:])
 		return nil, spawnError(err)
 	}
-	return &osProc{cmd: cmd, stdin: parent[0], stdout: parent[1], stderr: parent[2]}, nil
+	return &osProc{osChild: osChild{cmd}, stdin: parent[0], stdout: parent[1], stderr: parent[2]}, nil
+}
+
+// command prepares argv as op (exec, pty_open, session_create) runs it: the environment (see the package
+// doc), the user, and cwd, checked here because a failed chdir in the
+// child reads as a missing argv[0].
+func command(op string, argv []string, cwd string, reqEnv map[string]string, userName string) (*exec.Cmd, error) {
+	env := map[string]string{"PATH": DefaultPath}
+	for _, k := range inheritedEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			env[k] = v
+		}
+	}
+	var cred *syscall.Credential
+	if userName != "" {
+		u, err := user.Lookup(userName)
+		if err != nil {
+			return nil, badRequest("%s: user %q: %v", op, userName, err)
+		}
+		uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+		gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+		if err1 != nil || err2 != nil {
+			return nil, badRequest("%s: user %q has no numeric uid/gid", op, userName)
+		}
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
+		env["HOME"], env["USER"] = u.HomeDir, u.Username
+	}
+	for k, v := range reqEnv {
+		env[k] = v
+	}
+	if cwd != "" {
+		if st, err := os.Stat(cwd); err != nil {
+			return nil, badRequest("%s: cwd: %v", op, err)
+		} else if !st.IsDir() {
+			return nil, badRequest("%s: cwd %s is not a directory", op, cwd)
+		}
+	}
+	path, err := lookPath(argv[0], env["PATH"])
+	if err != nil {
+		return nil, badRequest("%s: %s: %v", op, argv[0], err)
+	}
+	cmd := &exec.Cmd{Path: path, Args: argv, Dir: cwd}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	return cmd, nil
 }
 
 // spawnError classifies a failed start: the argv or cwd the guest cannot
@@ -130,12 +139,30 @@ func lookPath(name, path string) (string, error) {
 	return "", exec.ErrNotFound
 }
 
+// osChild is a started child: what a Process of exec and of pty_open
+// share.
+type osChild struct{ cmd *exec.Cmd }
+
+func (c osChild) Pid() uint32 { return uint32(c.cmd.Process.Pid) }
+
+func (c osChild) Wait() int32 {
+	_ = c.cmd.Wait()
+	return int32(c.cmd.ProcessState.ExitCode())
+}
+
+func (c osChild) Signal(sig syscall.Signal) error {
+	err := c.cmd.Process.Signal(sig)
+	if errors.Is(err, os.ErrProcessDone) {
+		return nil
+	}
+	return err
+}
+
 type osProc struct {
-	cmd                   *exec.Cmd
+	osChild
 	stdin, stdout, stderr *os.File
 }
 
-func (p *osProc) Pid() uint32           { return uint32(p.cmd.Process.Pid) }
 func (p *osProc) Stdin() io.WriteCloser { return p.stdin }
 func (p *osProc) Stdout() io.Reader     { return p.stdout }
 func (p *osProc) Stderr() io.Reader     { return p.stderr }
@@ -143,19 +170,6 @@ func (p *osProc) Stderr() io.Reader     { return p.stderr }
 func (p *osProc) CloseOutput() {
 	p.stdout.Close()
 	p.stderr.Close()
-}
-
-func (p *osProc) Wait() int32 {
-	_ = p.cmd.Wait()
-	return int32(p.cmd.ProcessState.ExitCode())
-}
-
-func (p *osProc) Signal(sig syscall.Signal) error {
-	err := p.cmd.Process.Signal(sig)
-	if errors.Is(err, os.ErrProcessDone) {
-		return nil
-	}
-	return err
 }
 
 // OSFS is the machine's own file tree.

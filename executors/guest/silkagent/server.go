@@ -37,7 +37,9 @@ type Server struct {
 	Agent string
 	// Simulated sets info's simulated: the guest is not a real machine.
 	Simulated bool
-	// Procs runs exec and kill; nil leaves them unimplemented.
+	// Procs runs exec and kill, and with them ps, logs and attach; nil
+	// leaves them unimplemented. If it is also a PtySpawner it serves
+	// pty_open and pty_resize, if a ShellSpawner the session ops.
 	Procs Spawner
 	// FS serves the fs_* ops; nil leaves them unimplemented.
 	FS FS
@@ -54,19 +56,23 @@ type Server struct {
 	// Git serves the git ops (go-git on the machine's own files: a real
 	// guest's); false leaves them unimplemented.
 	Git bool
-	// Now stamps git commits (default time.Now).
+	// Now is the wall clock of git commits, ps's start times and idle
+	// sessions (default time.Now).
 	Now func() time.Time
 
-	once  sync.Once
-	start time.Time
-	table procTable
-	lsp   lspTable
+	once     sync.Once
+	start    time.Time
+	table    procTable
+	sessions sessionTable
+	ptys     atomic.Int32 // open pty_open RPCs, for MaxPtys
+	lsp      lspTable
 }
 
 func (s *Server) init() {
 	s.once.Do(func() {
 		s.start = time.Now()
 		s.table.m = map[uint32]*procEntry{}
+		s.sessions.m = map[string]*session{}
 	})
 }
 
@@ -121,7 +127,6 @@ func (s *Server) ServeConn(nc net.Conn) {
 	s.init()
 	defer nc.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	r := silkd.NewReader(nc)
 	w := silkd.NewWriter(nc)
 	var cur *call
@@ -132,6 +137,10 @@ func (s *Server) ServeConn(nc net.Conn) {
 		}
 	}
 	defer wait()
+	// Cancelled as the client's stream ends, before the RPC in flight is
+	// waited for: an RPC that only serves that client (attach, a session's
+	// command) stops.
+	defer cancel()
 	for {
 		req, err := r.ReadRequest()
 		if err != nil {
@@ -176,12 +185,17 @@ func (s *Server) dispatch(ctx context.Context, req silkd.Request, w *silkd.Write
 		if s.Procs == nil {
 			break
 		}
-		return s.exec(v, w)
+		return s.exec(ctx, v, w)
 	case *silkd.Kill:
 		if s.Procs == nil {
 			break
 		}
 		return answer(s.kill(v))
+	case *silkd.Ps, *silkd.Logs, *silkd.Attach, *silkd.PtyOpen, *silkd.PtyResize,
+		*silkd.SessionCreate, *silkd.SessionList, *silkd.SessionRm:
+		if c := s.procOp(ctx, req, w); c != nil {
+			return c
+		}
 	case *silkd.PortForward:
 		if s.Dial == nil {
 			break
@@ -220,6 +234,7 @@ func (s *Server) info() silkd.InfoReply {
 		Proto:      silkd.ProtoKeepAlive,
 		UptimeSecs: uint64(up / time.Second),
 		Procs:      s.table.running(),
+		Sessions:   s.sessions.len(),
 		Agent:      s.Agent,
 		Simulated:  s.Simulated,
 	}

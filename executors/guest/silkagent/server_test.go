@@ -301,7 +301,7 @@ func TestConnectionRules(t *testing.T) {
 		}
 		r.expectError(silkd.KindBadRequest, "parse: ")
 		r.expectError(silkd.KindBadRequest, "parse: ")
-		for _, op := range []string{silkd.OpPs, silkd.OpGitStatus, silkd.OpPtyOpen, silkd.OpLspStart, "teleport"} {
+		for _, op := range []string{silkd.OpGitStatus, silkd.OpLspStart, "teleport"} {
 			if _, err := io.WriteString(r.c, `{"v":1,"op":"`+op+`"}`+"\n"); err != nil {
 				t.Fatal(err)
 			}

@@ -180,6 +180,10 @@ func (c *Conn) boundFrames() (restore func()) {
 	return func() { c.R.max = prev }
 }
 
+// errStreamEnd, returned by a stream's each, ends the RPC successfully
+// at a terminal frame other than done.
+var errStreamEnd = errors.New("silkd: end of stream")
+
 // stream sends req and hands each answer to each until done (nil) or an
 // error frame (returned); each rejects the types it does not expect.
 func (c *Conn) stream(ctx context.Context, req Request, each func(Response) error) error {
@@ -199,6 +203,9 @@ func (c *Conn) stream(ctx context.Context, req Request, each func(Response) erro
 				return v
 			}
 			if err := each(r); err != nil {
+				if err == errStreamEnd {
+					return nil
+				}
 				return err
 			}
 		}
@@ -433,9 +440,8 @@ func (c *Conn) openStream(ctx context.Context, req Request) (*PortConn, error) {
 // addresses are the underlying connection's.
 type PortConn struct {
 	c       *Conn
-	op      string
-	rest    []byte // unread part of the last data frame (the Reader's buffer)
-	rerr    error
+	op      string // the op that opened the stream, for errors
+	in      frameReader
 	wmu     sync.Mutex
 	wclosed bool
 }
@@ -444,28 +450,39 @@ var _ net.Conn = (*PortConn)(nil)
 
 // Read implements io.Reader.
 func (p *PortConn) Read(b []byte) (int, error) {
-	for len(p.rest) == 0 {
-		if p.rerr != nil {
-			return 0, p.rerr
-		}
-		r, err := p.c.next()
-		if err != nil {
-			p.rerr = err
-			return 0, err
-		}
+	return p.in.read(b, p.c, func(r Response) ([]byte, error) {
 		switch v := r.(type) {
 		case *DataReply:
-			p.rest = v.Data
+			return v.Data, nil
 		case *Done:
-			p.rerr = io.EOF
+			return nil, io.EOF
 		case *Error:
-			p.rerr = v
-		default:
-			p.rerr = unexpected(p.op, r)
+			return nil, v
 		}
+		return nil, unexpected(p.op, r)
+	})
+}
+
+// frameReader reads a stream of frames as bytes: payload gives a frame's
+// bytes, or the error that ends the stream (io.EOF at its clean end).
+type frameReader struct {
+	rest []byte // unread part of the last frame (the Reader's buffer)
+	err  error
+}
+
+func (f *frameReader) read(b []byte, c *Conn, payload func(Response) ([]byte, error)) (int, error) {
+	for len(f.rest) == 0 {
+		if f.err != nil {
+			return 0, f.err
+		}
+		r, err := c.next()
+		if err == nil {
+			f.rest, err = payload(r)
+		}
+		f.err = err
 	}
-	n := copy(b, p.rest)
-	p.rest = p.rest[n:]
+	n := copy(b, f.rest)
+	f.rest = f.rest[n:]
 	return n, nil
 }
 

@@ -12,7 +12,8 @@ import (
 // one per VM: an in-memory file tree (kept while the fake runs, so across
 // hibernate and wake) that starts with /tmp and /work, exec simulating
 // silkagent.SimCommands (echo, stderr, cat, true, false, exit N, sleep N,
-// yes [word]) and answering bad_request for anything else, and
+// yes [word]) and answering bad_request for anything else, ps, logs and
+// attach of them, sessions of silkagent's simulated shell, and
 // port_forward to the echo server on silkagent.SimEchoPort. NOTHING RUNS ON
 // THE HOST.
 type simGuests struct {
