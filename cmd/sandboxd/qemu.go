@@ -24,6 +24,9 @@ type QEMUConfig struct {
 	// newest build of `make guest` in ${SBX_CACHE:-~/.cache/sbxlog}/guest.
 	Kernel string `json:"kernel,omitempty"`
 	Initrd string `json:"initrd,omitempty"`
+	// Templates are the template names the guest serves (default
+	// ["default"]): a claim or pool of any other is 404 unknown template.
+	Templates []string `json:"templates,omitempty"`
 }
 
 func (c QEMUConfig) validate() error {
@@ -66,6 +69,6 @@ func newQEMUDriver(cfg Config, bin string, roots layout.Roots, instance string, 
 	}
 	return qemu.New(qemu.Config{
 		Roots: roots, Instance: instance, QEMU: bin, Accel: qemu.Accel(cfg.QEMU.Accel),
-		Kernel: kernel, Initrd: initrd, Log: zl,
+		Kernel: kernel, Initrd: initrd, Templates: cfg.QEMU.Templates, Log: zl,
 	})
 }

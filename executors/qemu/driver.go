@@ -78,6 +78,10 @@ const DefaultTCGMaxMemoryMiB = 1024
 // outside (its one NIC is the agent network, restricted to the agent).
 const NetEgress = "egress"
 
+// DefaultTemplates is Config.Templates' default: the guest is the template
+// "default", the pool every sandboxd config starts with.
+var DefaultTemplates = []string{"default"}
+
 // Config configures a Driver. Zero values take the defaults named per field.
 type Config struct {
 	Roots layout.Roots
@@ -94,6 +98,11 @@ type Config struct {
 	// build or cold boot needs them, not by New, so a daemon without a guest
 	// still starts and reports why its pools stay empty.
 	Kernel, Initrd string
+	// Templates are the template names this driver serves, all with the
+	// one configured guest (default DefaultTemplates): a pool or claim of
+	// any other is refused before anything is proposed (CheckPool), and
+	// never booted.
+	Templates []string
 	// Sizes maps pool sizes to memory and vCPUs as under KVM (default
 	// DefaultSizes, the size table fsm.Sizes); under TCG a VM gets half of
 	// each (at least one vCPU), memory capped at TCGMaxMemoryMiB.
@@ -121,6 +130,7 @@ type Driver struct {
 	roots          layout.Roots
 	instance       string
 	kernel, initrd string
+	templates      map[string]bool
 	sizes          Sizes
 	tcgMax         int
 	fs             fsx.FS
@@ -154,6 +164,16 @@ func New(cfg Config) (*Driver, error) {
 			return nil, fmt.Errorf("qemu: guest %s %q is not an absolute path", what, p)
 		}
 	}
+	if cfg.Templates == nil {
+		cfg.Templates = DefaultTemplates
+	}
+	tpls := make(map[string]bool, len(cfg.Templates))
+	for _, name := range cfg.Templates {
+		if err := fsm.ValidKey(fsm.PoolKey{Template: name, Net: "none", Size: "small"}); err != nil {
+			return nil, fmt.Errorf("qemu: templates: %w", err)
+		}
+		tpls[name] = true
+	}
 	if cfg.Sizes == nil {
 		cfg.Sizes = DefaultSizes
 	}
@@ -186,7 +206,7 @@ func New(cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	return &Driver{
-		roots: cfg.Roots, instance: cfg.Instance, kernel: cfg.Kernel, initrd: cfg.Initrd,
+		roots: cfg.Roots, instance: cfg.Instance, kernel: cfg.Kernel, initrd: cfg.Initrd, templates: tpls,
 		sizes: cfg.Sizes, tcgMax: cfg.TCGMaxMemoryMiB, fs: cfg.FS, now: cfg.Now,
 		resumeTO: cfg.ResumeTimeout, log: log, qemuBin: cfg.QEMU, q: q,
 	}, nil
@@ -278,8 +298,8 @@ func (d *Driver) checkGuest() error {
 
 // bootSpec is the spec of a cold boot (golden build or cold clone) of pool k.
 func (d *Driver) bootSpec(ctx context.Context, runDir, storeDir string, k fsm.PoolKey) (Spec, error) {
-	if k.Net == NetEgress {
-		return Spec{}, executors.Unrecoverablef("pool %s: net egress is not supported by the QEMU driver (the guest has no NIC)", k)
+	if err := d.CheckPool(k, true); err != nil {
+		return Spec{}, executors.AsUnrecoverable(fmt.Errorf("pool %s: %w", k, err))
 	}
 	z, err := d.sizes.Lookup(k.Size)
 	if err != nil {

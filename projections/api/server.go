@@ -135,6 +135,7 @@ type Server struct {
 	replication func() any // Options.Replication
 	stats       StatsFunc  // Options.Stats
 	egress      EgressOptions
+	pools       PoolSupport // Options.Pools
 
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
@@ -164,6 +165,9 @@ type Options struct {
 	Egress EgressOptions
 	// DataPlane configures the routes to sandboxes' guests.
 	DataPlane DataPlane
+	// Pools, when set, says which pool keys this node can serve at all
+	// (PoolSupport); without it every key is taken.
+	Pools PoolSupport
 }
 
 // New builds a Server.
@@ -188,7 +192,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	}
 	s := &Server{
 		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
-		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats, egress: opts.Egress,
+		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats, egress: opts.Egress, pools: opts.Pools,
 		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
 	}

@@ -464,6 +464,11 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if gd, ok := n.Driver.(executors.AgentDialer); ok && apiOpts.DataPlane.Dialer == nil {
 		apiOpts.DataPlane.Dialer = gd
 	}
+	// The driver knows which templates and nets this node has: the API
+	// refuses the rest before proposing anything.
+	if ps, ok := n.Driver.(api.PoolSupport); ok {
+		apiOpts.Pools = ps
+	}
 	var apiEng api.Engine = n.Engine
 	var apiLog api.Log = n.Log
 	if n.Repl != nil {
