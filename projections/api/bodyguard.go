@@ -12,8 +12,10 @@ import (
 //
 //   - a request that declares a body (a Content-Length, or chunked) must
 //     deliver it within Config.BodyTimeout from when it is handed to the
-//     server: a read deadline on the connection, which dispatch's readBody
-//     clears once it has the whole body (a long handler is not cut off);
+//     server: a read deadline on the connection, cleared as soon as the
+//     body has been read to its end, whoever reads it (dispatch's readBody,
+//     the preview's proxy), so a long handler or a streamed answer is not
+//     cut off;
 //   - an answer that begins before the body was read to its end (a
 //     refusal: no route, a wrong method, a missing token, a body too
 //     large or malformed) says Connection: close and moves the read
@@ -45,7 +47,7 @@ func guardBody(h http.Handler, bound time.Duration, w http.ResponseWriter, r *ht
 	rc := http.NewResponseController(w)
 	// A socket deadline: the real clock, not the injectable one.
 	_ = rc.SetReadDeadline(time.Now().Add(bound))
-	body := &countedBody{ReadCloser: r.Body, declared: r.ContentLength}
+	body := &countedBody{ReadCloser: r.Body, declared: r.ContentLength, done: func() { _ = rc.SetReadDeadline(time.Time{}) }}
 	r.Body = body
 	gw := &guardedWriter{ResponseWriter: w, rc: rc, body: body}
 	h.ServeHTTP(gw, r)
@@ -54,19 +56,25 @@ func guardBody(h http.Handler, bound time.Duration, w http.ResponseWriter, r *ht
 	gw.answering()
 }
 
-// countedBody is a declared body that knows whether it was read to its end.
+// countedBody is a declared body that knows whether it was read to its
+// end, and calls done once when it is.
 type countedBody struct {
 	io.ReadCloser
 	declared int64 // Content-Length, or -1 (chunked)
 	read     int64
 	eof      bool
+	done     func()
 }
 
 func (b *countedBody) Read(p []byte) (int, error) {
+	was := b.consumed()
 	n, err := b.ReadCloser.Read(p)
 	b.read += int64(n)
 	if err == io.EOF {
 		b.eof = true
+	}
+	if !was && b.consumed() {
+		b.done()
 	}
 	return n, err
 }

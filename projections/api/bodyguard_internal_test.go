@@ -50,6 +50,20 @@ func TestBodyGuardBoundsEveryHandler(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "read")
 	})
+	mux.HandleFunc("/read-then-work", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			w.WriteHeader(http.StatusRequestTimeout)
+			return
+		}
+		// Work past the bound (a claim waiting for its VM, a proxied
+		// answer streaming): the body is in, so nothing may cut it off.
+		time.Sleep(3 * bound)
+		if r.Context().Err() != nil {
+			w.WriteHeader(http.StatusGone)
+			return
+		}
+		_, _ = io.WriteString(w, "worked")
+	})
 	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(3 * bound) // longer than the bound: not cut, it has no body
 		_, _ = io.WriteString(w, "slow")
@@ -125,6 +139,17 @@ func TestBodyGuardBoundsEveryHandler(t *testing.T) {
 		}
 		if resp := reply(t, c, br); resp.StatusCode != http.StatusOK {
 			t.Fatalf("second request on the connection: %d", resp.StatusCode)
+		}
+	})
+	t.Run("a body read to its end lifts the bound", func(t *testing.T) {
+		for _, req := range []string{
+			"POST /read-then-work HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+			"POST /read-then-work HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+		} {
+			c, br := dial(t, req)
+			if resp := reply(t, c, br); resp.StatusCode != http.StatusOK {
+				t.Fatalf("%q: %d, want 200 after working past the bound", req, resp.StatusCode)
+			}
 		}
 	})
 	t.Run("no body, no deadline", func(t *testing.T) {

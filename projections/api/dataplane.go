@@ -47,6 +47,9 @@ type DataPlane struct {
 	RelayIdle time.Duration
 	// DialTimeout bounds reaching the guest agent (default 30 s).
 	DialTimeout time.Duration
+	// Preview configures preview URLs (preview.go); the zero value turns
+	// them off.
+	Preview PreviewConfig
 }
 
 // DefaultRelayIdle is DataPlane.RelayIdle's default: far beyond the SDKs'

@@ -265,6 +265,7 @@ func (s *Server) register() {
 	add("GET", "/v1/sandboxes/{id}/agent", "sandbox", s.handleAgent, sandbox)
 	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort, root, sandbox)
 	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec, sandbox)
+	add("POST", "/v1/sandboxes/{id}/preview", "root|tenant|sandbox", s.handlePreview, root, tenant, sandbox)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
 	add("GET", "/v1/info", "root", s.handleInfo, root)
@@ -356,7 +357,7 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 				writeError(w, errorf(http.StatusBadRequest, "%s %s takes no request body", r.Method, path))
 				return
 			}
-			body, err := s.readBody(w, r)
+			body, err := s.readBody(r)
 			if err != nil {
 				writeError(w, err)
 				return
@@ -385,10 +386,9 @@ var bodyMethods = map[string]bool{http.MethodPost: true, http.MethodPut: true, h
 // the body guard's Config.BodyTimeout: a client that declares a body and
 // stalls is answered 408 and disconnected (the guard closes a connection
 // whose body was not read to its end) instead of holding a connection and
-// a goroutine. The guard's read deadline is cleared once the body is in,
-// so a long handler (a claim waiting for its VM) is not cut off by it.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	rc := http.NewResponseController(w)
+// a goroutine. The guard clears its read deadline once the body is in, so
+// a long handler (a claim waiting for its VM) is not cut off by it.
+func (s *Server) readBody(r *http.Request) ([]byte, error) {
 	var body []byte
 	var err error
 	if r.ContentLength > 0 {
@@ -401,7 +401,6 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	} else {
 		body, err = io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
 	}
-	_ = rc.SetReadDeadline(time.Time{})
 	var ne net.Error
 	switch {
 	case errors.As(err, &ne) && ne.Timeout():

@@ -60,7 +60,9 @@
 // (bad_request, naming who simulates), and gives its processes the default
 // signal dispositions (SIGKILL, SIGTERM, SIGINT and SIGHUP end one, the
 // others are ignored). SimDial serves an in-memory echo server on
-// SimEchoPort (half-closes passed on) and refuses every other port.
+// SimEchoPort (half-closes passed on), a one-request HTTP server on
+// SimHTTPPort (with a websocket upgrade that echoes), and refuses every
+// other port.
 //
 // Errors of a backend become error frames: an *silkd.Error as it is, one
 // wrapping fs.ErrNotExist as not_found, anything else internal; messages are
