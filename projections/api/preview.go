@@ -70,9 +70,6 @@ type PreviewResponse struct {
 
 // handlePreview mints a preview URL for a live sandbox's guest port.
 func (s *Server) handlePreview(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	if s.data.opts.Preview.Advertise == "" {
-		return errorf(http.StatusNotImplemented, "%s", errPreviewOff)
-	}
 	var req PreviewRequest
 	if err := decodeBody(r, &req, false); err != nil {
 		return err
@@ -90,6 +87,10 @@ func (s *Server) handlePreview(w http.ResponseWriter, r *http.Request, id auth.I
 	gen := tokenGenOf(&c)
 	if !c.Status.Live() || (req.Token != "" && !s.auth.IsSandboxToken(req.Token, c.ID, gen)) {
 		return errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+	}
+	// Who may ask is answered first: only then whether this node can.
+	if s.data.opts.Preview.Advertise == "" {
+		return errorf(http.StatusNotImplemented, "%s", errPreviewOff)
 	}
 	now := s.now()
 	ttl := DefaultPreviewTTL
