@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	stdlog "log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -167,6 +168,9 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request) {
 			pr.Out.Header.Del("Cookie")
 		},
 		Transport: s.data.previewTransport(r, p.Sandbox, int(p.Port)),
+		// Copy errors mid-answer go to the node's log, not the process's
+		// stderr (they never carry the URL, so no token).
+		ErrorLog: stdlog.New(s.zl.With().Str("component", "preview").Logger(), "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			var ge *guestError
 			var oe *net.OpError
