@@ -28,6 +28,14 @@ type Config struct {
 	// OwnerAddr is the address other nodes and clients use to reach this node
 	// (owner_addr in replies; redirect targets). Default: Listen.
 	OwnerAddr string `json:"owner_addr,omitempty"`
+	// PreviewListen is the preview listener's address (the old daemon's
+	// preview_listen): preview URLs (POST /v1/sandboxes/{id}/preview) are
+	// served there. Empty: no preview (501). PreviewAdvertise is the
+	// address (or base URL) minted into them; default the listener's.
+	// Tokens are signed with the node secret: the old preview_secret is
+	// not needed.
+	PreviewListen    string `json:"preview_listen,omitempty"`
+	PreviewAdvertise string `json:"preview_advertise,omitempty"`
 	// DataDir holds the op log, snapshots, the node secret, run dirs and the
 	// snapshot store.
 	DataDir string `json:"data_dir"`

@@ -63,10 +63,14 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 		RootToken: rootToken, Tenants: cfg.Tenants, MaxClaims: cfg.MaxClaims, Pools: pools,
 		RestartPolicy: cfg.restartPolicy(), Concurrency: cfg.RefillConcurrency,
 		ReadHeaderTimeout: ms(cfg.HTTP.ReadHeaderTimeoutMS), IdleTimeout: ms(cfg.HTTP.IdleTimeoutMS),
-		API:       api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth},
-		DataPlane: api.DataPlane{RelayMemory: cfg.RelayMemoryBytes},
-		Egress:    cfg.egressConfig(),
-		Log:       zl,
+		API:           api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth},
+		Egress:        cfg.egressConfig(),
+		PreviewListen: cfg.PreviewListen,
+		DataPlane: api.DataPlane{
+			RelayMemory: cfg.RelayMemoryBytes,
+			Preview:     api.PreviewConfig{Advertise: cfg.PreviewAdvertise},
+		},
+		Log: zl,
 	}
 	if nc.Proxy, err = cfg.nodeProxy(); err != nil {
 		return nil, zl, err

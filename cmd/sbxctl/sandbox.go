@@ -18,6 +18,7 @@ func init() {
 	register("hibernate", command{summary: "hibernate a sandbox (returns once hibernated; --no-wait: once requested)", run: remoteCommand(remoteSpec{name: "hibernate", args: []string{"ID"}, flags: lifecycleFlags("hibernate")})})
 	register("wake", command{summary: "wake a hibernated sandbox (returns once running; --no-wait: once requested)", run: remoteCommand(remoteSpec{name: "wake", args: []string{"ID"}, flags: lifecycleFlags("wake")})})
 	register("renew", command{summary: "extend a sandbox's deadline to now + --ttl", run: remoteCommand(remoteSpec{name: "renew", args: []string{"ID"}, flags: renewFlags})})
+	register("preview", command{summary: "mint a preview URL of a guest port (--port; --ttl)", run: remoteCommand(remoteSpec{name: "preview", args: []string{"ID"}, flags: previewFlags})})
 	register("ls", command{summary: "list sandboxes (--ref, --meta k=v, --state)", run: remoteCommand(remoteSpec{name: "ls", flags: lsFlags})})
 }
 
@@ -153,6 +154,26 @@ func renewFlags(fs *flag.FlagSet) remoteBody {
 			return printJSON(cl.stdout, map[string]string{"id": id, "deadline": ds})
 		}
 		_, err = fmt.Fprintf(cl.stdout, "%s: deadline %s\n", id, shortTime(ds))
+		return err
+	}
+}
+
+func previewFlags(fs *flag.FlagSet) remoteBody {
+	port := fs.Int("port", 0, "guest TCP port the URL reaches (required)")
+	var ttl secondsFlag
+	fs.Var(&ttl, "ttl", "how long the URL works: a duration (10m) or seconds (default 1h; never past the claim's deadline)")
+	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
+		if *port < 1 || *port > 65535 {
+			return usagef("--port 1-65535 is required")
+		}
+		res, err := c.Preview(ctx, cl.args[0], api.PreviewRequest{Port: *port, TTLSeconds: int64(ttl.n)})
+		if err != nil {
+			return err
+		}
+		if cl.json {
+			return printJSON(cl.stdout, res)
+		}
+		_, err = fmt.Fprintf(cl.stdout, "%s\t(until %s)\n", res.URL, shortTime(res.ExpiresAt))
 		return err
 	}
 }

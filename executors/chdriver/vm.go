@@ -40,8 +40,8 @@ func (d *Driver) checkEgress(k fsm.PoolKey) (bool, error) {
 	if k.Net != NetEgress {
 		return false, nil
 	}
-	if d.bridge == "" {
-		return true, executors.Unrecoverablef("pool %s has net egress but no bridge is configured", k)
+	if err := d.netSupported(k); err != nil {
+		return true, executors.AsUnrecoverable(fmt.Errorf("pool %s: %w", k, err))
 	}
 	return true, nil
 }

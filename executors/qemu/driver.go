@@ -155,6 +155,9 @@ func New(cfg Config) (*Driver, error) {
 		if name == "" {
 			return nil, errors.New("qemu: a template without a name")
 		}
+		if err := fsm.ValidKey(fsm.PoolKey{Template: name, Net: "none", Size: "small"}); err != nil {
+			return nil, fmt.Errorf("qemu: templates: %w", err)
+		}
 		for what, p := range map[string]string{"kernel": g.Kernel, "initrd": g.Initrd, "disk": g.Disk} {
 			if p != "" && !filepath.IsAbs(p) {
 				return nil, fmt.Errorf("qemu: template %s: %s %q is not an absolute path", name, what, p)
@@ -287,12 +290,18 @@ func (d *Driver) Templates() []string {
 	return names
 }
 
+// unknownTemplate is ErrUnknownTemplate naming what is served and how to
+// build more.
+func (d *Driver) unknownTemplate(template string) error {
+	return fmt.Errorf("%w %s: served here: %v; `make guest` builds %s and %s, `executors/guest/template.sh %s` a template of that name (or set qemu.templates)", executors.ErrUnknownTemplate, template, d.Templates(), TemplateDefault, TemplateBusybox, template)
+}
+
 // guest returns what template boots; an unknown template or a missing file
 // is an *executors.Unrecoverable naming what to run.
 func (d *Driver) guest(template string) (Guest, error) {
 	g, ok := d.templates[template]
 	if !ok {
-		return g, executors.Unrecoverablef("qemu: template %q is not served here (have %v): `make guest` builds %s and %s, `executors/guest/template.sh %s` a template of that name (or set qemu.templates)", template, d.Templates(), TemplateDefault, TemplateBusybox, template)
+		return g, executors.AsUnrecoverable(d.unknownTemplate(template))
 	}
 	for _, f := range []struct{ what, path string }{{"kernel", g.Kernel}, {"initrd", g.Initrd}, {"disk", g.Disk}} {
 		if f.path == "" && f.what == "disk" {
@@ -310,8 +319,8 @@ func (d *Driver) guest(template string) (Guest, error) {
 
 // bootSpec is the spec of a cold boot (golden build or cold clone) of pool k.
 func (d *Driver) bootSpec(ctx context.Context, runDir, storeDir string, k fsm.PoolKey) (Spec, error) {
-	if k.Net == NetEgress {
-		return Spec{}, executors.Unrecoverablef("pool %s: net egress is not supported by the QEMU driver (the guest has no NIC)", k)
+	if err := d.CheckPool(k, true); err != nil {
+		return Spec{}, executors.AsUnrecoverable(fmt.Errorf("pool %s: %w", k, err))
 	}
 	z, err := d.sizes.Lookup(k.Size)
 	if err != nil {

@@ -626,7 +626,7 @@ func TestTemplates(t *testing.T) {
 	k := testKey
 	k.Template = "python"
 	_, err := d.bootSpec(context.Background(), "/r/vm", "/s", k)
-	if !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), `"python" is not served`) || !strings.Contains(err.Error(), "[busybox default]") {
+	if !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), "unknown template python") || !strings.Contains(err.Error(), "[busybox default]") {
 		t.Fatalf("unknown template: %v", err)
 	}
 }

@@ -64,8 +64,8 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 	if err != nil {
 		return executors.Result{}, err
 	}
-	if in.Key.Net == NetEgress {
-		return executors.Result{}, executors.Unrecoverablef("clone %s: pool %s: net egress is not supported by the QEMU driver", in.VM, in.Key)
+	if err := d.CheckPool(in.Key, in.Pooled); err != nil {
+		return executors.Result{}, executors.AsUnrecoverable(fmt.Errorf("clone %s: pool %s: %w", in.VM, in.Key, err))
 	}
 	var spec Spec
 	var r RecipeResult

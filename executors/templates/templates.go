@@ -4,7 +4,8 @@
 // names (disk.raw by default).
 //
 // Contract:
-//   - Load reads a template. A missing directory or config.json is an error
+//   - Exists says whether a template directory holds a config.json; Load
+//     reads a template. A missing directory or config.json is an error
 //     wrapping ErrNotFound; a config that is not a VmConfig with a kernel (or
 //     firmware) and exactly one disk is ErrInvalid. Relative payload and disk
 //     paths are resolved against the template directory.
@@ -96,6 +97,20 @@ type Template struct {
 	Config *ch.VmConfig
 	// Disk is the root disk image.
 	Disk string
+}
+
+// Exists reports whether dir holds a template (its config.json), without
+// reading it: what a check before any boot asks.
+func Exists(dir string) (bool, error) {
+	_, err := os.Stat(filepath.Join(dir, ConfigFile))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	default:
+		return false, fmt.Errorf("templates: %w", err)
+	}
 }
 
 // Load reads the template in dir.

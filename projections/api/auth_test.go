@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/projections/api"
 )
@@ -59,6 +60,7 @@ var successStatus = map[string]int{
 	"PUT /v1/egress/classes/{name}":     http.StatusNoContent,
 	"DELETE /v1/egress/classes/{name}":  http.StatusNoContent,
 	"POST /v1/sandboxes/{id}/exec":      http.StatusOK,
+	"POST /v1/sandboxes/{id}/preview":   http.StatusOK,
 }
 
 // routeBody is a valid body per route, so that a denied request is denied
@@ -72,10 +74,11 @@ var routeBody = map[string]string{
 	"PUT /v1/tenants":        `{"tenants":[{"name":"a"},{"name":"b"},{"name":"` + matrixTenant + `"}]}`,
 	"PUT /v1/tenants/{name}": `{"token":"matrix-tenant-token","max_claims":2}`,
 	// The {name} routes delete the class matrixTenant and put it back.
-	"PUT /v1/egress/classes/{name}": `{"egress":{"allow":[{"host":"*"}]}}`,
-	"PUT /v1/sandboxes/{id}/env":    `{"env":{"A":{"value":"1"},"B":{"value":"s","guest":false}}}`,
-	"PATCH /v1/sandboxes/{id}/env":  `{"env":{"A":null}}`,
-	"POST /v1/sandboxes/{id}/exec":  `{"argv":["true"]}`,
+	"PUT /v1/egress/classes/{name}":   `{"egress":{"allow":[{"host":"*"}]}}`,
+	"PUT /v1/sandboxes/{id}/env":      `{"env":{"A":{"value":"1"},"B":{"value":"s","guest":false}}}`,
+	"PATCH /v1/sandboxes/{id}/env":    `{"env":{"A":null}}`,
+	"POST /v1/sandboxes/{id}/exec":    `{"argv":["true"]}`,
+	"POST /v1/sandboxes/{id}/preview": `{"port":80}`,
 }
 
 // matrixTenant is the tenant the matrix puts in place of {name}.
@@ -233,7 +236,9 @@ func do(t *testing.T, n *nodetest.Node, method, path, header string, body []byte
 // change nothing; allowed ones on a sandbox get a fresh sandbox of tenant a
 // each, since release and hibernate change it.
 func TestAuthMatrix(t *testing.T) {
-	n := newNode(t, 8, nil)
+	n := newNode(t, 8, func(o *nodetest.Options) {
+		o.Tune = func(c *node.Config) { c.PreviewListen = "127.0.0.1:0" } // every route answers
+	})
 	routes := n.Server.Routes()
 	if len(routes) < len(successStatus) {
 		t.Fatalf("Routes() lists %d routes, the table knows %d", len(routes), len(successStatus))

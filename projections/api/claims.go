@@ -137,12 +137,22 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return err
 	}
 	key := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
+	redirect := s.redir != nil && !req.NoRedirect
 	if req.RequirePromoted {
 		// Only a promoted template may serve it, and this node has none.
 		s.metrics.claim("unknown_template", "", time.Since(start))
-		return errorf(http.StatusNotFound, "unknown template")
+		return errorf(http.StatusNotFound, "%s", errUnknownTemplate)
 	}
-	redirect := s.redir != nil && !req.NoRedirect
+	// What this node cannot serve at all is refused before anything is
+	// proposed (no claim, no pool left behind), unless a node with warm
+	// capacity for the key takes it (the redirect).
+	if err := s.checkPool(key, s.pools != nil && s.pooled(key)); err != nil {
+		if redirect && s.redirectClaim(w, key, start) {
+			return nil
+		}
+		s.metrics.claim(refusalOutcome(err), "", time.Since(start))
+		return err
+	}
 	claimID := newClaimID()
 	noEgress := req.Egress != nil && !*req.Egress
 	var env []egress.EnvEntry
@@ -278,6 +288,26 @@ func (s *Server) claimResponse(id string, c *fsm.ClaimRec) ClaimResponse {
 		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, NetRoute: s.netRoute(id, c),
 		Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size, Tier: c.Tier.String(), VM: c.VM,
 	}
+}
+
+// pooled reports whether a pool of key is configured (not draining).
+func (s *Server) pooled(key fsm.PoolKey) bool {
+	var ok bool
+	s.eng.View(func(st *fsm.State) {
+		p, found := st.Pool(key)
+		ok = found && !p.Draining
+	})
+	return ok
+}
+
+// refusalOutcome is the sbx_claims_total outcome of a claim checkPool
+// refused: unknown_template, as require_promoted's, or unsupported.
+func refusalOutcome(err error) string {
+	var he *httpError
+	if errors.As(err, &he) && he.status == http.StatusNotFound {
+		return "unknown_template"
+	}
+	return "unsupported"
 }
 
 func outcomeOf(err error) string {

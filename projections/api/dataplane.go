@@ -51,6 +51,9 @@ type DataPlane struct {
 	// DefaultRelayMemory): every relay reserves its worst-case buffers
 	// from it before it opens (relaymem.go).
 	RelayMemory int64
+	// Preview configures preview URLs (preview.go); the zero value turns
+	// them off.
+	Preview PreviewConfig
 }
 
 // DefaultRelayIdle is DataPlane.RelayIdle's default: far beyond the SDKs'

@@ -9,7 +9,8 @@
 // the engine, which answers once the command's events are durable and
 // applied. A *fsm.Rejection becomes its 4xx; an engine append failure
 // becomes 503, never a 4xx. Every error body is {"error": "..."}; bodies
-// are capped at 1 MiB.
+// are capped at 1 MiB, and every answer that does not read a declared
+// body closes its connection (the body guard, bodyguard.go).
 //
 // Requests that answer with an outcome rather than the command (a claim
 // served by a clone, a hibernate or wake, which answer once done as the old

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
+	"github.com/sbxlog/sbxlog/projections/api"
 )
 
 const (
@@ -38,15 +39,7 @@ func hardenedNode(t *testing.T) *nodetest.Node {
 // reader over it; the connection is closed at cleanup.
 func rawConn(t *testing.T, n *nodetest.Node, req string) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	c, err := net.Dial("tcp", strings.TrimPrefix(n.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	if _, err := io.WriteString(c, req); err != nil {
-		t.Fatal(err)
-	}
-	return c, bufio.NewReader(c)
+	return api.DialRaw(t, n.URL, req)
 }
 
 // readReply reads one response within limit; it fails the test if none
@@ -215,5 +208,60 @@ func TestDataPlaneAuthBeforeBody(t *testing.T) {
 			}
 			awaitClosed(t, c, br, time.Second)
 		})
+	}
+}
+
+// Every answer that does not read a declared body closes its connection at
+// once, whatever route (or none) it comes from: the catch-all 404 and the
+// 405 of a known path held a stalled body's connection forever, with no
+// token needed (issue 22). The body bound is a minute here, so only the
+// refusal itself can close the connections within the test's bound.
+func TestUnreadBodyClosesEveryAnswer(t *testing.T) {
+	n := newNode(t, 0, func(o *nodetest.Options) {
+		o.NoExecutors = true
+		o.Config.BodyTimeout = time.Minute
+	})
+	stalled := func(method, path, token string, chunked bool) string {
+		h := ""
+		if token != "" {
+			h = "Authorization: Bearer " + token + "\r\n"
+		}
+		if chunked {
+			// One chunk, never the last.
+			return method + " " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + h +
+				"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n"
+		}
+		return method + " " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + h +
+			"Content-Length: 100\r\n\r\n" + `{"template":`
+	}
+	for _, tc := range []struct {
+		name, method, path string
+		chunked            bool
+		want               int
+		msg                string
+	}{
+		{"unknown path", "POST", "/nope", false, http.StatusNotFound, "no route for POST /nope"},
+		{"unknown path, chunked", "POST", "/nope", true, http.StatusNotFound, "no route for POST /nope"},
+		{"method not allowed", "GET", "/v1/claim", false, http.StatusMethodNotAllowed, "method GET not allowed on /v1/claim"},
+		{"method not allowed, chunked", "GET", "/v1/claim", true, http.StatusMethodNotAllowed, "method GET not allowed on /v1/claim"},
+		{"method not allowed, body method", "DELETE", "/v1/pools", false, http.StatusMethodNotAllowed, "method DELETE not allowed on /v1/pools"},
+	} {
+		for _, token := range []string{"", rootTok} {
+			name := tc.name + ", no token"
+			if token != "" {
+				name = tc.name + ", root token"
+			}
+			t.Run(name, func(t *testing.T) {
+				c, br := rawConn(t, n, stalled(tc.method, tc.path, token, tc.chunked))
+				resp, body := readReply(t, c, br, 5*time.Second)
+				if resp.StatusCode != tc.want || !strings.Contains(body, `"error":"`+tc.msg) {
+					t.Fatalf("%d %s, want %d %q", resp.StatusCode, body, tc.want, tc.msg)
+				}
+				if !resp.Close {
+					t.Error("the answer does not say Connection: close")
+				}
+				awaitClosed(t, c, br, 5*time.Second)
+			})
+		}
 	}
 }

@@ -232,31 +232,28 @@ func TestOldClaimBodies(t *testing.T) {
 	}
 }
 
-// TestOldUnknownTemplate: a template no pool has is cold-booted, as the old
-// daemon did; when there is no such template the answer is the old 500
-// "provisioning failed" (with sbxlog's id and reason), the claim is failed,
-// and nothing of it is left in the pools. require_promoted is 404.
+// TestOldUnknownTemplate: a template that does not exist on this node is
+// the old daemon's 404 "unknown template" (naming it) at once, with no
+// event appended and no claim or pool left behind (issue 22 defect 4:
+// it used to be cold-booted and answered 500 "provisioning failed");
+// require_promoted is 404.
 func TestOldUnknownTemplate(t *testing.T) {
 	n := newNode(t, 1, nil)
 	n.Driver.SetTemplates("default")
+	settle(t, n)
+	seq := n.Log.LastSeq()
 	st, b := call(t, n, "POST", "/v1/claim", rootTok, []byte(`{"template":"nope"}`))
-	var e struct {
-		Error, ID, Reason string
-	}
-	if st != http.StatusInternalServerError || json.Unmarshal(b, &e) != nil || e.Error != "provisioning failed" || !oldIDRE.MatchString(e.ID) || e.Reason != "cold_boot_failed" {
-		t.Fatalf("claim of an unknown template: %d %s, want 500 provisioning failed with id and reason", st, b)
-	}
-	st, b = call(t, n, "GET", "/v1/sandboxes/"+e.ID, rootTok, nil)
-	var sb oldSandbox
-	decodeOld(t, "failed claim", b, &sb, "id", "key", "hibernated", "deadline", "failed")
-	if st != http.StatusOK || sb.Failed != "cold_boot_failed" || sb.Key != (oldKey{Template: "nope", Net: "none", Size: "small"}) {
-		t.Fatalf("the failed claim: %d %s", st, b)
+	wantError(t, "claim of an unknown template", st, b, http.StatusNotFound, "unknown template nope")
+	st, b = call(t, n, "POST", "/v1/claim", tokA, []byte(`{"template":"nope","size":"large"}`))
+	wantError(t, "tenant's claim of an unknown template", st, b, http.StatusNotFound, "unknown template nope")
+	if got := n.Log.LastSeq(); got != seq {
+		t.Fatalf("log went from %d to %d: a refused claim appended events", seq, got)
 	}
 	st, b = call(t, n, "GET", "/v1/info", rootTok, nil)
 	var in oldInfo
 	decodeOld(t, "info", b, &in)
 	if st != http.StatusOK || len(in.Pools) != 1 || in.Pools[0].Key != smallKey {
-		t.Fatalf("pools after the failed claim: %s", b)
+		t.Fatalf("pools after the refused claim: %s", b)
 	}
 
 	st, b = call(t, n, "POST", "/v1/claim", rootTok, []byte(`{"template":"default","require_promoted":true}`))

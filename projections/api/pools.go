@@ -158,6 +158,10 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, id auth.
 			PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size},
 			Warm:    p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds,
 		}
+		// A pool this node cannot serve is refused with the whole change.
+		if err := s.checkPool(specs[i].PoolKey, true); err != nil {
+			return err
+		}
 		if p.Egress != nil {
 			pol := p.Egress.policy()
 			if err := s.checkPolicy(pol, fmt.Sprintf("pool %q", p.Template), true); err != nil {

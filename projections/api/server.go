@@ -84,7 +84,8 @@ type Config struct {
 	// VM (default 2 min; the state fails the claim earlier).
 	ClaimWait time.Duration
 	// BodyTimeout bounds reading a request's body (default
-	// DefaultBodyTimeout); a stalled body is answered 408 and its
+	// DefaultBodyTimeout), for every request that declares one (the body
+	// guard, bodyguard.go); a stalled body is answered 408 and its
 	// connection closed.
 	BodyTimeout time.Duration
 	// LifecycleWait bounds how long a hibernate or wake waits for its
@@ -134,6 +135,7 @@ type Server struct {
 	replication func() any // Options.Replication
 	stats       StatsFunc  // Options.Stats
 	egress      EgressOptions
+	pools       PoolSupport // Options.Pools
 
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
@@ -163,6 +165,9 @@ type Options struct {
 	Egress EgressOptions
 	// DataPlane configures the routes to sandboxes' guests.
 	DataPlane DataPlane
+	// Pools, when set, says which pool keys this node can serve at all
+	// (PoolSupport); without it every key is taken.
+	Pools PoolSupport
 }
 
 // New builds a Server.
@@ -187,7 +192,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	}
 	s := &Server{
 		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
-		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats, egress: opts.Egress,
+		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats, egress: opts.Egress, pools: opts.Pools,
 		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
 	}
@@ -260,6 +265,7 @@ func (s *Server) register() {
 	add("GET", "/v1/sandboxes/{id}/agent", "sandbox", s.handleAgent, sandbox)
 	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort, root, sandbox)
 	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec, sandbox)
+	add("POST", "/v1/sandboxes/{id}/preview", "root|tenant|sandbox", s.handlePreview, root, tenant, sandbox)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
 	add("GET", "/v1/info", "root", s.handleInfo, root)
@@ -310,17 +316,16 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 			writeError(w, errorf(http.StatusMethodNotAllowed, "method %s not allowed on %s (allowed: %s)", r.Method, path, allow))
 			return
 		}
-		hasBody := r.ContentLength > 0 || (r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody)
 		// Authentication before the body, on every route that takes a
 		// token: a caller without a valid one gets its 401/403/404 at once,
-		// and the connection is closed rather than drained, so a stalled
-		// body holds nothing.
+		// and the body guard closes the connection rather than draining
+		// it, so a stalled body holds nothing.
 		var id auth.Identity
 		if len(entry.allow) > 0 {
 			bearer := auth.Bearer(r)
 			if hides && bearer != "" && hidden.pre != nil {
 				if err := hidden.pre(w, r); err != nil {
-					refuseBodyIf(hasBody, w, err)
+					writeError(w, err)
 					return
 				}
 			}
@@ -332,29 +337,29 @@ func (s *Server) dispatch(path string, table methodTable) http.HandlerFunc {
 			switch {
 			case permitted:
 			case hides:
-				refuseBodyIf(hasBody, w, refuseSandboxCaller(bearer, hidden.unknown))
+				writeError(w, refuseSandboxCaller(bearer, hidden.unknown))
 				return
 			case id.Kind == auth.Anonymous:
-				refuseBodyIf(hasBody, w, errorf(http.StatusUnauthorized, "%s", errInvalidToken))
+				writeError(w, errorf(http.StatusUnauthorized, "%s", errInvalidToken))
 				return
 			default:
-				refuseBodyIf(hasBody, w, errorf(http.StatusForbidden, "%s", errOperatorOnly))
+				writeError(w, errorf(http.StatusForbidden, "%s", errOperatorOnly))
 				return
 			}
 		}
-		if hasBody {
+		if declaresBody(r) {
 			// A body declared too large is refused before any of it is read.
 			if r.ContentLength > MaxBody {
-				refuseBody(w, errorf(http.StatusBadRequest, "%s: body over %d bytes (declared %d)", errInvalidBody, MaxBody, r.ContentLength))
+				writeError(w, errorf(http.StatusBadRequest, "%s: body over %d bytes (declared %d)", errInvalidBody, MaxBody, r.ContentLength))
 				return
 			}
 			if !bodyMethods[r.Method] {
-				refuseBody(w, errorf(http.StatusBadRequest, "%s %s takes no request body", r.Method, path))
+				writeError(w, errorf(http.StatusBadRequest, "%s %s takes no request body", r.Method, path))
 				return
 			}
-			body, err := s.readBody(w, r)
+			body, err := s.readBody(r)
 			if err != nil {
-				refuseBody(w, err)
+				writeError(w, err)
 				return
 			}
 			r.Body = &bufferedBody{Reader: bytes.NewReader(body), b: body}
@@ -378,14 +383,12 @@ func (*bufferedBody) Close() error { return nil }
 var bodyMethods = map[string]bool{http.MethodPost: true, http.MethodPut: true, http.MethodPatch: true}
 
 // readBody reads the whole request body, at most MaxBody bytes, within
-// Config.BodyTimeout: a client that declares a body and stalls is answered
-// 408 and disconnected instead of holding a connection and a goroutine.
-// The read deadline is cleared afterwards, so a long handler (a claim
-// waiting for its VM) is not cut off by it.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	rc := http.NewResponseController(w)
-	// A socket deadline: the real clock, not the injectable one.
-	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+// the body guard's Config.BodyTimeout: a client that declares a body and
+// stalls is answered 408 and disconnected (the guard closes a connection
+// whose body was not read to its end) instead of holding a connection and
+// a goroutine. The guard clears its read deadline once the body is in, so
+// a long handler (a claim waiting for its VM) is not cut off by it.
+func (s *Server) readBody(r *http.Request) ([]byte, error) {
 	var body []byte
 	var err error
 	if r.ContentLength > 0 {
@@ -398,7 +401,6 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	} else {
 		body, err = io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
 	}
-	_ = rc.SetReadDeadline(time.Time{})
 	var ne net.Error
 	switch {
 	case errors.As(err, &ne) && ne.Timeout():
@@ -409,25 +411,6 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		return nil, errorf(http.StatusBadRequest, "%s: body over %d bytes", errInvalidBody, MaxBody)
 	}
 	return body, nil
-}
-
-// refuseBody answers err and closes the connection: what is left of the
-// request body is never read. Connection: close alone is not enough:
-// net/http still drains up to 256 KiB of an unread body after the handler
-// (blocking on a client that stalls), so the read deadline is moved to now
-// and that drain fails at once.
-func refuseBody(w http.ResponseWriter, err error) {
-	w.Header().Set("Connection", "close")
-	writeError(w, err)
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
-}
-
-func refuseBodyIf(hasBody bool, w http.ResponseWriter, err error) {
-	if hasBody {
-		refuseBody(w, err)
-		return
-	}
-	writeError(w, err)
 }
 
 // writeErr maps engine and state errors to statuses and logs server faults.
@@ -460,8 +443,11 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler: every request goes through the body
+// guard (bodyguard.go), whatever answers it.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	guardBody(s.mux, s.cfg.BodyTimeout, w, r)
+}
 
 // tokenGen looks up a sandbox's token generation for sandbox tokens. Ended
 // claims keep their generation while the state retains them.

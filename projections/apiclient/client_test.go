@@ -174,7 +174,7 @@ func TestErrors(t *testing.T) {
 		{"tenant reads info", func() error { _, err := c.WithToken("acme-token").Info(ctx); return err }, 403, "operator token required"},
 		{"unknown sandbox", func() error { _, err := c.Sandbox(ctx, "sb_0000000000000000"); return err }, 404, "unknown sandbox"},
 		{"bad template", func() error { _, err := c.Claim(ctx, api.ClaimRequest{Template: "-bad"}); return err }, 400, "template"},
-		{"unknown template", func() error { _, err := c.Claim(ctx, api.ClaimRequest{Template: "nope"}); return err }, 500, "provisioning failed"},
+		{"unknown template", func() error { _, err := c.Claim(ctx, api.ClaimRequest{Template: "nope"}); return err }, 404, "unknown template nope"},
 		{"require_promoted", func() error {
 			_, err := c.Claim(ctx, api.ClaimRequest{Template: "default", RequirePromoted: true})
 			return err

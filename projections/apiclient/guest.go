@@ -44,6 +44,17 @@ func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest) (*api
 	return &out, nil
 }
 
+// Preview is POST /v1/sandboxes/{id}/preview: a URL that reaches guest
+// port req.Port without any other credential until it expires or the
+// claim ends.
+func (c *Client) Preview(ctx context.Context, id string, req api.PreviewRequest) (*api.PreviewResponse, error) {
+	var out api.PreviewResponse
+	if err := c.do(ctx, http.MethodPost, sandboxPath(id, "preview"), nil, req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // upgrade writes the old SDK's upgrade request for path, header for
 // header, and returns the connection after its 101. Bytes the server sent
 // behind the 101 are the connection's first reads.

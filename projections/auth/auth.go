@@ -191,11 +191,8 @@ func (a *Authenticator) Identify(token, sandboxID string, gens GenerationLookup)
 		return Identity{Kind: Tenant, Tenant: name}
 	}
 	if sandboxID != "" && strings.HasPrefix(token, "sbt_") && gens != nil {
-		if gen, ok := gens(sandboxID); ok {
-			want := a.SandboxToken(sandboxID, gen)
-			if subtle.ConstantTimeCompare([]byte(token), []byte(want)) == 1 {
-				return Identity{Kind: Sandbox, SandboxID: sandboxID}
-			}
+		if gen, ok := gens(sandboxID); ok && a.IsSandboxToken(token, sandboxID, gen) {
+			return Identity{Kind: Sandbox, SandboxID: sandboxID}
 		}
 	}
 	return Identity{}

@@ -206,6 +206,12 @@ type Config struct {
 	// DataPlane configures the routes to guests; its Dialer defaults to
 	// the driver, when the driver is an executors.AgentDialer.
 	DataPlane api.DataPlane
+	// PreviewListen is the preview listener's address (preview URLs,
+	// api.Server.PreviewHandler), unless PreviewListener is set; with
+	// neither there is no preview. DataPlane.Preview.Advertise defaults to
+	// the listener's address.
+	PreviewListen   string
+	PreviewListener net.Listener
 	// Clock is the time the node's logic reads (the engine's stamps and
 	// timers, the executors' backoff and parking, the API's answers);
 	// default the system clock. Durations of
@@ -273,6 +279,9 @@ type Node struct {
 
 	http *http.Server
 	ln   net.Listener
+	// The preview listener (Config.PreviewListen), when configured.
+	previewHTTP *http.Server
+	previewLn   net.Listener
 
 	tenants []fsm.TenantSpec // the config's, hashed
 
@@ -329,7 +338,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if cfg.Clock == nil {
 		cfg.Clock = engine.SystemClock()
 	}
-	built := &Node{cfg: cfg, zl: cfg.Log, stopped: make(chan struct{}), serveErr: make(chan error, 1), ln: cfg.Listener}
+	built := &Node{cfg: cfg, zl: cfg.Log, stopped: make(chan struct{}), serveErr: make(chan error, 1), ln: cfg.Listener, previewLn: cfg.PreviewListener}
 	n = built
 	defer func() {
 		// A step failed: undo what the earlier ones started, in reverse
@@ -464,6 +473,19 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if gd, ok := n.Driver.(executors.AgentDialer); ok && apiOpts.DataPlane.Dialer == nil {
 		apiOpts.DataPlane.Dialer = gd
 	}
+	// The driver knows which templates and nets this node has: the API
+	// refuses the rest before proposing anything.
+	if ps, ok := n.Driver.(api.PoolSupport); ok {
+		apiOpts.Pools = ps
+	}
+	if n.previewLn == nil && cfg.PreviewListen != "" {
+		if n.previewLn, err = net.Listen("tcp", cfg.PreviewListen); err != nil {
+			return nil, fmt.Errorf("preview listener: %w", err)
+		}
+	}
+	if n.previewLn != nil && apiOpts.DataPlane.Preview.Advertise == "" {
+		apiOpts.DataPlane.Preview.Advertise = n.previewLn.Addr().String()
+	}
 	var apiEng api.Engine = n.Engine
 	var apiLog api.Log = n.Log
 	if n.Repl != nil {
@@ -506,6 +528,16 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		}
 		n.serveErr <- err
 	})
+	if n.previewLn != nil {
+		n.previewHTTP = &http.Server{Handler: n.Server.PreviewHandler(), ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout}
+		srv, ln := n.previewHTTP, n.previewLn
+		n.spawn(func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				zl.Error().Err(err).Msg("preview http server")
+			}
+		})
+		zl.Info().Str("preview_listen", ln.Addr().String()).Msg("preview listener serving")
+	}
 	n.spawn(n.snapshotLoop)
 	n.spawn(n.runMeter)
 	if n.Repl != nil {
@@ -543,6 +575,14 @@ func (n *Node) listenAddr() string {
 		return n.ln.Addr().String()
 	}
 	return n.cfg.Listen
+}
+
+// PreviewAddr is the preview listener's address ("" without one).
+func (n *Node) PreviewAddr() string {
+	if n.previewLn == nil {
+		return ""
+	}
+	return n.previewLn.Addr().String()
 }
 
 // Addr is the address the node serves HTTP on.
@@ -717,6 +757,9 @@ func (n *Node) Stop() error {
 		if n.http != nil {
 			step(stopHTTPWait, func(ctx context.Context) { _ = n.http.Shutdown(ctx) })
 		}
+		if n.previewHTTP != nil {
+			step(stopHTTPWait, func(ctx context.Context) { _ = n.previewHTTP.Shutdown(ctx) })
+		}
 		if n.Executors != nil {
 			step(stopExecutorsWait, func(ctx context.Context) {
 				if e := n.Executors.Shutdown(ctx); e != nil {
@@ -759,6 +802,9 @@ func (n *Node) Kill() {
 		if n.http != nil {
 			_ = n.http.Close()
 		}
+		if n.previewHTTP != nil {
+			_ = n.previewHTTP.Close()
+		}
 		if n.Server != nil {
 			n.Server.AbortRelays() // a crash takes its connections along
 		}
@@ -798,6 +844,9 @@ func (n *Node) closeAll() {
 	if n.http == nil && n.ln != nil && n.cfg.Listener != nil {
 		// A listener handed in and never served is still ours to close.
 		_ = n.ln.Close()
+	}
+	if n.previewHTTP == nil && n.previewLn != nil {
+		_ = n.previewLn.Close()
 	}
 }
 

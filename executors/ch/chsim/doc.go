@@ -35,7 +35,8 @@
 //     a simulated guest agent speaks the real silkd protocol (guest.go:
 //     silkagent's simulated guest, which says it is simulated, simulates a
 //     few commands and never runs a host one, and forwards
-//     silkagent.SimEchoPort to an echo server; chsim keeps the guest's files
+//     silkagent.SimEchoPort to an echo server and SimHTTPPort to an HTTP
+//     server; chsim keeps the guest's files
 //     in memory and in its snapshots), and on any other port lines are
 //     echoed.
 //

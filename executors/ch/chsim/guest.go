@@ -27,8 +27,8 @@ import (
 //     memory (a command running at the snapshot is lost, as its connection
 //     is); pty_open is unimplemented and says the guest is simulated.
 //   - port_forward reaches silkagent.SimDial's in-memory echo server on
-//     silkagent.SimEchoPort (both half-closes work); every other port is
-//     refused (not_found).
+//     silkagent.SimEchoPort (both half-closes work) or its HTTP server on
+//     silkagent.SimHTTPPort; every other port is refused (not_found).
 //   - Connections opened before a pause keep being answered while the VM is
 //     paused (a real guest would stall them); new ones wait for the VM to
 //     run, as the CONNECT handshake does.

@@ -143,10 +143,11 @@
 // others are ignored). Its sessions are a simulated shell over the MemFS
 // (builtins cd, pwd, export, unset, exit; eval of simple shell text; the
 // SimCommands), and pty_open is unimplemented, saying it simulates. SimDial
-// serves an in-memory echo server on SimEchoPort (half-closes passed on) and
-// refuses every other port. Over a MemFS it serves the whole-tree ops and
-// fs_watch (a MemFS holds no symlinks: a pushed one is bad_request); git and
-// lsp are not simulated (unimplemented).
+// serves an in-memory echo server on SimEchoPort (half-closes passed on), a
+// one-request HTTP server on SimHTTPPort (with a websocket upgrade that
+// echoes), and refuses every other port. Over a MemFS it serves the
+// whole-tree ops and fs_watch (a MemFS holds no symlinks: a pushed one is
+// bad_request); git and lsp are not simulated (unimplemented).
 //
 // Errors of a backend become error frames: an *silkd.Error as it is, one
 // wrapping fs.ErrNotExist as not_found, anything else internal; messages are

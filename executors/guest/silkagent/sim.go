@@ -1,13 +1,18 @@
 package silkagent
 
 import (
+	"bufio"
 	"context"
+	"crypto/sha1"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"math"
 	"net"
+	"net/http"
 	"os"
 	"path"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,8 +28,17 @@ import (
 // what it acts on is simulated.
 
 // SimEchoPort is the guest port where the simulated guest runs an echo
-// server (the classic echo port); every other port refuses.
+// server (the classic echo port); SimHTTPPort its HTTP server; every other
+// port refuses.
 const SimEchoPort = 7
+
+// SimHTTPPort is the simulated guest's HTTP server: one request per
+// connection, answered 200 text/plain with the request line and the names
+// of the headers it got ("GET /a?b=c HTTP/1.1" then "header: Name" lines,
+// sorted); a request to upgrade to websocket is answered 101 with its
+// Sec-WebSocket-Accept, after which every byte is echoed (the frames come
+// back as they were sent: the relay, not WebSocket, is what it shows).
+const SimHTTPPort = 80
 
 // SimCommands are the commands the simulated guest's exec understands
 // (argv[0]'s base name, so /bin/true is true):
@@ -152,16 +166,46 @@ func simSleep(args []string) (time.Duration, error) {
 // in-memory echo server that passes half-closes on, every other port is
 // refused.
 func SimDial(_ context.Context, port uint16) (net.Conn, error) {
-	if port != SimEchoPort {
-		return nil, fmt.Errorf("simulated guest: nothing listens on port %d (only the echo server on %d): %w", port, SimEchoPort, syscall.ECONNREFUSED)
+	var serve func(*halfConn)
+	switch port {
+	case SimEchoPort:
+		serve = func(server *halfConn) { _, _ = io.Copy(server, server) }
+	case SimHTTPPort:
+		serve = simHTTP
+	default:
+		return nil, fmt.Errorf("simulated guest: nothing listens on port %d (only the echo server on %d and HTTP on %d): %w", port, SimEchoPort, SimHTTPPort, syscall.ECONNREFUSED)
 	}
 	client, server := pipePair()
 	go func() {
-		_, _ = io.Copy(server, server)
+		serve(server)
 		_ = server.CloseWrite()
 		server.closeRead()
 	}()
 	return client, nil
+}
+
+// simHTTP serves one request of SimHTTPPort on conn.
+func simHTTP(conn *halfConn) {
+	br := bufio.NewReader(conn)
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return
+	}
+	if strings.EqualFold(req.Header.Get("Upgrade"), "websocket") {
+		sum := sha1.Sum([]byte(req.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+		_, _ = fmt.Fprintf(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+			base64.StdEncoding.EncodeToString(sum[:]))
+		_, _ = io.Copy(conn, br)
+		return
+	}
+	_, _ = io.Copy(io.Discard, req.Body)
+	names := make([]string, 0, len(req.Header))
+	for k := range req.Header {
+		names = append(names, "header: "+k)
+	}
+	sort.Strings(names)
+	body := req.Method + " " + req.RequestURI + " " + req.Proto + "\n" + strings.Join(names, "\n") + "\n"
+	_, _ = fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
 }
 
 // simProc is a simulated process: pipes for its streams, a goroutine for

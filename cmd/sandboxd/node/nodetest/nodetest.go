@@ -70,6 +70,9 @@ type FakeDriver struct {
 	// templates, when set (SetTemplates), are the only templates the fake
 	// has; nil: every template exists.
 	templates atomic.Pointer[map[string]bool]
+	// NoBridge makes egress pools unsupported (CheckPool), as on a node
+	// with no bridge.
+	NoBridge atomic.Bool
 
 	guests // the guest agents, for the data plane (guest.go)
 }
@@ -90,6 +93,21 @@ func (f *FakeDriver) missing(name string) bool {
 	m := f.templates.Load()
 	return m != nil && !(*m)[name]
 }
+
+// CheckPool implements api.PoolSupport as a real driver does: a template
+// SetTemplates left out is unknown, an egress net needs a bridge
+// (NoBridge).
+func (f *FakeDriver) CheckPool(k fsm.PoolKey, _ bool) error {
+	if k.Net == "egress" && f.NoBridge.Load() {
+		return executors.NetUnsupported("net egress needs a bridge (nodetest: NoBridge)")
+	}
+	if f.missing(k.Template) {
+		return executors.UnknownTemplate(k.Template)
+	}
+	return nil
+}
+
+var _ api.PoolSupport = (*FakeDriver)(nil)
 
 // ErrFakeFailure is the error of a hibernate or wake the fake was told to
 // fail (FailHibernates, FailWakes).

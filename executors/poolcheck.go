@@ -1,0 +1,32 @@
+package executors
+
+import (
+	"errors"
+	"fmt"
+)
+
+// What a driver answers, before anything is proposed, for a pool key it
+// cannot serve at all (its PoolSupport check): the API refuses such a
+// claim or pool at once with a 4xx instead of letting the boot fail later
+// as a 500, or leaving a pool behind.
+var (
+	// ErrUnknownTemplate: the key's template does not exist on this node.
+	ErrUnknownTemplate = errors.New("unknown template")
+	// ErrNetUnsupported: this node cannot give the key's net (an egress
+	// pool on a node with no bridge, or a driver with no NIC to give).
+	ErrNetUnsupported = errors.New("net not supported on this node")
+)
+
+// UnknownTemplate is ErrUnknownTemplate naming the template.
+func UnknownTemplate(name string) error { return fmt.Errorf("%w %s", ErrUnknownTemplate, name) }
+
+// NetUnsupported is an error that is ErrNetUnsupported and says only the
+// reason.
+func NetUnsupported(format string, args ...any) error {
+	return netUnsupported(fmt.Sprintf(format, args...))
+}
+
+type netUnsupported string
+
+func (e netUnsupported) Error() string        { return string(e) }
+func (e netUnsupported) Is(target error) bool { return target == ErrNetUnsupported }
