@@ -45,6 +45,9 @@ type DataPlane struct {
 	// RelayIdle ends a relay through which nothing moved for that long
 	// (default DefaultRelayIdle; negative: never).
 	RelayIdle time.Duration
+	// RelayDrain cuts a relay one side of which half-closed once nothing
+	// moved the other way for that long (default relay.DefaultDrain).
+	RelayDrain time.Duration
 	// DialTimeout bounds reaching the guest agent (default 30 s).
 	DialTimeout time.Duration
 	// RelayMemory is the node's relay memory budget in bytes (default
@@ -435,5 +438,5 @@ func (d *dataPlane) close(o *opened, res relay.Result) {
 
 // relayOptions are the splice's options for this node.
 func (d *dataPlane) relayOptions() relay.Options {
-	return relay.Options{Idle: d.opts.RelayIdle}
+	return relay.Options{Idle: d.opts.RelayIdle, Drain: d.opts.RelayDrain}
 }

@@ -14,21 +14,28 @@
 //     per chunk, or per relay once the pool is warm.
 //   - Half-close: a clean EOF from one side is passed on with CloseWrite
 //     where the other side has one (TCP, unix stream, or a wrapper that
-//     implements it); then the other direction gets Options.Drain to finish
-//     before both are closed. A side without CloseWrite is closed, which
-//     ends the relay. A copy error (not EOF) closes both at once.
+//     implements it); the other direction then runs for as long as it
+//     makes progress, and is cut once nothing moved for Options.Drain (a
+//     peer that stopped, not one that is slow: a bound on the time since
+//     the half-close would cut a stream that is still moving, and on a
+//     loaded node it did). A side without CloseWrite is closed, which ends
+//     the relay. A copy error (not EOF) closes both at once.
+//   - Never a silent short stream: a relay the drain bound cuts resets the
+//     client (TCP RST: its read fails, ECONNRESET, after what did arrive)
+//     rather than closing it with a FIN that would read as a complete
+//     answer, and ends with ReasonDrain.
 //   - Idle: with Options.Idle > 0, a relay through which no byte moved in
 //     either direction for that long ends with ReasonIdle. For a TCP client
 //     the count is the kernel's (TCP_INFO bytes received and acknowledged),
 //     so the spliced path is watched without being slowed; otherwise the
-//     copies count what they move.
+//     copies count what they move. The drain bound watches the same count.
 //   - Stop ends a relay from outside with a reason (a release, a shutdown):
 //     the guest is closed, the client gets a FIN (CloseWrite) and, after a
 //     short grace for it to notice, is closed too.
 //   - Run returns once both directions ended and both connections are
-//     closed, with the bytes each way and why it ended: the first of
-//     ReasonClient (the client's EOF or error came first), ReasonGuest,
-//     ReasonIdle, ReasonDrain, or Stop's reason.
+//     closed, with the bytes each way and why it ended: ReasonDrain if the
+//     drain bound cut it, else the first of ReasonClient (the client's EOF
+//     or error came first), ReasonGuest, ReasonIdle, or Stop's reason.
 package relay
 
 import (
@@ -45,13 +52,13 @@ const (
 	ReasonClient = "client" // the client ended first (EOF, error or reset)
 	ReasonGuest  = "guest"  // the guest ended first
 	ReasonIdle   = "idle"   // nothing moved for Options.Idle
-	ReasonDrain  = "drain"  // one side ended and the other did not within Options.Drain
+	ReasonDrain  = "drain"  // one side ended, then nothing moved the other way for Options.Drain
 )
 
 // Defaults of Options.
 const (
-	// DefaultDrain is how long the other direction may run after one side
-	// ended cleanly (the old daemon's drain grace).
+	// DefaultDrain is how long the other direction may make no progress
+	// after one side ended cleanly (the old daemon's drain grace).
 	DefaultDrain = 30 * time.Second
 	// DefaultBuffer is the copy buffer of the pooled path, held for a
 	// relay's life by each of its directions: large enough that a frame
@@ -67,12 +74,13 @@ type Options struct {
 	// Idle ends a relay through which nothing moved for that long (0: no
 	// idle limit).
 	Idle time.Duration
-	// Drain bounds the other direction once one side ended (DefaultDrain).
+	// Drain cuts the other direction once one side ended and nothing
+	// moved for that long (DefaultDrain).
 	Drain time.Duration
 	// Pool is the buffer pool of the copying path (nil: a package pool of
 	// DefaultBuffer buffers).
 	Pool *Pool
-	// Now is the clock the idle watch reads (default time.Now).
+	// Now is the clock the idle and drain watches read (default time.Now).
 	Now func() time.Time
 }
 
@@ -111,13 +119,15 @@ type Relay struct {
 	client, guest net.Conn
 	o             Options
 
-	mu      sync.Mutex
-	reason  string // the first end, once known
-	stopped bool
-	drain   *time.Timer
-	closed  bool
+	mu         sync.Mutex
+	reason     string // the first end, once known
+	stopped    bool
+	stopDrain  func() // ends the drain watch, once a side half-closed
+	ends       int    // directions that ended
+	closed     bool
+	kernelMove func() (int64, bool) // the TCP side's count (tcpCounter), or nil
 
-	moved atomic.Int64 // bytes the copying path moved (the idle watch's count)
+	moved atomic.Int64 // bytes the copying path moved (with kernelMove, the watches' count)
 }
 
 // Splice returns a relay between client and guest; nothing moves until Run.
@@ -131,7 +141,11 @@ func Splice(client, guest net.Conn, o Options) *Relay {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Relay{client: client, guest: guest, o: o}
+	kernel := tcpCounter(client)
+	if kernel == nil {
+		kernel = tcpCounter(guest)
+	}
+	return &Relay{client: client, guest: guest, o: o, kernelMove: kernel}
 }
 
 // setReason records why the relay ends, if nothing did before.
@@ -151,12 +165,32 @@ func (r *Relay) closeAll() {
 		return
 	}
 	r.closed = true
-	if r.drain != nil {
-		r.drain.Stop()
-	}
+	stopDrain := r.stopDrain
 	r.mu.Unlock()
+	if stopDrain != nil {
+		stopDrain()
+	}
 	_ = r.guest.Close()
 	_ = r.client.Close()
+}
+
+// cut ends the relay with ReasonDrain: a direction still owed bytes, so
+// the client is reset, which its read reports as an error, instead of
+// being closed with a FIN that it would take for a complete stream. A
+// Stop's reason stays (its FIN is the contract of a release), and a relay
+// whose directions both ended meanwhile is left to end cleanly.
+func (r *Relay) cut() {
+	r.mu.Lock()
+	if r.stopped || r.closed || r.ends == 2 {
+		r.mu.Unlock()
+		return
+	}
+	r.reason = ReasonDrain
+	r.mu.Unlock()
+	if l, ok := r.client.(interface{ SetLinger(int) error }); ok {
+		_ = l.SetLinger(0) // close sends RST
+	}
+	r.closeAll()
 }
 
 // Stop ends the relay with reason: the guest is closed, the client sees a
@@ -186,6 +220,7 @@ type closeWriter interface{ CloseWrite() error }
 func (r *Relay) ended(dst net.Conn, err error, reason string) {
 	r.setReason(reason)
 	r.mu.Lock()
+	r.ends++
 	stopped := r.stopped
 	r.mu.Unlock()
 	if stopped {
@@ -194,11 +229,8 @@ func (r *Relay) ended(dst net.Conn, err error, reason string) {
 	if err == nil {
 		if cw, ok := dst.(closeWriter); ok && cw.CloseWrite() == nil {
 			r.mu.Lock()
-			if !r.closed && r.drain == nil {
-				r.drain = time.AfterFunc(r.o.Drain, func() {
-					r.setReason(ReasonDrain)
-					r.closeAll()
-				})
+			if !r.closed && r.stopDrain == nil {
+				r.stopDrain = r.watchStall(r.o.Drain, r.cut)
 			}
 			r.mu.Unlock()
 			return
@@ -239,9 +271,15 @@ func (r *Relay) Run(pending []byte) Result {
 		res.Out, res.Spliced[1] = n, spliced
 		r.ended(r.client, copyEnd(err), ReasonGuest)
 	}()
-	stopWatch := r.watchIdle()
+	stopIdle := func() {}
+	if r.o.Idle > 0 {
+		stopIdle = r.watchStall(r.o.Idle, func() {
+			r.setReason(ReasonIdle)
+			r.closeAll()
+		})
+	}
 	wg.Wait()
-	stopWatch()
+	stopIdle()
 	r.closeAll()
 	r.mu.Lock()
 	res.Reason = r.reason
@@ -310,30 +348,28 @@ func (c countingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// watchIdle ends the relay once nothing moved for Options.Idle and returns
-// what stops the watch.
-func (r *Relay) watchIdle() (stop func()) {
-	if r.o.Idle <= 0 {
-		return func() {}
-	}
-	kernel := tcpCounter(r.client)
-	if kernel == nil {
-		kernel = tcpCounter(r.guest)
-	}
-	count := func() int64 {
-		if kernel != nil {
-			if n, ok := kernel(); ok {
-				return n + r.moved.Load()
-			}
+// count is the bytes moved either way so far, as the watches see them: the
+// kernel's count of the TCP side plus what the copying path moved.
+func (r *Relay) count() int64 {
+	n := r.moved.Load()
+	if r.kernelMove != nil {
+		if k, ok := r.kernelMove(); ok {
+			n += k
 		}
-		return r.moved.Load()
 	}
-	step := max(r.o.Idle/4, 10*time.Millisecond)
+	return n
+}
+
+// watchStall calls stalled (once, on its own goroutine) when nothing moved
+// for limit, as read on Options.Now, and returns what stops the watch. The
+// idle limit and the drain bound are both this watch.
+func (r *Relay) watchStall(limit time.Duration, stalled func()) (stop func()) {
+	step := max(limit/4, 10*time.Millisecond)
 	var (
 		mu     sync.Mutex
 		done   bool
 		t      *time.Timer
-		last   = count()
+		last   = r.count()
 		lastAt = r.o.Now()
 	)
 	var check func()
@@ -344,12 +380,11 @@ func (r *Relay) watchIdle() (stop func()) {
 			return
 		}
 		now := r.o.Now()
-		if n := count(); n != last {
+		if n := r.count(); n != last {
 			last, lastAt = n, now
-		} else if now.Sub(lastAt) >= r.o.Idle {
+		} else if now.Sub(lastAt) >= limit {
 			done = true
-			r.setReason(ReasonIdle)
-			go r.closeAll()
+			go stalled()
 			return
 		}
 		t = time.AfterFunc(step, check)

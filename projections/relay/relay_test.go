@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -167,16 +169,112 @@ func TestRelayHalfClose(t *testing.T) {
 	})
 }
 
-// A side that half-closes while the other never ends is bounded by Drain.
-func TestRelayDrainBound(t *testing.T) {
-	rl := start(t, "unix", Options{Drain: 50 * time.Millisecond}, nil)
-	rl.client.(*net.TCPConn).CloseWrite()
-	res := rl.result(t, 5*time.Second)
-	if res.Reason != ReasonClient {
-		t.Fatalf("%+v", res)
+// fakeClock is Options.Now under the test's control.
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) now() time.Time          { return time.Unix(1e9, c.ns.Load()) }
+func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// After one side half-closed, the other direction runs for as long as it
+// makes progress: a slow answer (or upload) that takes far longer than
+// Drain, on the watch's clock and on the real one, arrives whole and ends
+// cleanly. Drain once bounded the time since the half-close, and cut such a
+// stream short with a FIN the client took for its end.
+func TestRelayDrainWaitsForProgress(t *testing.T) {
+	const (
+		drain  = 400 * time.Millisecond // real time the old bound cut at
+		chunks = 20
+		pace   = 30 * time.Millisecond // real time between chunks: 600 ms in all
+		step   = drain / 10            // watch's time between chunks: 2 s in all
+	)
+	for _, first := range []string{"client", "guest"} {
+		t.Run(first+" first", func(t *testing.T) {
+			clock := &fakeClock{}
+			rl := start(t, "unix", Options{Drain: drain, Now: clock.now}, nil)
+			// The side that ends first is the slow one's reader.
+			from, to, want := rl.guest, rl.client, ReasonClient
+			if first == "guest" {
+				from, to, want = rl.client, rl.guest, ReasonGuest
+			}
+			to.(closeWriter).CloseWrite()
+			if b, err := io.ReadAll(from); err != nil || len(b) != 0 {
+				t.Fatalf("half-close not passed on: %q %v", b, err)
+			}
+			var sent []byte
+			got := make([]byte, 0, chunks*8)
+			for i := range chunks {
+				chunk := fmt.Appendf(nil, "chunk%02d;", i)
+				if _, err := from.Write(chunk); err != nil {
+					t.Fatalf("chunk %d: %v", i, err)
+				}
+				sent = append(sent, chunk...)
+				buf := make([]byte, len(chunk))
+				if _, err := io.ReadFull(to, buf); err != nil {
+					t.Fatalf("chunk %d arrived as %q: %v (the relay was cut)", i, append(got, buf...), err)
+				}
+				got = append(got, buf...)
+				clock.advance(step)
+				time.Sleep(pace) // the sender's pace: what it is slow at
+			}
+			from.(closeWriter).CloseWrite()
+			if rest, err := io.ReadAll(to); err != nil || len(rest) != 0 {
+				t.Fatalf("after the last chunk: %q %v", rest, err)
+			}
+			if !bytes.Equal(got, sent) {
+				t.Fatalf("got %q, want %q", got, sent)
+			}
+			if res := rl.result(t, 5*time.Second); res.Reason != want {
+				t.Fatalf("%+v, want reason %s", res, want)
+			}
+		})
 	}
-	if _, err := rl.guest.Read(make([]byte, 1)); err == nil {
-		t.Fatal("guest still open")
+}
+
+// A side that half-closes while the other stops moving is cut once
+// nothing moved for Drain, and visibly: the client reads what did arrive,
+// then a reset (not a clean end that would pass for the whole answer); the
+// guest is closed, and the relay ends with ReasonDrain.
+func TestRelayDrainCutsAStall(t *testing.T) {
+	for _, partial := range []string{"", "the first half of an answer"} {
+		t.Run(fmt.Sprintf("%d bytes before the stall", len(partial)), func(t *testing.T) {
+			const drain = 400 * time.Millisecond
+			clock := &fakeClock{}
+			rl := start(t, "unix", Options{Drain: drain, Now: clock.now}, nil)
+			rl.client.Write([]byte("question"))
+			rl.client.(*net.TCPConn).CloseWrite()
+			if b, _ := io.ReadAll(rl.guest); string(b) != "question" {
+				t.Fatalf("guest read %q", b)
+			}
+			rl.guest.Write([]byte(partial)) // and then nothing
+			buf := make([]byte, len(partial))
+			if _, err := io.ReadFull(rl.client, buf); err != nil || string(buf) != partial {
+				t.Fatalf("client read %q %v", buf, err)
+			}
+			// The watch's clock moves on until the watch notices the stall.
+			deadline := time.Now().Add(10 * time.Second)
+			var res Result
+		wait:
+			for {
+				clock.advance(drain / 4)
+				select {
+				case res = <-rl.done:
+					break wait
+				case <-time.After(20 * time.Millisecond):
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("a stalled relay outlived its drain bound")
+				}
+			}
+			if res.Reason != ReasonDrain {
+				t.Fatalf("%+v, want reason %s", res, ReasonDrain)
+			}
+			if n, err := rl.client.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("client read after the cut: %d, %v; want a reset", n, err)
+			}
+			if _, err := rl.guest.Read(make([]byte, 1)); err == nil {
+				t.Fatal("guest still open")
+			}
+		})
 	}
 }
 
