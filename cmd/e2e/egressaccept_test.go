@@ -23,7 +23,6 @@ import (
 	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
 	"github.com/sbxlog/sbxlog/executors/egress/proxy"
-	"github.com/sbxlog/sbxlog/executors/tap"
 )
 
 // The acceptance world's "internet": a namespace on a veth from the host
@@ -368,7 +367,7 @@ func TestEgressAcceptance(t *testing.T) {
 	}
 	// Direct traffic, bypassing the proxy: dropped at the tap.
 	dropped := func() uint64 {
-		s, ok := n.locks(t)[tap.Name(a.VM)]
+		s, ok := n.locks(t)[n.tapOf(t, a.VM)]
 		if !ok || !s.OK {
 			t.Fatalf("the lock of %s: %+v", a.VM, s)
 		}

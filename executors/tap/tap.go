@@ -3,9 +3,12 @@
 // and deleted with the VM.
 //
 // Contract:
-//   - Name(vmID) derives the tap's interface name from the VM id: deterministic (a
-//     restarted daemon finds the same tap), unique in practice (60 bits of SHA-256),
-//     a valid Linux interface name of exactly 15 bytes, starting with Prefix.
+//   - Name(instance, vmID) derives the tap's interface name from the sandboxd
+//     instance and the VM id: deterministic (a restarted daemon finds the same
+//     tap), unique in practice (60 bits of SHA-256) across VMs and instances (two
+//     sandboxd on one host may hold VMs of the same id: a VM id is unique in one
+//     instance's log only), a valid Linux interface name of exactly 15 bytes,
+//     starting with Prefix.
 //   - Create(name, bridge) leaves a tap `name` up with master `bridge`. It is
 //     idempotent: an existing tap already on that bridge is left as is, and a tap a
 //     crashed earlier Create made but did not attach is attached and brought up. An
@@ -50,9 +53,9 @@ var (
 
 var nameEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
-// Name returns the tap name for a VM.
-func Name(vmID string) string {
-	sum := sha256.Sum256([]byte(vmID))
+// Name returns the tap name of VM vmID of the sandboxd instance.
+func Name(instance, vmID string) string {
+	sum := sha256.Sum256([]byte("tap/" + instance + "/" + vmID))
 	return Prefix + nameEncoding.EncodeToString(sum[:])[:maxName-len(Prefix)]
 }
 
