@@ -48,7 +48,7 @@ func resolveQEMU(cfg Config) (string, error) {
 
 // newQEMUDriver builds the QEMU driver; the guest defaults to the newest
 // cached `make guest` build.
-func newQEMUDriver(cfg Config, bin string, roots layout.Roots, instance string, zl zerolog.Logger) (*qemu.Driver, error) {
+func newQEMUDriver(cfg Config, bin string, roots layout.Roots, instance string, egress *qemu.Egress, zl zerolog.Logger) (*qemu.Driver, error) {
 	kernel, initrd := cfg.QEMU.Kernel, cfg.QEMU.Initrd
 	if kernel == "" && initrd == "" {
 		if g, ok := qemu.CachedGuest(""); ok {
@@ -66,6 +66,6 @@ func newQEMUDriver(cfg Config, bin string, roots layout.Roots, instance string, 
 	}
 	return qemu.New(qemu.Config{
 		Roots: roots, Instance: instance, QEMU: bin, Accel: qemu.Accel(cfg.QEMU.Accel),
-		Kernel: kernel, Initrd: initrd, Log: zl,
+		Kernel: kernel, Initrd: initrd, Egress: egress, Log: zl,
 	})
 }

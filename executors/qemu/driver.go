@@ -17,6 +17,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
+	"github.com/sbxlog/sbxlog/executors/tap"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -74,8 +75,8 @@ func (s Sizes) Lookup(name string) (Size, error) {
 // after the halving of underTCG.
 const DefaultTCGMaxMemoryMiB = 1024
 
-// NetEgress is the pool net this driver refuses: the guest has no NIC to the
-// outside (its one NIC is the agent network, restricted to the agent).
+// NetEgress is the pool net whose VMs get the egress NIC on a locked tap
+// (egress.go; Config.Egress).
 const NetEgress = "egress"
 
 // Config configures a Driver. Zero values take the defaults named per field.
@@ -113,7 +114,11 @@ type Config struct {
 	// ResumeTimeout bounds making a VM run again after a failed hibernate
 	// (default 30 s).
 	ResumeTimeout time.Duration
-	Log           zerolog.Logger
+	// Egress, when set, runs `net: egress` pools (egress.go): the bridge,
+	// the lane that locks taps, the proxy doors and the node CA. Nil:
+	// egress pools are refused (Unrecoverable).
+	Egress *Egress
+	Log    zerolog.Logger
 }
 
 // Driver is the QEMU executors.Driver.
@@ -129,6 +134,7 @@ type Driver struct {
 	log            zerolog.Logger
 	qemuBin        string
 	q              *Recipes
+	egress         *Egress
 
 	copyMode atomic.Int64 // fsx.Method detected by Prepare
 	capped   sync.Map     // size name -> struct{}: the TCG cap was logged
@@ -185,10 +191,18 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	var eg *Egress
+	if cfg.Egress != nil {
+		c := *cfg.Egress
+		if c.Taps == nil {
+			c.Taps = tap.Kernel{}
+		}
+		eg = &c
+	}
 	return &Driver{
 		roots: cfg.Roots, instance: cfg.Instance, kernel: cfg.Kernel, initrd: cfg.Initrd,
 		sizes: cfg.Sizes, tcgMax: cfg.TCGMaxMemoryMiB, fs: cfg.FS, now: cfg.Now,
-		resumeTO: cfg.ResumeTimeout, log: log, qemuBin: cfg.QEMU, q: q,
+		resumeTO: cfg.ResumeTimeout, log: log, qemuBin: cfg.QEMU, q: q, egress: eg,
 	}, nil
 }
 
@@ -276,10 +290,13 @@ func (d *Driver) checkGuest() error {
 	return nil
 }
 
-// bootSpec is the spec of a cold boot (golden build or cold clone) of pool k.
+// bootSpec is the spec of a cold boot (golden build or cold clone) of pool k;
+// an egress pool's machine gets the egress NIC (its backend is the
+// caller's: a VM's tap, or none for a golden).
 func (d *Driver) bootSpec(ctx context.Context, runDir, storeDir string, k fsm.PoolKey) (Spec, error) {
-	if k.Net == NetEgress {
-		return Spec{}, executors.Unrecoverablef("pool %s: net egress is not supported by the QEMU driver (the guest has no NIC)", k)
+	egress, err := d.checkEgress(k)
+	if err != nil {
+		return Spec{}, err
 	}
 	z, err := d.sizes.Lookup(k.Size)
 	if err != nil {
@@ -288,7 +305,7 @@ func (d *Driver) bootSpec(ctx context.Context, runDir, storeDir string, k fsm.Po
 	if err := d.checkGuest(); err != nil {
 		return Spec{}, err
 	}
-	spec := Spec{RunDir: runDir, StoreDir: storeDir, MemoryMiB: z.MemoryMiB, CPUs: z.CPUs, Kernel: d.kernel, Initrd: d.initrd}
+	spec := Spec{RunDir: runDir, StoreDir: storeDir, MemoryMiB: z.MemoryMiB, CPUs: z.CPUs, Kernel: d.kernel, Initrd: d.initrd, EgressNIC: egress}
 	if accel, _ := d.q.Accel(ctx, spec); accel == AccelTCG {
 		t, capped := z.underTCG(d.tcgMax)
 		if capped {

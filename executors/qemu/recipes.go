@@ -178,7 +178,7 @@ func (q *Recipes) probeBoot(ctx context.Context, spec Spec) error {
 	defer os.RemoveAll(dir)
 	m := q.bootMeta(spec, AccelKVM)
 	m.MemoryMiB = min(m.MemoryMiB, 256)
-	pid, c, err := q.launch(ctx, dir, m, false)
+	pid, c, err := q.launch(ctx, dir, m, false, nil)
 	if err != nil {
 		return err
 	}
@@ -208,6 +208,7 @@ func (q *Recipes) bootMeta(spec Spec, accel Accel) Meta {
 		Append:    spec.Append,
 		Disk:      spec.Disk != "",
 		AgentNet:  true,
+		EgressNIC: spec.EgressNIC || spec.Egress != nil,
 	}
 }
 
