@@ -50,6 +50,7 @@ var sections = []section{
 	{"restartbench", restartbench.Run},
 	{"relaybench", relaybench.Run},
 	{"egressbench", egressbench.Run},
+	{"egressqemubench", egressbench.RunQEMU},
 }
 
 func main() {
