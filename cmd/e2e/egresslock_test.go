@@ -41,6 +41,9 @@ type egressNodeOpts struct {
 	cfg map[string]any
 	// wrap runs sandboxd inside the host namespace (after nsenter).
 	wrap []string
+	// dir, when set, is the node's directory instead of a t.TempDir (a
+	// short one: QEMU's socket paths must fit a unix socket).
+	dir string
 }
 
 func startEgressNode(t *testing.T) *egressNode {
@@ -51,7 +54,10 @@ func startEgressNode(t *testing.T) *egressNode {
 func startEgressNodeWith(t *testing.T, o egressNodeOpts) *egressNode {
 	t.Helper()
 	netnstest.Require(t)
-	n := &egressNode{lane: netnstest.NewLane(t), dir: t.TempDir()}
+	n := &egressNode{lane: netnstest.NewLane(t), dir: o.dir}
+	if n.dir == "" {
+		n.dir = t.TempDir()
+	}
 	n.apiAddr = n.lane.HostAddr.String() + ":7777"
 	n.hostSvc = n.lane.HostAddr.String() + ":9999"
 	ln, err := n.lane.Host.Listen("tcp", n.hostSvc)
