@@ -54,6 +54,7 @@ var sections = []section{
 	{"egressbench", egressbench.Run},
 	{"tarbench", tarbench.Run},
 	{"agentbench", agentbench.Run},
+	{"egressqemubench", egressbench.RunQEMU},
 }
 
 func main() {

@@ -30,3 +30,7 @@ type netUnsupported string
 
 func (e netUnsupported) Error() string        { return string(e) }
 func (e netUnsupported) Is(target error) bool { return target == ErrNetUnsupported }
+
+// ErrNoBridge is the refusal of an egress pool on a node without a bridge,
+// by every driver's CheckPool and by every recipe of such a VM.
+var ErrNoBridge = NetUnsupported("net egress needs a bridge (bridge is not configured on this node)")

@@ -129,10 +129,9 @@ func upstream(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func proxyRounds(ctx context.Context, r *netnstest.Runner, cfg config, sec *report.Section) error {
-	lane := netnstest.NewLane(r)
-	locked := lane.AddGuest(r, 1, "sbxbenchlock01", net.HardwareAddr{2, 0, 0, 0, 1, 1})
-	open := lane.AddGuest(r, 2, "sbxbenchopen01", net.HardwareAddr{2, 0, 0, 0, 1, 2})
+// serveUpstream serves upstream on 93.184.0.10:80, an address of the host
+// namespace's loopback, until stop.
+func serveUpstream(r *netnstest.Runner, lane *netnstest.Lane) (stop func(), err error) {
 	lane.Host.MustDo(r, func() error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
@@ -142,17 +141,28 @@ func proxyRounds(ctx context.Context, r *netnstest.Runner, cfg config, sec *repo
 	})
 	ln, err := lane.Host.Listen("tcp", upstreamIP.String()+":80")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	hs := &http.Server{Handler: http.HandlerFunc(upstream)}
 	go hs.Serve(ln)
-	defer hs.Close()
+	return func() { hs.Close() }, nil
+}
+
+func proxyRounds(ctx context.Context, r *netnstest.Runner, cfg config, sec *report.Section) error {
+	lane := netnstest.NewLane(r)
+	locked := lane.AddGuest(r, 1, "sbxbenchlock01", net.HardwareAddr{2, 0, 0, 0, 1, 1})
+	open := lane.AddGuest(r, 2, "sbxbenchopen01", net.HardwareAddr{2, 0, 0, 0, 1, 2})
+	stop, err := serveUpstream(r, lane)
+	if err != nil {
+		return err
+	}
+	defer stop()
 
 	door := netip.AddrPortFrom(lane.HostAddr, 20001)
 	srv := proxy.New(proxy.Config{Policies: allowAll{vm: "vm-bench", sb: "sb_bench"}, DialIn: lane.Host.Do})
 	defer srv.Close()
 	lane.Host.MustDo(r, func() error { return srv.Open("vm-bench", proxy.Doors{TCP: door}) })
-	lock := nft.Lock{Tap: locked.Tap, GuestMAC: locked.MAC, Door: door, DoorMAC: lane.BridgeMAC(r)}
+	lock := nft.Lock{Tap: locked.Tap, GuestMAC: locked.MAC, GuestIP: locked.Addr, Door: door, DoorMAC: lane.BridgeMAC(r)}
 	owner := nft.OwnerOf("i-egressbench")
 	var lockLat report.Durations
 	for range cfg.locks {
@@ -289,7 +299,25 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
+// pools is the claim rounds' setup on one hypervisor.
+type pools struct {
+	// hv is the config's hypervisor keys (a JSON fragment).
+	hv string
+	// warm VMs per pool, claims per pool.
+	warm, claims int
+	// ready bounds the wait for full pools, settle a quiet wait.
+	ready, settle time.Duration
+	// kill stops the VMMs left under the data dir.
+	kill func(dir string)
+	// after runs with the node up once the claims are measured (nil: none).
+	after func(r *netnstest.Runner, c *apiclient.Client, hc *http.Client, lane *netnstest.Lane, addr string) error
+}
+
 func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch string, sec *report.Section) error {
+	return claimRoundsOn(ctx, r, scratch, sec, pools{hv: `"hypervisor":"chsim"`, warm: 6, claims: cfg.claims, ready: 2 * time.Minute, settle: 10 * time.Second, kill: killChsims})
+}
+
+func claimRoundsOn(ctx context.Context, r *netnstest.Runner, scratch string, sec *report.Section, pl pools) error {
 	bin := filepath.Join(scratch, "egressbench-bin")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return err
@@ -312,9 +340,9 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 	cfgPath := filepath.Join(dir, "sandboxd.json")
 	// The egress pool has a policy, so its claims pin one and answer
 	// net_route relay (the view's lookup on the claim path).
-	pools := `[{"template":"default","net":"none","size":"small","warm":6},{"template":"default","net":"egress","size":"small","warm":6,"egress":{"allow":[{"host":"*"}]}}]`
-	conf := fmt.Sprintf(`{"listen":%q,"data_dir":%q,"node_id":"bench","api_token":"root","hypervisor":"chsim","bridge":%q,"egress_proxy":{},"pools":%s,"nats":{"disabled":true},"log_level":"warn"}`,
-		addr, filepath.Join(dir, "data"), lane.Bridge, pools)
+	poolCfg := fmt.Sprintf(`[{"template":"default","net":"none","size":"small","warm":%d},{"template":"default","net":"egress","size":"small","warm":%d,"egress":{"allow":[{"host":"*"}]}}]`, pl.warm, pl.warm)
+	conf := fmt.Sprintf(`{"listen":%q,"data_dir":%q,"node_id":"bench","api_token":"root",%s,"bridge":%q,"egress_proxy":{},"pools":%s,"nats":{"disabled":true},"log_level":"warn"}`,
+		addr, filepath.Join(dir, "data"), pl.hv, lane.Bridge, poolCfg)
 	if err := os.WriteFile(cfgPath, []byte(conf), 0o600); err != nil {
 		return err
 	}
@@ -327,7 +355,7 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 	defer func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		killChsims(filepath.Join(dir, "data"))
+		pl.kill(filepath.Join(dir, "data"))
 	}()
 	hc := &http.Client{Transport: &http.Transport{DialContext: lane.Host.DialContext}}
 	c, err := apiclient.New(addr, "root", hc)
@@ -358,21 +386,21 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 	// quiet waits until both pools are full and idle, then a little more
 	// (the destroy of the last released VM), so a claim is timed alone.
 	quiet := func() {
-		for w := time.Now().Add(10 * time.Second); time.Now().Before(w); time.Sleep(20 * time.Millisecond) {
-			if n, e, err := warm(); err == nil && n >= 6 && e >= 6 {
+		for w := time.Now().Add(pl.settle); time.Now().Before(w); time.Sleep(20 * time.Millisecond) {
+			if n, e, err := warm(); err == nil && n >= pl.warm && e >= pl.warm {
 				break
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(pl.ready)
 	for {
 		n, e, err := warm()
-		if err == nil && n >= 6 && e >= 6 {
+		if err == nil && n >= pl.warm && e >= pl.warm {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("egressbench: pools not warm after 2 minutes (%d, %d, %v); sandboxd said: %s", n, e, err, lastLines(out.String(), 2000))
+			return fmt.Errorf("egressbench: pools not warm after %s (%d, %d, %v); sandboxd said: %s", pl.ready, n, e, err, lastLines(out.String(), 2000))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -400,8 +428,8 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 		}
 	}
 	var none, egress report.Durations
-	for i := 0; len(none) < cfg.claims || len(egress) < cfg.claims; i++ {
-		if i > 4*cfg.claims {
+	for i := 0; len(none) < pl.claims || len(egress) < pl.claims; i++ {
+		if i > 4*pl.claims {
 			return fmt.Errorf("egressbench: only %d/%d warm claims in %d tries", len(none), len(egress), i)
 		}
 		// Alternate which pool goes first.
@@ -417,9 +445,9 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 			}
 			switch {
 			case !isWarm:
-			case m == "none" && len(none) < cfg.claims:
+			case m == "none" && len(none) < pl.claims:
 				none = append(none, d)
-			case m == "egress" && len(egress) < cfg.claims:
+			case m == "egress" && len(egress) < pl.claims:
 				egress = append(egress, d)
 			}
 		}
@@ -429,6 +457,10 @@ func claimRounds(ctx context.Context, r *netnstest.Runner, cfg config, scratch s
 	sec.AddRow("warm claim p99", report.Fmt(none.Quantile(0.99)), report.Fmt(egress.Quantile(0.99)), fmt.Sprintf("%.2fx", ratio(egress.Quantile(0.99), none.Quantile(0.99))))
 	rt := ratio(e50, n50)
 	sec.Verdict(rt <= 1.10, "warm claim of an egress pool p50 %s vs net none %s: %.2fx (target <= 1.10x; the claim path touches no netlink)", report.Fmt(e50), report.Fmt(n50), rt)
+	if pl.after != nil {
+		quiet()
+		return pl.after(r, c, hc, lane, addr)
+	}
 	return nil
 }
 
@@ -459,14 +491,17 @@ func lastLines(s string, n int) string {
 
 // killChsims kills the chsim processes whose command line names dir (VMs
 // outlive sandboxd by design).
-func killChsims(dir string) {
+func killChsims(dir string) { killVMMs(dir, "chsim") }
+
+// killVMMs kills the processes named bin whose command line names dir.
+func killVMMs(dir, bin string) {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		raw, err := os.ReadFile(p)
 		if err != nil || !bytes.Contains(raw, []byte(dir)) {
 			continue
 		}
-		if argv0, _, _ := bytes.Cut(raw, []byte{0}); filepath.Base(string(argv0)) != "chsim" {
+		if argv0, _, _ := bytes.Cut(raw, []byte{0}); filepath.Base(string(argv0)) != bin {
 			continue
 		}
 		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))

@@ -23,7 +23,6 @@ import (
 	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
 	"github.com/sbxlog/sbxlog/executors/egress/proxy"
-	"github.com/sbxlog/sbxlog/executors/tap"
 )
 
 // The acceptance world's "internet": a namespace on a veth from the host
@@ -190,6 +189,56 @@ func (g *egressGuest) direct(addr string) bool {
 	return err == nil
 }
 
+// acceptWorld is the acceptance tests' world: sandboxd (in the host
+// namespace, its /etc/hosts naming the upstream) with its egress lane, and
+// the "internet" namespace beside it holding the upstream's HTTP and HTTPS
+// servers, whose certificates the upstream CA signs (sandboxd trusts it).
+type acceptWorld struct {
+	n    *egressNode
+	up   *origin
+	upCA *proxy.CA
+}
+
+func startAcceptanceWorld(t *testing.T, o egressNodeOpts) acceptWorld {
+	t.Helper()
+	netnstest.Require(t)
+	dir := t.TempDir()
+	hostsFile := filepath.Join(dir, "hosts")
+	if err := os.WriteFile(hostsFile, []byte(acceptHosts), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	upCA, err := proxy.NewCA("e2e upstream CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "upstream-ca.pem")
+	if err := os.WriteFile(caFile, upCA.PEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SSL_CERT_FILE", caFile)
+	o.wrap = []string{"unshare", "--mount", "--propagation", "private", "--",
+		"sh", "-c", `mount --bind "$0" /etc/hosts && exec "$@"`, hostsFile}
+	n := startEgressNodeWith(t, o)
+	inet := netnstest.New(t, "internet")
+	netnstest.Veth(t, n.lane.Host, "wan0", inet, "eth0")
+	n.lane.Host.AddrAdd(t, "wan0", inetHost)
+	inet.AddrAdd(t, "eth0", upstreamAddr)
+	up := &origin{}
+	for _, port := range []string{"80", "443"} {
+		ln, err := inet.Listen("tcp", net.JoinHostPort(upstreamAddr.Addr().String(), port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if port == "443" {
+			ln = tls.NewListener(ln, &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return upCA.Leaf(h.ServerName) }})
+		}
+		hs := &http.Server{Handler: up}
+		go hs.Serve(ln)
+		t.Cleanup(func() { hs.Close() })
+	}
+	return acceptWorld{n: n, up: up, upCA: upCA}
+}
+
 // TestEgressAcceptance is issue 18's acceptance 1, 3 and 4 against the
 // built sandboxd (chsim, embedded NATS with its journals, the egress
 // proxy with the node CA, every egress tap locked by nftables), from
@@ -224,22 +273,6 @@ func TestEgressAcceptance(t *testing.T) {
 	)
 	secrets := map[string]string{"node": nodeTok, "claim": claimTok, "credential": credVal}
 	t.Setenv("E2E_EGRESS_TOKEN", nodeTok)
-	dir := t.TempDir()
-	hostsFile := filepath.Join(dir, "hosts")
-	if err := os.WriteFile(hostsFile, []byte(acceptHosts), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// The upstream's certificate authority, the one sandboxd trusts.
-	upCA, err := proxy.NewCA("e2e upstream CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(dir, "upstream-ca.pem")
-	if err := os.WriteFile(caFile, upCA.PEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("SSL_CERT_FILE", caFile)
-
 	rule := func(host string, kv ...any) map[string]any {
 		r := map[string]any{"host": host}
 		for i := 0; i < len(kv); i += 2 {
@@ -258,38 +291,16 @@ func TestEgressAcceptance(t *testing.T) {
 	pool := func(allow []any) map[string]any {
 		return map[string]any{"template": "default", "net": "egress", "size": "small", "warm": 3, "egress": map[string]any{"allow": allow}}
 	}
-	n := startEgressNodeWith(t, egressNodeOpts{
-		cfg: map[string]any{
-			"egress_proxy":   map[string]any{"intercept": true},
-			"secrets":        []any{map[string]any{"name": "tok", "header": "Authorization", "value_env": "E2E_EGRESS_TOKEN"}},
-			"pools":          []any{pool(poolAllow)},
-			"egress_classes": []any{map[string]any{"name": "desk", "egress": map[string]any{"allow": []any{rule("allowed.e2e.test")}}}},
-			"tenants":        []any{map[string]any{"name": "acme", "token": acmeTok, "egress_class": "desk"}},
-			"nats":           nil, // embedded, with the audit and usage journals
-		},
-		wrap: []string{"unshare", "--mount", "--propagation", "private", "--",
-			"sh", "-c", `mount --bind "$0" /etc/hosts && exec "$@"`, hostsFile},
-	})
+	w := startAcceptanceWorld(t, egressNodeOpts{cfg: map[string]any{
+		"egress_proxy":   map[string]any{"intercept": true},
+		"secrets":        []any{map[string]any{"name": "tok", "header": "Authorization", "value_env": "E2E_EGRESS_TOKEN"}},
+		"pools":          []any{pool(poolAllow)},
+		"egress_classes": []any{map[string]any{"name": "desk", "egress": map[string]any{"allow": []any{rule("allowed.e2e.test")}}}},
+		"tenants":        []any{map[string]any{"name": "acme", "token": acmeTok, "egress_class": "desk"}},
+		"nats":           nil, // embedded, with the audit and usage journals
+	}})
+	n, up, upCA := w.n, w.up, w.upCA
 	data := filepath.Join(n.dir, "data")
-
-	// The internet, beside the host namespace.
-	inet := netnstest.New(t, "internet")
-	netnstest.Veth(t, n.lane.Host, "wan0", inet, "eth0")
-	n.lane.Host.AddrAdd(t, "wan0", inetHost)
-	inet.AddrAdd(t, "eth0", upstreamAddr)
-	up := &origin{}
-	for _, port := range []string{"80", "443"} {
-		ln, err := inet.Listen("tcp", net.JoinHostPort(upstreamAddr.Addr().String(), port))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if port == "443" {
-			ln = tls.NewListener(ln, &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return upCA.Leaf(h.ServerName) }})
-		}
-		hs := &http.Server{Handler: up}
-		go hs.Serve(ln)
-		t.Cleanup(func() { hs.Close() })
-	}
 
 	// The API, as root and as the tenant (from the host namespace).
 	call := func(token, method, path, body string, want int) []byte {
@@ -368,7 +379,7 @@ func TestEgressAcceptance(t *testing.T) {
 	}
 	// Direct traffic, bypassing the proxy: dropped at the tap.
 	dropped := func() uint64 {
-		s, ok := n.locks(t)[tap.Name(a.VM)]
+		s, ok := n.locks(t)[n.tapOf(t, a.VM)]
 		if !ok || !s.OK {
 			t.Fatalf("the lock of %s: %+v", a.VM, s)
 		}

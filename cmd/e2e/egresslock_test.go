@@ -41,6 +41,9 @@ type egressNodeOpts struct {
 	cfg map[string]any
 	// wrap runs sandboxd inside the host namespace (after nsenter).
 	wrap []string
+	// dir, when set, is the node's directory instead of a t.TempDir (a
+	// short one: QEMU's socket paths must fit a unix socket).
+	dir string
 }
 
 func startEgressNode(t *testing.T) *egressNode {
@@ -51,7 +54,10 @@ func startEgressNode(t *testing.T) *egressNode {
 func startEgressNodeWith(t *testing.T, o egressNodeOpts) *egressNode {
 	t.Helper()
 	netnstest.Require(t)
-	n := &egressNode{lane: netnstest.NewLane(t), dir: t.TempDir()}
+	n := &egressNode{lane: netnstest.NewLane(t), dir: o.dir}
+	if n.dir == "" {
+		n.dir = t.TempDir()
+	}
 	n.apiAddr = n.lane.HostAddr.String() + ":7777"
 	n.hostSvc = n.lane.HostAddr.String() + ":9999"
 	ln, err := n.lane.Host.Listen("tcp", n.hostSvc)
@@ -99,16 +105,21 @@ func (n *egressNode) start(t *testing.T) {
 	n.daemon = startDaemonVia(t, n.dir, filepath.Join(n.dir, "data"), n.apiAddr, n.sandboxdNS, n.hc, "-config", n.cfg)
 }
 
-// owner is the node's nft owner: its instance, the one directory under
-// <data>/run.
-func (n *egressNode) owner(t *testing.T) nft.Owner {
+// instance is the node's instance id: the one directory under <data>/run.
+func (n *egressNode) instance(t *testing.T) string {
 	t.Helper()
 	ents, err := os.ReadDir(filepath.Join(n.dir, "data", "run"))
 	if err != nil || len(ents) != 1 {
 		t.Fatalf("the node's instance dir: %v %v", ents, err)
 	}
-	return nft.OwnerOf(ents[0].Name())
+	return ents[0].Name()
 }
+
+// owner is the node's nft owner.
+func (n *egressNode) owner(t *testing.T) nft.Owner { return nft.OwnerOf(n.instance(t)) }
+
+// tapOf is the tap of the node's VM vm.
+func (n *egressNode) tapOf(t *testing.T, vm string) string { return tap.Name(n.instance(t), vm) }
 
 // locks reads every egress lock of the node in the host namespace.
 func (n *egressNode) locks(t *testing.T) map[string]nft.State {
@@ -142,20 +153,21 @@ func (n *egressNode) taps(t *testing.T) []string {
 }
 
 // guest is a namespace standing for the guest of VM vm: its NIC's frames
-// are carried to and from the VM's tap, as the VMM would, and it has
-// address 10.77.0.i/24 routed via the bridge. It returns the tap's lock.
+// are carried to and from the VM's tap, as the VMM would, and it has the
+// address the host leased it (the lock's), routed via the bridge. It
+// returns the tap's lock.
 func (n *egressNode) guest(t *testing.T, vm string, i byte) (*netnstest.NS, nft.State) {
 	t.Helper()
-	st, ok := n.locks(t)[tap.Name(vm)]
+	st, ok := n.locks(t)[n.tapOf(t, vm)]
 	if !ok || !st.OK {
-		t.Fatalf("VM %s's tap %s: lock %+v", vm, tap.Name(vm), st)
+		t.Fatalf("VM %s's tap %s: lock %+v", vm, n.tapOf(t, vm), st)
 	}
 	g := netnstest.New(t, "guest-"+vm)
 	gtap := netnstest.OpenTap(t, g, "eth0")
 	g.SetMAC(t, "eth0", st.Lock.GuestMAC)
-	g.AddrAdd(t, "eth0", netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 77, 0, i}), 24))
+	g.AddrAdd(t, "eth0", netip.PrefixFrom(st.Lock.GuestIP, n.lane.Subnet.Bits()))
 	g.RouteDefault(t, n.lane.HostAddr)
-	netnstest.Relay(t, gtap, netnstest.OpenTap(t, n.lane.Host, tap.Name(vm)))
+	netnstest.Relay(t, gtap, netnstest.OpenTap(t, n.lane.Host, n.tapOf(t, vm)))
 	return g, st
 }
 
@@ -179,7 +191,7 @@ func TestEgressSurvivesSIGKILL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimedTap := tap.Name(claim.VM)
+	claimedTap := n.tapOf(t, claim.VM)
 	if st, ok := n.locks(t)[claimedTap]; !ok || !st.OK {
 		t.Fatalf("claimed VM's tap %s: lock %+v (all %v)", claimedTap, st, n.locks(t))
 	}
@@ -270,10 +282,10 @@ func TestEgressSurvivesSIGKILL(t *testing.T) {
 				return err
 			}
 		}
-		if err := foreign.Install(nft.Lock{Tap: "foreigntap0", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 8}, Door: netip.MustParseAddrPort("10.77.0.1:29998"), DoorMAC: st.Lock.DoorMAC}); err != nil {
+		if err := foreign.Install(nft.Lock{Tap: "foreigntap0", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 8}, GuestIP: netip.MustParseAddr("10.77.0.250"), Door: netip.MustParseAddrPort("10.77.0.1:29998"), DoorMAC: st.Lock.DoorMAC}); err != nil {
 			return err
 		}
-		return owner.Install(nft.Lock{Tap: "straytap0", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 9}, Door: netip.MustParseAddrPort("10.77.0.1:29999"), DoorMAC: st.Lock.DoorMAC})
+		return owner.Install(nft.Lock{Tap: "straytap0", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 9}, GuestIP: netip.MustParseAddr("10.77.0.251"), Door: netip.MustParseAddrPort("10.77.0.1:29999"), DoorMAC: st.Lock.DoorMAC})
 	})
 	if _, ok := n.locks(t)["straytap0"]; !ok {
 		t.Fatal("stray lock not installed")

@@ -83,16 +83,25 @@ func (c chNode) VMMUsage(_ context.Context, vm, runDir string) (procstat.Usage, 
 	return usageOf(pid, err, vmm.ErrNoProcess, vmm.ErrNotOurs)
 }
 
-// qemuHypervisor runs real guests under QEMU.
+// qemuHypervisor runs real guests under QEMU; with guarded egress
+// (OpenGuarded, proxy.go) its egress pools' VMs get locked taps and doors.
 func qemuHypervisor(cfg Config, bin string, zl zerolog.Logger) node.Hypervisor {
 	zl.Info().Str("hypervisor", "qemu").Str("binary", bin).Msg("VMM binary")
-	return hypervisor{name: "qemu", open: func(roots layout.Roots, instance string) (node.Driver, error) {
-		d, err := newQEMUDriver(cfg, bin, roots, instance, zl)
-		if err != nil {
-			return nil, err
-		}
-		return qemuNode{d}, nil
-	}}
+	return qemuHV{cfg: cfg, bin: bin, zl: zl}
+}
+
+type qemuHV struct {
+	cfg Config
+	bin string
+	zl  zerolog.Logger
+}
+
+var _ node.GuardedOpener = qemuHV{}
+
+func (h qemuHV) Name() string { return "qemu" }
+
+func (h qemuHV) Open(roots layout.Roots, instance string) (node.Driver, error) {
+	return h.OpenGuarded(roots, instance, node.Guarded{})
 }
 
 type qemuNode struct{ *qemu.Driver }

@@ -12,6 +12,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/chdriver"
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
 	"github.com/sbxlog/sbxlog/executors/layout"
+	"github.com/sbxlog/sbxlog/executors/qemu"
 )
 
 // ProxyConfig is the egress_proxy section. Guarded egress runs whenever a bridge
@@ -61,4 +62,22 @@ func (h chHV) OpenGuarded(roots layout.Roots, instance string, eg node.Guarded) 
 			c.Doors = node.Doors{Proxy: eg.Proxy}
 		}
 	})
+}
+
+// OpenGuarded implements node.GuardedOpener for QEMU: with a lane, egress
+// pools run (taps locked, doors opened, the node CA given to the guests).
+func (h qemuHV) OpenGuarded(roots layout.Roots, instance string, eg node.Guarded) (node.Driver, error) {
+	var egress *qemu.Egress
+	if eg.Lane != nil {
+		egress = &qemu.Egress{Bridge: h.cfg.Bridge, Lane: eg.Lane}
+		if eg.Proxy != nil {
+			egress.Doors = node.Doors{Proxy: eg.Proxy}
+			egress.CAPEM = eg.Proxy.CAPEM()
+		}
+	}
+	d, err := newQEMUDriver(h.cfg, h.bin, roots, instance, egress, h.zl)
+	if err != nil {
+		return nil, err
+	}
+	return qemuNode{d}, nil
 }

@@ -60,15 +60,15 @@ func resolveQEMU(cfg Config) (string, error) {
 }
 
 // newQEMUDriver builds the QEMU driver with the template table of
-// qemuTemplates.
-func newQEMUDriver(cfg Config, bin string, roots layout.Roots, instance string, zl zerolog.Logger) (*qemu.Driver, error) {
+// qemuTemplates and, when the node has a bridge, its egress lane.
+func newQEMUDriver(cfg Config, bin string, roots layout.Roots, instance string, egress *qemu.Egress, zl zerolog.Logger) (*qemu.Driver, error) {
 	templates, err := qemuTemplates(cfg.QEMU, qemu.CachedTemplates("", ""))
 	if err != nil {
 		return nil, err
 	}
 	return qemu.New(qemu.Config{
 		Roots: roots, Instance: instance, QEMU: bin, Accel: qemu.Accel(cfg.QEMU.Accel),
-		Templates: templates, Log: zl,
+		Templates: templates, Egress: egress, Log: zl,
 	})
 }
 

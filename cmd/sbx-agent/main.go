@@ -2,7 +2,9 @@
 // it; it is built static (CGO_ENABLED=0) because the initramfs has no libc.
 // It serves two things:
 //   - the agent protocol (package executors/guest/agent) on the agent serial
-//     port (-tty): readiness, the test verbs, and the data plane's key;
+//     port (-tty): readiness, the test verbs, the data plane's key and the
+//     egress network (net.go: the NIC on the VM's tap, the proxy variables
+//     of every process it starts, the node CA in the trust store);
 //   - the data plane, silkd v1 (package executors/guest/silkagent with the
 //     machine's own processes, files and ports), on TCP (-listen), each
 //     connection after the challenge-response on the key the host last
@@ -41,6 +43,7 @@ func main() {
 		BootID:   hex.EncodeToString(id),
 		Rand:     rand.Reader,
 		Uptime:   bootTime,
+		Net:      applyNet,
 	}
 	go func() {
 		for range time.Tick(agent.Tick) {

@@ -133,7 +133,7 @@ func (d *Driver) RemoveRunDir(ctx context.Context, name string) error {
 	}
 	if d.bridge != "" && !strings.HasPrefix(name, layout.GoldenRunPrefix) {
 		// The tap before its lock, which stays on a tap the delete left.
-		if err := d.taps.Delete(TapName(name)); err != nil {
+		if err := d.taps.Delete(d.tapName(name)); err != nil {
 			d.log.Warn().Err(err).Str("vm", name).Msg("could not delete the tap of a removed run dir; keeping its lock")
 		} else if err := d.unlockTap(name); err != nil {
 			d.log.Warn().Err(err).Str("vm", name).Msg("could not unlock the tap of a removed run dir")

@@ -111,7 +111,7 @@ func (d *Driver) coldBoot(ctx context.Context, in fsm.CloneVM, runDir string) (e
 		return executors.Result{}, err
 	}
 	if egress {
-		_ = cfg.Set([]any{map[string]any{"id": NICID, "tap": TapName(in.VM), "mac": MAC(in.VM)}}, "net")
+		_ = cfg.Set([]any{map[string]any{"id": NICID, "tap": d.tapName(in.VM), "mac": MAC(in.VM)}}, "net")
 	}
 	if err := d.resetRun(r, in.VM, runDir, runDir); err != nil {
 		return executors.Result{}, err
@@ -128,7 +128,7 @@ func (d *Driver) coldBoot(ctx context.Context, in fsm.CloneVM, runDir string) (e
 		return fail(err)
 	}
 	if egress {
-		if err := r.step(StepTapCreate, func() error { return d.taps.Create(TapName(in.VM), d.bridge) }); err != nil {
+		if err := r.step(StepTapCreate, func() error { return d.taps.Create(d.tapName(in.VM), d.bridge) }); err != nil {
 			return fail(err)
 		}
 		if err := d.lockTap(r, in.VM); err != nil {

@@ -50,7 +50,7 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 		// outlives a failed delete keeps its lock (the kernel keeps the
 		// table of a deleted device until the unlock, or the start-up
 		// reconcile, removes it).
-		if err := r.step(StepTapDelete, func() error { return d.taps.Delete(TapName(in.VM)) }); err != nil {
+		if err := r.step(StepTapDelete, func() error { return d.taps.Delete(d.tapName(in.VM)) }); err != nil {
 			return executors.Result{}, err
 		}
 		if err := r.step(StepEgressUnlock, func() error { return d.unlockTap(in.VM) }); err != nil {

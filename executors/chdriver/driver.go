@@ -30,16 +30,8 @@ const (
 	CHSim           Hypervisor = "chsim"
 )
 
-// Taps creates and deletes the taps of egress VMs (package tap by default).
-type Taps interface {
-	Create(name, bridge string) error
-	Delete(name string) error
-}
-
-type netlinkTaps struct{}
-
-func (netlinkTaps) Create(name, bridge string) error { return tap.Create(name, bridge) }
-func (netlinkTaps) Delete(name string) error         { return tap.Delete(name) }
+// Taps creates and deletes the taps of egress VMs (tap.Kernel by default).
+type Taps = tap.Maker
 
 // Balloon tunes the wait for the balloon to settle before a pause.
 type Balloon struct {
@@ -205,7 +197,7 @@ func New(cfg Config) (*Driver, error) {
 		d.sizes = templates.DefaultSizes
 	}
 	if d.taps == nil {
-		d.taps = netlinkTaps{}
+		d.taps = tap.Kernel{}
 	}
 	if d.fs == nil {
 		d.fs = fsx.NewOS(cfg.Log)

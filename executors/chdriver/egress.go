@@ -13,11 +13,12 @@ import (
 
 // EgressLane locks the taps of egress VMs (executors/egress/nft.Lane).
 type EgressLane interface {
-	// Lock gives vm a door and locks its tap to it; the tap exists, the
-	// VMM has not opened it yet.
-	Lock(vm, tap string, mac net.HardwareAddr) (netip.AddrPort, error)
-	// Unlock removes the tap's lock; the VMM is gone and the tap deleted.
-	Unlock(vm, tap string) error
+	// Lock gives vm a door and a guest address and locks its tap to them;
+	// the tap exists, the VMM has not opened it yet.
+	Lock(vm, tap string, mac net.HardwareAddr) (nft.Lease, error)
+	// Unlock removes the tap's lock and its address's pin; the VMM is gone
+	// and the tap deleted.
+	Unlock(vm, tap string, mac net.HardwareAddr) error
 	// Door is vm's door, from memory.
 	Door(vm string) (netip.AddrPort, bool)
 	// Reconcile checks and repairs the locks of members at start-up and
@@ -57,7 +58,7 @@ func (d *Driver) lockTap(r *run, vm string) error {
 		return nil
 	}
 	return r.step(StepEgressLock, func() error {
-		_, err := d.egress.Lock(vm, TapName(vm), d.guestMAC(vm))
+		_, err := d.egress.Lock(vm, d.tapName(vm), d.guestMAC(vm))
 		return err
 	})
 }
@@ -68,7 +69,7 @@ func (d *Driver) unlockTap(vm string) error {
 	if d.egress == nil {
 		return nil
 	}
-	return d.egress.Unlock(vm, TapName(vm))
+	return d.egress.Unlock(vm, d.tapName(vm), d.guestMAC(vm))
 }
 
 // openDoors opens the VM's proxy doors once it runs: the TCP door of its
@@ -131,7 +132,7 @@ func (d *Driver) ReconcileEgress(ctx context.Context, vms []reconcile.VMRef) (re
 		if v.Key.Net != NetEgress {
 			continue
 		}
-		members = append(members, nft.Member{VM: v.ID, Tap: TapName(v.ID), MAC: d.guestMAC(v.ID)})
+		members = append(members, nft.Member{VM: v.ID, Tap: d.tapName(v.ID), MAC: d.guestMAC(v.ID)})
 		runDirs[v.ID] = v.RunDir
 	}
 	nr, err := d.egress.Reconcile(members)

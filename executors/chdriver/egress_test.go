@@ -110,7 +110,7 @@ func TestEgressLocks(t *testing.T) {
 		// When the VMM launches, the tap must already be locked.
 		if s.Step == StepLaunch && !s.Undo {
 			vm := filepath.Base(s.RunDir)
-			if st, err := taps.inspect(t, TapName(vm)); err == nil && st.OK {
+			if st, err := taps.inspect(t, TapName(testInstance, vm)); err == nil && st.OK {
 				locked = append(locked, vm)
 			}
 		}
@@ -128,7 +128,7 @@ func TestEgressLocks(t *testing.T) {
 	}
 	h.setHook(nil)
 	door, ok := lane.Door(vm1)
-	st, err := taps.inspect(t, TapName(vm1))
+	st, err := taps.inspect(t, TapName(testInstance, vm1))
 	if !ok || err != nil || !st.OK || st.Lock.Door != door || st.Lock.GuestMAC.String() != MAC(vm1) {
 		t.Fatalf("lock after clone: %+v %v (door %s %v)", st, err, door, ok)
 	}
@@ -136,7 +136,7 @@ func TestEgressLocks(t *testing.T) {
 		t.Fatalf("doors after clone: %s %v, want %s", got, ok, door)
 	}
 	if err := taps.do(func() error {
-		l, err := netlink.LinkByName(TapName(vm1))
+		l, err := netlink.LinkByName(TapName(testInstance, vm1))
 		if err != nil {
 			return err
 		}
@@ -155,7 +155,7 @@ func TestEgressLocks(t *testing.T) {
 		t.Fatalf("clone: %v", err)
 	}
 	h.setHook(nil)
-	if _, err := taps.inspect(t, TapName(vm2)); !errors.Is(err, nft.ErrNotLocked) {
+	if _, err := taps.inspect(t, TapName(testInstance, vm2)); !errors.Is(err, nft.ErrNotLocked) {
 		t.Fatalf("failed clone left a lock: %v", err)
 	}
 	if _, ok := doors.get(vm2); ok {
@@ -167,7 +167,7 @@ func TestEgressLocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := taps.inspect(t, TapName(vm1)); !errors.Is(err, nft.ErrNotLocked) {
+	if _, err := taps.inspect(t, TapName(testInstance, vm1)); !errors.Is(err, nft.ErrNotLocked) {
 		t.Fatalf("hibernate left a lock: %v", err)
 	}
 	if _, ok := doors.get(vm1); ok {
@@ -179,7 +179,7 @@ func TestEgressLocks(t *testing.T) {
 	if again, _ := lane.Door(vm1); again != door {
 		t.Fatalf("woken VM's door %s, want %s again", again, door)
 	}
-	if st, err := taps.inspect(t, TapName(vm1)); err != nil || !st.OK {
+	if st, err := taps.inspect(t, TapName(testInstance, vm1)); err != nil || !st.OK {
 		t.Fatalf("woken VM not locked: %+v %v", st, err)
 	}
 
@@ -194,13 +194,13 @@ func TestEgressLocks(t *testing.T) {
 	}
 
 	// Start-up: vm1's lock went missing, a stray lock of no VM exists.
-	if err := taps.do(func() error { return laneOwner.Remove(TapName(vm1)) }); err != nil {
+	if err := taps.do(func() error { return laneOwner.Remove(TapName(testInstance, vm1)) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := taps.Create("sbxstray0000000", testBridge); err != nil {
 		t.Fatal(err)
 	}
-	stray := nft.Lock{Tap: "sbxstray0000000", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 9}, Door: netip.MustParseAddrPort("10.77.0.1:21000"), DoorMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}
+	stray := nft.Lock{Tap: "sbxstray0000000", GuestMAC: net.HardwareAddr{2, 9, 9, 9, 9, 9}, GuestIP: netip.MustParseAddr("10.77.0.251"), Door: netip.MustParseAddrPort("10.77.0.1:21000"), DoorMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}
 	if err := taps.do(func() error { return laneOwner.Install(stray) }); err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestEgressLocks(t *testing.T) {
 	if err != nil || !slices.Equal(rep.Repaired, []string{vm1}) || !slices.Equal(rep.Removed, []string{"sbxstray0000000"}) || len(rep.Failed) != 0 {
 		t.Fatalf("reconcile: %+v %v", rep, err)
 	}
-	if st, err := taps.inspect(t, TapName(vm1)); err != nil || !st.OK || st.Lock.Door != door {
+	if st, err := taps.inspect(t, TapName(testInstance, vm1)); err != nil || !st.OK || st.Lock.Door != door {
 		t.Fatalf("repaired lock: %+v %v, want door %s", st, err, door)
 	}
 
@@ -227,7 +227,7 @@ func TestEgressLocks(t *testing.T) {
 			t.Fatalf("%s: doors open after destroy", vm)
 		}
 	}
-	if _, err := taps.inspect(t, TapName(vm1)); !errors.Is(err, nft.ErrNotLocked) {
+	if _, err := taps.inspect(t, TapName(testInstance, vm1)); !errors.Is(err, nft.ErrNotLocked) {
 		t.Fatalf("destroy left a lock: %v", err)
 	}
 	if _, ok := lane.Door(vm1); ok {
@@ -327,22 +327,22 @@ func TestEgressTapOrder(t *testing.T) {
 		"step " + StepTapCreate, "step " + StepEgressLock, "step " + StepLaunch,
 		"undo undo_" + StepTerminate, "undo undo_" + StepTapDelete, "undo undo_" + StepRemoveRun,
 	})
-	if _, err := taps.inspect(t, TapName(vm3)); errors.Is(err, nft.ErrNotLocked) {
+	if _, err := taps.inspect(t, TapName(testInstance, vm3)); errors.Is(err, nft.ErrNotLocked) {
 		t.Fatal("the lock was removed although the VMM may still run")
 	}
 	if _, ok := lane.Door(vm3); !ok {
 		t.Fatal("the door port was freed although the VMM may still run")
 	}
-	if names, _ := taps.links(t); slices.Contains(names, TapName(vm3)) {
+	if names, _ := taps.links(t); slices.Contains(names, TapName(testInstance, vm3)) {
 		t.Fatalf("the tap is still there: %v", names)
 	}
 
 	// Start-up: the table of the deleted tap is an orphan, removed.
 	rep, err := h.d.ReconcileEgress(ctx, nil)
-	if err != nil || !slices.Equal(rep.Removed, []string{TapName(vm3)}) {
-		t.Fatalf("reconcile: %+v %v, want the orphan of %s removed", rep, err, TapName(vm3))
+	if err != nil || !slices.Equal(rep.Removed, []string{TapName(testInstance, vm3)}) {
+		t.Fatalf("reconcile: %+v %v, want the orphan of %s removed", rep, err, TapName(testInstance, vm3))
 	}
-	if _, err := taps.inspect(t, TapName(vm3)); !errors.Is(err, nft.ErrNotLocked) {
+	if _, err := taps.inspect(t, TapName(testInstance, vm3)); !errors.Is(err, nft.ErrNotLocked) {
 		t.Fatalf("orphan table after the reconcile: %v", err)
 	}
 }

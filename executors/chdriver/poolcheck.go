@@ -6,10 +6,6 @@ import (
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
-// errNoBridge: an egress pool on a node without a bridge, refused by
-// CheckPool before anything is proposed and by every recipe of such a VM.
-var errNoBridge = executors.NetUnsupported("net egress needs a bridge (bridge is not configured on this node)")
-
 // CheckPool reports, before anything is proposed, whether this driver can
 // serve pool key k (the API's PoolSupport): an egress net needs the
 // bridge, and the template must exist in the templates root, except under
@@ -40,7 +36,7 @@ func (d *Driver) CheckPool(k fsm.PoolKey, pooled bool) error {
 // netSupported: an egress net needs the bridge its taps attach to.
 func (d *Driver) netSupported(k fsm.PoolKey) error {
 	if k.Net == NetEgress && d.bridge == "" {
-		return errNoBridge
+		return executors.ErrNoBridge
 	}
 	return nil
 }

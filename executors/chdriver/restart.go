@@ -67,13 +67,13 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 		return executors.Result{}, err
 	}
 	if egress {
-		_ = cfg.Set([]any{map[string]any{"id": NICID, "tap": TapName(in.VM), "mac": MAC(in.VM)}}, "net")
+		_ = cfg.Set([]any{map[string]any{"id": NICID, "tap": d.tapName(in.VM), "mac": MAC(in.VM)}}, "net")
 	}
 	if err := r.step(StepResetRun, func() error { return d.clearRunDir(runDir) }); err != nil {
 		return executors.Result{}, err
 	}
 	if egress {
-		if err := r.step(StepTapCreate, func() error { return d.taps.Create(TapName(in.VM), d.bridge) }); err != nil {
+		if err := r.step(StepTapCreate, func() error { return d.taps.Create(d.tapName(in.VM), d.bridge) }); err != nil {
 			return executors.Result{}, err
 		}
 		if err := d.lockTap(r, in.VM); err != nil {

@@ -149,12 +149,12 @@ func TestEgressTaps(t *testing.T) {
 	if _, err := h.d.Clone(ctx, cloneIntent(vm1, golden, k)); err != nil {
 		t.Fatal(err)
 	}
-	checkLinks(TapName(vm1))
+	checkLinks(TapName(testInstance, vm1))
 	info, err := h.api(vm1).Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ids, tapsOf := info.Config.NetIDs(), info.Config.NetTaps(); !slices.Equal(ids, []string{NICID}) || !slices.Equal(tapsOf, []string{TapName(vm1)}) {
+	if ids, tapsOf := info.Config.NetIDs(), info.Config.NetTaps(); !slices.Equal(ids, []string{NICID}) || !slices.Equal(tapsOf, []string{TapName(testInstance, vm1)}) {
 		t.Fatalf("NICs %v on taps %v", ids, tapsOf)
 	}
 	if mac, _ := info.Config.Get("net", "0", "mac"); mac != MAC(vm1) {
@@ -167,7 +167,7 @@ func TestEgressTaps(t *testing.T) {
 		t.Fatalf("clone: %v", err)
 	}
 	h.setHook(nil)
-	checkLinks(TapName(vm1))
+	checkLinks(TapName(testInstance, vm1))
 
 	hib := fsm.HibernateVM{OpID: newOp(), VM: vm1, Key: k, RunDir: testInstance + "/" + vm1}
 	hres, err := h.d.Hibernate(ctx, hib)
@@ -178,8 +178,8 @@ func TestEgressTaps(t *testing.T) {
 	if _, err := h.d.Wake(ctx, fsm.WakeVM{OpID: newOp(), VM: vm1, Key: k, RunDir: hib.RunDir, SnapshotDir: hres.SnapshotDir}); err != nil {
 		t.Fatal(err)
 	}
-	checkLinks(TapName(vm1))
-	if info, err = h.api(vm1).Info(ctx); err != nil || !slices.Equal(info.Config.NetTaps(), []string{TapName(vm1)}) {
+	checkLinks(TapName(testInstance, vm1))
+	if info, err = h.api(vm1).Info(ctx); err != nil || !slices.Equal(info.Config.NetTaps(), []string{TapName(testInstance, vm1)}) {
 		t.Fatalf("woken VM NICs: %v %v", info, err)
 	}
 
@@ -188,7 +188,7 @@ func TestEgressTaps(t *testing.T) {
 	if _, err := h.d.Clone(ctx, cold); err != nil {
 		t.Fatal(err)
 	}
-	checkLinks(TapName(vm1), TapName(vm2))
+	checkLinks(TapName(testInstance, vm1), TapName(testInstance, vm2))
 
 	for _, vm := range []string{vm1, vm2} {
 		in := fsm.DestroyVM{OpID: newOp(), VM: vm, Key: k, Instance: testInstance, RunDir: testInstance + "/" + vm}

@@ -33,8 +33,11 @@ func MAC(vm string) string {
 	return hw.String()
 }
 
-// TapName is the tap of an egress VM.
-func TapName(vm string) string { return tap.Name(vm) }
+// TapName is the tap of egress VM vm of the sandboxd instance.
+func TapName(instance, vm string) string { return tap.Name(instance, vm) }
+
+// tapName is the tap of this driver's egress VM vm.
+func (d *Driver) tapName(vm string) string { return TapName(d.instance, vm) }
 
 func (d *Driver) checkEgress(k fsm.PoolKey) (bool, error) {
 	if k.Net != NetEgress {
@@ -105,7 +108,7 @@ func (d *Driver) teardown(r *run, vm, runDir string, egress bool) {
 		return d.terminate(ctx, runDir, p)
 	}) == nil
 	if egress {
-		deleted := r.undo("undo_"+StepTapDelete, func(context.Context) error { return d.taps.Delete(TapName(vm)) }) == nil
+		deleted := r.undo("undo_"+StepTapDelete, func(context.Context) error { return d.taps.Delete(d.tapName(vm)) }) == nil
 		if stopped && deleted {
 			r.undo("undo_"+StepEgressUnlock, func(context.Context) error { return d.unlockTap(vm) })
 		} else {
@@ -177,7 +180,7 @@ func (d *Driver) swapNIC(ctx context.Context, api API, vm string) error {
 	if have {
 		return nil
 	}
-	_, err = api.AddNet(ctx, ch.NetConfig{ID: NICID, Tap: TapName(vm), Mac: MAC(vm)})
+	_, err = api.AddNet(ctx, ch.NetConfig{ID: NICID, Tap: d.tapName(vm), Mac: MAC(vm)})
 	if ch.IsConflict(err) {
 		return nil
 	}
@@ -187,7 +190,7 @@ func (d *Driver) swapNIC(ctx context.Context, api API, vm string) error {
 // rewriteConfig points a snapshot's config at this VM's run dir: the disk,
 // the vsock socket, serial and console files and the tap. Unknown keys are
 // kept (ch.VmConfig is a JSON tree).
-func rewriteConfig(cfg *ch.VmConfig, runDir, vm string, egress bool) error {
+func rewriteConfig(cfg *ch.VmConfig, runDir, tapName string, egress bool) error {
 	if len(cfg.DiskPaths()) == 0 {
 		return errors.New("snapshot config has no disk")
 	}
@@ -213,7 +216,7 @@ func rewriteConfig(cfg *ch.VmConfig, runDir, vm string, egress bool) error {
 	case len(taps) > 1:
 		return executors.Unrecoverablef("snapshot has %d NICs; an egress VM has one", len(taps))
 	default:
-		if err := cfg.SetNetTap(0, TapName(vm)); err != nil {
+		if err := cfg.SetNetTap(0, tapName); err != nil {
 			return err
 		}
 	}
@@ -277,7 +280,7 @@ func (d *Driver) restoreInto(r *run, vm string, k fsm.PoolKey, runDir, src strin
 		if cfg, err = ch.ParseConfig(data); err != nil {
 			return executors.AsUnrecoverable(err)
 		}
-		if err := rewriteConfig(cfg, runDir, vm, egress); err != nil {
+		if err := rewriteConfig(cfg, runDir, d.tapName(vm), egress); err != nil {
 			return err
 		}
 		out, err := cfg.MarshalJSON()
@@ -289,7 +292,7 @@ func (d *Driver) restoreInto(r *run, vm string, k fsm.PoolKey, runDir, src strin
 		return fail(err)
 	}
 	if egress {
-		if err := r.step(StepTapCreate, func() error { return d.taps.Create(TapName(vm), d.bridge) }); err != nil {
+		if err := r.step(StepTapCreate, func() error { return d.taps.Create(d.tapName(vm), d.bridge) }); err != nil {
 			return fail(err)
 		}
 		if err := d.lockTap(r, vm); err != nil {
@@ -371,7 +374,7 @@ func (d *Driver) stopVM(r *run, vm, runDir string, egress bool) error {
 		}
 	}
 	if egress {
-		if err := r.step(StepTapDelete, func() error { return d.taps.Delete(TapName(vm)) }); err != nil {
+		if err := r.step(StepTapDelete, func() error { return d.taps.Delete(d.tapName(vm)) }); err != nil {
 			return err
 		}
 		if err := r.step(StepEgressUnlock, func() error { return d.unlockTap(vm) }); err != nil {

@@ -68,14 +68,17 @@ func (d *Driver) AdoptVM(ctx context.Context, vm, rel string) (reconcile.Livenes
 	case err != nil:
 		d.log.Warn().Err(err).Str("run_dir", runDir).Msg("adopted a QEMU whose QMP does not answer; watching it")
 		d.watch(runDir, pid)
+		d.openDoors(vm)
 		return reconcile.Liveness{Alive: true, Pid: pid, Detail: "unresponsive: " + err.Error()}, nil
 	case st == "running":
 		d.watch(runDir, pid)
+		d.openDoors(vm)
 		return reconcile.Liveness{Alive: true, Pid: pid}, nil
 	case st == "paused" || st == "postmigrate":
 		if _, rerr := d.q.Resume(ctx, spec); rerr == nil {
 			d.log.Info().Str("run_dir", runDir).Str("status", st).Msg("resumed a stopped VM at adoption")
 			d.watch(runDir, pid)
+			d.openDoors(vm)
 			return reconcile.Liveness{Alive: true, Pid: pid, Detail: "resumed from " + st}, nil
 		} else {
 			st += " (resume: " + rerr.Error() + ")"
@@ -116,6 +119,13 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 	if err != nil {
 		return executors.Result{}, fmt.Errorf("restart %s: %w", in.VM, err)
 	}
+	if spec.EgressNIC {
+		// The tap and its lock outlived the QEMU that died; making them
+		// again is idempotent, and gives the NIC to the new launch.
+		if spec.Egress, err = d.attachEgress(in.VM); err != nil {
+			return executors.Result{}, fmt.Errorf("restart %s: %w", in.VM, err)
+		}
+	}
 	d.unwatch(runDir)
 	r, err := d.q.Boot(ctx, spec)
 	if err != nil {
@@ -123,6 +133,7 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 		return executors.Result{}, fmt.Errorf("restart %s: %w", in.VM, classify(err))
 	}
 	d.watch(runDir, r.PID)
+	d.openDoors(in.VM)
 	return executors.Result{Report: d.report(r)}, nil
 }
 

@@ -35,10 +35,13 @@ const (
 	launchAttempts = 3
 )
 
-// agentNet is a VM's FileAgentNet.
+// agentNet is a VM's FileAgentNet: the agent network, and the egress NIC
+// the launch gave the VM (its tap and what the guest is told after every
+// boot and restore).
 type agentNet struct {
-	Port int    `json:"port"`
-	Key  string `json:"key"`
+	Port   int        `json:"port"`
+	Key    string     `json:"key"`
+	Egress *EgressNet `json:"egress,omitempty"`
 }
 
 // newAgentNet picks a free loopback port and a fresh key.
@@ -111,10 +114,21 @@ func (q *Recipes) armAgent(ctx context.Context, a *agent.Client, runDir string) 
 	var re *agent.RemoteError
 	if errors.As(err, &re) {
 		q.log.Warn().Err(err).Str("run_dir", runDir).Msg("qemu: the guest agent serves no data plane")
+	} else if err != nil {
+		return fmt.Errorf("qemu: arming the guest agent in %s: %w", runDir, err)
+	}
+	if n.Egress == nil {
+		return nil
+	}
+	// The guest's egress network: a restored guest holds the golden's
+	// (or its own last) MAC and address, which its lock would drop.
+	err = a.SetNet(ctx, n.Egress.Guest)
+	if errors.As(err, &re) {
+		q.log.Error().Err(err).Str("run_dir", runDir).Msg("qemu: the guest agent cannot take its egress network (a guest older than the net verb); its guest reaches nothing")
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("qemu: arming the guest agent in %s: %w", runDir, err)
+		return fmt.Errorf("qemu: giving the guest in %s its egress network: %w", runDir, err)
 	}
 	return nil
 }

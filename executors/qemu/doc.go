@@ -176,14 +176,34 @@
 // 256 MiB, medium 512 MiB, larger sizes 1 GiB. An emulated guest gains little
 // from more, and every VM's RAM file is as large as its memory. Restores take
 // memory and vCPUs from the snapshot.
-// Pools with net "egress" are refused (Unrecoverable): the guest's only NIC
-// is the agent network, which reaches nothing but the agent.
+//
+// Egress network (egress.go; Config.Egress, from the node's lane, proxy and
+// CA): every machine of a `net: egress` pool has a second virtio NIC at PCI
+// slot 0x10 (EgressPCISlot), recorded in its snapshots (Meta.EgressNIC). A
+// golden's has no backend; every VM's is on its own tap (executors/tap,
+// named for the instance and the VM), attached to the bridge, isolated
+// and locked by the lane (executors/egress/nft) before QEMU opens it, with
+// the VM's own MAC (tap.MAC, so no two VMs share one on the bridge) and the
+// address the lane leased it, pinned on the bridge. A restored guest holds
+// the golden's (or its own last) MAC and address, so after every boot and
+// restore, right after the data-plane key, the host gives the guest agent
+// its network over the serial port (agent.NetConfig: MAC, address,
+// gateway = the door's address, the proxy URL, NO_PROXY, the node CA),
+// kept in agent.json with the key; the agent applies it (netlink), writes
+// the trust store and makes the proxy and CA variables the environment of
+// every process it starts. Its proxy door opens once the guest runs and
+// closes before its tap is deleted (hibernate, destroy); the tap goes
+// before its lock. A wake or restart makes tap and lock again (the same
+// door and address when they are free). At start-up ReconcileEgress
+// repairs the instance's locks as the Cloud Hypervisor driver's does, and
+// AdoptVM reopens the doors. Without Config.Egress, egress pools are
+// refused (Unrecoverable).
 //
 // Errors: the recipes return ErrInvalidSpec, ErrNotRunning, ErrNoSnapshot,
 // ErrExited, ErrMigration, ErrSnapshotExists (all wrapped with detail); QMP
 // failures are *qmp.Error. Driver turns them into the executors' classes:
 // *executors.Unrecoverable for bad intents (paths outside the roots or of
-// another instance, unknown sizes, egress, a missing guest, a missing golden,
+// another instance, unknown sizes, egress without a lane, a missing guest, a missing golden,
 // ErrInvalidSpec, ErrSnapshotExists), Lost for a VM or snapshot gone for good,
 // executors.ErrCapacity for ENOSPC/EDQUOT; anything else is retryable.
 package qemu

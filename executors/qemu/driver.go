@@ -17,6 +17,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
+	"github.com/sbxlog/sbxlog/executors/tap"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -74,8 +75,8 @@ func (s Sizes) Lookup(name string) (Size, error) {
 // after the halving of underTCG.
 const DefaultTCGMaxMemoryMiB = 1024
 
-// NetEgress is the pool net this driver refuses: the guest has no NIC to the
-// outside (its one NIC is the agent network, restricted to the agent).
+// NetEgress is the pool net whose VMs get the egress NIC on a locked tap
+// (egress.go; Config.Egress).
 const NetEgress = "egress"
 
 // Config configures a Driver. Zero values take the defaults named per field.
@@ -114,7 +115,11 @@ type Config struct {
 	// ResumeTimeout bounds making a VM run again after a failed hibernate
 	// (default 30 s).
 	ResumeTimeout time.Duration
-	Log           zerolog.Logger
+	// Egress, when set, runs `net: egress` pools (egress.go): the bridge,
+	// the lane that locks taps, the proxy doors and the node CA. Nil:
+	// egress pools are refused (Unrecoverable).
+	Egress *Egress
+	Log    zerolog.Logger
 }
 
 // Driver is the QEMU executors.Driver.
@@ -130,6 +135,7 @@ type Driver struct {
 	log       zerolog.Logger
 	qemuBin   string
 	q         *Recipes
+	egress    *Egress
 
 	copyMode atomic.Int64 // fsx.Method detected by Prepare
 	capped   sync.Map     // size name -> struct{}: the TCG cap was logged
@@ -196,10 +202,18 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	var eg *Egress
+	if cfg.Egress != nil {
+		c := *cfg.Egress
+		if c.Taps == nil {
+			c.Taps = tap.Kernel{}
+		}
+		eg = &c
+	}
 	return &Driver{
 		roots: cfg.Roots, instance: cfg.Instance, templates: templates,
 		sizes: cfg.Sizes, tcgMax: cfg.TCGMaxMemoryMiB, fs: cfg.FS, now: cfg.Now,
-		resumeTO: cfg.ResumeTimeout, log: log, qemuBin: cfg.QEMU, q: q,
+		resumeTO: cfg.ResumeTimeout, log: log, qemuBin: cfg.QEMU, q: q, egress: eg,
 	}, nil
 }
 
@@ -317,7 +331,9 @@ func (d *Driver) guest(template string) (Guest, error) {
 	return g, nil
 }
 
-// bootSpec is the spec of a cold boot (golden build or cold clone) of pool k.
+// bootSpec is the spec of a cold boot (golden build or cold clone) of pool k;
+// an egress pool's machine gets the egress NIC (its backend is the
+// caller's: a VM's tap, or none for a golden).
 func (d *Driver) bootSpec(ctx context.Context, runDir, storeDir string, k fsm.PoolKey) (Spec, error) {
 	if err := d.CheckPool(k, true); err != nil {
 		return Spec{}, executors.AsUnrecoverable(fmt.Errorf("pool %s: %w", k, err))
@@ -330,7 +346,7 @@ func (d *Driver) bootSpec(ctx context.Context, runDir, storeDir string, k fsm.Po
 	if err != nil {
 		return Spec{}, err
 	}
-	spec := Spec{RunDir: runDir, StoreDir: storeDir, MemoryMiB: z.MemoryMiB, CPUs: z.CPUs, Kernel: g.Kernel, Initrd: g.Initrd, Disk: g.Disk}
+	spec := Spec{RunDir: runDir, StoreDir: storeDir, MemoryMiB: z.MemoryMiB, CPUs: z.CPUs, Kernel: g.Kernel, Initrd: g.Initrd, Disk: g.Disk, EgressNIC: k.Net == NetEgress}
 	if g.Disk != "" {
 		spec.Append = RootAppend
 	}

@@ -67,36 +67,53 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 	if err := d.CheckPool(in.Key, in.Pooled); err != nil {
 		return executors.Result{}, executors.AsUnrecoverable(fmt.Errorf("clone %s: pool %s: %w", in.VM, in.Key, err))
 	}
+	var eg *EgressNet
+	if in.Key.Net == NetEgress {
+		if eg, err = d.attachEgress(in.VM); err != nil {
+			return executors.Result{}, err
+		}
+	}
 	var spec Spec
 	var r RecipeResult
 	if in.Cold {
 		// Boot clones nothing from the store; StoreDir only has to be valid.
 		if spec, err = d.bootSpec(ctx, runDir, d.roots.Store, in.Key); err != nil {
+			d.dropEgress(ctx, in.VM)
 			return executors.Result{}, fmt.Errorf("cold boot %s: %w", in.VM, err)
 		}
+		spec.Egress = eg
 		r, err = d.q.Boot(ctx, spec)
 	} else {
 		if in.GoldenDir == "" {
+			d.dropEgress(ctx, in.VM)
 			return executors.Result{}, executors.Unrecoverablef("clone %s: no golden to clone from", in.VM)
 		}
 		golden, gerr := d.roots.SnapshotIn(layout.GoldenStore, in.GoldenDir)
 		if gerr != nil {
+			d.dropEgress(ctx, in.VM)
 			return executors.Result{}, gerr
 		}
-		spec = Spec{RunDir: runDir, StoreDir: filepath.Dir(golden)}
+		spec = Spec{RunDir: runDir, StoreDir: filepath.Dir(golden), Egress: eg}
 		if _, err = checkSnapshot(golden); err == nil {
 			r, err = d.q.Clone(ctx, spec, filepath.Base(golden))
 		}
 	}
 	if err != nil {
 		d.teardown(ctx, spec)
+		d.dropEgress(ctx, in.VM)
 		if errors.Is(err, ErrNoSnapshot) {
 			err = executors.AsUnrecoverable(err)
 		}
 		return executors.Result{}, fmt.Errorf("clone %s: %w", in.VM, classify(err))
 	}
 	d.watch(runDir, r.PID)
+	d.openDoors(in.VM)
 	return executors.Result{Report: d.report(r)}, nil
+}
+
+// dropEgress undoes attachEgress after a failed recipe whose QEMU is gone.
+func (d *Driver) dropEgress(ctx context.Context, vm string) {
+	d.cleanup(ctx, "detach the egress tap of "+vm, func(context.Context) error { return d.detachEgress(vm) })
 }
 
 // Hibernate implements executors.Driver: Recipes.Hibernate into
@@ -114,6 +131,12 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	r, err := d.q.Hibernate(ctx, spec, filepath.Base(final))
 	if err != nil {
 		return executors.Result{}, d.hibernateFailed(ctx, in.VM, spec, final, fmt.Errorf("hibernate %s: %w", in.VM, err))
+	}
+	// QEMU is gone: its tap and lock go too (a wake makes them again).
+	if in.Key.Net == NetEgress {
+		if err := d.detachEgress(in.VM); err != nil {
+			return executors.Result{}, fmt.Errorf("hibernate %s: %w", in.VM, err)
+		}
 	}
 	return executors.Result{Report: d.report(r), SnapshotDir: rel}, nil
 }
@@ -160,15 +183,28 @@ func (d *Driver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, err
 		d.teardown(ctx, spec)
 		return executors.Result{}, &executors.Unrecoverable{Err: fmt.Errorf("wake %s: %w", in.VM, err), Lost: true}
 	}
+	egress, err := d.checkEgress(in.Key)
+	if err != nil {
+		return executors.Result{}, fmt.Errorf("wake %s: %w", in.VM, err)
+	}
+	if egress {
+		if spec.Egress, err = d.attachEgress(in.VM); err != nil {
+			return executors.Result{}, err
+		}
+	}
 	r, err := d.q.Wake(ctx, spec, filepath.Base(src))
 	if err != nil {
 		d.teardown(ctx, spec)
+		if egress {
+			d.dropEgress(ctx, in.VM)
+		}
 		if errors.Is(err, ErrNoSnapshot) {
 			return executors.Result{}, &executors.Unrecoverable{Err: fmt.Errorf("wake %s: %w", in.VM, err), Lost: true}
 		}
 		return executors.Result{}, fmt.Errorf("wake %s: %w", in.VM, classify(err))
 	}
 	d.watch(runDir, r.PID)
+	d.openDoors(in.VM)
 	res := executors.Result{Report: d.report(r)}
 	res.AfterCommit = func(context.Context) error {
 		if err := d.fs.RemoveAll(src); err != nil {
@@ -195,9 +231,15 @@ func (d *Driver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Resul
 		}
 	}
 	d.unwatch(runDir)
+	d.closeDoors(in.VM)
 	r, err := d.q.Destroy(ctx, Spec{RunDir: runDir, StoreDir: d.roots.Store})
 	if err != nil {
 		return executors.Result{}, fmt.Errorf("destroy %s: %w", in.VM, classify(err))
+	}
+	if in.Key.Net == NetEgress {
+		if err := d.detachEgress(in.VM); err != nil {
+			return executors.Result{}, fmt.Errorf("destroy %s: %w", in.VM, err)
+		}
 	}
 	var extra []event.Step
 	if snap != "" {

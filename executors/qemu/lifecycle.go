@@ -58,7 +58,7 @@ func (q *Recipes) Boot(ctx context.Context, spec Spec) (RecipeResult, error) {
 		r.addClone(res)
 	}
 	t.mark(StepPrepare)
-	pid, c, err := q.launch(ctx, spec.RunDir, q.bootMeta(spec, accel), false)
+	pid, c, err := q.launch(ctx, spec.RunDir, q.bootMeta(spec, accel), false, spec.Egress)
 	if err != nil {
 		return r, err
 	}
@@ -455,7 +455,7 @@ func (q *Recipes) restore(ctx context.Context, spec Spec, name string) (RecipeRe
 	}
 	t.mark(StepClone)
 
-	pid, c, err := q.launch(ctx, spec.RunDir, m, true)
+	pid, c, err := q.launch(ctx, spec.RunDir, m, true, spec.Egress)
 	if err != nil {
 		_ = q.fs.RemoveAll(spec.RunDir)
 		return r, err

@@ -25,7 +25,10 @@ import (
 // an agent network gets a fresh one (port and key) in agent.json first; if
 // another process took the port before QEMU bound it, the launch is retried
 // with another.
-func (q *Recipes) launch(ctx context.Context, runDir string, m Meta, incoming bool) (int, *qmp.Client, error) {
+func (q *Recipes) launch(ctx context.Context, runDir string, m Meta, incoming bool, eg *EgressNet) (int, *qmp.Client, error) {
+	if eg != nil && (!m.EgressNIC || !m.AgentNet) {
+		return 0, nil, fmt.Errorf("%w: an egress NIC for a machine without one (snapshot made for another pool?)", ErrInvalidSpec)
+	}
 	for attempt := 1; ; attempt++ {
 		var an *agentNet
 		if m.AgentNet {
@@ -33,6 +36,7 @@ func (q *Recipes) launch(ctx context.Context, runDir string, m Meta, incoming bo
 			if err != nil {
 				return 0, nil, err
 			}
+			n.Egress = eg
 			if err := writeAgentNet(runDir, n); err != nil {
 				return 0, nil, fmt.Errorf("qemu: launch: %w", err)
 			}
@@ -69,6 +73,13 @@ func (q *Recipes) launchOnce(ctx context.Context, runDir string, m Meta, incomin
 	args := cmdline(runDir, m, incoming)
 	if an != nil {
 		args = append(args, an.args()...)
+	}
+	if m.EgressNIC {
+		var eg *EgressNet
+		if an != nil {
+			eg = an.Egress
+		}
+		args = append(args, egressArgs(eg)...)
 	}
 	cmd := exec.Command(q.qemu, args...)
 	cmd.Dir = runDir

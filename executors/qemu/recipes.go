@@ -181,7 +181,7 @@ func (q *Recipes) probeBoot(ctx context.Context, spec Spec) error {
 	// The initramfs's agent answers without the root disk, which the probe
 	// dir does not have (Boot clones it later).
 	m.Disk, m.Append = false, ""
-	pid, c, err := q.launch(ctx, dir, m, false)
+	pid, c, err := q.launch(ctx, dir, m, false, nil)
 	if err != nil {
 		return err
 	}
@@ -211,6 +211,7 @@ func (q *Recipes) bootMeta(spec Spec, accel Accel) Meta {
 		Append:    spec.Append,
 		Disk:      spec.Disk != "",
 		AgentNet:  true,
+		EgressNIC: spec.EgressNIC || spec.Egress != nil,
 	}
 }
 

@@ -81,6 +81,13 @@ type Spec struct {
 	// clone copies only what the VM wrote, not the image (the backing file
 	// is named by absolute path and must outlive every snapshot).
 	Disk string
+	// EgressNIC gives a cold-booted machine the egress NIC (egress.go),
+	// recorded in its snapshots like the disk.
+	EgressNIC bool
+	// Egress is this VM's egress NIC on its tap (Boot, Clone, Wake): the
+	// machine, booted or restored, must have the egress NIC. Nil with an
+	// egress NIC: the NIC has no backend (a golden build).
+	Egress *EgressNet
 }
 
 // Files of a run dir and of a snapshot.
@@ -183,6 +190,10 @@ type Meta struct {
 	// restore must give it one too. Snapshots made before it existed have
 	// none, and their VMs have no data plane.
 	AgentNet bool `json:"agent_net,omitempty"`
+	// EgressNIC: the machine has the egress NIC (egress.go) at its fixed
+	// PCI slot, so a restore must give it one too (on the VM's tap, or
+	// without a backend).
+	EgressNIC bool `json:"egress_nic,omitempty"`
 	// StateBytes is the size of the migration stream (device state plus the RAM
 	// that is not in the shared RAM file: firmware and option ROMs).
 	StateBytes int64     `json:"state_bytes"`

@@ -3,14 +3,20 @@
 // and deleted with the VM.
 //
 // Contract:
-//   - Name(vmID) derives the tap's interface name from the VM id: deterministic (a
-//     restarted daemon finds the same tap), unique in practice (60 bits of SHA-256),
-//     a valid Linux interface name of exactly 15 bytes, starting with Prefix.
+//   - Name(instance, vmID) derives the tap's interface name from the sandboxd
+//     instance and the VM id: deterministic (a restarted daemon finds the same
+//     tap), unique in practice (60 bits of SHA-256) across VMs and instances (two
+//     sandboxd on one host may hold VMs of the same id: a VM id is unique in one
+//     instance's log only), a valid Linux interface name of exactly 15 bytes,
+//     starting with Prefix.
 //   - Create(name, bridge) leaves a tap `name` up with master `bridge`. It is
 //     idempotent: an existing tap already on that bridge is left as is, and a tap a
 //     crashed earlier Create made but did not attach is attached and brought up. An
 //     existing interface that is not a tap, or is a tap on another bridge, is
 //     ErrConflict and is not touched.
+//   - MAC(instance, vmID) is the MAC of the VM's NIC on its tap, derived the
+//     same way (the QEMU driver's; the Cloud Hypervisor driver keeps its own,
+//     from the VM id).
 //   - Delete(name) removes the tap; a missing one is success. A non-tap interface of
 //     that name is ErrConflict and is not removed, so a bad name never deletes
 //     someone else's interface.
@@ -25,6 +31,7 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -50,9 +57,9 @@ var (
 
 var nameEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
-// Name returns the tap name for a VM.
-func Name(vmID string) string {
-	sum := sha256.Sum256([]byte(vmID))
+// Name returns the tap name of VM vmID of the sandboxd instance.
+func Name(instance, vmID string) string {
+	sum := sha256.Sum256([]byte("tap/" + instance + "/" + vmID))
 	return Prefix + nameEncoding.EncodeToString(sum[:])[:maxName-len(Prefix)]
 }
 
@@ -156,3 +163,29 @@ func Delete(name string) error {
 	}
 	return nil
 }
+
+// MAC returns the MAC of the NIC VM vmID of the sandboxd instance has on its
+// tap: locally administered, unicast, derived like Name, so clones of one
+// golden (whose memory holds the golden's MAC until the host gives them
+// theirs) and VMs of one id in two instances never share one on the
+// bridge, whose forwarding database learns ports by MAC.
+func MAC(instance, vmID string) net.HardwareAddr {
+	sum := sha256.Sum256([]byte("mac/" + instance + "/" + vmID))
+	return net.HardwareAddr{0x02, sum[0], sum[1], sum[2], sum[3], sum[4]}
+}
+
+// Maker creates and deletes taps: Kernel, or a test's fake. The drivers
+// take one.
+type Maker interface {
+	Create(name, bridge string) error
+	Delete(name string) error
+}
+
+// Kernel is the Maker of this package's functions.
+type Kernel struct{}
+
+// Create implements Maker with Create.
+func (Kernel) Create(name, bridge string) error { return Create(name, bridge) }
+
+// Delete implements Maker with Delete.
+func (Kernel) Delete(name string) error { return Delete(name) }

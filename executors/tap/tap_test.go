@@ -112,22 +112,28 @@ func assertTapOn(t *testing.T, name string, br netlink.Link) {
 func TestName(t *testing.T) {
 	ids := []string{"", "sb_0123456789abcdef", "01JD5Z8Q1W9V3M8K2X4T6Y7R0P", strings.Repeat("x", 500), "vm/with spaces:and\tcolons", "ünïcödé"}
 	for _, id := range ids {
-		n := Name(id)
+		n := Name("i-one", id)
 		if err := ValidName(n); err != nil || len(n) != 15 || !strings.HasPrefix(n, Prefix) {
 			t.Errorf("Name(%q) = %q: %v, want a valid 15-byte name with prefix %q", id, n, err, Prefix)
 		}
-		if Name(id) != n {
+		if Name("i-one", id) != n {
 			t.Errorf("Name(%q) not deterministic", id)
+		}
+		// Another instance's VM of the same id has another tap.
+		if Name("i-two", id) == n {
+			t.Errorf("Name(%q) is the same for two instances: %q", id, n)
 		}
 	}
 	seen := make(map[string]string, 20000)
-	for i := range 20000 {
-		id := fmt.Sprintf("sb_%016x", i)
-		n := Name(id)
-		if prev, dup := seen[n]; dup {
-			t.Fatalf("Name collision: %q and %q -> %q", prev, id, n)
+	for i := range 10000 {
+		for _, inst := range []string{"i-one", "i-two"} {
+			id := fmt.Sprintf("sb_%016x", i)
+			n := Name(inst, id)
+			if prev, dup := seen[n]; dup {
+				t.Fatalf("Name collision: %q and %s/%q -> %q", prev, inst, id, n)
+			}
+			seen[n] = inst + "/" + id
 		}
-		seen[n] = id
 	}
 }
 
@@ -147,7 +153,7 @@ func TestCreateAttachDelete(t *testing.T) {
 	host := freshNetns(t)
 	before := linkNames(t)
 	br := addBridge(t, "sbxbr0")
-	name := Name("sb_00000000000000aa")
+	name := Name("i-taptest", "sb_00000000000000aa")
 
 	if err := Create(name, "sbxbr0"); err != nil {
 		t.Fatal(err)
@@ -187,7 +193,7 @@ func TestManyTapsNoLeak(t *testing.T) {
 	br := addBridge(t, "sbxbr0")
 	var names []string
 	for i := range 16 {
-		n := Name(fmt.Sprintf("vm-%d", i))
+		n := Name("i-taptest", fmt.Sprintf("vm-%d", i))
 		if err := Create(n, "sbxbr0"); err != nil {
 			t.Fatal(err)
 		}
@@ -214,7 +220,7 @@ func TestManyTapsNoLeak(t *testing.T) {
 func TestCreateFinishesHalfMadeTap(t *testing.T) {
 	freshNetns(t)
 	br := addBridge(t, "sbxbr0")
-	name := Name("crashed")
+	name := Name("i-taptest", "crashed")
 	half := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: name}, Mode: netlink.TUNTAP_MODE_TAP,
 		Flags: netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR}
 	if err := netlink.LinkAdd(half); err != nil {
@@ -230,7 +236,7 @@ func TestConflictsAreNotTouched(t *testing.T) {
 	freshNetns(t)
 	addBridge(t, "sbxbr0")
 	other := addBridge(t, "sbxbr1")
-	onOther := Name("on-other-bridge")
+	onOther := Name("i-taptest", "on-other-bridge")
 	if err := Create(onOther, "sbxbr1"); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +247,7 @@ func TestConflictsAreNotTouched(t *testing.T) {
 	}{
 		{"tap on another bridge", onOther, "sbxbr0", ErrConflict},
 		{"name taken by a bridge", "sbxbr1", "sbxbr0", ErrConflict},
-		{"master is not a bridge", Name("x"), onOther, ErrNotBridge},
+		{"master is not a bridge", Name("i-taptest", "x"), onOther, ErrNotBridge},
 		{"invalid name", "way-too-long-name", "sbxbr0", ErrInvalidName},
 	}
 	for _, tc := range cases {
@@ -249,7 +255,7 @@ func TestConflictsAreNotTouched(t *testing.T) {
 			t.Errorf("%s: Create = %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	if err := Create(Name("y"), "no-such-br"); err == nil || !notFound(err) {
+	if err := Create(Name("i-taptest", "y"), "no-such-br"); err == nil || !notFound(err) {
 		t.Errorf("Create on a missing bridge = %v, want link-not-found", err)
 	}
 	if err := Delete("sbxbr1"); !errors.Is(err, ErrConflict) {
@@ -263,7 +269,7 @@ func TestConflictsAreNotTouched(t *testing.T) {
 	if _, err := netlink.LinkByName("sbxbr1"); err != nil {
 		t.Fatalf("bridge removed by a refused Delete: %v", err)
 	}
-	if _, err := netlink.LinkByName(Name("x")); !notFound(err) {
+	if _, err := netlink.LinkByName(Name("i-taptest", "x")); !notFound(err) {
 		t.Fatalf("refused Create left a tap behind: %v", err)
 	}
 }

@@ -318,7 +318,7 @@ func TestEgressLookups(t *testing.T) {
 	if id, ok := n.Egress.SandboxOfVM(sb.VM); !ok || id != sb.ID {
 		t.Fatalf("SandboxOfVM = %q %v", id, ok)
 	}
-	if id, vm, ok := n.Egress.SandboxOfTap(tap.Name(sb.VM)); !ok || id != sb.ID || vm != sb.VM {
+	if id, vm, ok := n.Egress.SandboxOfTap(tap.Name(n.Instance, sb.VM)); !ok || id != sb.ID || vm != sb.VM {
 		t.Fatalf("SandboxOfTap = %q %q %v", id, vm, ok)
 	}
 	if _, _, ok := n.Egress.SandboxOfTap("sbxnotatap"); ok {

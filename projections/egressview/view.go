@@ -113,12 +113,13 @@ func (v *View) SandboxOfVM(vm string) (string, bool) {
 }
 
 // SandboxOfTap returns the live claim (and its VM) whose VM has tap
-// (executors/tap.Name of the VM id). It hashes every VM id of the state:
+// (executors/tap.Name of the node's instance and the VM id). It hashes
+// every VM id of the state:
 // a diagnostic, not for the data path.
 func (v *View) SandboxOfTap(name string) (sandbox, vm string, ok bool) {
 	v.eng.View(func(st *fsm.State) {
 		for _, id := range st.VMIDs() {
-			if tap.Name(id) != name {
+			if tap.Name(st.Instance(), id) != name {
 				continue
 			}
 			vm = id

@@ -78,6 +78,7 @@ type lockView struct {
 	taps   map[string]bool      // tap links in the lane
 	vms    []api.VM
 	vmms   map[string]bool // VM names whose VMM runs
+	inst   string          // the daemon's instance id (tap names carry it)
 }
 
 func (c *campaign) readLocks(ctx context.Context) (lockView, error) {
@@ -91,7 +92,8 @@ func (c *campaign) readLocks(ctx context.Context) (lockView, error) {
 	for _, p := range VMMsUnder(c.a.DataDir) {
 		v.vmms[filepath.Base(filepath.Dir(p.Socket))] = true
 	}
-	owner := nft.OwnerOf(c.instance())
+	v.inst = c.instance()
+	owner := nft.OwnerOf(v.inst)
 	err = c.lane.Host.Do(func() error {
 		var err error
 		if v.tables, err = owner.Tables(); err != nil {
@@ -118,7 +120,7 @@ func (v lockView) findings() map[string]string {
 	out := map[string]string{}
 	live := map[string]bool{} // taps of VMs the state has
 	for _, vm := range v.vms {
-		t := tap.Name(vm.Name)
+		t := tap.Name(v.inst, vm.Name)
 		if vm.Live {
 			live[t] = true
 		}

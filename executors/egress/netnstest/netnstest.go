@@ -299,6 +299,32 @@ func (l *Lane) AddGuest(t TB, i int, tap string, mac net.HardwareAddr) *Guest {
 	return g
 }
 
+// Readdress moves the guest to address p (its old one removed), routed
+// via gw: the address a lane leased it.
+func (g *Guest) Readdress(t TB, p netip.Prefix, gw netip.Addr) {
+	t.Helper()
+	if p.Addr() == g.Addr {
+		return
+	}
+	// The old address goes first: a second one in its subnet would be
+	// secondary, and removing the primary removes its secondaries.
+	old := netip.PrefixFrom(g.Addr, p.Bits())
+	g.MustDo(t, func() error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: old.Addr().AsSlice(), Mask: net.CIDRMask(old.Bits(), 32)}}
+		if err := netlink.AddrDel(l, a); err != nil {
+			return fmt.Errorf("addr del %s: %w", old, err)
+		}
+		return nil
+	})
+	g.AddrAdd(t, "eth0", p)
+	g.MustDo(t, func() error { return netlink.RouteReplace(&netlink.Route{Gw: gw.AsSlice()}) })
+	g.Addr = p.Addr()
+}
+
 // Runner is a TB for code that is not a test (benchmarks): Fatalf and Skip
 // end Run with the error, Cleanup runs at its end.
 type Runner struct {

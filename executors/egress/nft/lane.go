@@ -1,6 +1,9 @@
 package nft
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -10,11 +13,22 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Lane is a node's egress lane: the bridge egress taps attach to, the door
 // address on it (the bridge's IPv4 address: the tap's host address as the
-// guest sees it), and one Lock per egress VM, whose door port it allocates.
+// guest sees it), and one Lock per egress VM, whose door port and guest
+// address it allocates.
+//
+// A guest's address is the host's choice, in the bridge's subnet: derived
+// from the VM id (like its MAC), moved on past addresses taken by another
+// VM of the lane or pinned by anyone else on the bridge (another instance),
+// kept until Unlock and preferred again at the next Lock. The lock admits
+// only that address, and the lane pins it on the bridge with a permanent
+// neighbour entry (address -> the guest's MAC), so no ARP (a guest's, or
+// anyone's) redirects the door's answers meant for it. The driver gives
+// the guest its address (Lease).
 //
 // Each VM's door is its own port, so the proxy knows the sandbox by the
 // listener a connection reaches, and a guest can reach no other VM's door:
@@ -38,14 +52,25 @@ import (
 type Lane struct {
 	bridge string
 	addr   netip.Addr
+	subnet netip.Prefix // the bridge's, holding addr
 	mac    net.HardwareAddr
 	ports  PortRange
 	ops    Ops
 	prefix string
 
-	mu    sync.Mutex
-	doors map[string]uint16 // VM -> port
-	used  map[uint16]string // port -> VM
+	mu      sync.Mutex
+	doors   map[string]uint16     // VM -> port
+	used    map[uint16]string     // port -> VM
+	guests  map[string]netip.Addr // VM -> guest address
+	guestOf map[netip.Addr]string // guest address -> VM
+}
+
+// Lease is what a lock gives a VM: its door and the address its guest
+// must take on the tap (the subnet's prefix length; its gateway is the
+// door's address).
+type Lease struct {
+	Door  netip.AddrPort
+	Guest netip.Prefix
 }
 
 // PortRange is the door ports of a lane, First..Last inclusive.
@@ -73,11 +98,76 @@ type Ops struct {
 	// DeleteTap deletes a device that is gone already or must go (nil:
 	// the lock of a tap no member owns stays while the tap exists).
 	DeleteTap func(tap string) error
+	// Pins lists the permanent IPv4 neighbour entries of the bridge;
+	// Pin sets one (replacing), Unpin removes one if it still names mac
+	// (nil: no pins, for tests of the callers that have no bridge).
+	Pins  func(bridge string) (map[netip.Addr]net.HardwareAddr, error)
+	Pin   func(bridge string, ip netip.Addr, mac net.HardwareAddr) error
+	Unpin func(bridge string, ip netip.Addr, mac net.HardwareAddr) error
 }
 
 // KernelOps act on o's tables in the calling thread's network namespace.
 func KernelOps(o Owner) Ops {
-	return Ops{Install: o.Install, Remove: o.Remove, Tables: o.Tables, TapExists: linkExists, Isolate: Isolate, Guard: o.InstallGuard, DeleteTap: deleteLink}
+	return Ops{Install: o.Install, Remove: o.Remove, Tables: o.Tables, TapExists: linkExists, Isolate: Isolate, Guard: o.InstallGuard, DeleteTap: deleteLink,
+		Pins: Pins, Pin: Pin, Unpin: Unpin}
+}
+
+// Pins lists the permanent IPv4 neighbour entries on bridge: the guest
+// addresses pinned by every lane of the bridge (and by the operator).
+func Pins(bridge string) (map[netip.Addr]net.HardwareAddr, error) {
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return nil, fmt.Errorf("nft: pins of %s: %w", bridge, err)
+	}
+	ns, err := netlink.NeighList(br.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("nft: pins of %s: %w", bridge, err)
+	}
+	out := map[netip.Addr]net.HardwareAddr{}
+	for _, n := range ns {
+		if n.State&netlink.NUD_PERMANENT == 0 {
+			continue
+		}
+		if a, ok := netip.AddrFromSlice(n.IP.To4()); ok && len(n.HardwareAddr) == 6 {
+			out[a] = n.HardwareAddr
+		}
+	}
+	return out, nil
+}
+
+// Pin makes ip's neighbour entry on bridge permanent, at mac: the host
+// sends ip's packets to mac whatever ARP says later.
+func Pin(bridge string, ip netip.Addr, mac net.HardwareAddr) error {
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return fmt.Errorf("nft: pin %s: %w", ip, err)
+	}
+	n := &netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
+	if err := netlink.NeighSet(n); err != nil {
+		return fmt.Errorf("nft: pin %s at %s on %s: %w", ip, mac, bridge, err)
+	}
+	return nil
+}
+
+// Unpin removes ip's neighbour entry on bridge if it names mac (another
+// instance's pin of the address, or none, is left alone).
+func Unpin(bridge string, ip netip.Addr, mac net.HardwareAddr) error {
+	pins, err := Pins(bridge)
+	if err != nil {
+		return err
+	}
+	if got, ok := pins[ip]; !ok || !bytes.Equal(got, mac) {
+		return nil
+	}
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return fmt.Errorf("nft: unpin %s: %w", ip, err)
+	}
+	n := &netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, IP: ip.AsSlice(), HardwareAddr: mac}
+	if err := netlink.NeighDel(n); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("nft: unpin %s on %s: %w", ip, bridge, err)
+	}
+	return nil
 }
 
 // Isolate makes tap an isolated port of the bridge it is attached to: the
@@ -134,6 +224,9 @@ type LaneConfig struct {
 	// the bridge's first IPv4 address and its MAC, read once by NewLane).
 	Addr netip.Addr
 	MAC  net.HardwareAddr
+	// Bits is the prefix length of the guests' subnet, which holds Addr
+	// (default: the bridge address's; 24 with Addr set).
+	Bits int
 	// Ports defaults to DefaultPorts.
 	Ports PortRange
 	// Ops defaults to KernelOps.
@@ -148,13 +241,17 @@ var (
 	ErrNoAddress = errors.New("nft: the egress bridge has no IPv4 address for the proxy doors")
 	// ErrPortsExhausted: every door port of the lane is taken.
 	ErrPortsExhausted = errors.New("nft: no free door port")
+	// ErrAddrsExhausted: every guest address of the bridge's subnet is taken.
+	ErrAddrsExhausted = errors.New("nft: no free guest address")
 )
 
 // NewLane returns the lane of cfg.Bridge. Without Addr and MAC it reads the
 // bridge (netlink, once, at start-up), and pins the bridge's MAC (sets it to
 // itself), so that ports joining never change the door's MAC.
 func NewLane(cfg LaneConfig) (*Lane, error) {
-	l := &Lane{bridge: cfg.Bridge, addr: cfg.Addr, mac: cfg.MAC, ports: cfg.Ports, prefix: cfg.TapPrefix, doors: map[string]uint16{}, used: map[uint16]string{}}
+	l := &Lane{bridge: cfg.Bridge, addr: cfg.Addr, mac: cfg.MAC, ports: cfg.Ports, prefix: cfg.TapPrefix,
+		doors: map[string]uint16{}, used: map[uint16]string{}, guests: map[string]netip.Addr{}, guestOf: map[netip.Addr]string{}}
+	bits := cfg.Bits
 	if l.prefix == "" {
 		l.prefix = "sbx"
 	}
@@ -195,16 +292,41 @@ func NewLane(cfg LaneConfig) (*Lane, error) {
 				return nil, fmt.Errorf("%w: %s", ErrNoAddress, cfg.Bridge)
 			}
 			l.addr, _ = netip.AddrFromSlice(addrs[0].IP.To4())
+			if ones, _ := addrs[0].Mask.Size(); bits == 0 {
+				bits = ones
+			}
 		}
 	}
 	if !l.addr.Is4() {
 		return nil, fmt.Errorf("%w: %s has %s", ErrNoAddress, cfg.Bridge, l.addr)
 	}
+	if bits == 0 {
+		bits = 24
+	}
+	if bits < 8 || bits > 30 {
+		return nil, fmt.Errorf("%w: the bridge's subnet %s/%d leaves no room for guests (want a prefix of 8 to 30 bits)", ErrNoAddress, l.addr, bits)
+	}
+	l.subnet = netip.PrefixFrom(l.addr, bits).Masked()
 	return l, nil
 }
 
 // Addr is the door address of the lane.
 func (l *Lane) Addr() netip.Addr { return l.addr }
+
+// Subnet is the guests' subnet (the bridge's).
+func (l *Lane) Subnet() netip.Prefix { return l.subnet }
+
+// Lease returns vm's door and guest address, if it holds them. Memory only.
+func (l *Lane) Lease(vm string) (Lease, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p, ok := l.doors[vm]
+	g, gok := l.guests[vm]
+	if !ok || !gok {
+		return Lease{}, false
+	}
+	return Lease{Door: netip.AddrPortFrom(l.addr, p), Guest: netip.PrefixFrom(g, l.subnet.Bits())}, true
+}
 
 // Door returns the door of vm, if it holds one. Memory only.
 func (l *Lane) Door(vm string) (netip.AddrPort, bool) {
@@ -256,31 +378,121 @@ func (l *Lane) freeLocked(vm string) {
 		delete(l.doors, vm)
 		delete(l.used, p)
 	}
+	if a, ok := l.guests[vm]; ok {
+		delete(l.guests, vm)
+		delete(l.guestOf, a)
+	}
 }
 
-func (l *Lane) lock(tap string, mac net.HardwareAddr, port uint16) Lock {
-	return Lock{Tap: tap, GuestMAC: mac, Door: netip.AddrPortFrom(l.addr, port), DoorMAC: l.mac}
+// guestUsable reports whether a can be a guest's address: in the subnet,
+// neither its network nor its broadcast address, not the door's.
+func (l *Lane) guestUsable(a netip.Addr) bool {
+	if !a.Is4() || !l.subnet.Contains(a) || a == l.addr || a == l.subnet.Addr() {
+		return false
+	}
+	b := a.As4()
+	host := binary.BigEndian.Uint32(b[:]) &^ (^uint32(0) << (32 - l.subnet.Bits()))
+	return host != ^uint32(0)>>l.subnet.Bits()
 }
 
-// Lock gives vm a door port, isolates its tap on the bridge and installs
-// the tap's lock (tap, the guest NIC's mac). Call it after the tap exists
-// and before the VMM opens it. A VM already locked is locked again with the
-// same port (a re-run).
-func (l *Lane) Lock(vm, tap string, mac net.HardwareAddr) (netip.AddrPort, error) {
+// hosts is the number of addresses of the subnet, network and broadcast
+// included.
+func (l *Lane) hosts() uint32 { return uint32(1) << (32 - l.subnet.Bits()) }
+
+func (l *Lane) nth(i uint32) netip.Addr {
+	b := l.subnet.Addr().As4()
+	var out [4]byte
+	binary.BigEndian.PutUint32(out[:], binary.BigEndian.Uint32(b[:])+i%l.hosts())
+	return netip.AddrFrom4(out)
+}
+
+// allocGuestLocked gives vm a guest address: the one it holds, else want
+// when usable, free and not pinned by anyone else, else the first such
+// one from the address its id derives. pinned are the bridge's permanent
+// neighbour entries (a pin of vm's own MAC is its own, not another's).
+func (l *Lane) allocGuestLocked(vm string, mac net.HardwareAddr, want netip.Addr, pinned map[netip.Addr]net.HardwareAddr) (netip.Addr, error) {
+	if a, ok := l.guests[vm]; ok {
+		return a, nil
+	}
+	free := func(a netip.Addr) bool {
+		if _, taken := l.guestOf[a]; taken || !l.guestUsable(a) {
+			return false
+		}
+		m, ok := pinned[a]
+		return !ok || bytes.Equal(m, mac)
+	}
+	take := func(a netip.Addr) netip.Addr { l.guests[vm], l.guestOf[a] = a, vm; return a }
+	if free(want) {
+		return take(want), nil
+	}
+	sum := sha256.Sum256([]byte("ip/" + vm))
+	start := binary.BigEndian.Uint32(sum[:4])
+	for i := range l.hosts() {
+		if a := l.nth(start + i); free(a) {
+			return take(a), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("%w in %s (%d VMs)", ErrAddrsExhausted, l.subnet, len(l.guests))
+}
+
+func (l *Lane) lock(tap string, mac net.HardwareAddr, port uint16, guest netip.Addr) Lock {
+	return Lock{Tap: tap, GuestMAC: mac, GuestIP: guest, Door: netip.AddrPortFrom(l.addr, port), DoorMAC: l.mac}
+}
+
+func (l *Lane) pins() (map[netip.Addr]net.HardwareAddr, error) {
+	if l.ops.Pins == nil {
+		return nil, nil
+	}
+	return l.ops.Pins(l.bridge)
+}
+
+func (l *Lane) pin(lk Lock) error {
+	if l.ops.Pin == nil {
+		return nil
+	}
+	return l.ops.Pin(l.bridge, lk.GuestIP, lk.GuestMAC)
+}
+
+func (l *Lane) unpin(ip netip.Addr, mac net.HardwareAddr) error {
+	if l.ops.Unpin == nil || !ip.IsValid() {
+		return nil
+	}
+	return l.ops.Unpin(l.bridge, ip, mac)
+}
+
+// Lock gives vm a door port and a guest address, isolates its tap on the
+// bridge, installs the tap's lock (tap, the guest NIC's mac) and pins the
+// address to mac. Call it after the tap exists and before the VMM opens
+// it. A VM already locked is locked again with the same port and address
+// (a re-run).
+func (l *Lane) Lock(vm, tap string, mac net.HardwareAddr) (Lease, error) {
+	pinned, err := l.pins()
+	if err != nil {
+		return Lease{}, err
+	}
 	l.mu.Lock()
 	p, err := l.allocLocked(vm, 0)
+	var g netip.Addr
+	if err == nil {
+		if g, err = l.allocGuestLocked(vm, mac, netip.Addr{}, pinned); err != nil {
+			l.freeLocked(vm)
+		}
+	}
 	l.mu.Unlock()
 	if err != nil {
-		return netip.AddrPort{}, err
+		return Lease{}, err
 	}
 	if err := l.isolate(tap); err != nil {
-		return netip.AddrPort{}, err
+		return Lease{}, err
 	}
-	lk := l.lock(tap, mac, p)
+	lk := l.lock(tap, mac, p, g)
 	if err := l.ops.Install(lk); err != nil {
-		return netip.AddrPort{}, err
+		return Lease{}, err
 	}
-	return lk.Door, nil
+	if err := l.pin(lk); err != nil {
+		return Lease{}, err
+	}
+	return Lease{Door: lk.Door, Guest: netip.PrefixFrom(g, l.subnet.Bits())}, nil
 }
 
 func (l *Lane) isolate(tap string) error {
@@ -290,11 +502,19 @@ func (l *Lane) isolate(tap string) error {
 	return l.ops.Isolate(tap)
 }
 
-// Unlock removes the lock of vm's tap and frees its port. Call it once the
-// VMM is gone and the tap deleted (the kernel keeps a netdev table whose
-// device went away, so the order leaves no moment with an unlocked tap); a
-// VM never locked is fine.
-func (l *Lane) Unlock(vm, tap string) error {
+// Unlock removes the pin of vm's guest address and the lock of its tap,
+// and frees its port and address. Call it once the VMM is gone and the tap
+// deleted (the kernel keeps a netdev table whose device went away, so the
+// order leaves no moment with an unlocked tap); a VM never locked is fine.
+// The pin goes first: a crash in between leaves a lock no VM owns, whose
+// address the next Reconcile reads back and unpins.
+func (l *Lane) Unlock(vm, tap string, mac net.HardwareAddr) error {
+	l.mu.Lock()
+	g := l.guests[vm]
+	l.mu.Unlock()
+	if err := l.unpin(g, mac); err != nil {
+		return err
+	}
 	if err := l.ops.Remove(tap); err != nil {
 		return err
 	}
@@ -354,20 +574,27 @@ func (l *Lane) Reconcile(members []Member) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	// Adopt the right locks first, so their ports are taken before any
-	// repair allocates one.
+	pinned, err := l.pins()
+	if err != nil {
+		return rep, err
+	}
+	// Adopt the right locks first, so their ports and addresses are taken
+	// before any repair allocates one.
 	l.mu.Lock()
 	var kept, repair []Member
 	owned := map[string]bool{}
 	for _, m := range members {
 		owned[m.Tap] = true
 		st, ok := tables[m.Tap]
-		want := l.lock(m.Tap, m.MAC, st.Lock.Door.Port())
+		want := l.lock(m.Tap, m.MAC, st.Lock.Door.Port(), st.Lock.GuestIP)
 		if ok && st.OK && st.Lock.Equal(want) {
 			if _, taken := l.used[want.Door.Port()]; !taken && l.inRange(want.Door.Port()) {
 				if _, err := l.allocLocked(m.VM, want.Door.Port()); err == nil {
-					kept = append(kept, m)
-					continue
+					if g, err := l.allocGuestLocked(m.VM, m.MAC, want.GuestIP, pinned); err == nil && g == want.GuestIP {
+						kept = append(kept, m)
+						continue
+					}
+					l.freeLocked(m.VM)
 				}
 			}
 		}
@@ -375,7 +602,17 @@ func (l *Lane) Reconcile(members []Member) (Report, error) {
 	}
 	l.mu.Unlock()
 	for _, m := range kept {
-		if err := l.isolate(m.Tap); err != nil {
+		err := l.isolate(m.Tap)
+		if err == nil {
+			l.mu.Lock()
+			lk := l.lock(m.Tap, m.MAC, l.doors[m.VM], l.guests[m.VM])
+			l.mu.Unlock()
+			if err = l.pin(lk); err != nil {
+				rep.Failed[m.VM] = err
+				continue
+			}
+		}
+		if err != nil {
 			// A lock whose tap is gone (deleted, not yet unlocked) is
 			// not a failure: there is no guest behind it to stop.
 			if exists, terr := l.ops.TapExists(m.Tap); terr == nil && !exists {
@@ -406,12 +643,19 @@ func (l *Lane) Reconcile(members []Member) (Report, error) {
 		}
 		l.mu.Lock()
 		p, err := l.allocLocked(m.VM, tables[m.Tap].Lock.Door.Port())
+		var g netip.Addr
+		if err == nil {
+			g, err = l.allocGuestLocked(m.VM, m.MAC, tables[m.Tap].Lock.GuestIP, pinned)
+		}
 		l.mu.Unlock()
 		if err == nil {
 			err = l.isolate(m.Tap)
 		}
 		if err == nil {
-			err = l.ops.Install(l.lock(m.Tap, m.MAC, p))
+			lk := l.lock(m.Tap, m.MAC, p, g)
+			if err = l.ops.Install(lk); err == nil {
+				err = l.pin(lk)
+			}
 		}
 		if err != nil {
 			rep.Failed[m.VM] = err
@@ -438,6 +682,12 @@ func (l *Lane) Reconcile(members []Member) (Report, error) {
 		if err != nil {
 			rep.Stray[tap] = err
 			continue
+		}
+		// Its address's pin (if still its guest's) before the lock.
+		if st := tables[tap]; st.OK {
+			if err := l.unpin(st.Lock.GuestIP, st.Lock.GuestMAC); err != nil {
+				return rep, err
+			}
 		}
 		if err := l.ops.Remove(tap); err != nil {
 			return rep, err

@@ -25,10 +25,11 @@ type fakeKernel struct {
 	noIsolate string // tap whose Isolate fails
 	noDelete  string // tap whose DeleteTap fails
 	install   int
+	pins      map[netip.Addr]net.HardwareAddr
 }
 
 func newFakeKernel() *fakeKernel {
-	return &fakeKernel{tables: map[string]State{}, taps: map[string]bool{}, isolated: map[string]bool{}}
+	return &fakeKernel{tables: map[string]State{}, taps: map[string]bool{}, isolated: map[string]bool{}, pins: map[netip.Addr]net.HardwareAddr{}}
 }
 
 func (k *fakeKernel) ops() *Ops {
@@ -87,6 +88,29 @@ func (k *fakeKernel) ops() *Ops {
 			delete(k.taps, tap)
 			return nil
 		},
+		Pins: func(string) (map[netip.Addr]net.HardwareAddr, error) {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			out := map[netip.Addr]net.HardwareAddr{}
+			for a, m := range k.pins {
+				out[a] = m
+			}
+			return out, nil
+		},
+		Pin: func(_ string, ip netip.Addr, mac net.HardwareAddr) error {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			k.pins[ip] = mac
+			return nil
+		},
+		Unpin: func(_ string, ip netip.Addr, mac net.HardwareAddr) error {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			if slices.Equal(k.pins[ip], mac) {
+				delete(k.pins, ip)
+			}
+			return nil
+		},
 	}
 }
 
@@ -122,10 +146,11 @@ func TestLanePorts(t *testing.T) {
 	for i := range 10 {
 		vm, tap := fmt.Sprintf("vm%d", i), fmt.Sprintf("tap%d", i)
 		k.taps[tap] = true
-		d, err := l.Lock(vm, tap, mac(i))
+		ls, err := l.Lock(vm, tap, mac(i))
 		if err != nil {
 			t.Fatal(err)
 		}
+		d := ls.Door
 		if prev, dup := seen[d]; dup {
 			t.Fatalf("%s and %s share door %s", prev, vm, d)
 		}
@@ -145,7 +170,7 @@ func TestLanePorts(t *testing.T) {
 		t.Fatalf("11th lock: %v, want ErrPortsExhausted", err)
 	}
 	d3, _ := l.Door("vm3")
-	if err := l.Unlock("vm3", "tap3"); err != nil {
+	if err := l.Unlock("vm3", "tap3", mac(3)); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := l.Door("vm3"); ok {
@@ -155,12 +180,12 @@ func TestLanePorts(t *testing.T) {
 		t.Fatal("table kept after unlock")
 	}
 	again, err := l.Lock("vm3", "tap3", mac(3))
-	if err != nil || again != d3 {
-		t.Fatalf("relock: %s %v, want %s", again, err, d3)
+	if err != nil || again.Door != d3 {
+		t.Fatalf("relock: %s %v, want %s", again.Door, err, d3)
 	}
 	// Locking again keeps the port (a recipe re-run).
-	if d, err := l.Lock("vm3", "tap3", mac(3)); err != nil || d != d3 {
-		t.Fatalf("re-run lock: %s %v, want %s", d, err, d3)
+	if d, err := l.Lock("vm3", "tap3", mac(3)); err != nil || d != again {
+		t.Fatalf("re-run lock: %+v %v, want %+v", d, err, again)
 	}
 }
 
@@ -174,7 +199,7 @@ func TestLaneReconcile(t *testing.T) {
 		k.taps[fmt.Sprintf("tap%d", i)] = true
 	}
 	lock := func(i int, port uint16) Lock {
-		return Lock{Tap: fmt.Sprintf("tap%d", i), GuestMAC: mac(i), Door: netip.AddrPortFrom(addr, port), DoorMAC: doorMAC}
+		return Lock{Tap: fmt.Sprintf("tap%d", i), GuestMAC: mac(i), GuestIP: netip.AddrFrom4([4]byte{10, 1, 0, byte(10 + i)}), Door: netip.AddrPortFrom(addr, port), DoorMAC: doorMAC}
 	}
 	k.tables["tap0"] = State{Tap: "tap0", Lock: lock(0, 30005), OK: true} // right: kept on 30005
 	k.tables["tap1"] = State{Tap: "tap1", Problem: "rule deleted"}        // broken: repaired
@@ -227,9 +252,20 @@ func TestLaneReconcile(t *testing.T) {
 	}
 	for i := range 4 {
 		tap := fmt.Sprintf("tap%d", i)
-		d, _ := l.Door(fmt.Sprintf("vm%d", i))
-		if st := k.tables[tap]; !st.OK || !st.Lock.Equal(lock(i, d.Port())) {
+		ls, _ := l.Lease(fmt.Sprintf("vm%d", i))
+		want := lock(i, ls.Door.Port())
+		want.GuestIP = ls.Guest.Addr()
+		if st := k.tables[tap]; !st.OK || !st.Lock.Equal(want) {
 			t.Fatalf("%s after reconcile: %+v", tap, st)
+		}
+		if !slices.Equal(k.pins[ls.Guest.Addr()], mac(i)) {
+			t.Fatalf("%s: guest address %s not pinned to %s: %v", tap, ls.Guest, mac(i), k.pins)
+		}
+	}
+	// The kept and the repaired keep the addresses their locks named.
+	for _, i := range []int{0, 2} {
+		if ls, _ := l.Lease(fmt.Sprintf("vm%d", i)); ls.Guest.Addr() != lock(i, 0).GuestIP {
+			t.Fatalf("vm%d's guest address moved to %s, want %s", i, ls.Guest, lock(i, 0).GuestIP)
 		}
 	}
 	if _, ok := k.tables["tap9"]; ok {
@@ -246,8 +282,8 @@ func TestLaneReconcileIsolates(t *testing.T) {
 	for i := range 3 {
 		k.taps[fmt.Sprintf("tap%d", i)] = true
 	}
-	k.tables["tap0"] = State{Tap: "tap0", Lock: Lock{Tap: "tap0", GuestMAC: mac(0), Door: netip.AddrPortFrom(addr, 30001), DoorMAC: doorMAC}, OK: true}
-	k.tables["tap2"] = State{Tap: "tap2", Lock: Lock{Tap: "tap2", GuestMAC: mac(2), Door: netip.AddrPortFrom(addr, 30002), DoorMAC: doorMAC}, OK: true}
+	k.tables["tap0"] = State{Tap: "tap0", Lock: Lock{Tap: "tap0", GuestMAC: mac(0), GuestIP: netip.MustParseAddr("10.1.0.20"), Door: netip.AddrPortFrom(addr, 30001), DoorMAC: doorMAC}, OK: true}
+	k.tables["tap2"] = State{Tap: "tap2", Lock: Lock{Tap: "tap2", GuestMAC: mac(2), GuestIP: netip.MustParseAddr("10.1.0.22"), Door: netip.AddrPortFrom(addr, 30002), DoorMAC: doorMAC}, OK: true}
 	k.noIsolate = "tap2"
 	l := fakeLane(t, k, PortRange{First: 30000, Last: 30009})
 	rep, err := l.Reconcile(numbered(3))
@@ -327,6 +363,7 @@ func TestLanesOfTwoInstances(t *testing.T) {
 		echo(t, ln)
 	}
 	var la, lb *Lane
+	var leaseA, leaseB Lease
 	lane.Host.MustDo(t, func() error {
 		var err error
 		if la, err = NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-aaaa", Ports: PortRange{First: 20001, Last: 20001}}); err != nil {
@@ -339,12 +376,18 @@ func TestLanesOfTwoInstances(t *testing.T) {
 		if _, err := la.Reconcile(nil); err != nil {
 			return err
 		}
-		if d, err := la.Lock("vm-a", ga.Tap, ga.MAC); err != nil || d != doorA {
-			return fmt.Errorf("lock a: %s %v", d, err)
+		d, err := la.Lock("vm-a", ga.Tap, ga.MAC)
+		if err != nil || d.Door != doorA {
+			return fmt.Errorf("lock a: %+v %v", d, err)
 		}
-		_, err := lb.Lock("vm-b", gb.Tap, gb.MAC)
+		leaseA = d
+		leaseB, err = lb.Lock("vm-b", gb.Tap, gb.MAC)
 		return err
 	})
+	if leaseA.Guest.Addr() == leaseB.Guest.Addr() {
+		t.Fatalf("two instances gave one guest address: %s", leaseA.Guest)
+	}
+	takeLease(t, ga, leaseA)
 	// B starts again and owns no VM: it removes its own lock, none of A's.
 	lane.Host.MustDo(t, func() error {
 		rep, err := lb.Reconcile(nil)
@@ -431,14 +474,17 @@ func TestIsolatedTaps(t *testing.T) {
 
 	// A lane's lock isolates its tap; the guest reaches its door.
 	gc := lane.AddGuest(t, 3, "sbxisolc000001", mac(3))
+	var leaseC Lease
 	lane.Host.MustDo(t, func() error {
 		l, err := NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-isolate", Ports: PortRange{First: 20001, Last: 20001}})
 		if err != nil {
 			return err
 		}
-		if _, err := l.Lock("vm-c", gc.Tap, gc.MAC); err != nil {
+		ls, err := l.Lock("vm-c", gc.Tap, gc.MAC)
+		if err != nil {
 			return err
 		}
+		leaseC = ls
 		link, err := netlink.LinkByName(gc.Tap)
 		if err != nil {
 			return err
@@ -452,8 +498,81 @@ func TestIsolatedTaps(t *testing.T) {
 		}
 		return nil
 	})
+	takeLease(t, gc, leaseC)
 	forgetNeighbours(t, gc)
 	if !reach(gc, svc, 2*time.Second) {
 		t.Fatal("a locked, isolated tap's guest does not reach its door")
+	}
+}
+
+// TestLaneGuestAddrs: each VM gets its own address in the subnet (never the
+// network's, the broadcast or the door's), pinned to its MAC; an address
+// another instance pinned is skipped; Unlock unpins and a relock gets the
+// same address; Reconcile unpins the address of a lock no VM owns.
+func TestLaneGuestAddrs(t *testing.T) {
+	k := newFakeKernel()
+	l, err := NewLane(LaneConfig{Bridge: "br", Addr: netip.MustParseAddr("10.1.0.1"), Bits: 29, MAC: doorMAC, Ports: PortRange{First: 30000, Last: 30009}, Ops: k.ops()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 10.1.0.0/29: .2 to .6 are guests' (.0 network, .1 door, .7 broadcast);
+	// another instance holds .4.
+	foreign := netip.MustParseAddr("10.1.0.4")
+	k.pins[foreign] = mac(99)
+	seen := map[netip.Addr]string{}
+	for i := range 4 {
+		vm, tap := fmt.Sprintf("vm%d", i), fmt.Sprintf("tap%d", i)
+		k.taps[tap] = true
+		ls, err := l.Lock(vm, tap, mac(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := ls.Guest.Addr()
+		if ls.Guest.Bits() != 29 || a == foreign || !l.guestUsable(a) {
+			t.Fatalf("%s got %s", vm, ls.Guest)
+		}
+		if prev, dup := seen[a]; dup {
+			t.Fatalf("%s and %s share %s", prev, vm, a)
+		}
+		seen[a] = vm
+		if k.tables[tap].Lock.GuestIP != a || !slices.Equal(k.pins[a], mac(i)) {
+			t.Fatalf("%s: lock %s, pins %v", vm, k.tables[tap].Lock, k.pins)
+		}
+	}
+	k.taps["tap4"] = true
+	if _, err := l.Lock("vm4", "tap4", mac(4)); !errors.Is(err, ErrAddrsExhausted) {
+		t.Fatalf("a fifth guest in a /29 with one address pinned elsewhere: %v, want ErrAddrsExhausted", err)
+	}
+	if _, ok := l.Door("vm4"); ok {
+		t.Fatal("a VM without an address kept a door")
+	}
+	l1, _ := l.Lease("vm1")
+	if err := l.Unlock("vm1", "tap1", mac(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := k.pins[l1.Guest.Addr()]; ok {
+		t.Fatal("unlocked, the address stays pinned")
+	}
+	if again, err := l.Lock("vm1", "tap1", mac(1)); err != nil || again != l1 {
+		t.Fatalf("relock: %+v %v, want %+v", again, err, l1)
+	}
+	// A restart owning vm0 only: vm0 keeps its address, the others' locks
+	// (their taps gone) are removed with their pins, the foreign pin stays.
+	l0, _ := l.Lease("vm0")
+	for _, tap := range []string{"tap1", "tap2", "tap3"} {
+		delete(k.taps, tap)
+	}
+	again, err := NewLane(LaneConfig{Bridge: "br", Addr: netip.MustParseAddr("10.1.0.1"), Bits: 29, MAC: doorMAC, Ports: PortRange{First: 30000, Last: 30009}, Ops: k.ops()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := again.Reconcile(numbered(1)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := again.Lease("vm0"); got != l0 {
+		t.Fatalf("vm0 after the restart: %+v, want %+v", got, l0)
+	}
+	if len(k.pins) != 2 || !slices.Equal(k.pins[l0.Guest.Addr()], mac(0)) || !slices.Equal(k.pins[foreign], mac(99)) {
+		t.Fatalf("pins after the reconcile: %v, want vm0's and the foreign one", k.pins)
 	}
 }

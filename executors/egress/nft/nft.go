@@ -10,25 +10,30 @@
 //	    chain ingress {
 //	        type filter hook ingress device "<tap>" priority filter; policy drop;
 //	        ether saddr != <guest mac> counter drop comment "sbx-egress spoof"
-//	        meta protocol arp arp saddr ether <guest mac> counter accept comment "sbx-egress arp"
-//	        ether daddr <door mac> meta protocol ip ip daddr <door ip> meta l4proto tcp tcp dport <door port> counter accept comment "sbx-egress door"
+//	        meta protocol arp arp saddr ether <guest mac> arp saddr ip <guest ip> counter accept comment "sbx-egress arp"
+//	        ether daddr <door mac> meta protocol ip ip saddr <guest ip> ip daddr <door ip> meta l4proto tcp tcp dport <door port> counter accept comment "sbx-egress door"
 //	        counter drop comment "sbx-egress drop"
 //	    }
 //	}
 //
 // The ingress hook of a tap sees every frame the guest sends (the VMM writes
 // them into the tap), before the bridge: frames not from the guest's own
-// MAC, anything but IPv4 to the door and ARP (what a guest needs to find the
-// door's MAC) is dropped, IPv6 included. Frames to the host go nowhere else.
-// The counters of the spoof and drop rules are what a bypass attempt moves.
+// MAC, anything but IPv4 from the guest's address to the door and ARP
+// naming the guest's MAC and address (what a guest needs to find the
+// door's MAC) is dropped, IPv6 included. Frames to the host go nowhere
+// else. The counters of the spoof and drop rules are what a bypass attempt
+// moves.
 //
-// DHCP is dropped like the rest: guests' addresses are static (the guest
-// image's own; nothing on the host serves DHCP), and a broadcast the bridge
-// floods to every port, an uplink included, would be a channel past the
-// policy. The host does not know a guest's IP, so the ARP and door rules
-// cannot match it: ARP is matched on the sender MAC only. A Lane also makes
-// every tap it locks an isolated bridge port (Isolate), so what a lock
-// admits reaches the host and no other guest.
+// The guest's address is the host's choice (Lane allocates one per VM and
+// the driver gives it to the guest), so the lock pins the tap to it: a
+// guest that claims another guest's address (in its ARP or as a source)
+// is dropped, and the Lane's permanent neighbour entry on the bridge keeps
+// the host sending that address's packets to its owner's MAC whatever ARP
+// says. DHCP is dropped like the rest: nothing on the host serves it, and a
+// broadcast the bridge floods to every port, an uplink included, would be
+// a channel past the policy. A Lane also makes every tap it locks an
+// isolated bridge port (Isolate), so what a lock admits reaches the host
+// and no other guest.
 //
 // Contract:
 //   - Every call is an Owner's and sees only that owner's tables: the tag
@@ -100,6 +105,9 @@ type Lock struct {
 	Tap string
 	// GuestMAC is the MAC of the guest's NIC on the tap.
 	GuestMAC net.HardwareAddr
+	// GuestIP is the guest's IPv4 address on the bridge (the host's
+	// choice): the only sender address its ARP and its packets may name.
+	GuestIP netip.Addr
 	// Door is the host address and port of the VM's egress proxy door.
 	Door netip.AddrPort
 	// DoorMAC is the MAC the door's address answers with (the bridge's).
@@ -113,6 +121,8 @@ func (l Lock) Validate() error {
 		return fmt.Errorf("%w: tap %q", ErrInvalid, l.Tap)
 	case len(l.GuestMAC) != 6:
 		return fmt.Errorf("%w: guest MAC %q", ErrInvalid, l.GuestMAC)
+	case !l.GuestIP.Is4() || l.GuestIP.IsUnspecified():
+		return fmt.Errorf("%w: guest address %s is not an IPv4 address", ErrInvalid, l.GuestIP)
 	case len(l.DoorMAC) != 6:
 		return fmt.Errorf("%w: door MAC %q", ErrInvalid, l.DoorMAC)
 	case !l.Door.Addr().Is4() || l.Door.Port() == 0:
@@ -123,11 +133,11 @@ func (l Lock) Validate() error {
 
 // Equal reports whether l and o are the same ruleset.
 func (l Lock) Equal(o Lock) bool {
-	return l.Tap == o.Tap && bytes.Equal(l.GuestMAC, o.GuestMAC) && l.Door == o.Door && bytes.Equal(l.DoorMAC, o.DoorMAC)
+	return l.Tap == o.Tap && bytes.Equal(l.GuestMAC, o.GuestMAC) && l.GuestIP == o.GuestIP && l.Door == o.Door && bytes.Equal(l.DoorMAC, o.DoorMAC)
 }
 
 func (l Lock) String() string {
-	return fmt.Sprintf("tap %s guest %s door %s (%s)", l.Tap, l.GuestMAC, l.Door, l.DoorMAC)
+	return fmt.Sprintf("tap %s guest %s %s door %s (%s)", l.Tap, l.GuestMAC, l.GuestIP, l.Door, l.DoorMAC)
 }
 
 func chain(t *nftables.Table, tap string) *nftables.Chain {
@@ -144,6 +154,8 @@ const (
 	ethDst    = 0
 	ethSrc    = 6
 	arpSHA    = 8  // ARP sender hardware address (Ethernet, IPv4)
+	arpSPA    = 14 // ARP sender protocol address (Ethernet, IPv4)
+	ipSrc     = 12 // IPv4 source address
 	ipDst     = 16 // IPv4 destination address
 	l4DstPort = 2
 	ethPIPv4  = 0x0800
@@ -180,17 +192,19 @@ func cat(parts ...[]expr.Any) []expr.Any {
 
 // exprs returns the expressions of each role's rule.
 func (l Lock) exprs() map[string][]expr.Any {
-	door := l.Door.Addr().As4()
+	door, guest := l.Door.Addr().As4(), l.GuestIP.As4()
 	return map[string][]expr.Any{
 		RoleSpoof: cat(
 			[]expr.Any{load(expr.PayloadBaseLLHeader, ethSrc, 6), &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte(l.GuestMAC)}},
 			verdict(expr.VerdictDrop)),
 		RoleARP: cat(proto(ethPARP),
 			[]expr.Any{load(expr.PayloadBaseNetworkHeader, arpSHA, 6), eq([]byte(l.GuestMAC))},
+			[]expr.Any{load(expr.PayloadBaseNetworkHeader, arpSPA, 4), eq(guest[:])},
 			verdict(expr.VerdictAccept)),
 		RoleDoor: cat(
 			[]expr.Any{load(expr.PayloadBaseLLHeader, ethDst, 6), eq([]byte(l.DoorMAC))},
 			proto(ethPIPv4),
+			[]expr.Any{load(expr.PayloadBaseNetworkHeader, ipSrc, 4), eq(guest[:])},
 			[]expr.Any{load(expr.PayloadBaseNetworkHeader, ipDst, 4), eq(door[:])},
 			l4(unix.IPPROTO_TCP),
 			[]expr.Any{load(expr.PayloadBaseTransportHeader, l4DstPort, 2), eq(be16(l.Door.Port()))},
@@ -238,22 +252,24 @@ func (o Owner) Install(l Lock) error {
 }
 
 // replaceTable opens a netlink connection whose batch starts by replacing
-// t: deleting it where it exists, then adding it empty. The caller adds
-// the chains and rules and flushes, so the kernel swaps the whole table in
-// one transaction (no moment without it).
-func replaceTable(t *nftables.Table) (*nftables.Conn, error) {
+// each of ts: deleting it where it exists, then adding it empty. The caller
+// adds the chains and rules and flushes, so the kernel swaps the whole
+// tables in one transaction (no moment without them).
+func replaceTable(ts ...*nftables.Table) (*nftables.Conn, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("nft: %w", err)
 	}
-	exists, err := tableExists(c, t)
-	if err != nil {
-		return nil, err
+	for _, t := range ts {
+		exists, err := tableExists(c, t)
+		if err != nil {
+			return nil, err
+		}
+		if exists {
+			c.DelTable(t)
+		}
+		c.AddTable(t)
 	}
-	if exists {
-		c.DelTable(t)
-	}
-	c.AddTable(t)
 	return c, nil
 }
 
@@ -379,7 +395,8 @@ func counterOf(ex []expr.Any) Counter {
 }
 
 // parse reads the Lock back from a chain's rules: the roles in order, the
-// guest MAC from the spoof rule, the door from the door rule.
+// guest MAC from the spoof rule, the guest address and the door from the
+// door rule.
 func parse(tap string, rules []*nftables.Rule) (Lock, string) {
 	if len(rules) != len(Roles) {
 		return Lock{}, fmt.Sprintf("%d rules, want %d", len(rules), len(Roles))
@@ -406,12 +423,15 @@ func parse(tap string, rules []*nftables.Rule) (Lock, string) {
 			cmps = append(cmps, c.Data)
 		}
 	}
-	// door MAC, protocol, address, l4 protocol, port
-	if len(cmps) != 5 || len(cmps[0]) != 6 || len(cmps[2]) != 4 || len(cmps[4]) != 2 {
+	// door MAC, protocol, guest address, door address, l4 protocol, port
+	// (a lock of an older release, without the guest address, is a
+	// problem: Reconcile replaces it)
+	if len(cmps) != 6 || len(cmps[0]) != 6 || len(cmps[2]) != 4 || len(cmps[3]) != 4 || len(cmps[5]) != 2 {
 		return Lock{}, "door rule has an unexpected shape"
 	}
 	l.DoorMAC = net.HardwareAddr(bytes.Clone(cmps[0]))
-	l.Door = netip.AddrPortFrom(netip.AddrFrom4([4]byte(cmps[2])), binary.BigEndian.Uint16(cmps[4]))
+	l.GuestIP = netip.AddrFrom4([4]byte(cmps[2]))
+	l.Door = netip.AddrPortFrom(netip.AddrFrom4([4]byte(cmps[3])), binary.BigEndian.Uint16(cmps[5]))
 	if err := l.Validate(); err != nil {
 		return Lock{}, err.Error()
 	}
@@ -492,9 +512,9 @@ func (o Owner) Ruleset(l Lock) string {
 	fmt.Fprintf(&b, "table netdev %s {\n    chain %s {\n", o.TableName(l.Tap), ChainName)
 	fmt.Fprintf(&b, "        type filter hook ingress device %q priority filter; policy drop;\n", l.Tap)
 	fmt.Fprintf(&b, "        ether saddr != %s counter drop comment %q\n", l.GuestMAC, commentPrefix+RoleSpoof)
-	fmt.Fprintf(&b, "        meta protocol arp arp saddr ether %s counter accept comment %q\n", l.GuestMAC, commentPrefix+RoleARP)
-	fmt.Fprintf(&b, "        ether daddr %s meta protocol ip ip daddr %s meta l4proto tcp tcp dport %d counter accept comment %q\n",
-		l.DoorMAC, l.Door.Addr(), l.Door.Port(), commentPrefix+RoleDoor)
+	fmt.Fprintf(&b, "        meta protocol arp arp saddr ether %s arp saddr ip %s counter accept comment %q\n", l.GuestMAC, l.GuestIP, commentPrefix+RoleARP)
+	fmt.Fprintf(&b, "        ether daddr %s meta protocol ip ip saddr %s ip daddr %s meta l4proto tcp tcp dport %d counter accept comment %q\n",
+		l.DoorMAC, l.GuestIP, l.Door.Addr(), l.Door.Port(), commentPrefix+RoleDoor)
 	fmt.Fprintf(&b, "        counter drop comment %q\n    }\n}\n", commentPrefix+RoleDrop)
 	return b.String()
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -70,6 +71,12 @@ func forgetNeighbours(t *testing.T, g *netnstest.Guest) {
 	})
 }
 
+// takeLease moves g to the address its lane leased it.
+func takeLease(t *testing.T, g *netnstest.Guest, ls Lease) {
+	t.Helper()
+	g.Readdress(t, ls.Guest, ls.Door.Addr())
+}
+
 func inspectIn(t *testing.T, ns *netnstest.NS, tap string) State {
 	t.Helper()
 	var st State
@@ -100,7 +107,7 @@ func TestLockFiltersGuest(t *testing.T) {
 		t.Fatal("the guest does not reach the host before any lock")
 	}
 
-	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, Door: door, DoorMAC: lane.BridgeMAC(t)}
+	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, GuestIP: g.Addr, Door: door, DoorMAC: lane.BridgeMAC(t)}
 	lane.Host.MustDo(t, func() error { return owner.Install(l) })
 	st := inspectIn(t, lane.Host, g.Tap)
 	if !st.OK || !st.Lock.Equal(l) {
@@ -188,7 +195,7 @@ func TestLockDropsDHCP(t *testing.T) {
 	if !discover(2 * time.Second) {
 		t.Fatal("the guest's DHCP broadcast does not reach the host before any lock")
 	}
-	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, Door: netip.AddrPortFrom(lane.HostAddr, 20001), DoorMAC: lane.BridgeMAC(t)}
+	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, GuestIP: g.Addr, Door: netip.AddrPortFrom(lane.HostAddr, 20001), DoorMAC: lane.BridgeMAC(t)}
 	lane.Host.MustDo(t, func() error { return owner.Install(l) })
 	before := inspectIn(t, lane.Host, g.Tap).Counters.Dropped()
 	if discover(500 * time.Millisecond) {
@@ -205,7 +212,7 @@ func TestLockDropsDHCP(t *testing.T) {
 func TestInspectFindsTampering(t *testing.T) {
 	lane := netnstest.NewLane(t)
 	g := lane.AddGuest(t, 1, "sbxtest0000002", guestMAC)
-	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, Door: netip.AddrPortFrom(lane.HostAddr, 20001), DoorMAC: lane.BridgeMAC(t)}
+	l := Lock{Tap: g.Tap, GuestMAC: guestMAC, GuestIP: g.Addr, Door: netip.AddrPortFrom(lane.HostAddr, 20001), DoorMAC: lane.BridgeMAC(t)}
 	tamper := map[string]func(c *nftables.Conn) error{
 		"rule deleted": func(c *nftables.Conn) error {
 			tb := owner.table(l.Tap)
@@ -277,7 +284,7 @@ func TestInspectFindsTampering(t *testing.T) {
 }
 
 func TestValidateAndRuleset(t *testing.T) {
-	good := Lock{Tap: "sbxabc", GuestMAC: guestMAC, Door: netip.MustParseAddrPort("10.0.0.1:3128"), DoorMAC: guestMAC}
+	good := Lock{Tap: "sbxabc", GuestMAC: guestMAC, GuestIP: netip.MustParseAddr("10.0.0.7"), Door: netip.MustParseAddrPort("10.0.0.1:3128"), DoorMAC: guestMAC}
 	if err := good.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -285,6 +292,8 @@ func TestValidateAndRuleset(t *testing.T) {
 		"no tap":    func(l *Lock) { l.Tap = "" },
 		"long tap":  func(l *Lock) { l.Tap = strings.Repeat("x", 16) },
 		"bad mac":   func(l *Lock) { l.GuestMAC = nil },
+		"no ip":     func(l *Lock) { l.GuestIP = netip.Addr{} },
+		"ipv6 ip":   func(l *Lock) { l.GuestIP = netip.MustParseAddr("fd00::7") },
 		"door mac":  func(l *Lock) { l.DoorMAC = net.HardwareAddr{1} },
 		"ipv6 door": func(l *Lock) { l.Door = netip.MustParseAddrPort("[::1]:3128") },
 		"port 0":    func(l *Lock) { l.Door = netip.MustParseAddrPort("10.0.0.1:0") },
@@ -296,7 +305,7 @@ func TestValidateAndRuleset(t *testing.T) {
 		}
 	}
 	rs := owner.Ruleset(good)
-	for _, want := range []string{"table netdev sbx_egress_" + owner.Tag() + "_sbxabc", `device "sbxabc"`, "policy drop", "tcp dport 3128", "ip daddr 10.0.0.1"} {
+	for _, want := range []string{"table netdev sbx_egress_" + owner.Tag() + "_sbxabc", `device "sbxabc"`, "policy drop", "tcp dport 3128", "ip daddr 10.0.0.1", "arp saddr ip 10.0.0.7", "ip saddr 10.0.0.7"} {
 		if !strings.Contains(rs, want) {
 			t.Errorf("ruleset lacks %q:\n%s", want, rs)
 		}
@@ -336,6 +345,127 @@ func TestGuardKeepsDoorsToTaps(t *testing.T) {
 		c, err := owner.GuardDrops()
 		if err == nil && c.Packets == 0 {
 			t.Error("guard counter did not move")
+		}
+		return err
+	})
+}
+
+// TestLockPinsGuestAddress: a lane's locks pin each guest to the address
+// it leased. A guest that takes another's address (as its source and in
+// its ARP) reaches nothing, not even its own door, and moves its drop
+// counter; the host's neighbour entry of the address stays permanent at
+// its owner's MAC, so the owner keeps reaching its door.
+func TestLockPinsGuestAddress(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	ga := lane.AddGuest(t, 1, "sbxpina000001", mac(1))
+	gb := lane.AddGuest(t, 2, "sbxpinb000001", mac(2))
+	var l *Lane
+	var la, lb Lease
+	lane.Host.MustDo(t, func() error {
+		var err error
+		if l, err = NewLane(LaneConfig{Bridge: lane.Bridge, Instance: "i-nfttest", Ports: PortRange{First: 20001, Last: 20002}}); err != nil {
+			return err
+		}
+		if la, err = l.Lock("vm-a", ga.Tap, ga.MAC); err != nil {
+			return err
+		}
+		lb, err = l.Lock("vm-b", gb.Tap, gb.MAC)
+		return err
+	})
+	if la.Guest.Addr() == lb.Guest.Addr() || !lane.Subnet.Contains(la.Guest.Addr()) || la.Guest.Bits() != 24 {
+		t.Fatalf("leases %+v %+v", la, lb)
+	}
+	for _, d := range []netip.AddrPort{la.Door, lb.Door} {
+		ln, err := lane.Host.Listen("tcp", d.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, ln)
+	}
+	takeLease(t, ga, la)
+	takeLease(t, gb, lb)
+	if !reach(ga, la.Door.String(), 2*time.Second) || !reach(gb, lb.Door.String(), 2*time.Second) {
+		t.Fatal("the guests do not reach their doors on their leased addresses")
+	}
+	pinnedTo := func(ip netip.Addr) net.HardwareAddr {
+		var m net.HardwareAddr
+		lane.Host.MustDo(t, func() error {
+			p, err := Pins(lane.Bridge)
+			m = p[ip]
+			return err
+		})
+		return m
+	}
+	if got := pinnedTo(la.Guest.Addr()); !slices.Equal(got, ga.MAC) {
+		t.Fatalf("a's address pinned to %s, want %s", got, ga.MAC)
+	}
+	before := inspectIn(t, lane.Host, gb.Tap).Counters.Dropped()
+	// B takes A's address.
+	gb.Readdress(t, la.Guest, lane.HostAddr)
+	forgetNeighbours(t, gb)
+	if reach(gb, lb.Door.String(), 500*time.Millisecond) || reach(gb, la.Door.String(), 500*time.Millisecond) {
+		t.Fatal("a guest on another guest's address reached a door")
+	}
+	if after := inspectIn(t, lane.Host, gb.Tap).Counters.Dropped(); after.Packets <= before.Packets {
+		t.Fatalf("the spoofer's drop counter did not move: %+v -> %+v", before, after)
+	}
+	if got := pinnedTo(la.Guest.Addr()); !slices.Equal(got, ga.MAC) {
+		t.Fatalf("after the spoof, a's address points at %s, want %s", got, ga.MAC)
+	}
+	forgetNeighbours(t, ga)
+	if !reach(ga, la.Door.String(), 2*time.Second) {
+		t.Fatal("the owner of the address lost its door to a spoofer")
+	}
+	// Unlock unpins (the tap first, as the drivers do).
+	lane.Host.MustDo(t, func() error { return l.Unlock("vm-a", ga.Tap, ga.MAC) })
+	if got := pinnedTo(la.Guest.Addr()); got != nil {
+		t.Fatalf("unlocked, a's address is still pinned to %s", got)
+	}
+}
+
+// TestGuardRefusesLocalConnections: with the guard, a connection to a door
+// port of the door address that does not come through the bridge (one from
+// the host itself) is reset by the kernel, counted; a port outside the door
+// range is not touched, and a tap's guest still reaches its door.
+func TestGuardRefusesLocalConnections(t *testing.T) {
+	lane := netnstest.NewLane(t)
+	g := lane.AddGuest(t, 1, "sbxlocal00001", guestMAC)
+	door, svc := lane.HostAddr.String()+":20001", lane.HostAddr.String()+":8080"
+	for _, a := range []string{door, svc} {
+		ln, err := lane.Host.Listen("tcp", a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, ln)
+	}
+	hostReach := func(addr string) (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		c, err := lane.Host.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return false, err
+		}
+		c.Close()
+		return true, nil
+	}
+	if ok, err := hostReach(door); !ok {
+		t.Fatalf("the host does not reach the door before the guard: %v", err)
+	}
+	gd := Guard{Bridge: lane.Bridge, Addr: lane.HostAddr, Ports: PortRange{First: 20000, Last: 20010}, TapPrefix: "sbx"}
+	lane.Host.MustDo(t, func() error { return owner.InstallGuard(gd) })
+	if ok, err := hostReach(door); ok || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("a local connection to a door: reached %v, %v; want refused by the kernel", ok, err)
+	}
+	if ok, err := hostReach(svc); !ok {
+		t.Fatalf("the guard refused a port outside the door range: %v", err)
+	}
+	if !reach(g, door, 2*time.Second) {
+		t.Fatal("a tap's guest does not reach the door through the guard")
+	}
+	lane.Host.MustDo(t, func() error {
+		c, err := owner.LocalRefusals()
+		if err == nil && c.Packets == 0 {
+			t.Error("the refusal counter did not move")
 		}
 		return err
 	})

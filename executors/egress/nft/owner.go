@@ -12,7 +12,8 @@ import (
 // Owner is the sandboxd instance whose tables a call makes, reads and
 // removes. Its tag, a short hash of the instance id, is in the name of every
 // table it makes: sbx_egress_<tag>_<tap> for a lock, sbx_egress_<tag>_guard
-// for the bridge guard. Two instances on one host (a second sandboxd, another
+// for the bridge guard, sbx_egress_<tag>_doors for the refusal of local
+// connections to the doors. Two instances on one host (a second sandboxd, another
 // data dir) each see only their own tables, so neither ever repairs, replaces
 // or removes the other's locks. The zero Owner owns nothing: every call on it
 // is ErrNoOwner.
@@ -55,6 +56,10 @@ func (o Owner) TableName(tap string) string { return o.prefix() + tap }
 // GuardTableName is the bridge-family table of o's guard.
 func (o Owner) GuardTableName() string { return o.prefix() + "guard" }
 
+// DoorsTableName is the inet-family table that refuses connections to o's
+// doors that did not come through the bridge (guard.go).
+func (o Owner) DoorsTableName() string { return o.prefix() + "doors" }
+
 // tapOf returns the tap of one of o's lock tables.
 func (o Owner) tapOf(table string) (string, bool) {
 	tap, ok := strings.CutPrefix(table, o.prefix())
@@ -67,4 +72,8 @@ func (o Owner) table(tap string) *nftables.Table {
 
 func (o Owner) guardTable() *nftables.Table {
 	return &nftables.Table{Name: o.GuardTableName(), Family: nftables.TableFamilyBridge}
+}
+
+func (o Owner) doorsTable() *nftables.Table {
+	return &nftables.Table{Name: o.DoorsTableName(), Family: nftables.TableFamilyINet}
 }

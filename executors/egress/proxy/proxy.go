@@ -351,6 +351,15 @@ func (s *Server) GuestEnv(vm string) map[string]string {
 	return env
 }
 
+// CAPEM is the node CA's certificate (public), nil without one: what
+// guests trust for intercepted tunnels.
+func (s *Server) CAPEM() []byte {
+	if s.cfg.CA == nil {
+		return nil
+	}
+	return s.cfg.CA.PEM()
+}
+
 // GuestCAFile is where a guest installs the node CA (the Debian trust
 // store's local directory).
 const GuestCAFile = "/usr/local/share/ca-certificates/sbx-egress.crt"

@@ -154,7 +154,7 @@ func newEnv(t *testing.T) *env {
 	})
 	t.Cleanup(e.srv.Close)
 	e.lane.Host.MustDo(t, func() error { return e.srv.Open(testVM, Doors{TCP: e.door}) })
-	lock := nft.Lock{Tap: e.guest.Tap, GuestMAC: e.guest.MAC, Door: e.door, DoorMAC: e.lane.BridgeMAC(t)}
+	lock := nft.Lock{Tap: e.guest.Tap, GuestMAC: e.guest.MAC, GuestIP: e.guest.Addr, Door: e.door, DoorMAC: e.lane.BridgeMAC(t)}
 	e.lane.Host.MustDo(t, func() error { return nft.OwnerOf("i-proxytest").Install(lock) })
 
 	e.roots = upCA.Pool()

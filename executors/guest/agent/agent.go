@@ -16,6 +16,7 @@
 //	sha                -> sha <hex>      sha256 of the data file as it is now
 //	uptime             -> uptime <ns> <counter> <bootid>
 //	key <hex>          -> key            the data plane's key K (KeyHexLen hex digits) from now on
+//	net <b64>          -> net            the egress network (NetConfig, net.go), applied by Server.Net
 //	anything else      -> error <verb> <message>
 //
 // The data plane (the silkd protocol, package executors/guest/silkd) runs
@@ -117,6 +118,10 @@ type Server struct {
 	// Uptime returns the time since boot.
 	Uptime func() (time.Duration, error)
 
+	// Net applies a guest's egress network (VerbNet); nil: the verb is
+	// refused, as by an agent that predates it.
+	Net func(NetConfig) error
+
 	counter atomic.Uint64
 	key     atomic.Pointer[string]
 }
@@ -201,10 +206,25 @@ func (s *Server) handle(verb string, args []string) (string, error) {
 		k := args[0]
 		s.key.Store(&k)
 		return VerbKey, nil
+	case VerbNet:
+		if s.Net == nil {
+			break
+		}
+		if len(args) != 1 {
+			return "", errors.New("usage: net <base64url JSON>")
+		}
+		c, err := DecodeNet(args[0])
+		if err != nil {
+			return "", err
+		}
+		if err := s.Net(c); err != nil {
+			return "", err
+		}
+		return VerbNet, nil
 	case "":
 		return "", errors.New("empty request")
 	}
-	return "", fmt.Errorf("unknown command (want ready, write, sha, uptime, key)")
+	return "", fmt.Errorf("unknown command (want ready, write, sha, uptime, key, net)")
 }
 
 // write replaces the data file with n random bytes, through a temp file and a

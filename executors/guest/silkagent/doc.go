@@ -37,8 +37,9 @@
 //     any more is killed, a silent one runs to completion.
 //
 // Per op:
-//   - exec: the environment is PATH, TERM and the proxy variables of the
-//     agent's own environment, then env; HOME and USER only with user. A
+//   - exec: the environment is PATH, TERM and the proxy and TLS bundle
+//     variables (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT,
+//     CURL_CA_BUNDLE) of the agent's own environment, then env; HOME and USER only with user. A
 //     spawn that fails on a missing or non-executable argv[0] or cwd is
 //     bad_request. started, then stdout/stderr (at most 32 KiB a frame),
 //     then exit once the child has exited and its output has drained (for

@@ -23,7 +23,8 @@ const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 
 // inheritedEnv are the variables of the agent's own environment a child
 // gets (besides PATH): the terminal type and the lane's proxies.
-var inheritedEnv = []string{"TERM", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy"}
+var inheritedEnv = []string{"TERM", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+	"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE"}
 
 // OSProcs spawns real processes of the machine the agent runs on.
 type OSProcs struct{}
