@@ -122,41 +122,20 @@ var _ reconcile.EgressLocker = (*Driver)(nil)
 // otherwise have open egress) and is listed as failed; the adoption that
 // follows reports it dead.
 func (d *Driver) ReconcileEgress(ctx context.Context, vms []reconcile.VMRef) (reconcile.EgressReport, error) {
-	var rep reconcile.EgressReport
 	if d.egress == nil {
-		return rep, nil
+		return reconcile.EgressReport{}, nil
 	}
-	var members []nft.Member
-	runDirs := map[string]string{}
-	for _, v := range vms {
-		if v.Key.Net != NetEgress {
-			continue
-		}
-		members = append(members, nft.Member{VM: v.ID, Tap: d.tapName(v.ID), MAC: d.guestMAC(v.ID)})
-		runDirs[v.ID] = v.RunDir
-	}
-	nr, err := d.egress.Reconcile(members)
-	rep.Kept, rep.Repaired, rep.Removed = nr.Kept, nr.Repaired, nr.Removed
-	if err != nil {
-		return rep, err
-	}
-	for tap, serr := range nr.Stray {
-		d.log.Warn().Err(serr).Str("tap", tap).Msg("a tap no VM of the state owns could not be deleted; its lock stays")
-	}
-	for vm, ferr := range nr.Failed {
-		d.log.Error().Err(ferr).Str("vm", vm).Msg("could not lock the tap of an egress VM; stopping its VMM")
-		rep.Failed = append(rep.Failed, vm)
-		runDir, err := d.roots.VMRunDir(d.instance, vm, runDirs[vm])
+	member := func(vm string) nft.Member { return nft.Member{VM: vm, Tap: d.tapName(vm), MAC: d.guestMAC(vm)} }
+	stop := func(ctx context.Context, vm, runDir string) error {
+		dir, err := d.roots.VMRunDir(d.instance, vm, runDir)
 		if err != nil {
-			continue
+			return nil // not this instance's: nothing of it is touched
 		}
-		p, _ := d.attach(ctx, runDir, vm)
+		p, _ := d.attach(ctx, dir, vm)
 		if p == nil {
-			continue
+			return nil // no VMM runs
 		}
-		if err := d.terminate(ctx, runDir, p); err != nil {
-			d.log.Error().Err(err).Str("vm", vm).Msg("could not stop the VMM of an egress VM whose tap is unlocked")
-		}
+		return d.terminate(ctx, dir, p)
 	}
-	return rep, nil
+	return reconcile.LockEgress(ctx, d.egress, vms, NetEgress, member, stop, d.log)
 }

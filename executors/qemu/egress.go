@@ -169,37 +169,16 @@ var _ reconcile.EgressLocker = (*Driver)(nil)
 // instance removed after its tap; a VM whose tap cannot be locked has its
 // QEMU stopped. AdoptVM then opens the doors of the VMs that hold a lease.
 func (d *Driver) ReconcileEgress(ctx context.Context, vms []reconcile.VMRef) (reconcile.EgressReport, error) {
-	var rep reconcile.EgressReport
 	if d.egress == nil || d.egress.Lane == nil {
-		return rep, nil
+		return reconcile.EgressReport{}, nil
 	}
-	var members []nft.Member
-	runDirs := map[string]string{}
-	for _, v := range vms {
-		if v.Key.Net != NetEgress {
-			continue
-		}
-		members = append(members, nft.Member{VM: v.ID, Tap: d.tapName(v.ID), MAC: d.guestMAC(v.ID)})
-		runDirs[v.ID] = v.RunDir
-	}
-	nr, err := d.egress.Lane.Reconcile(members)
-	rep.Kept, rep.Repaired, rep.Removed = nr.Kept, nr.Repaired, nr.Removed
-	if err != nil {
-		return rep, err
-	}
-	for name, serr := range nr.Stray {
-		d.log.Warn().Err(serr).Str("tap", name).Msg("a tap no VM of the state owns could not be deleted; its lock stays")
-	}
-	for vm, ferr := range nr.Failed {
-		d.log.Error().Err(ferr).Str("vm", vm).Msg("could not lock the tap of an egress VM; stopping its QEMU")
-		rep.Failed = append(rep.Failed, vm)
-		runDir, err := d.roots.VMRunDir(d.instance, vm, runDirs[vm])
+	member := func(vm string) nft.Member { return nft.Member{VM: vm, Tap: d.tapName(vm), MAC: d.guestMAC(vm)} }
+	stop := func(ctx context.Context, vm, runDir string) error {
+		dir, err := d.roots.VMRunDir(d.instance, vm, runDir)
 		if err != nil {
-			continue
+			return nil // not this instance's: nothing of it is touched
 		}
-		if err := d.q.Stop(ctx, Spec{RunDir: runDir, StoreDir: d.roots.Store}); err != nil {
-			d.log.Error().Err(err).Str("vm", vm).Msg("could not stop the QEMU of an egress VM whose tap is unlocked")
-		}
+		return d.q.Stop(ctx, Spec{RunDir: dir, StoreDir: d.roots.Store})
 	}
-	return rep, nil
+	return reconcile.LockEgress(ctx, d.egress.Lane, vms, NetEgress, member, stop, d.log)
 }

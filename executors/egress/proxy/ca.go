@@ -22,7 +22,7 @@ import (
 
 // CA is the node's interception CA: a self-signed ECDSA P-256 root whose
 // leaves the proxy presents for intercepted hosts. The guest trusts it once
-// its PEM is installed (PEM, GuestCAFile); nothing else does.
+// its PEM is installed (PEM, agent.GuestCAFile); nothing else does.
 type CA struct {
 	cert    *x509.Certificate
 	key     *ecdsa.PrivateKey

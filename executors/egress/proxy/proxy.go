@@ -77,6 +77,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"net"
 	"net/netip"
 	"os"
@@ -345,7 +346,7 @@ func (s *Server) GuestEnv(vm string) map[string]string {
 	}
 	env := map[string]string{"http_proxy": url, "https_proxy": url, "HTTP_PROXY": url, "HTTPS_PROXY": url}
 	if s.cfg.CA != nil {
-		env["SBX_EGRESS_CA_FILE"] = GuestCAFile
+		env["SBX_EGRESS_CA_FILE"] = agent.GuestCAFile // where the guest agent installs it
 		env["SBX_EGRESS_CA_PEM"] = string(s.cfg.CA.PEM())
 	}
 	return env
@@ -359,10 +360,6 @@ func (s *Server) CAPEM() []byte {
 	}
 	return s.cfg.CA.PEM()
 }
-
-// GuestCAFile is where a guest installs the node CA (the Debian trust
-// store's local directory).
-const GuestCAFile = "/usr/local/share/ca-certificates/sbx-egress.crt"
 
 // Count is the number of decisions of one door with one outcome ("allow",
 // or the refusal's reason).

@@ -27,6 +27,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/executors/egress/netnstest"
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"github.com/sbxlog/sbxlog/executors/netguard"
 	"github.com/sbxlog/sbxlog/fsm/egress"
 )
@@ -613,7 +614,7 @@ func TestGuestEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := s.GuestEnv("vm")
-	if env["http_proxy"] != "http://127.0.0.1:3128" || env["HTTPS_PROXY"] != "http://127.0.0.1:3128" || env["SBX_EGRESS_CA_PEM"] != string(ca.PEM()) || env["SBX_EGRESS_CA_FILE"] != GuestCAFile {
+	if env["http_proxy"] != "http://127.0.0.1:3128" || env["HTTPS_PROXY"] != "http://127.0.0.1:3128" || env["SBX_EGRESS_CA_PEM"] != string(ca.PEM()) || env["SBX_EGRESS_CA_FILE"] != agent.GuestCAFile {
 		t.Fatalf("vsock guest env %v", env)
 	}
 	if d, ok := s.OpenDoors("vm"); !ok || d.HTTPSocket != vs+"_2049" || d.SocksSocket != vs+"_2050" {
