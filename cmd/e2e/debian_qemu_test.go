@@ -32,7 +32,8 @@ import (
 // "default" (qemu.templates), one claim (a TCG boot is slow) and through
 // the project's client: (7) `python3 -c 'print(6*7)'` over the sandbox's
 // agent relay and the SSH server's banner through port_forward to 22;
-// (1, 2, 4) the process-ops suite (proctest) with the guest's bash;
+// (1, 2, 4) the process-ops suite (proctest) with the guest's bash, its
+// session kept through a hibernate and wake by the API;
 // (8) preview: python3's http.server and a WebSocket echo in the guest,
 // reached through /p/{token}/ on the preview listener, 404 after release.
 func TestDebianQEMU(t *testing.T) {
@@ -110,7 +111,17 @@ func TestDebianQEMU(t *testing.T) {
 		t.Logf("port 22 through the relay: %q", strings.TrimSpace(banner))
 	})
 	t.Run("proc", func(t *testing.T) {
-		proctest.Run(t, proctest.Agent{Dial: dial, Timeout: time.Minute})
+		proctest.Run(t, proctest.Agent{Dial: dial, Timeout: time.Minute, Hibernate: func(t *testing.T) {
+			// Through the API: the daemon snapshots the guest and restores it.
+			start := time.Now()
+			if err := sb.Hibernate(ctx, cl.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := sb.Wake(ctx, cl.ID); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("hibernate and wake through the API: %v", time.Since(start))
+		}})
 	})
 	// The suite ran with bash, which the Debian guest has (the busybox
 	// guest's runs it with sh): its sessions and terminals are bash's.
