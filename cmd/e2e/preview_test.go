@@ -48,23 +48,25 @@ func TestPreviewChsim(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &pr) != nil || !strings.HasPrefix(pr.URL, "http://"+paddr+"/p/") {
 		t.Fatalf("sbxctl preview: %d %q %s", code, out, errs)
 	}
-	get := func(u string) (int, string) {
-		t.Helper()
-		resp, err := http.Get(u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	if st, body := get(pr.URL + "index.html?q=1"); st != http.StatusOK || !strings.HasPrefix(body, "GET /index.html?q=1 HTTP/1.1\n") {
+	if st, body := httpGet(t, pr.URL+"index.html?q=1"); st != http.StatusOK || !strings.HasPrefix(body, "GET /index.html?q=1 HTTP/1.1\n") {
 		t.Fatalf("through the preview: %d %q", st, body)
 	}
 	if err := c.Release(ctx, cl.ID); err != nil {
 		t.Fatal(err)
 	}
-	if st, body := get(pr.URL); st != http.StatusNotFound || !strings.Contains(body, "unknown sandbox") {
+	if st, body := httpGet(t, pr.URL); st != http.StatusNotFound || !strings.Contains(body, "unknown sandbox") {
 		t.Fatalf("after release: %d %q", st, body)
 	}
+}
+
+// httpGet is GET u's status and body.
+func httpGet(t *testing.T, u string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
