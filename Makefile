@@ -11,7 +11,7 @@ TESTFLAGS ?= -race -timeout 14m
 FUZZTIME  ?= 10s
 FUZZMIN   ?= 1s
 
-.PHONY: all build test bench lint clean guest
+.PHONY: all build test e2e bench lint clean guest
 
 all: build
 
@@ -24,6 +24,15 @@ test:
 	$(GO) test $(TESTFLAGS) $(PKGS)
 	$(GO) test -run '^$$' -fuzz '^FuzzClaim$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMIN) ./projections/api
 	$(GO) test -run '^$$' -fuzz '^FuzzPutPools$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMIN) ./projections/api
+
+# e2e is the real-guest suite: every test that boots a QEMU guest (TCG), which
+# `make test` skips (executors/guest/guesttest: they run only with SBX_E2E=1).
+# It reruns the other tests of these packages too (seconds to minutes).
+# Needs the guests (`make guest`; the tests build them when missing).
+E2EPKGS   ?= ./executors/qemu/... ./executors/guest/... ./cmd/e2e/... ./bench/agentbench/... ./bench/egressbench/... ./bench/qemubench/...
+E2EFLAGS  ?= -race -timeout 60m
+e2e:
+	SBX_E2E=1 $(GO) test $(E2EFLAGS) $(E2EPKGS)
 
 # run starts sandboxd with its built-in defaults: data in ./data, one pool
 # "default" (net none, size small, warm 2), API on 127.0.0.1:7777, no NATS

@@ -3,6 +3,11 @@
 // caches them, and returns their paths (the busybox guest); RequireDebian adds
 // executors/guest/template.sh's default template, the Debian root disk.
 //
+// Tests that boot a guest are the real-guest suite: under TCG they take longer
+// than `make test`'s budget allows, so they run only with SBX_E2E=1, which
+// `make e2e` sets (and CI runs `make e2e` after `make test`); without it Require
+// and RequireDebian skip, saying so.
+//
 // When a tool a guest needs is missing (qemu-system-x86_64, busybox-static, cpio;
 // for the Debian template also root, mmdebstrap, mkfs.ext4 and qemu-img),
 // tests are skipped with the reason, unless CI=true or SBX_REQUIRE_QEMU=1, which turn
@@ -23,6 +28,10 @@ import (
 	"testing"
 	"time"
 )
+
+// E2EEnv set to 1 runs the real-guest suite (`make e2e`); Require and
+// RequireDebian skip without it.
+const E2EEnv = "SBX_E2E"
 
 // RequireEnv turns skips into failures when set to 1 (CI=true does the same).
 const RequireEnv = "SBX_REQUIRE_QEMU"
@@ -52,6 +61,9 @@ func Required() bool {
 // Required) when qemu or a build tool is missing.
 func Require(t testing.TB) Guest {
 	t.Helper()
+	if os.Getenv(E2EEnv) != "1" {
+		t.Skipf("boots a real guest: part of the real-guest suite, run by `make e2e` (%s=1)", E2EEnv)
+	}
 	g, err := build()
 	check(t, err)
 	return g
