@@ -45,8 +45,9 @@ type seenRequest struct {
 	header http.Header
 }
 
-// origin is the upstream: it answers "hello <host>" (never echoing what it
-// received) and remembers every request.
+// origin is the upstream: it serves the package index (servePackageIndex),
+// answers "hello <host>" everywhere else (never echoing what it received)
+// and remembers every request.
 type origin struct {
 	mu   sync.Mutex
 	seen []seenRequest
@@ -56,6 +57,9 @@ func (o *origin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	o.mu.Lock()
 	o.seen = append(o.seen, seenRequest{host: r.Host, header: r.Header.Clone()})
 	o.mu.Unlock()
+	if servePackageIndex(w, r) {
+		return
+	}
 	fmt.Fprintf(w, "hello %s", strings.Split(r.Host, ":")[0])
 }
 

@@ -77,49 +77,35 @@ func (g *qemuGuest) sh(script string) (int, string, string) {
 	return int(res.Code), out.String(), errb.String()
 }
 
-// has reports whether the guest has command name.
-func (g *qemuGuest) has(name string) bool {
-	_, out, _ := g.sh("command -v " + name + " || true")
-	return strings.TrimSpace(out) != ""
-}
-
-// fetch GETs url through the guest's proxy (its environment's) with the
-// best client the guest has (curl, else a forward-proxy request written
-// with busybox nc) and returns the status (0: no answer) and the body.
+// fetch GETs url with curl through the guest's proxy (its environment's,
+// verifying TLS with its bundle) and returns the status (0: no answer) and
+// the body.
 func (g *qemuGuest) fetch(url string, header string) (int, string) {
 	g.t.Helper()
-	if g.has("curl") {
-		h := ""
-		if header != "" {
-			h = "-H '" + header + "' "
-		}
-		_, out, errb := g.sh("curl -sS -m 20 " + h + "-w '\\n%{http_code}' '" + url + "'")
-		i := strings.LastIndex(out, "\n")
-		var code int
-		fmt.Sscan(out[i+1:], &code)
-		return code, out[:max(i, 0)] + errb
+	h := ""
+	if header != "" {
+		h = "-H '" + header + "' "
 	}
-	// busybox: its wget (static) crashes behind a proxy, so the request
-	// goes to the proxy in the guest's environment with nc, as a forward
-	// proxy request.
-	u, err := neturl.Parse(url)
+	_, out, errb := g.sh("curl -sS -m 20 " + h + "-w '\\n%{http_code}' '" + url + "'")
+	i := strings.LastIndex(out, "\n")
+	var code int
+	fmt.Sscan(out[i+1:], &code)
+	return code, out[:max(i, 0)] + errb
+}
+
+// pipDownload runs `python3 -m pip download` of probePkg from the index at
+// indexURL in the guest, through its proxy, and returns pip's exit code and
+// output (-vv: with each answer's status). pip takes a plain-HTTP index
+// only from a trusted host.
+func (g *qemuGuest) pipDownload(indexURL string) (int, string) {
+	g.t.Helper()
+	u, err := neturl.Parse(indexURL)
 	if err != nil {
 		g.t.Fatal(err)
 	}
-	req := "GET " + url + " HTTP/1.1\r\nHost: " + u.Host + "\r\nConnection: close\r\n"
-	if header != "" {
-		req += header + "\r\n"
-	}
-	req += "\r\n"
-	script := `p=${http_proxy#http://}; p=${p%/}; printf '` + strings.ReplaceAll(req, "%", "%%") + `' | nc -w 20 ${p%:*} ${p##*:}`
-	_, out, errb := g.sh(script)
-	resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(out)), nil)
-	if err != nil {
-		return 0, out + errb
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	code, out, errb := g.sh("rm -rf /tmp/dl && python3 -m pip download -vv --no-deps --no-cache-dir --disable-pip-version-check --retries 0 --timeout 20" +
+		" --trusted-host " + u.Hostname() + " --index-url '" + indexURL + "' " + probePkg + " -d /tmp/dl && ls /tmp/dl")
+	return code, out + errb
 }
 
 // TestEgressAcceptanceQEMU is issue 22's acceptance 1: TestEgressAcceptance's
@@ -131,11 +117,13 @@ func (g *qemuGuest) fetch(url string, header string) (int, string) {
 // and the host's API port (502); its direct connections are dropped at its
 // tap, moving the drop counter; a secret the proxy injects reaches the
 // upstream and never the guest; a second guest that takes the first's
-// address gets nothing, and the first keeps its door. The guest's client is
-// curl when it has one, else busybox nc speaking to the proxy its
-// environment names.
+// address gets nothing, and the first keeps its door; `pip download`
+// fetches a wheel from an allowed package index (plain HTTP, and HTTPS
+// intercepted with the node CA, which pip trusts through PIP_CERT) and
+// fails from a denied one. The guests run the Debian template
+// (executors/guest/template.sh default: curl, pip, netcat) as "default".
 func TestEgressAcceptanceQEMU(t *testing.T) {
-	g := guesttest.Require(t)
+	g := guesttest.RequireDebian(t)
 	const claimTok = "claim-egress-token-q7d1e0a4c2"
 	t.Setenv("E2E_EGRESS_TOKEN", "node-egress-token-q3b8f6e1d9")
 	dir, err := os.MkdirTemp("", "egq") // short: socket paths
@@ -152,8 +140,10 @@ func TestEgressAcceptanceQEMU(t *testing.T) {
 		return r
 	}
 	w := startAcceptanceWorld(t, egressNodeOpts{dir: dir, cfg: map[string]any{
-		"hypervisor":   "qemu",
-		"qemu":         map[string]any{"accel": "tcg", "kernel": g.Kernel, "initrd": g.Initrd},
+		"hypervisor": "qemu",
+		"qemu": map[string]any{"accel": "tcg", "templates": map[string]any{
+			"default": map[string]any{"kernel": g.Kernel, "initrd": g.Initrd, "disk": g.Disk},
+		}},
 		"egress_proxy": map[string]any{"intercept": true},
 		"secrets":      []any{map[string]any{"name": "tok", "header": "Authorization", "value_env": "E2E_EGRESS_TOKEN"}},
 		"pools": []any{map[string]any{"template": "default", "net": "egress", "size": "small", "warm": 2, "egress": map[string]any{"allow": []any{
@@ -203,6 +193,11 @@ func TestEgressAcceptanceQEMU(t *testing.T) {
 		return st
 	}
 	la, lb := lock(ga), lock(gb)
+	for _, tool := range []string{"command -v curl", "command -v nc", "python3 -m pip --version"} {
+		if code, out, errb := ga.sh(tool); code != 0 {
+			t.Fatalf("the Debian template fails %q (%d: %s%s): rebuild it with executors/guest/template.sh default", tool, code, out, errb)
+		}
+	}
 	nodeCA, err := os.ReadFile(filepath.Join(data, "egress-ca", "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
@@ -239,19 +234,9 @@ func TestEgressAcceptanceQEMU(t *testing.T) {
 	if st, body := ga.fetch("http://denied.e2e.test/", ""); st != 403 {
 		t.Fatalf("denied host from the guest: %d %q", st, body)
 	}
-	// Intercepted with the node CA the guest trusts (a client that
-	// verifies: curl, or python3's urllib, when the guest has them).
-	switch {
-	case ga.has("curl"):
-		if st, body := ga.fetch("https://mitm.e2e.test/", ""); st != 200 || !strings.Contains(body, "hello mitm.e2e.test") {
-			t.Fatalf("intercepted host with curl: %d %q", st, body)
-		}
-	case ga.has("python3"):
-		if code, out, errb := ga.sh(`python3 -c 'import urllib.request; print(urllib.request.urlopen("https://mitm.e2e.test/").read().decode())'`); code != 0 || !strings.Contains(out, "hello mitm.e2e.test") {
-			t.Fatalf("intercepted host with python3: %d %q %q", code, out, errb)
-		}
-	default:
-		t.Log("the guest has neither curl nor python3: intercepted TLS checked by the bundle's contents only")
+	// Intercepted with the node CA the guest trusts: curl verifies (no -k).
+	if st, body := ga.fetch("https://mitm.e2e.test/", ""); st != 200 || !strings.Contains(body, "hello mitm.e2e.test") {
+		t.Fatalf("intercepted host with curl: %d %q", st, body)
 	}
 	// Internal addresses, the metadata address and the host's API port,
 	// allowed by the policy: the guard refuses them.
@@ -276,6 +261,20 @@ func TestEgressAcceptanceQEMU(t *testing.T) {
 	}
 	if h, _ := up.last("secret.e2e.test"); h.Get("Authorization") != claimTok {
 		t.Fatalf("upstream got Authorization %q, want the claim's host-only value", h.Get("Authorization"))
+	}
+
+	// pip: an allowed index over HTTP and, intercepted, over HTTPS; a
+	// denied one refused (403) with nothing downloaded.
+	for _, idx := range []string{"http://allowed.e2e.test/simple/", "https://mitm.e2e.test/simple/"} {
+		if code, out := ga.pipDownload(idx); code != 0 || !strings.Contains(out, probeWheel) {
+			t.Fatalf("pip download from %s: %d\n%s", idx, code, out)
+		}
+	}
+	if code, out := ga.pipDownload("http://denied.e2e.test/simple/"); code == 0 || strings.Contains(out, probeWheel) || !strings.Contains(out, "403 Client Error") {
+		t.Fatalf("pip download from a denied index: %d\n%s", code, out)
+	}
+	if _, ok := up.last("denied.e2e.test"); ok {
+		t.Fatal("a request for the denied host reached the upstream")
 	}
 
 	// B takes A's address: it reaches nothing, A keeps its door.

@@ -38,7 +38,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 NAME=${1:-default}
 # What every template has: a shell and the usual tools, Python, git, TLS roots,
 # and an SSH server on port 22 (dropbear: small, and quick to start under TCG).
-BASE_PACKAGES="bash coreutils python3 git ca-certificates dropbear-bin iproute2 procps"
+BASE_PACKAGES="bash coreutils python3 python3-pip git ca-certificates curl netcat-openbsd dropbear-bin iproute2 procps"
 EXTRA_PACKAGES=${EXTRA_PACKAGES:-}
 SIZE=${SIZE:-2G}
 CACHE=${SBX_CACHE:-${HOME:-/root}/.cache/sbxlog}/template

@@ -155,7 +155,7 @@ func TestBuiltTemplate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{"bash", "coreutils", "python3", "git", "ca-certificates", "dropbear-bin"} {
+	for _, p := range []string{"bash", "coreutils", "python3", "python3-pip", "git", "ca-certificates", "curl", "netcat-openbsd", "dropbear-bin"} {
 		if !strings.Contains("\n"+string(pkgs), "\n"+p+" ") {
 			t.Errorf("package %s not installed:\n%s", p, pkgs)
 		}
