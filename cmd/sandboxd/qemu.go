@@ -80,12 +80,6 @@ func qemuTemplates(c QEMUConfig, cached map[string]qemu.Guest) (map[string]qemu.
 	for name, g := range cached {
 		table[name] = g
 	}
-	// "default" is always a template, built or not: a claim of it on a node
-	// without the build is told to run `make guest` (by the golden build),
-	// not that the template does not exist.
-	if _, ok := table[qemu.TemplateDefault]; !ok {
-		table[qemu.TemplateDefault] = qemu.Guest{}
-	}
 	if c.Kernel != "" || c.Initrd != "" {
 		table[qemu.TemplateDefault] = qemu.Guest{Kernel: c.Kernel, Initrd: c.Initrd}
 	}

@@ -171,6 +171,12 @@ func New(cfg Config) (*Driver, error) {
 		}
 		templates[name] = g
 	}
+	// "default" is always a template, built or not: a claim of it on a node
+	// without the build is told to run `make guest` (by the golden build or
+	// cold boot), not that the template does not exist.
+	if _, ok := templates[TemplateDefault]; !ok {
+		templates[TemplateDefault] = Guest{}
+	}
 	if cfg.Sizes == nil {
 		cfg.Sizes = DefaultSizes
 	}

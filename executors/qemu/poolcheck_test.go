@@ -23,7 +23,8 @@ func TestCheckPool(t *testing.T) {
 		{"unknown template", map[string]Guest{"default": {}}, fsm.PoolKey{Template: "nope", Net: "none", Size: "small"}, executors.ErrUnknownTemplate},
 		{"egress", map[string]Guest{"default": {}}, fsm.PoolKey{Template: "default", Net: "egress", Size: "small"}, executors.ErrNetUnsupported},
 		{"configured template", map[string]Guest{"py": {}, "go": {}}, fsm.PoolKey{Template: "go", Net: "none", Size: "large"}, nil},
-		{"default not configured", map[string]Guest{"py": {}}, fsm.PoolKey{Template: "default", Net: "none", Size: "small"}, executors.ErrUnknownTemplate},
+		{"default is always served", map[string]Guest{"py": {}}, fsm.PoolKey{Template: "default", Net: "none", Size: "small"}, nil},
+		{"no table", nil, fsm.PoolKey{Template: "py", Net: "none", Size: "small"}, executors.ErrUnknownTemplate},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newDriver(t, t.TempDir(), func(c *Config) { c.Templates = tc.templates })

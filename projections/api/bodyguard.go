@@ -18,9 +18,10 @@ import (
 //     cut off;
 //   - an answer that begins before the body was read to its end (a
 //     refusal: no route, a wrong method, a missing token, a body too
-//     large or malformed) says Connection: close and moves the read
-//     deadline to now, so the connection is closed at once instead of
-//     being drained. net/http drains up to 256 KiB of an unread body after
+//     large or malformed) says Connection: close; once it is written and
+//     flushed, what the client still sends within lingerWindow (at most
+//     lingerBytes) is dropped so the close is not a reset, then the
+//     connection is closed instead of being drained. net/http drains up to 256 KiB of an unread body after
 //     the handler, and without a deadline a client that declared a body and
 //     never sends it held its connection (and a goroutine) forever.
 //
@@ -54,7 +55,26 @@ func guardBody(h http.Handler, bound time.Duration, w http.ResponseWriter, r *ht
 	// A handler that wrote nothing gets net/http's empty 200: the body must
 	// not be drained for it either.
 	gw.answering()
+	if !body.consumed() {
+		// The answer goes out first. Closing with unread bytes queued makes
+		// the kernel reset the connection, and a reset can destroy the
+		// answer before a client still sending its body has read it; so
+		// what arrives within a short window is read and dropped (at most
+		// lingerBytes), then the read side ends.
+		_ = rc.Flush()
+		_ = rc.SetReadDeadline(time.Now().Add(lingerWindow))
+		_, _ = io.CopyN(io.Discard, body.ReadCloser, lingerBytes)
+		_ = rc.SetReadDeadline(time.Now())
+	}
 }
+
+// The linger after a refused body: long enough for a client that is
+// sending to finish a body of the largest size the API takes, short enough
+// that a client that sends nothing holds its connection no longer.
+const (
+	lingerWindow = 250 * time.Millisecond
+	lingerBytes  = 2 * MaxBody
+)
 
 // countedBody is a declared body that knows whether it was read to its
 // end, and calls done once when it is.
@@ -104,8 +124,8 @@ func (w *guardedWriter) answering() {
 	}
 	w.answered = true
 	if !w.body.consumed() {
+		// guardBody ends the read side once the handler returns.
 		w.Header().Set("Connection", "close")
-		_ = w.rc.SetReadDeadline(time.Now())
 	}
 }
 

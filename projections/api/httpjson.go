@@ -60,9 +60,12 @@ func encodeJSON(v any) []byte {
 	return b.Bytes()
 }
 
-// writeRaw writes an encoded JSON body with status.
+// writeRaw writes an encoded JSON body with status, with its
+// Content-Length (a flush, as the body guard's after a refusal, then needs
+// no chunked encoding).
 func writeRaw(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }
@@ -73,7 +76,6 @@ func writeRaw(w http.ResponseWriter, status int, body []byte) {
 // stops reading blocks only its own handler (the engine hands a commit
 // whose Durable hook is stuck to the observers through later proposals).
 func writeRawNow(w http.ResponseWriter, status int, body []byte) {
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	writeRaw(w, status, body)
 	_ = http.NewResponseController(w).Flush()
 }
