@@ -60,12 +60,9 @@ func encodeJSON(v any) []byte {
 	return b.Bytes()
 }
 
-// writeRaw writes an encoded JSON body with status, with its
-// Content-Length (a flush, as the body guard's after a refusal, then needs
-// no chunked encoding).
+// writeRaw writes an encoded JSON body with status.
 func writeRaw(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }
@@ -76,6 +73,7 @@ func writeRaw(w http.ResponseWriter, status int, body []byte) {
 // stops reading blocks only its own handler (the engine hands a commit
 // whose Durable hook is stuck to the observers through later proposals).
 func writeRawNow(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	writeRaw(w, status, body)
 	_ = http.NewResponseController(w).Flush()
 }
@@ -95,10 +93,19 @@ func writeError(w http.ResponseWriter, err error) {
 		if he.retryAfter != "" {
 			w.Header().Set("Retry-After", he.retryAfter)
 		}
-		writeJSON(w, he.status, body)
+		writeErrorBody(w, he.status, body)
 		return
 	}
-	writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+	writeErrorBody(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+}
+
+// writeErrorBody writes an error with its Content-Length: the body guard
+// flushes a refusal before it ends the connection, and a flushed answer
+// without one would go out chunked.
+func writeErrorBody(w http.ResponseWriter, status int, body map[string]string) {
+	b := encodeJSON(body)
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	writeRaw(w, status, b)
 }
 
 // decodeBody strictly decodes the request's JSON body (dispatch has read it,
