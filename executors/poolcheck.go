@@ -3,6 +3,7 @@ package executors
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 )
 
 // What a driver answers, before anything is proposed, for a pool key it
@@ -34,3 +35,14 @@ func (e netUnsupported) Is(target error) bool { return target == ErrNetUnsupport
 // ErrNoBridge is the refusal of an egress pool on a node without a bridge,
 // by every driver's CheckPool and by every recipe of such a VM.
 var ErrNoBridge = NetUnsupported("net egress needs a bridge (bridge is not configured on this node)")
+
+// EgressDoors opens and closes the egress proxy doors of VMs (the node's
+// adapter of executors/egress/proxy.Server), for every driver with egress
+// pools.
+type EgressDoors interface {
+	// Open opens vm's doors: its lock's door tcp when it is on the egress
+	// lane, else the vsock doors of its hybrid-vsock socket.
+	Open(vm string, tcp netip.AddrPort, vsockSocket string) error
+	// Close closes them and every connection through them.
+	Close(vm string)
+}

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path/filepath"
 
+	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
 )
@@ -26,15 +27,8 @@ type EgressLane interface {
 	Reconcile(members []nft.Member) (nft.Report, error)
 }
 
-// Doors opens and closes the egress proxy doors of VMs
-// (executors/egress/proxy.Server, adapted by the node).
-type Doors interface {
-	// Open opens vm's doors: its lock's door tcp when it is on the egress
-	// lane, else the vsock doors of its hybrid-vsock socket.
-	Open(vm string, tcp netip.AddrPort, vsockSocket string) error
-	// Close closes them and every connection through them.
-	Close(vm string)
-}
+// Doors is executors.EgressDoors (one contract for both drivers).
+type Doors = executors.EgressDoors
 
 // Step names of the egress lane.
 const (

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/egress/nft"
@@ -62,12 +61,8 @@ type Lane interface {
 	Reconcile(members []nft.Member) (nft.Report, error)
 }
 
-// Doors opens and closes a VM's egress proxy doors (the node's adapter of
-// executors/egress/proxy.Server); QEMU VMs have TCP doors only.
-type Doors interface {
-	Open(vm string, tcp netip.AddrPort, vsockSocket string) error
-	Close(vm string)
-}
+// Doors is executors.EgressDoors; QEMU VMs have TCP doors only.
+type Doors = executors.EgressDoors
 
 // Egress configures egress pools (Config.Egress).
 type Egress struct {
