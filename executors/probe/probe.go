@@ -163,13 +163,18 @@ func retry(ctx context.Context, opt Options, try func() (bool, error), what stri
 		if done {
 			return nil
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || pastDeadline(ctx) {
 			// An attempt the context's end cut short tells nothing about the
-			// VM; the one before it does.
+			// VM; the one before it does. The deadline is checked too: a dial
+			// bound by it can fail before the context's own timer marks it done.
 			if prev != nil {
 				err = prev
 			}
-			return fmt.Errorf("%w: %s: %w (last: %w)", ErrNotReady, what, ctx.Err(), err)
+			cause := ctx.Err()
+			if cause == nil {
+				cause = context.DeadlineExceeded
+			}
+			return fmt.Errorf("%w: %s: %w (last: %w)", ErrNotReady, what, cause, err)
 		}
 		prev = err
 		if t == nil {
@@ -184,4 +189,9 @@ func retry(ctx context.Context, opt Options, try func() (bool, error), what stri
 		case <-t.C:
 		}
 	}
+}
+
+func pastDeadline(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }

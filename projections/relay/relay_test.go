@@ -102,17 +102,33 @@ func randomBytes(t *testing.T, n int) []byte {
 	return b
 }
 
-// Each guest kind moves 1 MiB both ways at once, with the client's
-// pipelined bytes first; TCP and unix guests take the splice path.
+// Each guest kind moves 1 MiB both ways, with the client's pipelined bytes
+// first; TCP and unix guests take the splice path and move both ways at
+// once. A pipe has no half-close, so the client's EOF closes it (and ends
+// the relay): there the client sends only after the guest's bytes arrived,
+// or the guest's write would race the close.
 func TestRelayBothWays(t *testing.T) {
 	for _, kind := range []string{"unix", "tcp", "pipe"} {
 		t.Run(kind, func(t *testing.T) {
 			up, down := randomBytes(t, 1<<20), randomBytes(t, 1<<20)
 			rl := start(t, kind, Options{}, []byte("head:"))
 			gotUp, gotDown := make(chan []byte, 1), make(chan []byte, 1)
+			downArrived := make(chan struct{})
 			go func() { b, _ := io.ReadAll(rl.guest); gotUp <- b }()
-			go func() { b, _ := io.ReadAll(rl.client); gotDown <- b }()
-			go func() { rl.client.Write(up); rl.client.(*net.TCPConn).CloseWrite() }()
+			go func() {
+				b := make([]byte, len(down))
+				n, _ := io.ReadFull(rl.client, b)
+				close(downArrived)
+				rest, _ := io.ReadAll(rl.client)
+				gotDown <- append(b[:n], rest...)
+			}()
+			go func() {
+				if kind == "pipe" {
+					<-downArrived
+				}
+				rl.client.Write(up)
+				rl.client.(*net.TCPConn).CloseWrite()
+			}()
 			if _, err := rl.guest.Write(down); err != nil {
 				t.Fatal(err)
 			}
