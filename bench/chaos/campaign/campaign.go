@@ -208,7 +208,9 @@ type campaign struct {
 	foreign    VMMProc
 	foreignDir string
 	// lane is the egress lane daemon a runs in (nil without Options.Egress).
-	lane    *netnstest.Lane
+	lane *netnstest.Lane
+	// probes is the egress traffic (nil without a lane).
+	probes  *prober
 	bVMMs   map[int]string
 	bClaims []string
 }
@@ -302,6 +304,7 @@ func run(ctx context.Context, opt Options, lane *netnstest.Lane) (*Result, error
 				}
 			}
 		}
+		c.stopProber()
 		if n := KillVMMsUnder(opt.Dir); n > 0 {
 			c.logf("cleanup: killed %d VMM processes under %s", n, opt.Dir)
 		}
@@ -359,7 +362,11 @@ func (c *campaign) setup(ctx context.Context) error {
 		if err := c.inLane(c.a); err != nil {
 			return err
 		}
+		if err := c.startProber(); err != nil {
+			return fmt.Errorf("egress upstream: %w", err)
+		}
 		c.note("egress pool %s/%s/%s on bridge %s in a network namespace; its VMs' tap locks checked after every restart and at the end", poolEgress.Template, poolEgress.Net, poolEgress.Size, c.lane.Bridge)
+		c.note("egress traffic: a netns guest on the probe claim's VM tap (its pinned MAC and address), upstream %s allowed, %s denied; probes after every restart, at the end and across every kill", upAllowed, upDenied)
 	}
 	// Another instance id's VM in the same run root: started by hand, as
 	// another daemon would have.
@@ -400,6 +407,7 @@ func (c *campaign) setup(ctx context.Context) error {
 	c.inst = c.a.Instance("i-foreign0")
 	c.logf("daemon a up on %s (instance %s)", c.a.Addr, c.inst)
 	c.checkLocks(ctx, "first start")
+	c.probeRound(ctx, "first start")
 	return nil
 }
 
@@ -456,22 +464,22 @@ func (c *campaign) killer(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(wait):
-			if err := c.signalKill(); err != nil {
+			// The probe guest's traffic runs across the kill (egressprobe.go).
+			x := c.startAcross(ctx, false)
+			if c.a.Running() {
+				x.killing()
+				if err := c.signalKill(); err != nil {
+					return err
+				}
+			} else if err := c.crashed(); err != nil {
 				return err
 			}
+			x.finish(fmt.Sprintf("kill %d", c.res.Kills))
 		case <-c.a.Done():
-			c.mu.Lock()
-			crashed := c.armed
-			c.armed = ""
-			c.mu.Unlock()
-			if crashed == "" {
-				return fmt.Errorf("daemon a exited on its own (%s); see %s", c.a.ExitState(), c.a.Log)
+			if err := c.crashed(); err != nil {
+				return err
 			}
-			c.mu.Lock()
-			c.res.CrashAt[crashed]++
-			c.mu.Unlock()
-			c.closeWindow()
-			c.logf("daemon a crashed at %s as armed (%s)", crashed, c.a.ExitState())
+			c.startAcross(ctx, true).finish("crash")
 		}
 		if c.opt.VMMKills && c.intn(4) == 0 {
 			c.killRandomVMM()
@@ -480,6 +488,24 @@ func (c *campaign) killer(ctx context.Context) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// crashed accounts for an incarnation that exited by itself: at its armed
+// step (else an error: the daemon died unasked).
+func (c *campaign) crashed() error {
+	c.mu.Lock()
+	crashed := c.armed
+	c.armed = ""
+	c.mu.Unlock()
+	if crashed == "" {
+		return fmt.Errorf("daemon a exited on its own (%s); see %s", c.a.ExitState(), c.a.Log)
+	}
+	c.mu.Lock()
+	c.res.CrashAt[crashed]++
+	c.mu.Unlock()
+	c.closeWindow()
+	c.logf("daemon a crashed at %s as armed (%s)", crashed, c.a.ExitState())
 	return nil
 }
 
@@ -545,8 +571,10 @@ func (c *campaign) restart(ctx context.Context, chaos bool) error {
 	c.mu.Unlock()
 	c.logf("restarted sandboxd in %s %s", d.Round(time.Millisecond), strings.Join(desc, ", "))
 	// At once: the new incarnation answers only after its reconcile, so
-	// every egress VM it adopted must be locked by now.
+	// every egress VM it adopted must be locked by now, and its probe
+	// guest's traffic must meet the policy.
 	c.checkLocks(ctx, fmt.Sprintf("restart %d", n))
+	c.probeRound(ctx, fmt.Sprintf("restart %d", n))
 	return nil
 }
 
