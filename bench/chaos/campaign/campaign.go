@@ -30,7 +30,13 @@
 //   - with Options.Egress (an egress pool, the daemon in a network
 //     namespace with a bridge): after every restart and at the end, every
 //     egress VM whose VMM runs has its tap locked and no lock is left for a
-//     VM the state no longer has (egress.go).
+//     VM the state no longer has (egress.go); and a network namespace
+//     playing the guest of a probe claim of that pool, on its VM's tap,
+//     gets 200 from the allowed upstream and 403 from a denied one through
+//     the proxy, while its direct and spoofed connections are dropped at
+//     the tap, after every restart and at the end; across every kill its
+//     traffic never leaks and fails closed while the daemon is down
+//     (egressprobe.go).
 package campaign
 
 import (
@@ -78,8 +84,9 @@ type Options struct {
 	// the usage journal the end checks compare with the log.
 	NATS bool
 	// Egress adds an egress pool: the daemon runs in a lane's namespace
-	// with a bridge, and its taps' locks are checked after every restart
-	// and at the end (egress.go). It needs root (EgressAvailable).
+	// with a bridge, its taps' locks are checked after every restart and
+	// at the end (egress.go), and a probe guest sends egress traffic
+	// (egressprobe.go). It needs root (EgressAvailable).
 	Egress bool
 	// Out receives progress lines (nil: discarded).
 	Out io.Writer
