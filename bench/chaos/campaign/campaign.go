@@ -467,26 +467,31 @@ func (c *campaign) killer(ctx context.Context) error {
 	mean := c.opt.Duration / time.Duration(max(c.opt.Kills, 1))
 	for time.Since(start) < c.opt.Duration || c.res.Kills < c.opt.Kills {
 		wait := mean/2 + time.Duration(c.intn(int(mean)+1))
+		// The probe guest's traffic runs through the incarnation and
+		// across its end (egressprobe.go).
+		x := c.startAcross(ctx)
 		select {
 		case <-ctx.Done():
+			x.end("interrupted")
 			return ctx.Err()
 		case <-time.After(wait):
-			// The probe guest's traffic runs across the kill (egressprobe.go).
-			x := c.startAcross(ctx, false)
 			if c.a.Running() {
 				x.killing()
 				if err := c.signalKill(); err != nil {
+					x.end("kill")
 					return err
 				}
 			} else if err := c.crashed(); err != nil {
+				x.end("exit")
 				return err
 			}
 			x.finish(fmt.Sprintf("kill %d", c.res.Kills))
 		case <-c.a.Done():
 			if err := c.crashed(); err != nil {
+				x.end("exit")
 				return err
 			}
-			c.startAcross(ctx, true).finish("crash")
+			x.finish("crash")
 		}
 		if c.opt.VMMKills && c.intn(4) == 0 {
 			c.killRandomVMM()

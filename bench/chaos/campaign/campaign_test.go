@@ -95,7 +95,7 @@ func TestShortCampaign(t *testing.T) {
 	if egress == nil {
 		// The probe guest's traffic: every kind answered as the policy
 		// says after restarts, and probes ran across kills and while down.
-		for _, k := range append(slices.Collect(maps.Values(roundCheck)), "egress probes across a kill (no leak)", "egress probes while down (failed closed)") {
+		for _, k := range append(slices.Collect(maps.Values(roundCheck)), "egress probes while up and across a kill (no leak)", "egress probes while down (failed closed)") {
 			if res.Checked[k] == 0 {
 				t.Fatalf("the campaign has no %q: %v", k, res.Checked)
 			}

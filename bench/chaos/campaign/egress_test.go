@@ -161,6 +161,21 @@ func TestUpstreamLeaks(t *testing.T) {
 	}
 }
 
+// Every request the denied upstream gets is a leak, whatever connection
+// carried it; the allowed upstream's are not.
+func TestUpstreamRequests(t *testing.T) {
+	u := &upstream{subnet: netip.MustParsePrefix("10.77.0.0/24"), host: netip.MustParseAddr("10.77.0.1")}
+	u.asked(upAllowed, upAllowed.String())
+	if l := u.takeLeaks(); len(l) != 0 {
+		t.Fatalf("a request to the allowed upstream is a leak: %v", l)
+	}
+	u.asked(upDenied, upDenied.String())
+	u.asked(upDenied, upDenied.String())
+	if l := u.takeLeaks(); len(l) != 2 || !strings.Contains(l[0], upDenied.String()) {
+		t.Fatalf("two requests to the denied upstream: leaks %v", l)
+	}
+}
+
 // The spoofed address is never the guest's own.
 func TestSpoofAddr(t *testing.T) {
 	for _, g := range []string{"10.77.0.2", "10.77.0.250"} {

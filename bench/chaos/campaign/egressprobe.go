@@ -33,8 +33,9 @@ import (
 // namespace beyond the lane's host (startUpstream), upAllowed, which the
 // egress pool's policy allows, and upDenied, which it does not but which would answer if
 // anything let a request through. The upstream itself watches for leaks:
-// any connection to upDenied, and any connection from a lane address other
-// than the host's own (the proxy dials from the host), is a violation.
+// any connection or request to upDenied, and any connection from a lane
+// address other than the host's own (the proxy dials from the host), is a
+// violation.
 //
 // Probes, four kinds (probeKinds):
 //   - allowed: GET http://<upAllowed>/ through the VM's door (the forward
@@ -53,9 +54,10 @@ import (
 // round ends: faults may take the VM's VMM away meanwhile. Leaks count
 // always.
 //
-// Across every kill (a SIGKILL or an armed crash), a loop in the same guest
-// sends all four kinds from before the kill until at least one pass ran
-// while sandboxd was down. Whatever the phase, no leak: a denied host never
+// Through every incarnation and across the kill that ends it (a SIGKILL
+// or an armed crash), a loop in the same guest sends all four kinds, from
+// the end of the round after the start until at least one pass ran while
+// sandboxd was down. Whatever the phase, no leak: a denied host never
 // answers 200, an allowed answer is the allowed upstream's, direct and
 // spoofed connections never connect. While down (an attempt that started
 // and ended after the process was reaped, before the next start), the
@@ -168,6 +170,16 @@ func (u *upstream) saw(local, remote netip.Addr) {
 	u.mu.Unlock()
 }
 
+// asked judges one request: any the denied upstream gets is a leak.
+func (u *upstream) asked(local netip.Addr, host string) {
+	if local != upDenied {
+		return
+	}
+	u.mu.Lock()
+	u.leaks = append(u.leaks, fmt.Sprintf("the denied upstream %s was asked for %s", local, host))
+	u.mu.Unlock()
+}
+
 // takeLeaks returns the leaks seen since the last call.
 func (u *upstream) takeLeaks() []string {
 	u.mu.Lock()
@@ -210,6 +222,9 @@ func startUpstream(lane *netnstest.Lane) (u *upstream, stop func(), err error) {
 	u.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
 		ap, _ := netip.ParseAddrPort(fmt.Sprint(local))
+		// Per request too: the proxy may carry several over one
+		// connection to the upstream.
+		u.asked(ap.Addr().Unmap(), r.Host)
 		_, _ = io.WriteString(w, upstreamBody(ap.Addr().Unmap()))
 	})}
 	release, err := held(func(r *netnstest.Runner) {
@@ -579,7 +594,7 @@ func sameLock(a, b nft.Lock) bool {
 
 // Phases of the daemon during the across-kill loop.
 const (
-	phaseUp      int32 = iota // before the kill
+	phaseUp      int32 = iota // the incarnation runs (the kill may land)
 	phaseKilling              // SIGKILL sent, not yet reaped
 	phaseDown                 // reaped (or crashed); the next start not begun
 )
@@ -599,18 +614,15 @@ type across struct {
 	cond       *sync.Cond
 }
 
-// startAcross starts the loop in the probe guest (nil without one) and
-// returns once its first probe is on its way, so the kill that follows
-// lands on traffic in flight.
-func (c *campaign) startAcross(ctx context.Context, down bool) *across {
+// startAcross starts the loop in the probe guest (nil without one), for
+// the rest of the incarnation: the kill that ends it lands on traffic in
+// flight.
+func (c *campaign) startAcross(ctx context.Context) *across {
 	if c.probes == nil || c.probes.guest == nil {
 		return nil
 	}
 	x := &across{c: c, g: c.probes.guest, stop: make(chan struct{}), done: make(chan struct{})}
 	x.cond = sync.NewCond(&x.mu)
-	if down {
-		x.phase.Store(phaseDown)
-	}
 	started := make(chan struct{})
 	go x.loop(ctx, started)
 	<-started
@@ -674,6 +686,14 @@ func (x *across) finish(when string) {
 	}
 	x.phase.Store(phaseDown)
 	x.awaitDown()
+	x.end(when)
+}
+
+// end stops the loop and judges every attempt.
+func (x *across) end(when string) {
+	if x == nil {
+		return
+	}
 	close(x.stop)
 	<-x.done
 	down, all := 0, 0
@@ -687,7 +707,7 @@ func (x *across) finish(when string) {
 			down++
 		}
 	}
-	x.c.checked("egress probes across a kill (no leak)", all)
+	x.c.checked("egress probes while up and across a kill (no leak)", all)
 	x.c.checked("egress probes while down (failed closed)", down)
 	x.c.leaks(when)
 }
