@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,6 +91,15 @@ func TestShortCampaign(t *testing.T) {
 	}
 	if egress == nil && (res.Checked["egress lock reads (restart)"] == 0 || res.Checked["egress VMs running with their tap locked"] == 0) {
 		t.Fatalf("the campaign checked no egress lock: %v", res.Checked)
+	}
+	if egress == nil {
+		// The probe guest's traffic: every kind answered as the policy
+		// says after restarts, and probes ran across kills and while down.
+		for _, k := range append(slices.Collect(maps.Values(roundCheck)), "egress probes while up and across a kill (no leak)", "egress probes while down (failed closed)") {
+			if res.Checked[k] == 0 {
+				t.Fatalf("the campaign has no %q: %v", k, res.Checked)
+			}
+		}
 	}
 	if dup := res.Ops["duplicate"]; dup["release"]+dup["hibernate"]+dup["wake"]+dup["renew"] == 0 {
 		t.Fatalf("the campaign sent no duplicate requests: %v", res.Ops)
