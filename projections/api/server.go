@@ -97,6 +97,9 @@ type Config struct {
 	// as the old daemon: the root token, or anyone when no root token is
 	// configured) or MetricsAuthNone (anyone).
 	MetricsAuth string
+	// NoDashboard turns the dashboard off: / and /dashboard/{file} are
+	// then not routes (404), as on a node without one.
+	NoDashboard bool
 }
 
 // DefaultLifecycleWait is Config.LifecycleWait's default: far beyond a
@@ -273,6 +276,10 @@ func (s *Server) register() {
 	add("GET", "/v1/events", "root|tenant", s.handleEvents, root, tenant)
 	add("GET", "/healthz", "none", s.handleHealthz)
 	add("GET", "/openapi.json", "none", s.handleOpenAPI)
+	if !s.cfg.NoDashboard {
+		add("GET", "/", "none", s.handleDashboard)
+		add("GET", "/dashboard/{file}", "none", s.handleDashboardFile)
+	}
 	if s.metricsOpen() {
 		add("GET", "/metrics", "none", s.handleMetrics)
 	} else {
