@@ -261,7 +261,7 @@ func TestAuthMatrix(t *testing.T) {
 			if allowed && strings.Contains(rt.Path, "{id}") {
 				sb = claimAs(t, n, tokA, "")
 			}
-			path := strings.ReplaceAll(strings.ReplaceAll(rt.Path, "{id}", sb.ID), "{name}", matrixTenant)
+			path := strings.NewReplacer("{id}", sb.ID, "{name}", matrixTenant, "{file}", "app.js").Replace(rt.Path)
 			var body []byte
 			if b, ok := routeBody[rt.Method+" "+rt.Path]; ok {
 				body = []byte(b)

@@ -37,6 +37,14 @@ import (
 	"github.com/sbxlog/sbxlog/projections/openapi"
 )
 
+// The dashboard's files are text: kin-openapi decodes only text/plain as
+// such unless told.
+func init() {
+	for _, ct := range []string{"text/html", "text/css", "text/javascript"} {
+		openapi3filter.RegisterBodyDecoder(ct, openapi3filter.PlainBodyDecoder)
+	}
+}
+
 // router is the document's router, built once per test binary.
 var router = sync.OnceValues(func() (routers.Router, error) {
 	data, err := openapi.Document()

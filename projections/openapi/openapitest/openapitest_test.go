@@ -33,6 +33,8 @@ func TestCheck(t *testing.T) {
 		{"a redirect", "POST", "/v1/claim", `{"template":"t"}`, 200, js, `{"redirect":["a:1"]}`, false, ""},
 		{"an unknown path answered 404", "GET", "/nope", "", 404, js, `{"error":"no route"}`, false, ""},
 		{"an unknown path served", "GET", "/nope", "", 200, js, `{}`, false, "no operation"},
+		{"the dashboard's page", "GET", "/", "", 200, http.Header{"Content-Type": {"text/html; charset=utf-8"}}, "<!doctype html>", false, ""},
+		{"the dashboard's script", "GET", "/dashboard/app.js", "", 200, http.Header{"Content-Type": {"text/javascript; charset=utf-8"}}, "'use strict';", false, ""},
 		{"a stream", "GET", "/v1/events", "", 200, sse, "", true, ""},
 		{"a stream with an undocumented status", "GET", "/v1/events", "", 202, sse, "", true, "202"},
 	} {
