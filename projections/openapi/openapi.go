@@ -39,7 +39,10 @@ const baseFragment = "base.json"
 
 // Document returns the merged document as JSON, or why the embedded
 // fragments do not make one (a build that tests pass never has that).
-var Document = sync.OnceValues(func() ([]byte, error) { return merge(spec) })
+// Callers must not change the bytes: every call returns the same ones.
+func Document() ([]byte, error) { return document() }
+
+var document = sync.OnceValues(func() ([]byte, error) { return merge(spec) })
 
 // merge joins the fragments of fsys's spec/ into one document.
 func merge(fsys fs.FS) ([]byte, error) {
