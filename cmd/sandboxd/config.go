@@ -466,3 +466,7 @@ func (c *Config) finish() error {
 	}
 	return errors.Join(errs...)
 }
+
+// noDashboard: the config turns the dashboard off ("dashboard": false; absent
+// is on).
+func (c *Config) noDashboard() bool { return c.Dashboard != nil && !*c.Dashboard }
