@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/projections/apiclient"
+	"github.com/sbxlog/sbxlog/projections/openapi/openapitest"
 )
 
 // binDir holds sandboxd, chsim and sbxctl, built once by TestMain.
@@ -209,7 +210,9 @@ func startChsimNode(t *testing.T, root string, wrap ...string) *chsimNode {
 		"pools": []any{}, "nats": map[string]any{"disabled": true},
 	})
 	n.daemon = startWrappedDaemon(t, n.dir, n.data, addr, wrap, "-config", cfg)
-	c, err := apiclient.New(addr, root, nil)
+	// Every exchange of the node's client is checked against the OpenAPI
+	// document.
+	c, err := apiclient.New(addr, root, openapitest.Client(t, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

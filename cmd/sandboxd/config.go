@@ -100,6 +100,9 @@ type Config struct {
 	// daemon: the root token; anyone when there is no root token) or
 	// "none" (anyone, for a scraper without the token).
 	MetricsAuth string `json:"metrics_auth,omitempty"`
+	// Dashboard serves the web dashboard at / (default true); false turns
+	// it off (/ and /dashboard/{file} are then 404).
+	Dashboard *bool `json:"dashboard,omitempty"`
 	// LogLevel: debug, info, warn, error.
 	LogLevel string `json:"log_level,omitempty"`
 	// VMRestart is the policy for claimed VMs whose VMM dies: cold restarts
@@ -463,3 +466,7 @@ func (c *Config) finish() error {
 	}
 	return errors.Join(errs...)
 }
+
+// noDashboard: the config turns the dashboard off ("dashboard": false; absent
+// is on).
+func (c *Config) noDashboard() bool { return c.Dashboard != nil && !*c.Dashboard }

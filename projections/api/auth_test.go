@@ -13,6 +13,7 @@ import (
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/openapi/openapitest"
 )
 
 // Caller kinds of the auth matrix.
@@ -216,7 +217,7 @@ func do(t *testing.T, n *nodetest.Node, method, path, header string, body []byte
 	for i := 0; i+1 < len(extra); i += 2 {
 		req.Header.Set(extra[i], extra[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := openapitest.Client(t, nil).Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -260,7 +261,7 @@ func TestAuthMatrix(t *testing.T) {
 			if allowed && strings.Contains(rt.Path, "{id}") {
 				sb = claimAs(t, n, tokA, "")
 			}
-			path := strings.ReplaceAll(strings.ReplaceAll(rt.Path, "{id}", sb.ID), "{name}", matrixTenant)
+			path := strings.NewReplacer("{id}", sb.ID, "{name}", matrixTenant, "{file}", "app.js").Replace(rt.Path)
 			var body []byte
 			if b, ok := routeBody[rt.Method+" "+rt.Path]; ok {
 				body = []byte(b)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/openapi/openapitest"
 )
 
 // badInput is one row of the bad-input table.
@@ -156,7 +157,7 @@ func TestBadInput(t *testing.T) {
 			for k, v := range r.header {
 				req.Header.Set(k, v)
 			}
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := openapitest.Client(t, nil).Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -97,6 +97,9 @@ type Config struct {
 	// as the old daemon: the root token, or anyone when no root token is
 	// configured) or MetricsAuthNone (anyone).
 	MetricsAuth string
+	// NoDashboard turns the dashboard off: / and /dashboard/{file} are
+	// then not routes (404), as on a node without one.
+	NoDashboard bool
 }
 
 // DefaultLifecycleWait is Config.LifecycleWait's default: far beyond a
@@ -272,6 +275,11 @@ func (s *Server) register() {
 	add("GET", "/v1/peers", "root|tenant", s.handlePeers, root, tenant)
 	add("GET", "/v1/events", "root|tenant", s.handleEvents, root, tenant)
 	add("GET", "/healthz", "none", s.handleHealthz)
+	add("GET", "/openapi.json", "none", s.handleOpenAPI)
+	if !s.cfg.NoDashboard {
+		add("GET", "/", "none", s.handleDashboard)
+		add("GET", "/dashboard/{file}", "none", s.handleDashboardFile)
+	}
 	if s.metricsOpen() {
 		add("GET", "/metrics", "none", s.handleMetrics)
 	} else {
@@ -290,7 +298,11 @@ func (s *Server) register() {
 	add("DELETE", "/v1/drain", "root", s.handleUncordon, root, tenant)
 
 	for path, table := range paths {
-		s.mux.HandleFunc(path, s.dispatch(path, table))
+		pattern := path
+		if path == "/" {
+			pattern = "/{$}" // the root alone: every other path stays the 404 below
+		}
+		s.mux.HandleFunc(pattern, s.dispatch(path, table))
 	}
 	// Anything else: a JSON 404, not the mux's text one.
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
