@@ -16,6 +16,7 @@ const (
 	tGolden                      // a failed golden is retried (id = pool key)
 	tPark                        // parked refills resume (id = pool key, or "*" for the node)
 	tPurge                       // an ended claim is forgotten (id = claim; purge heap only)
+	tCheckpoint                  // a checkpoint's TTL ends (id = checkpoint)
 )
 
 // timerKey names a timer: at most one per (kind, entity). Pool timers use
