@@ -19,7 +19,8 @@ import (
 //
 // POST /v1/sandboxes/{id}/checkpoint and .../fork take the node's API token
 // (root or tenant) and the sandbox's own token in the body as the ownership
-// proof; the root token with no body token acts by id, as the operator. A
+// proof; the root token, or the sandbox's tenant's, with no body token acts
+// by id (as preview here). A
 // checkpoint answers once taken (or failed), a fork once every child runs
 // (or all failed together), waiting on the commits as hibernate does. A
 // checkpoint is the caller's tenant's: a tenant lists and deletes only its
@@ -96,14 +97,14 @@ func newCheckpointID() string {
 }
 
 // owned finds the live sandbox of the path for a checkpoint or fork: one the
-// caller sees, whose token the body carries (root may leave it out and act
-// by id). Anything else is the old daemon's 404.
+// caller sees (root: any, a tenant: its own), whose token the body carries
+// when it carries one, as preview's. Anything else is the old daemon's 404.
 func (s *Server) owned(r *http.Request, id auth.Identity, token string) (fsm.ClaimRec, error) {
 	c, err := s.visible(r, id)
 	if err != nil {
 		return c, err
 	}
-	if !c.Status.Live() || (token == "" && id.Kind != auth.Root) || (token != "" && !s.auth.IsSandboxToken(token, c.ID, tokenGenOf(&c))) {
+	if !c.Status.Live() || (token != "" && !s.auth.IsSandboxToken(token, c.ID, tokenGenOf(&c))) {
 		return c, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
 	}
 	return c, nil
