@@ -1,7 +1,7 @@
 // Package layout is the data directory's layout, shared by every driver and
 // the start-up reconcile. Roots names its parts: <data>/run holds one run
 // dir per VM (an intent's RunDir is relative to it and led by the instance
-// id), <data>/store holds golden and hibernate snapshots (same filesystem as
+// id), <data>/store holds golden, hibernate and checkpoint snapshots (same filesystem as
 // the runs, so FICLONE and hard links work between them), <data>/templates
 // holds the templates golden builds and cold boots start from. Snapshot
 // dirs in results and intents are relative to the store.
