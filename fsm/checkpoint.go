@@ -387,12 +387,9 @@ func (cmd Fork) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
-	serve := cmd.ServeTimeoutSeconds
-	switch {
-	case serve < 0 || serve > MaxServeTimeout:
-		return reject(Invalid, "serve timeout %d s out of [0, %d]", serve, MaxServeTimeout)
-	case serve == 0:
-		serve = DefaultServeTimeoutSeconds
+	serve, err := serveSeconds(cmd.ServeTimeoutSeconds)
+	if err != nil {
+		return err
 	}
 	parent, v, err := d.captureSource(cmd.Parent)
 	if err != nil {

@@ -272,6 +272,17 @@ func (c ConfigureLimits) decide(d *decider) error {
 
 // --- claims ------------------------------------------------------------------
 
+// serveSeconds is a pending claim's serve timeout: 0 means the default.
+func serveSeconds(serve int64) (int64, error) {
+	switch {
+	case serve < 0 || serve > MaxServeTimeout:
+		return 0, reject(Invalid, "serve timeout %d s out of [0, %d]", serve, MaxServeTimeout)
+	case serve == 0:
+		return DefaultServeTimeoutSeconds, nil
+	}
+	return serve, nil
+}
+
 func (c Claim) decide(d *decider) error {
 	s := d.s
 	if !ValidClaimID(c.ID) {
@@ -310,12 +321,9 @@ func (c Claim) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
-	serve := c.ServeTimeoutSeconds
-	switch {
-	case serve < 0 || serve > MaxServeTimeout:
-		return reject(Invalid, "serve timeout %d s out of [0, %d]", serve, MaxServeTimeout)
-	case serve == 0:
-		serve = DefaultServeTimeoutSeconds
+	serve, err := serveSeconds(c.ServeTimeoutSeconds)
+	if err != nil {
+		return err
 	}
 	if s.draining {
 		return reject(TooMany, DrainingMsg)

@@ -44,14 +44,22 @@ func TestCheckpointQEMU(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	root, _ := apiclient.New(addr, dpRoot, nil)
-	var src *api.ClaimResponse
-	for deadline := time.Now().Add(5 * time.Minute); ; {
-		src, err = root.Claim(ctx, api.ClaimRequest{Template: "default", TTLSeconds: 3600})
-		if err == nil || time.Now().After(deadline) {
+	// Claimed once the pool is warm: claims before would each cold-boot a
+	// guest, which a loaded host's TCG may not finish in time.
+	for deadline := time.Now().Add(20 * time.Minute); ; {
+		in, err := root.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p, ok := poolOf(in, "default/none/small"); ok && p.Warm > 0 {
 			break
 		}
-		time.Sleep(time.Second) // the golden is still being built
+		if time.Now().After(deadline) {
+			t.Fatalf("no warm VM: %+v", in)
+		}
+		time.Sleep(time.Second)
 	}
+	src, err := root.Claim(ctx, api.ClaimRequest{Template: "default", TTLSeconds: 3600})
 	if err != nil {
 		t.Fatal(err)
 	}

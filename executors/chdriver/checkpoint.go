@@ -2,12 +2,10 @@ package chdriver
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
-	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -50,26 +48,9 @@ func (d *Driver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (exec
 	if res, done, err := d.checkpointStored(r, rel); done || err != nil {
 		return res, err
 	}
-	proc, err := d.attach(ctx, runDir, in.VM)
-	if proc == nil {
-		if err != nil {
-			return executors.Result{}, fmt.Errorf("checkpoint %s: %w", in.VM, err)
-		}
-		return executors.Result{}, executors.Lostf("checkpoint %s: no VMM runs in %s", in.VM, runDir)
-	}
-	api := d.api(runDir)
-	gone := func(err error) error {
-		if vmmDied(proc, err) {
-			return &executors.Unrecoverable{Err: err, Lost: true}
-		}
-		return err
-	}
-	info, err := r.info(api)
+	proc, api, _, gone, err := d.liveVM(r, "checkpoint", in.VM, runDir)
 	if err != nil {
-		return executors.Result{}, gone(err)
-	}
-	if info.State != ch.StateRunning && info.State != ch.StatePaused {
-		return executors.Result{}, executors.Lostf("checkpoint %s: VM is %s", in.VM, info.State)
+		return executors.Result{}, err
 	}
 	paused := d.now()
 	if err := r.step(StepPause, func() error { return api.Pause(r.ctx) }); err != nil {

@@ -33,29 +33,9 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 		return res, err
 	}
 
-	proc, err := d.attach(ctx, runDir, in.VM)
-	if proc == nil {
-		if err != nil {
-			return executors.Result{}, fmt.Errorf("hibernate %s: %w", in.VM, err)
-		}
-		return executors.Result{}, executors.Lostf("hibernate %s: no VMM runs in %s and no snapshot was taken", in.VM, runDir)
-	}
-	api := d.api(runDir)
-	// gone reports whether the VMM died, which makes the VM lost: its
-	// memory existed nowhere else.
-	gone := func(err error) error {
-		if vmmDied(proc, err) {
-			return &executors.Unrecoverable{Err: err, Lost: true}
-		}
-		return err
-	}
-
-	info, err := r.info(api)
+	proc, api, info, gone, err := d.liveVM(r, "hibernate", in.VM, runDir)
 	if err != nil {
-		return executors.Result{}, gone(err)
-	}
-	if info.State != ch.StateRunning && info.State != ch.StatePaused {
-		return executors.Result{}, executors.Lostf("hibernate %s: VM is %s", in.VM, info.State)
+		return executors.Result{}, err
 	}
 	if err := r.step(StepBalloon, func() error { return d.settleBalloon(r.ctx, api, info, r.log) }); err != nil {
 		return executors.Result{}, gone(err)
@@ -74,6 +54,34 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	res := r.result(rel)
 	res.Report.CopyMode = copyMode
 	return res, nil
+}
+
+// liveVM attaches to the VMM of vm in runDir for a recipe that snapshots
+// it (verb, for errors) and reads its vm.info, which must say running or
+// paused. gone classifies a later error: a VMM that died makes the VM lost,
+// as its memory existed nowhere else.
+func (d *Driver) liveVM(r *run, verb, vm, runDir string) (proc *vmm.Process, api API, info *ch.VmInfo, gone func(error) error, err error) {
+	proc, err = d.attach(r.ctx, runDir, vm)
+	if proc == nil {
+		if err != nil {
+			return nil, nil, nil, nil, fmt.Errorf("%s %s: %w", verb, vm, err)
+		}
+		return nil, nil, nil, nil, executors.Lostf("%s %s: no VMM runs in %s and no snapshot was taken", verb, vm, runDir)
+	}
+	api = d.api(runDir)
+	gone = func(err error) error {
+		if vmmDied(proc, err) {
+			return &executors.Unrecoverable{Err: err, Lost: true}
+		}
+		return err
+	}
+	if info, err = r.info(api); err != nil {
+		return nil, nil, nil, nil, gone(err)
+	}
+	if info.State != ch.StateRunning && info.State != ch.StatePaused {
+		return nil, nil, nil, nil, executors.Lostf("%s %s: VM is %s", verb, vm, info.State)
+	}
+	return proc, api, info, gone, nil
 }
 
 // afterSnapshot is the rollback of a hibernate that failed once its

@@ -217,7 +217,10 @@ func (s *Server) handleCheckpointClaim(w http.ResponseWriter, r *http.Request, i
 	served := s.wait(claimID)
 	defer s.unwait(claimID)
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
-		return fsm.Claim{Meta: m, ID: claimID, Tenant: id.Tenant, TTLSeconds: clampTTL(req.TTLSeconds), TokenGen: 1, Checkpoint: ckID}
+		// Served within the time this answer waits (a restore of a large
+		// guest may outlast a warm pool's clone default).
+		return fsm.Claim{Meta: m, ID: claimID, Tenant: id.Tenant, TTLSeconds: clampTTL(req.TTLSeconds), TokenGen: 1, Checkpoint: ckID,
+			ServeTimeoutSeconds: min(int64(s.cfg.ClaimWait/time.Second), fsm.MaxServeTimeout)}
 	}, engine.Hooks{}); err != nil {
 		s.metrics.claim(outcomeOf(err), "", time.Since(start))
 		if rej, ok := fsm.AsRejection(err); ok && rej.Code == fsm.NotFound {
@@ -256,8 +259,11 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request, id auth.Iden
 		defer s.unwatch(wt)
 	}
 	_, err = s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
+		// The children fail together when this answer stops waiting for
+		// them: a fork nobody waits for is not worth finishing.
 		return fsm.Fork{Meta: m, Parent: c.ID, Checkpoint: newCheckpointID(), Children: kids, TokenGen: 1,
-			TTLSeconds: clampTTL(req.TTLSeconds), ClaimRefPrefix: req.ClaimRefPrefix, MaxCount: limit}
+			TTLSeconds: clampTTL(req.TTLSeconds), ClaimRefPrefix: req.ClaimRefPrefix, MaxCount: limit,
+			ServeTimeoutSeconds: min(int64(s.cfg.LifecycleWait/time.Second), fsm.MaxServeTimeout)}
 	}, engine.Hooks{})
 	if err != nil {
 		return s.settled(err, c.ID)
