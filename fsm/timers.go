@@ -10,13 +10,15 @@ import (
 type timerKind uint8
 
 const (
-	tServe      timerKind = iota + 1 // a pending claim fails (id = claim)
-	tTTL                             // a live claim's lease expires (id = claim)
-	tIdle                            // a running claim hibernates (id = claim)
-	tGolden                          // a failed golden is retried (id = pool key)
-	tPark                            // parked refills resume (id = pool key, or "*" for the node)
-	tPurge                           // an ended claim is forgotten (id = claim; purge heap only)
-	tCheckpoint                      // a checkpoint's TTL ends (id = checkpoint)
+	tServe  timerKind = iota + 1 // a pending claim fails (id = claim)
+	tTTL                         // a live claim's lease expires (id = claim)
+	tIdle                        // a running claim hibernates (id = claim)
+	tGolden                      // a failed golden is retried (id = pool key)
+	tPark                        // parked refills resume (id = pool key, or "*" for the node)
+	tPurge                       // an ended claim is forgotten (id = claim; purge heap only)
+
+	// A checkpoint's TTL ends (id = checkpoint).
+	tCheckpoint
 )
 
 // timerKey names a timer: at most one per (kind, entity). Pool timers use

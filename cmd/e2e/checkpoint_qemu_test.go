@@ -3,12 +3,14 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 	"github.com/sbxlog/sbxlog/projections/api"
@@ -95,7 +97,7 @@ func TestCheckpointQEMU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("checkpoint %s taken in %v", ck.ID, time.Since(start))
+	t.Logf("checkpoint %s taken in %v; the guest was paused for %v", ck.ID, time.Since(start), pauseWindow(t, ctx, root, ck.ID))
 	// The source runs on, unchanged.
 	if got := sums(src); got != want {
 		t.Fatalf("source after the checkpoint:\n%s\nwant\n%s", got, want)
@@ -162,5 +164,36 @@ func TestCheckpointQEMU(t *testing.T) {
 			t.Fatalf("checkpoint store still holds %d entries", len(ents))
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// pauseWindow reads checkpoint id's pause window from its checkpoint_taken
+// event in the op log (the driver's report).
+func pauseWindow(t *testing.T, ctx context.Context, c *apiclient.Client, id string) time.Duration {
+	t.Helper()
+	st, err := c.Events(ctx, apiclient.EventsOptions{From: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for {
+		ev, err := st.Next()
+		if err != nil {
+			t.Fatalf("events: %v", err)
+		}
+		le, err := ev.LogEvent()
+		if err != nil || le.Type != "checkpoint_taken" || le.Aggregate.ID != id {
+			continue
+		}
+		var p event.CheckpointTaken
+		if err := json.Unmarshal(le.Payload, &p); err != nil || p.Report == nil {
+			t.Fatalf("checkpoint_taken %s: %v", le.Payload, err)
+		}
+		for _, s := range p.Report.Steps {
+			if s.Name == "pause_window" && s.NS > 0 {
+				return time.Duration(s.NS)
+			}
+		}
+		t.Fatalf("no pause window in %+v", p.Report)
 	}
 }

@@ -147,12 +147,13 @@ func delay(ctx context.Context, d int64) error {
 }
 
 var (
-	_ executors.AgentDialer  = (*FakeDriver)(nil)
-	_ executors.Checkpointer = (*FakeDriver)(nil)
-	_ node.Driver            = (*FakeDriver)(nil)
-	_ node.Hypervisor        = (*FakeDriver)(nil)
-	_ reconcile.Driver       = (*FakeDriver)(nil)
+	_ executors.AgentDialer = (*FakeDriver)(nil)
+	_ node.Driver           = (*FakeDriver)(nil)
+	_ node.Hypervisor       = (*FakeDriver)(nil)
+	_ reconcile.Driver      = (*FakeDriver)(nil)
 )
+
+var _ executors.Checkpointer = (*FakeDriver)(nil)
 
 // Name implements node.Hypervisor.
 func (f *FakeDriver) Name() string { return FakeHypervisor }
@@ -294,7 +295,8 @@ func (f *FakeDriver) Calls() map[fsm.IntentKind]int64 {
 	return map[fsm.IntentKind]int64{
 		fsm.KindGolden: f.goldens.Load(), fsm.KindClone: f.clones.Load(),
 		fsm.KindHibernate: f.hibernates.Load(), fsm.KindWake: f.wakes.Load(),
-		fsm.KindDestroy:    f.destroys.Load(),
+		fsm.KindDestroy: f.destroys.Load(),
+		// Checkpoints.
 		fsm.KindCheckpoint: f.checkpoints.Load(), fsm.KindCheckpointDelete: f.ckRemovals.Load(),
 	}
 }
