@@ -59,6 +59,18 @@ type Restarter interface {
 	Restart(ctx context.Context, in fsm.RestartVM) (Result, error)
 }
 
+// Checkpointer is implemented by drivers that capture a claim's VM into a
+// checkpoint (fsm.CaptureCheckpoint: a running VM paused only for its
+// snapshot, a hibernated one exported from its image) and remove one
+// (fsm.RemoveCheckpoint). Both are idempotent under the op id like every
+// Driver method; a failed capture leaves nothing in the store and the VM
+// running (Lost: its VMM died). The dispatch table fails the captures of a
+// driver without it.
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (Result, error)
+	RemoveCheckpoint(ctx context.Context, in fsm.RemoveCheckpoint) (Result, error)
+}
+
 // Result is what a successful Driver call reports.
 type Result struct {
 	// Report goes into the result event: per-step timings and the copy mode.
@@ -92,6 +104,9 @@ var methods = map[fsm.IntentKind]Method{
 	fsm.KindWake:      method(Driver.Wake, 2*time.Minute),
 	fsm.KindDestroy:   method(Driver.Destroy, time.Minute),
 	fsm.KindRestart:   method(restart, 2*time.Minute),
+	// Checkpoints (Checkpointer).
+	fsm.KindCheckpoint:       method(checkpoint, 10*time.Minute),
+	fsm.KindCheckpointDelete: method(removeCheckpoint, time.Minute),
 }
 
 // MethodFor returns the Driver method performing intents of kind k; false
@@ -119,4 +134,22 @@ func restart(d Driver, ctx context.Context, in fsm.RestartVM) (Result, error) {
 		return r.Restart(ctx, in)
 	}
 	return Result{}, Unrecoverablef("restart %s: this hypervisor driver cannot restart VMs", in.VM)
+}
+
+// checkpoint runs a Checkpointer's Checkpoint; a driver without one fails
+// the capture at once (the checkpoint or fork then fails).
+func checkpoint(d Driver, ctx context.Context, in fsm.CaptureCheckpoint) (Result, error) {
+	if c, ok := d.(Checkpointer); ok {
+		return c.Checkpoint(ctx, in)
+	}
+	return Result{}, Unrecoverablef("checkpoint %s: this hypervisor driver cannot capture VMs", in.VM)
+}
+
+// removeCheckpoint runs a Checkpointer's RemoveCheckpoint; a driver without
+// one never made a checkpoint, so there is nothing to remove.
+func removeCheckpoint(d Driver, ctx context.Context, in fsm.RemoveCheckpoint) (Result, error) {
+	if c, ok := d.(Checkpointer); ok {
+		return c.RemoveCheckpoint(ctx, in)
+	}
+	return Result{}, nil
 }

@@ -168,6 +168,9 @@ func (a *applier) apply(p event.Payload) error {
 		if c := s.claims[p.Claim]; c != nil && c.VM == p.VM {
 			v.ID, v.Claim = c.VM, c.ID
 		}
+		if err := a.cloneSource(v, p.Checkpoint); err != nil {
+			return err
+		}
 		s.addVM(v)
 
 	case event.VMCloned:
@@ -175,6 +178,7 @@ func (a *applier) apply(p event.Payload) error {
 		if err != nil {
 			return err
 		}
+		s.cloneSettled(v)
 		v.Op = event.ZeroOpID
 		if v.Claim != "" {
 			s.setVMStatus(v, VMClaimed)
@@ -190,6 +194,7 @@ func (a *applier) apply(p event.Payload) error {
 		if err != nil {
 			return err
 		}
+		s.cloneSettled(v)
 		s.dropVM(v)
 
 	case event.VMDestroyRequested:
@@ -445,6 +450,21 @@ func (a *applier) apply(p event.Payload) error {
 	case event.RelayClosed:
 		return a.relayClosed(p)
 
+	case event.CheckpointRequested:
+		return a.checkpointRequested(p)
+
+	case event.CheckpointTaken:
+		return a.checkpointTaken(p)
+
+	case event.CheckpointFailed:
+		return a.checkpointFailed(p)
+
+	case event.CheckpointDeleteRequested:
+		return a.checkpointDeleteRequested(p)
+
+	case event.CheckpointDeleted:
+		return a.checkpointDeleted(p)
+
 	default:
 		return inconsistent("no state transition for %T", p)
 	}
@@ -551,6 +571,10 @@ func (a *applier) claimCreated(p event.ClaimCreated) error {
 	} else if _, used := s.vms[p.VM]; used {
 		return inconsistent("claim %s: new VM id %s already in use", p.Claim, p.VM)
 	}
+	if err := a.forkChild(c, p.Fork); err != nil {
+		return err
+	}
+	c.FromCheckpoint = p.FromCheckpoint
 	s.addClaim(c)
 	return nil
 }

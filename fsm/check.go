@@ -25,6 +25,8 @@ func (s *State) Check() error {
 	var vmCount [numVMStatus]int
 	live := 0
 	restartingRunning := 0 // running claims whose VM is restarting
+	// Running and hibernated claims whose VM is being checkpointed.
+	var checkpointing [numClaimStatus]int
 	tenantLive := map[string]int{}
 	poolVMs, poolRefill, poolLive := map[PoolKey]int{}, map[PoolKey]int{}, map[PoolKey]int{}
 	// Expected timers are checked in place against the heap's index, and
@@ -98,6 +100,14 @@ func (s *State) Check() error {
 			want = VMRestarting
 			restartingRunning++
 		}
+		if v != nil && (c.Status == ClaimRunning || c.Status == ClaimHibernated) && v.Status == VMCheckpointing {
+			want = VMCheckpointing
+			checkpointing[c.Status]++
+		}
+		if v == nil && s.forkChildWaiting(c) {
+			// A fork's child gets its VM once the fork's checkpoint is taken.
+			continue
+		}
 		if v == nil || v.Status != want || v.Claim != id {
 			fail("claim %s (%s): VM %s is not %s for it", id, c.Status, c.VM, want)
 		}
@@ -106,7 +116,8 @@ func (s *State) Check() error {
 	// (hibernated) with v.Claim naming it, which maps those claims one to
 	// one into such VMs; equal counts make it onto, so no claimed or
 	// hibernated VM is without its claim.
-	if claimCount[ClaimRunning] != vmCount[VMClaimed]+restartingRunning || claimCount[ClaimHibernated] != vmCount[VMHibernated] {
+	if claimCount[ClaimRunning] != vmCount[VMClaimed]+restartingRunning+checkpointing[ClaimRunning] ||
+		claimCount[ClaimHibernated] != vmCount[VMHibernated]+checkpointing[ClaimHibernated] {
 		fail("%d running claims for %d claimed VMs (and %d restarting), %d hibernated claims for %d hibernated VMs",
 			claimCount[ClaimRunning], vmCount[VMClaimed], restartingRunning, claimCount[ClaimHibernated], vmCount[VMHibernated])
 	}
@@ -191,6 +202,7 @@ func (s *State) Check() error {
 	s.checkTenants(fail)
 	s.checkRelays(fail)
 	s.checkEgress(fail)
+	nTimers += s.checkCheckpoints(fail, checkTimer)
 	checkHeap("timers", &s.timers, nTimers)
 	checkHeap("purge", &s.purge, nPurge)
 	return errors.Join(errs...)

@@ -80,6 +80,9 @@ type Claim struct {
 	NoEgress bool
 	// Env is the claim's env, values sealed by the caller.
 	Env []egress.EnvEntry
+	// Checkpoint, when set, branches the claim from that checkpoint (POST
+	// /v1/checkpoints/{id}/claim): its key replaces Key.
+	Checkpoint string
 }
 
 // Refill requests clones to bring pool Key (every pool short of its target

@@ -272,6 +272,17 @@ func (c ConfigureLimits) decide(d *decider) error {
 
 // --- claims ------------------------------------------------------------------
 
+// serveSeconds is a pending claim's serve timeout: 0 means the default.
+func serveSeconds(serve int64) (int64, error) {
+	switch {
+	case serve < 0 || serve > MaxServeTimeout:
+		return 0, reject(Invalid, "serve timeout %d s out of [0, %d]", serve, MaxServeTimeout)
+	case serve == 0:
+		return DefaultServeTimeoutSeconds, nil
+	}
+	return serve, nil
+}
+
 func (c Claim) decide(d *decider) error {
 	s := d.s
 	if !ValidClaimID(c.ID) {
@@ -279,6 +290,15 @@ func (c Claim) decide(d *decider) error {
 	}
 	if _, used := s.claims[c.ID]; used {
 		return reject(Invalid, "claim id %s is already in use", c.ID)
+	}
+	var ck *CheckpointRec
+	if c.Checkpoint != "" {
+		// A claim from a checkpoint: the checkpoint's key applies.
+		var err error
+		if ck, err = d.claimableCheckpoint(c.Checkpoint); err != nil {
+			return err
+		}
+		c.Key = ck.Key
 	}
 	// A pool's key was validated when it was configured (or claimed); only
 	// a key without a pool record needs the (regexp) check.
@@ -301,12 +321,9 @@ func (c Claim) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
-	serve := c.ServeTimeoutSeconds
-	switch {
-	case serve < 0 || serve > MaxServeTimeout:
-		return reject(Invalid, "serve timeout %d s out of [0, %d]", serve, MaxServeTimeout)
-	case serve == 0:
-		serve = DefaultServeTimeoutSeconds
+	serve, err := serveSeconds(c.ServeTimeoutSeconds)
+	if err != nil {
+		return err
 	}
 	if s.draining {
 		return reject(TooMany, DrainingMsg)
@@ -346,7 +363,7 @@ func (c Claim) decide(d *decider) error {
 	// the claim is served from the key's golden if one is ready, else by a
 	// cold boot of the template, which fails when there is no such
 	// template. Apply keeps such claims under a draining pool record.
-	if n := len(p.warmStack()); n > 0 {
+	if n := len(p.warmStack()); n > 0 && ck == nil {
 		ev.Tier, ev.VM = TierWarm.String(), p.warm[n-1]
 		d.emit(ev, c.ID)
 		return nil
@@ -355,10 +372,16 @@ func (c Claim) decide(d *decider) error {
 		return err
 	}
 	tier := TierCold
-	if g := s.goldens[c.Key]; g != nil && g.Status == GoldenReady {
+	if g := s.goldens[c.Key]; g != nil && g.Status == GoldenReady || ck != nil {
 		tier = TierClone
 	}
 	ev.Tier, ev.VM = tier.String(), d.newVMID()
+	if ck != nil {
+		ev.FromCheckpoint = ck.ID
+		d.emit(ev, c.ID)
+		d.cloneRequestFrom(ev.VM, c.Key, c.ID, ck.ID)
+		return nil
+	}
 	d.emit(ev, c.ID)
 	d.cloneRequest(ev.VM, c.Key, c.ID, tier == TierCold)
 	return nil
@@ -497,10 +520,19 @@ func (Tick) decide(d *decider) error {
 	for _, t := range due {
 		c := s.claims[t.key.id]
 		switch {
-		case c == nil:
+		case c == nil || ended[c.ID]:
 			continue
 		case t.key.kind == tServe && c.Status == ClaimPending:
 			d.emit(event.ClaimFailed{Claim: c.ID, VM: c.VM, Reason: "deadline", Error: "not served before its serve deadline"}, c.ID)
+			if c.Fork != "" {
+				// A fork's children live or fail together.
+				if ended == nil {
+					ended = map[string]bool{}
+				}
+				for _, id := range d.failFork(c.Fork, c.ID, "a sibling was not served before its serve deadline") {
+					ended[id] = true
+				}
+			}
 		case t.key.kind == tTTL && c.Status.Live() && c.Status != ClaimPending:
 			d.closeRelays(c.ID, "expired")
 			d.emit(event.ClaimExpired{Claim: c.ID, VM: c.VM}, c.ID)
@@ -540,6 +572,8 @@ func (Tick) decide(d *decider) error {
 				k = &pk
 			}
 			d.emit(event.PoolUnparked{Key: k}, event.ParkAggID(k))
+		case tCheckpoint:
+			d.expireCheckpoint(t.key.id)
 		}
 	}
 	return nil
@@ -623,6 +657,7 @@ func (c VMCloned) decide(d *decider) error {
 		return err
 	}
 	d.emit(event.VMCloned{VM: v.ID, Report: c.Report}, v.ID)
+	d.clonedFrom(v)
 	if v.Claim != "" {
 		if cl := d.claimWaiting(v, ClaimPending); cl != nil {
 			d.emit(event.ClaimServed{Claim: cl.ID, VM: v.ID}, cl.ID)
@@ -646,6 +681,7 @@ func (c VMCloneFailed) decide(d *decider) error {
 		return err
 	}
 	d.emit(event.VMCloneFailed{VM: v.ID, Error: errText(c.Error)}, v.ID)
+	d.clonedFrom(v)
 	if v.Claim != "" {
 		if cl := d.claimWaiting(v, ClaimPending); cl != nil {
 			reason := "clone_failed"
@@ -653,6 +689,9 @@ func (c VMCloneFailed) decide(d *decider) error {
 				reason = "cold_boot_failed"
 			}
 			d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: reason, Error: errText(c.Error)}, cl.ID)
+			if cl.Fork != "" {
+				d.failFork(cl.Fork, cl.ID, "a sibling's clone failed: "+c.Error)
+			}
 		}
 		return nil
 	}

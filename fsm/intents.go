@@ -47,6 +47,9 @@ const (
 	KindWake      IntentKind = "wake"
 	KindDestroy   IntentKind = "destroy"
 	KindRestart   IntentKind = "restart"
+	// Checkpoints (checkpoint.go): capture a VM, remove a checkpoint.
+	KindCheckpoint       IntentKind = "checkpoint"
+	KindCheckpointDelete IntentKind = "checkpoint_delete"
 )
 
 // Outcome is what a side effect that succeeded reports into its result
@@ -98,7 +101,8 @@ func (i BuildGolden) Failed(m Meta, msg string, _ bool) Command {
 	return GoldenFailed{Meta: m, Key: i.Key, Error: msg}
 }
 
-// CloneVM: create VM from Key's golden (GoldenDir), or by a cold boot of the
+// CloneVM: create VM from Key's golden or a checkpoint of a VM of Key
+// (GoldenDir, the snapshot to restore either way), or by a cold boot of the
 // template when Cold. ForClaim names the pending claim it serves (empty for a
 // refill). RunDir is relative to the runs root and led by Instance.
 type CloneVM struct {
@@ -252,6 +256,9 @@ func Intents(s *State) []Intent {
 	for k := range s.pendingGoldens { //fsm:unordered sorted below
 		out = append(out, s.goldenIntent(s.goldens[k]))
 	}
+	for id := range s.pendingCks { //fsm:unordered sorted below
+		out = append(out, s.checkpointIntent(s.checkpoints[id]))
+	}
 	sortIntents(out)
 	return out
 }
@@ -312,6 +319,12 @@ func (s *State) requested(agg string, op event.OpID) Intent {
 		}
 		return s.vmIntent(v)
 	}
+	if ck := s.checkpoints[agg]; ck != nil {
+		if _, pending := s.pendingCks[agg]; !pending || ck.Op != op {
+			return nil
+		}
+		return s.checkpointIntent(ck)
+	}
 	k, err := event.ParsePoolKey(agg)
 	if err != nil {
 		return nil
@@ -342,6 +355,10 @@ var vmIntents = [numVMStatus]func(s *State, v *VMRec) Intent{
 		in := CloneVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ForClaim: v.Claim, Cold: v.Cold, ReqSeq: v.ReqSeq}
 		if g := s.goldens[v.Key]; g != nil && !v.Cold {
 			in.GoldenDir = g.SnapshotDir
+		}
+		if ck := s.checkpoints[v.SourceCk]; ck != nil {
+			// A clone from a checkpoint: the same recipe from its snapshot.
+			in.GoldenDir = ck.SnapshotDir
 		}
 		if p := s.pools[v.Key]; p != nil && !p.Draining {
 			in.Pooled = true

@@ -43,6 +43,12 @@ func TestIntentMethods(t *testing.T) {
 		{RestartVM{OpID: op, VM: "vm-6", Claim: claimID(6)}, KindRestart, "vm-6", false,
 			VMRestarted{Meta: m, VM: "vm-6", Report: rep},
 			VMRestartFailed{Meta: m, VM: "vm-6", Error: "boom"}},
+		{CaptureCheckpoint{OpID: op, Checkpoint: "ck_7", VM: "vm-7", Claim: claimID(7)}, KindCheckpoint, "ck_7", false,
+			CheckpointTaken{Meta: m, Checkpoint: "ck_7", SnapshotDir: out.SnapshotDir, Report: rep},
+			CheckpointFailed{Meta: m, Checkpoint: "ck_7", Error: "boom", Lost: true}},
+		{RemoveCheckpoint{OpID: op, Checkpoint: "ck_8", SnapshotDir: "checkpoint/ck_8"}, KindCheckpointDelete, "ck_8", false,
+			CheckpointRemoved{Meta: m, Checkpoint: "ck_8", Report: rep},
+			nil},
 	}
 	for _, c := range cases {
 		t.Run(string(c.kind)+"/"+c.subject, func(t *testing.T) {

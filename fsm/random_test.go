@@ -377,6 +377,17 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 				return fmt.Errorf("intent %+v: golden is %+v", in, g)
 			}
 			continue
+		case fsm.CaptureCheckpoint:
+			ck, ok := s.Checkpoint(in.Checkpoint)
+			if v, _ := s.VM(in.VM); !ok || ck.Status != fsm.CheckpointTaking || ck.Op != in.OpID || v.Status != fsm.VMCheckpointing {
+				return fmt.Errorf("intent %+v: checkpoint is %+v, VM %s", in, ck, v.Status)
+			}
+			continue
+		case fsm.RemoveCheckpoint:
+			if ck, ok := s.Checkpoint(in.Checkpoint); !ok || ck.Status != fsm.CheckpointDeleting || ck.Op != in.OpID || ck.SnapshotDir == "" {
+				return fmt.Errorf("intent %+v: checkpoint is %+v", in, ck)
+			}
+			continue
 		}
 		v, ok := s.VM(vm)
 		if !ok || v.Status != want || v.Op != in.IntentOp() {

@@ -25,6 +25,8 @@ type State struct {
 	classesAPI bool
 	draining   bool
 	relays     map[string]*RelayRec // open relays by id
+	// checkpoints by id (checkpoint.go).
+	checkpoints map[string]*CheckpointRec
 	// applied counts events applied so far; it orders intents (ReqSeq).
 	applied uint64
 
@@ -33,6 +35,7 @@ type State struct {
 	purge          timerHeap // forgetting ended claims
 	pendingVMs     map[string]struct{}
 	pendingGoldens map[PoolKey]struct{}
+	pendingCks     map[string]struct{} // checkpoints being taken or deleted
 	needRefill     map[PoolKey]struct{}
 	claimCount     [numClaimStatus]int
 	vmCount        [numVMStatus]int
@@ -53,6 +56,8 @@ func New() *State {
 		relaysOf:       map[string][]string{},
 		pendingVMs:     map[string]struct{}{},
 		pendingGoldens: map[PoolKey]struct{}{},
+		pendingCks:     map[string]struct{}{},
+		checkpoints:    map[string]*CheckpointRec{},
 		needRefill:     map[PoolKey]struct{}{},
 		tenantLive:     map[string]int{},
 		tenants:        map[string]*TenantRec{},

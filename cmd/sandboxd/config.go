@@ -103,6 +103,12 @@ type Config struct {
 	// Dashboard serves the web dashboard at / (default true); false turns
 	// it off (/ and /dashboard/{file} are then 404).
 	Dashboard *bool `json:"dashboard,omitempty"`
+	// CheckpointTTLHours deletes a checkpoint that long after it is taken
+	// (the old daemon's checkpoint_ttl_hours; 0 keeps it until deleted).
+	CheckpointTTLHours int `json:"checkpoint_ttl_hours,omitempty"`
+	// MaxForkCount bounds a fork's children (the old max_fork_count;
+	// default 16).
+	MaxForkCount int `json:"max_fork_count,omitempty"`
 	// LogLevel: debug, info, warn, error.
 	LogLevel string `json:"log_level,omitempty"`
 	// VMRestart is the policy for claimed VMs whose VMM dies: cold restarts
@@ -441,6 +447,12 @@ func (c *Config) finish() error {
 	}
 	if _, err := c.EgressProxy.ports(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.CheckpointTTLHours < 0 {
+		errs = append(errs, fmt.Errorf("checkpoint_ttl_hours must not be negative, got %d", c.CheckpointTTLHours))
+	}
+	if c.MaxForkCount < 0 {
+		errs = append(errs, fmt.Errorf("max_fork_count must be at least 1, got %d", c.MaxForkCount))
 	}
 	switch c.MetricsAuth {
 	case "", api.MetricsAuthRoot, api.MetricsAuthNone:

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -63,7 +64,8 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 		RootToken: rootToken, Tenants: cfg.Tenants, MaxClaims: cfg.MaxClaims, Pools: pools,
 		RestartPolicy: cfg.restartPolicy(), Concurrency: cfg.RefillConcurrency,
 		ReadHeaderTimeout: ms(cfg.HTTP.ReadHeaderTimeoutMS), IdleTimeout: ms(cfg.HTTP.IdleTimeoutMS),
-		API:           api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth, NoDashboard: cfg.noDashboard()},
+		API: api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth, NoDashboard: cfg.noDashboard(),
+			CheckpointTTL: time.Duration(cfg.CheckpointTTLHours) * time.Hour, MaxForkCount: cfg.MaxForkCount},
 		Egress:        cfg.egressConfig(),
 		PreviewListen: cfg.PreviewListen,
 		DataPlane: api.DataPlane{

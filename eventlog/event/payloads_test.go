@@ -63,6 +63,12 @@ func samplePayloads() []Payload {
 		ClaimEnvChanged{Claim: "sb_00112233445566ff", Set: sampleEnv(), Remove: []string{"OLD"}},
 		EgressUsage{Claim: "sb_00112233445566ff", Key: &key, Tenant: "acme", FromNS: 1_790_000_000_000_000_000, ToNS: 1_790_000_060_000_000_000,
 			Tx: 5120, Rx: 1_048_576, Allowed: 12, Denied: 2, Final: true},
+		CheckpointRequested{Checkpoint: "ck_0011223344556677", Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Key: key, Tenant: "acme",
+			Name: "before-migrate", Source: "hibernate/vm-0011223344556677-01J0000000000000000000000", Fork: true, ExpiresNS: 1_790_086_400_000_000_000},
+		CheckpointTaken{Checkpoint: "ck_0011223344556677", SnapshotDir: "checkpoint/ck_0011223344556677", Report: rep},
+		CheckpointFailed{Checkpoint: "ck_0011223344556677", Error: "vm.snapshot: 500", Lost: true},
+		CheckpointDeleteRequested{Checkpoint: "ck_0011223344556677", Reason: "expired"},
+		CheckpointDeleted{Checkpoint: "ck_0011223344556677", Report: rep},
 	}
 }
 

@@ -82,6 +82,15 @@ const (
 	TypeEgressClassRemoved Type = 39
 	TypeClaimEnvChanged    Type = 40
 	TypeEgressUsage        Type = 41
+
+	// Checkpoints: a claim's memory and disk captured into the store under
+	// an id (a fork's children are cloned from one), claimable, and
+	// deleted once nothing clones from them.
+	TypeCheckpointRequested       Type = 42
+	TypeCheckpointTaken           Type = 43
+	TypeCheckpointFailed          Type = 44
+	TypeCheckpointDeleteRequested Type = 45
+	TypeCheckpointDeleted         Type = 46
 )
 
 // AggKind is the kind of aggregate an event belongs to.
@@ -97,6 +106,9 @@ const (
 	AggClaim   AggKind = 5
 	AggTenant  AggKind = 6
 	AggEgress  AggKind = 7 // an egress class
+
+	// A checkpoint (fsm/checkpoint.go).
+	AggCheckpoint AggKind = 8
 )
 
 type typeInfo struct {
@@ -149,6 +161,13 @@ var typeInfos = map[Type]typeInfo{
 	TypeEgressClassRemoved:   {"egress_class_removed", 1, AggEgress},
 	TypeClaimEnvChanged:      {"claim_env_changed", 1, AggClaim},
 	TypeEgressUsage:          {"egress_usage", 1, AggClaim},
+
+	// Checkpoints.
+	TypeCheckpointRequested:       {"checkpoint_requested", 1, AggCheckpoint},
+	TypeCheckpointTaken:           {"checkpoint_taken", 1, AggCheckpoint},
+	TypeCheckpointFailed:          {"checkpoint_failed", 1, AggCheckpoint},
+	TypeCheckpointDeleteRequested: {"checkpoint_delete_requested", 1, AggCheckpoint},
+	TypeCheckpointDeleted:         {"checkpoint_deleted", 1, AggCheckpoint},
 }
 
 // Known reports whether this build can read events of type t.
@@ -188,7 +207,7 @@ func Types() []Type {
 	return out
 }
 
-var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant", AggEgress: "egress"}
+var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant", AggEgress: "egress", AggCheckpoint: "checkpoint"}
 
 // String returns the aggregate kind's stable name.
 func (k AggKind) String() string {

@@ -88,7 +88,7 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 			d.dropEgress(ctx, in.VM)
 			return executors.Result{}, executors.Unrecoverablef("clone %s: no golden to clone from", in.VM)
 		}
-		golden, gerr := d.roots.SnapshotIn(layout.GoldenStore, in.GoldenDir)
+		golden, gerr := d.roots.CloneSource(in.GoldenDir)
 		if gerr != nil {
 			d.dropEgress(ctx, in.VM)
 			return executors.Result{}, gerr

@@ -168,6 +168,7 @@ func validateName(name string) error {
 const (
 	sourceGolden    = "golden"
 	sourceHibernate = "hibernate"
+	// sourceCheckpoint: checkpoint.go.
 )
 
 // MetaFormat is the version of meta.json this package writes and reads.
@@ -176,7 +177,7 @@ const MetaFormat = 1
 // Meta is a snapshot's meta.json: what a restore needs to start a matching machine.
 type Meta struct {
 	Format      int    `json:"format"`
-	Source      string `json:"source"` // sourceGolden or sourceHibernate
+	Source      string `json:"source"` // sourceGolden, sourceHibernate or sourceCheckpoint
 	QEMUVersion string `json:"qemu_version"`
 	Machine     string `json:"machine"`
 	Accel       Accel  `json:"accel"`

@@ -60,6 +60,12 @@ func (f *fakeDriver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result,
 func (f *fakeDriver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
 	return f.do(ctx, in)
 }
+func (f *fakeDriver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) RemoveCheckpoint(ctx context.Context, in fsm.RemoveCheckpoint) (executors.Result, error) {
+	return f.do(ctx, in)
+}
 
 func (f *fakeDriver) callCount() int {
 	f.mu.Lock()
@@ -236,6 +242,9 @@ func TestSchedulerResultCommands(t *testing.T) {
 		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, nil, "fsm.WakeDone", ""},
 		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, executors.Unrecoverablef("bad"), "fsm.WakeFailed", "bad"},
 		{fsm.DestroyVM{OpID: nextOp(), VM: "vm-d"}, nil, "fsm.VMDestroyed", ""},
+		{fsm.CaptureCheckpoint{OpID: nextOp(), VM: "vm-k", Checkpoint: "ck_k"}, nil, "fsm.CheckpointTaken", ""},
+		{fsm.CaptureCheckpoint{OpID: nextOp(), VM: "vm-k", Checkpoint: "ck_k"}, &executors.Unrecoverable{Err: lost, Lost: true}, "fsm.CheckpointFailed lost", "gone"},
+		{fsm.RemoveCheckpoint{OpID: nextOp(), Checkpoint: "ck_k"}, nil, "fsm.CheckpointRemoved", ""},
 	}
 	for _, c := range cases {
 		d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
@@ -262,6 +271,15 @@ func TestSchedulerResultCommands(t *testing.T) {
 		case fsm.HibernateDone:
 			if x.SnapshotDir != "hibernate/x" {
 				t.Errorf("HibernateDone snapshot dir %q", x.SnapshotDir)
+			}
+		case fsm.CheckpointTaken:
+			if x.SnapshotDir != "hibernate/x" || x.Checkpoint != "ck_k" {
+				t.Errorf("CheckpointTaken %+v", x)
+			}
+		case fsm.CheckpointFailed:
+			msg = x.Error
+			if x.Lost {
+				got += " lost"
 			}
 		}
 		if got != c.want || !strings.Contains(msg, c.wantErr) {

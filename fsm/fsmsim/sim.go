@@ -117,6 +117,8 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 		return fsm.Uncordon{Meta: s.meta()}
 	case x >= 970:
 		return s.egress(st)
+	case x >= 900:
+		return s.checkpoint(st)
 	}
 	r := s.rng.intn(1000)
 	switch {
@@ -398,6 +400,13 @@ func (s *Sim) result(st *fsm.State) fsm.Command {
 			return fsm.VMRestartFailed{Meta: m, VM: in.VM, Error: "vm.boot: 500"}
 		}
 		return fsm.VMRestarted{Meta: m, VM: in.VM, Report: rep}
+	case fsm.CaptureCheckpoint:
+		if fail {
+			return fsm.CheckpointFailed{Meta: m, Checkpoint: in.Checkpoint, Error: "vm.snapshot: 500", Lost: s.rng.intn(3) == 0}
+		}
+		return fsm.CheckpointTaken{Meta: m, Checkpoint: in.Checkpoint, SnapshotDir: "checkpoint/" + in.Checkpoint, Report: rep}
+	case fsm.RemoveCheckpoint:
+		return fsm.CheckpointRemoved{Meta: m, Checkpoint: in.Checkpoint}
 	}
 	return nil
 }

@@ -62,6 +62,16 @@ var successStatus = map[string]int{
 	"DELETE /v1/egress/classes/{name}":  http.StatusNoContent,
 	"POST /v1/sandboxes/{id}/exec":      http.StatusOK,
 	"POST /v1/sandboxes/{id}/preview":   http.StatusOK,
+
+	// Checkpoints.
+	"POST /v1/sandboxes/{id}/checkpoint": http.StatusOK,
+	"POST /v1/sandboxes/{id}/fork":       http.StatusOK,
+	"GET /v1/checkpoints":                http.StatusOK,
+	// The matrix's {id} is a sandbox's, which names no checkpoint: the
+	// allowed callers get the old daemon's unknown checkpoint (their
+	// successes are TestCheckpointRoutes').
+	"DELETE /v1/checkpoints/{id}":     http.StatusNotFound,
+	"POST /v1/checkpoints/{id}/claim": http.StatusNotFound,
 }
 
 // routeBody is a valid body per route, so that a denied request is denied
@@ -80,6 +90,9 @@ var routeBody = map[string]string{
 	"PATCH /v1/sandboxes/{id}/env":    `{"env":{"A":null}}`,
 	"POST /v1/sandboxes/{id}/exec":    `{"argv":["true"]}`,
 	"POST /v1/sandboxes/{id}/preview": `{"port":80}`,
+
+	// Checkpoints.
+	"POST /v1/sandboxes/{id}/fork": `{"count":1}`,
 }
 
 // matrixTenant is the tenant the matrix puts in place of {name}.

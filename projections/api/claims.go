@@ -32,6 +32,9 @@ type ClaimResponse struct {
 	Size     string `json:"size"`
 	Tier     string `json:"tier"`
 	VM       string `json:"vm"`
+	// FromCheckpoint: the checkpoint a claim was branched from (POST
+	// /v1/checkpoints/{id}/claim), the lineage edge of a checkpoint tree.
+	FromCheckpoint string `json:"from_checkpoint,omitempty"`
 	// Redirect, in a redirect answer only (which has no other field),
 	// lists nodes with warm capacity for the pool: the client claims
 	// there, with no_redirect.
@@ -225,13 +228,19 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		}
 		return err
 	}
-	// Not answered from Durable (a warm claim behind an Engine that never
-	// calls it, or a claim still pending): answer from the state. A pending
-	// claim waits for its outcome first. Either way the answer waits for
-	// the log to be durable (with synchronous replication: acknowledged by
-	// JetStream) up to the state it reports: a claim served while
-	// ProposeNew returned may still be in its fsync.
-	if c, _ = s.claim(claimID); c.Status == fsm.ClaimPending {
+	return s.answerClaim(w, r, claimID, served, start)
+}
+
+// answerClaim answers a claim proposed and not answered from Durable (a
+// warm claim behind an Engine that never calls it, or a claim still
+// pending): from the state. A pending claim waits for its outcome (served,
+// the channel of s.wait) first. Either way the answer waits for the log to
+// be durable (with synchronous replication: acknowledged by JetStream) up to
+// the state it reports: a claim served while ProposeNew returned may still
+// be in its fsync.
+func (s *Server) answerClaim(w http.ResponseWriter, r *http.Request, claimID string, served <-chan struct{}, start time.Time) error {
+	c, _ := s.claim(claimID)
+	if c.Status == fsm.ClaimPending {
 		ctx, cancel := s.waitContext(r.Context(), s.cfg.ClaimWait)
 		defer cancel()
 		select {
@@ -239,7 +248,8 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		case <-ctx.Done():
 		}
 	}
-	if c, _, _, err = s.durableState(r.Context(), claimID); err != nil {
+	c, _, _, err := s.durableState(r.Context(), claimID)
+	if err != nil {
 		return err
 	}
 	switch {
@@ -287,6 +297,7 @@ func (s *Server) claimResponse(id string, c *fsm.ClaimRec) ClaimResponse {
 		ID: id, Token: s.auth.SandboxToken(id, tokenGenOf(c)),
 		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, NetRoute: s.netRoute(id, c),
 		Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size, Tier: c.Tier.String(), VM: c.VM,
+		FromCheckpoint: c.FromCheckpoint,
 	}
 }
 

@@ -100,6 +100,12 @@ type Config struct {
 	// NoDashboard turns the dashboard off: / and /dashboard/{file} are
 	// then not routes (404), as on a node without one.
 	NoDashboard bool
+	// CheckpointTTL deletes a checkpoint that long after it is taken (the
+	// old checkpoint_ttl_hours); 0 keeps it until deleted.
+	CheckpointTTL time.Duration
+	// MaxForkCount bounds a fork's children (default
+	// fsm.DefaultMaxForkCount, the old max_fork_count).
+	MaxForkCount int
 }
 
 // DefaultLifecycleWait is Config.LifecycleWait's default: far beyond a
@@ -294,6 +300,11 @@ func (s *Server) register() {
 	add("GET", "/v1/egress/classes", "root", s.handleGetEgressClasses, root, tenant)
 	add("PUT", "/v1/egress/classes/{name}", "root", s.handlePutEgressClass, root, tenant)
 	add("DELETE", "/v1/egress/classes/{name}", "root", s.handleDeleteEgressClass, root, tenant)
+	add("POST", "/v1/sandboxes/{id}/checkpoint", "root|tenant", s.handleCheckpoint, root, tenant)
+	add("POST", "/v1/sandboxes/{id}/fork", "root|tenant", s.handleFork, root, tenant)
+	add("GET", "/v1/checkpoints", "root|tenant", s.handleCheckpoints, root, tenant)
+	add("DELETE", "/v1/checkpoints/{id}", "root|tenant", s.handleDeleteCheckpoint, root, tenant)
+	add("POST", "/v1/checkpoints/{id}/claim", "root|tenant", s.handleCheckpointClaim, root, tenant)
 	add("POST", "/v1/drain", "root", s.handleDrain, root, tenant)
 	add("DELETE", "/v1/drain", "root", s.handleUncordon, root, tenant)
 

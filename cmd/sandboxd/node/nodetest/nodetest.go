@@ -57,6 +57,10 @@ const FakeHypervisor = "in-process-fake"
 // run dir.
 type FakeDriver struct {
 	goldens, clones, hibernates, wakes, destroys atomic.Int64
+	checkpoints, ckRemovals                      atomic.Int64
+	// FailCheckpoints makes every capture fail for good, the VM still
+	// running.
+	FailCheckpoints atomic.Bool
 	// FailClones makes every clone fail for good (an unrecoverable error).
 	FailClones atomic.Bool
 	// FailHibernates and FailWakes make every hibernate and wake fail for
@@ -148,6 +152,8 @@ var (
 	_ node.Hypervisor       = (*FakeDriver)(nil)
 	_ reconcile.Driver      = (*FakeDriver)(nil)
 )
+
+var _ executors.Checkpointer = (*FakeDriver)(nil)
 
 // Name implements node.Hypervisor.
 func (f *FakeDriver) Name() string { return FakeHypervisor }
@@ -262,12 +268,36 @@ func (f *FakeDriver) Destroy(ctx context.Context, _ fsm.DestroyVM) (executors.Re
 	return executors.Result{}, nil
 }
 
+// Checkpoint implements executors.Checkpointer: the checkpoint "exists" at
+// once, named as the real drivers name it.
+func (f *FakeDriver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (executors.Result, error) {
+	if err := f.held(ctx); err != nil {
+		return executors.Result{}, err
+	}
+	f.checkpoints.Add(1)
+	if f.FailCheckpoints.Load() {
+		return executors.Result{}, executors.Unrecoverablef("%s", ErrFakeFailure)
+	}
+	return executors.Result{SnapshotDir: layout.CheckpointRel(in.Checkpoint)}, nil
+}
+
+// RemoveCheckpoint implements executors.Checkpointer.
+func (f *FakeDriver) RemoveCheckpoint(ctx context.Context, _ fsm.RemoveCheckpoint) (executors.Result, error) {
+	if err := f.held(ctx); err != nil {
+		return executors.Result{}, err
+	}
+	f.ckRemovals.Add(1)
+	return executors.Result{}, nil
+}
+
 // Calls returns how many calls of each kind the fake answered.
 func (f *FakeDriver) Calls() map[fsm.IntentKind]int64 {
 	return map[fsm.IntentKind]int64{
 		fsm.KindGolden: f.goldens.Load(), fsm.KindClone: f.clones.Load(),
 		fsm.KindHibernate: f.hibernates.Load(), fsm.KindWake: f.wakes.Load(),
 		fsm.KindDestroy: f.destroys.Load(),
+		// Checkpoints.
+		fsm.KindCheckpoint: f.checkpoints.Load(), fsm.KindCheckpointDelete: f.ckRemovals.Load(),
 	}
 }
 
