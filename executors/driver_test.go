@@ -23,6 +23,10 @@ func (r *recorder) Hibernate(context.Context, fsm.HibernateVM) (Result, error) {
 func (r *recorder) Wake(context.Context, fsm.WakeVM) (Result, error)       { return r.note("Wake") }
 func (r *recorder) Destroy(context.Context, fsm.DestroyVM) (Result, error) { return r.note("Destroy") }
 func (r *recorder) Restart(context.Context, fsm.RestartVM) (Result, error) { return r.note("Restart") }
+func (r *recorder) Promote(context.Context, fsm.PromoteVM) (Result, error) { return r.note("Promote") }
+func (r *recorder) CollectSnapshot(context.Context, fsm.CollectSnapshot) (Result, error) {
+	return r.note("CollectSnapshot")
+}
 
 // plain is a Driver without Restart.
 type plain struct{ recorder }
@@ -43,6 +47,8 @@ func TestDispatchTable(t *testing.T) {
 		{fsm.WakeVM{OpID: op, VM: "vm-1"}, "Wake"},
 		{fsm.DestroyVM{OpID: op, VM: "vm-1"}, "Destroy"},
 		{fsm.RestartVM{OpID: op, VM: "vm-1"}, "Restart"},
+		{fsm.PromoteVM{OpID: op, VM: "vm-1"}, "Promote"},
+		{fsm.CollectSnapshot{OpID: op, Dir: "golden/x"}, "CollectSnapshot"},
 	}
 	for _, c := range cases {
 		t.Run(string(c.in.Kind()), func(t *testing.T) {

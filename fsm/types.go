@@ -95,14 +95,20 @@ const (
 	// its own disk; its claim stays running. Appended after the others so
 	// that no status changes its number.
 	VMRestarting
+	// VMPromoting: the VM of a running or hibernated claim is being
+	// snapshotted into a promoted template (templates.go); its claim keeps
+	// its status.
+	VMPromoting
 	numVMStatus
 )
 
-var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed", "restarting"}
+var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed", "restarting", "promoting"}
 
 // inState reports whether VMs of status v are kept in State (gone and
 // failed ones are not).
-func (v VMStatus) inState() bool { return v >= VMCloning && v < VMGone || v == VMRestarting }
+func (v VMStatus) inState() bool {
+	return v >= VMCloning && v < VMGone || v == VMRestarting || v == VMPromoting
+}
 
 func (v VMStatus) String() string { return enumName(vmNames[:], int(v)) }
 
@@ -228,7 +234,10 @@ type VMRec struct {
 	// ReqSeq orders intents: the state's event count when it was requested.
 	ReqSeq      uint64
 	SnapshotDir string
-	Created     int64
+	// Maps is the store dir whose memory-ranges the VM's VMM maps (the
+	// golden it was cloned from), until the VMM is gone (store.go).
+	Maps    string
+	Created int64
 	// Restarts are the times of the VM's most recent restart requests,
 	// oldest first, at most MaxRestartHistory (read-only).
 	Restarts []int64

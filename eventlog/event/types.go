@@ -188,7 +188,7 @@ func Types() []Type {
 	return out
 }
 
-var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant", AggEgress: "egress"}
+var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant", AggEgress: "egress", AggStore: "store"}
 
 // String returns the aggregate kind's stable name.
 func (k AggKind) String() string {

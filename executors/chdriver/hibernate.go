@@ -196,6 +196,7 @@ func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final 
 	}
 	if err := r.step(StepWriteMeta, func() error {
 		m.CreatedNS = d.now().UnixNano()
+		m.Instance = d.instance
 		m.CopyMode = mode
 		m.Hypervisor = d.hv
 		data, err := buildMeta(tmp, m)

@@ -222,6 +222,7 @@ func (q *Recipes) snapshot(ctx context.Context, c *qmp.Client, spec Spec, name s
 	t.mark(StepClone)
 
 	m.Created = q.now().UTC()
+	m.Instance = q.instance
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err

@@ -168,6 +168,7 @@ func validateName(name string) error {
 const (
 	sourceGolden    = "golden"
 	sourceHibernate = "hibernate"
+	sourcePromote   = "promote"
 )
 
 // MetaFormat is the version of meta.json this package writes and reads.
@@ -175,8 +176,11 @@ const MetaFormat = 1
 
 // Meta is a snapshot's meta.json: what a restore needs to start a matching machine.
 type Meta struct {
-	Format      int    `json:"format"`
-	Source      string `json:"source"` // sourceGolden or sourceHibernate
+	Format int    `json:"format"`
+	Source string `json:"source"` // sourceGolden, sourceHibernate or sourcePromote
+	// Instance is the sandboxd instance that made the snapshot
+	// (layout.ReadOwner).
+	Instance    string `json:"instance,omitempty"`
 	QEMUVersion string `json:"qemu_version"`
 	Machine     string `json:"machine"`
 	Accel       Accel  `json:"accel"`

@@ -57,6 +57,12 @@ func (f *fakeDriver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executo
 func (f *fakeDriver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, error) {
 	return f.do(ctx, in)
 }
+func (f *fakeDriver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) CollectSnapshot(ctx context.Context, in fsm.CollectSnapshot) (executors.Result, error) {
+	return f.do(ctx, in)
+}
 func (f *fakeDriver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
 	return f.do(ctx, in)
 }
@@ -236,10 +242,13 @@ func TestSchedulerResultCommands(t *testing.T) {
 		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, nil, "fsm.WakeDone", ""},
 		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, executors.Unrecoverablef("bad"), "fsm.WakeFailed", "bad"},
 		{fsm.DestroyVM{OpID: nextOp(), VM: "vm-d"}, nil, "fsm.VMDestroyed", ""},
+		{fsm.PromoteVM{OpID: nextOp(), VM: "vm-p"}, nil, "fsm.PromoteDone", ""},
+		{fsm.PromoteVM{OpID: nextOp(), VM: "vm-p"}, &executors.Unrecoverable{Err: lost, Lost: true}, "fsm.PromoteFailed lost", "gone"},
+		{fsm.CollectSnapshot{OpID: nextOp(), Dir: "golden/old"}, nil, "fsm.SnapshotCollected", ""},
 	}
 	for _, c := range cases {
 		d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
-			return executors.Result{SnapshotDir: "hibernate/x"}, c.err
+			return executors.Result{SnapshotDir: "hibernate/x", Digest: "sha256:ab"}, c.err
 		}}
 		p := newProposer()
 		sc := newTestScheduler(t, d, p, Options{})
@@ -262,6 +271,19 @@ func TestSchedulerResultCommands(t *testing.T) {
 		case fsm.HibernateDone:
 			if x.SnapshotDir != "hibernate/x" {
 				t.Errorf("HibernateDone snapshot dir %q", x.SnapshotDir)
+			}
+		case fsm.PromoteDone:
+			if x.SnapshotDir != "hibernate/x" || x.Digest != "sha256:ab" {
+				t.Errorf("PromoteDone %+v", x)
+			}
+		case fsm.PromoteFailed:
+			msg = x.Error
+			if x.Lost {
+				got += " lost"
+			}
+		case fsm.SnapshotCollected:
+			if x.Dir != "golden/old" {
+				t.Errorf("SnapshotCollected dir %q", x.Dir)
 			}
 		}
 		if got != c.want || !strings.Contains(msg, c.wantErr) {

@@ -286,6 +286,10 @@ func (s *Server) register() {
 	add("GET", "/v1/egress/classes", "root", s.handleGetEgressClasses, root, tenant)
 	add("PUT", "/v1/egress/classes/{name}", "root", s.handlePutEgressClass, root, tenant)
 	add("DELETE", "/v1/egress/classes/{name}", "root", s.handleDeleteEgressClass, root, tenant)
+	add("POST", "/v1/sandboxes/{id}/promote", "root|tenant", s.handlePromote, root, tenant)
+	add("DELETE", "/v1/templates", "root|tenant", s.handleDeleteTemplate, root, tenant)
+	add("PUT", "/v1/templates/labels", "root|tenant", s.handleTemplateLabels, root, tenant)
+	add("GET", "/v1/store", "root", s.handleStore, root, tenant)
 	add("POST", "/v1/drain", "root", s.handleDrain, root, tenant)
 	add("DELETE", "/v1/drain", "root", s.handleUncordon, root, tenant)
 

@@ -23,6 +23,7 @@ package nodetest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -56,7 +57,9 @@ const FakeHypervisor = "in-process-fake"
 // node.Hypervisor, and a reconcile.Driver that finds every VM alive and no
 // run dir.
 type FakeDriver struct {
-	goldens, clones, hibernates, wakes, destroys atomic.Int64
+	goldens, clones, hibernates, wakes, destroys, promotes, collects atomic.Int64
+	// FailPromotes makes every promote fail for good, the VM as it was.
+	FailPromotes atomic.Bool
 	// FailClones makes every clone fail for good (an unrecoverable error).
 	FailClones atomic.Bool
 	// FailHibernates and FailWakes make every hibernate and wake fail for
@@ -262,12 +265,35 @@ func (f *FakeDriver) Destroy(ctx context.Context, _ fsm.DestroyVM) (executors.Re
 	return executors.Result{}, nil
 }
 
+// Promote implements executors.Driver: the template's golden "exists" at
+// once, named like a real driver names it.
+func (f *FakeDriver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.Result, error) {
+	if err := f.held(ctx); err != nil {
+		return executors.Result{}, err
+	}
+	f.promotes.Add(1)
+	if f.FailPromotes.Load() {
+		return executors.Result{}, executors.Unrecoverablef("%s", ErrFakeFailure)
+	}
+	rel := layout.GoldenRel(in.Target, in.OpID)
+	return executors.Result{SnapshotDir: rel, Digest: fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(rel)))}, nil
+}
+
+// CollectSnapshot implements executors.Driver: there is nothing to remove.
+func (f *FakeDriver) CollectSnapshot(ctx context.Context, _ fsm.CollectSnapshot) (executors.Result, error) {
+	if err := f.held(ctx); err != nil {
+		return executors.Result{}, err
+	}
+	f.collects.Add(1)
+	return executors.Result{}, nil
+}
+
 // Calls returns how many calls of each kind the fake answered.
 func (f *FakeDriver) Calls() map[fsm.IntentKind]int64 {
 	return map[fsm.IntentKind]int64{
 		fsm.KindGolden: f.goldens.Load(), fsm.KindClone: f.clones.Load(),
 		fsm.KindHibernate: f.hibernates.Load(), fsm.KindWake: f.wakes.Load(),
-		fsm.KindDestroy: f.destroys.Load(),
+		fsm.KindDestroy: f.destroys.Load(), fsm.KindPromote: f.promotes.Load(), fsm.KindCollect: f.collects.Load(),
 	}
 }
 
