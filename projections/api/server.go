@@ -290,6 +290,7 @@ func (s *Server) register() {
 	add("DELETE", "/v1/templates", "root|tenant", s.handleDeleteTemplate, root, tenant)
 	add("PUT", "/v1/templates/labels", "root|tenant", s.handleTemplateLabels, root, tenant)
 	add("GET", "/v1/store", "root", s.handleStore, root, tenant)
+	add("POST", "/v1/pools/rebuild", "root", s.handleRebuild, root, tenant)
 	add("POST", "/v1/drain", "root", s.handleDrain, root, tenant)
 	add("DELETE", "/v1/drain", "root", s.handleUncordon, root, tenant)
 

@@ -58,6 +58,38 @@ type TemplateInfo struct {
 	Labels        map[string]string `json:"labels,omitempty"`
 }
 
+// RebuildRequest is POST /v1/pools/rebuild's body: a configured pool's key
+// (net and size default like a claim's).
+type RebuildRequest struct {
+	Template string `json:"template"`
+	Net      string `json:"net,omitempty"`
+	Size     string `json:"size,omitempty"`
+}
+
+// handleRebuild (root) rebuilds a configured pool's golden: 204 once the
+// request is durable; the old golden is collected once its clones are gone.
+func (s *Server) handleRebuild(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
+	if err := rootOnly(id); err != nil {
+		return err
+	}
+	var req RebuildRequest
+	if err := decodeBody(r, &req, false); err != nil {
+		return err
+	}
+	k := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
+	if k.Net == "" {
+		k.Net = "none"
+	}
+	if k.Size == "" {
+		k.Size = "small"
+	}
+	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.RebuildGolden{Meta: m, Key: k} }, engine.Hooks{}); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
 // LabelsRequest is PUT /v1/templates/labels's body.
 type LabelsRequest struct {
 	Labels map[string]string `json:"labels"`
@@ -138,6 +170,13 @@ func (s *Server) handlePromote(w http.ResponseWriter, r *http.Request, id auth.I
 		return &httpError{status: http.StatusInternalServerError, id: c.ID, msg: "promote failed: " + p.Error}
 	}
 	return errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+}
+
+// promoted reports whether key is a promoted template's.
+func (s *Server) promoted(key fsm.PoolKey) bool {
+	var ok bool
+	s.eng.View(func(st *fsm.State) { _, ok = st.Template(key) })
+	return ok
 }
 
 // templateQuery reads a template's key (net and size default like a
