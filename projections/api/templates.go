@@ -14,7 +14,8 @@ import (
 //
 //   - POST /v1/sandboxes/{id}/promote {"token", "template"}: the node's API
 //     token in the header (root or a tenant), the sandbox's own token in the
-//     body as the ownership proof (root may leave it out and act by id).
+//     body as the ownership proof (root, and the sandbox's own tenant, may
+//     leave it out and act by id).
 //     Answers once the template's golden is in the store: 200 {"key",
 //     "content_digest"}; the fsm's refusals (400 name, 404 sandbox, 409 a
 //     configured pool's key, another tenant's template, an egress-lane or
@@ -131,8 +132,10 @@ func (s *Server) handlePromote(w http.ResponseWriter, r *http.Request, id auth.I
 	}
 	sid := r.PathValue("id")
 	c, ok := s.claim(sid)
-	// The body token proves ownership; root may act by id without one.
-	if !ok || !c.Status.Live() || (req.Token == "" && id.Kind != auth.Root) ||
+	// The body token proves ownership; root, and the sandbox's own tenant
+	// (sbxlog's extension, as for release), may act by id without one.
+	byID := id.Kind == auth.Root || id.Kind == auth.Tenant && c.Tenant == id.Tenant
+	if !ok || !c.Status.Live() || (req.Token == "" && !byID) ||
 		(req.Token != "" && !s.auth.IsSandboxToken(req.Token, c.ID, tokenGenOf(&c))) {
 		return errorf(http.StatusNotFound, "%s", errUnknownSandbox)
 	}

@@ -29,7 +29,7 @@ func TestPromoteTemplates(t *testing.T) {
 		want      int
 	}{
 		{"no node token", "", body(cr.Token, "app:v1"), http.StatusUnauthorized},
-		{"a tenant without the sandbox token", tokA, body("", "app:v1"), http.StatusNotFound},
+		{"another tenant without the sandbox token", tokB, body("", "app:v1"), http.StatusNotFound},
 		{"a wrong sandbox token", tokA, body("nope", "app:v1"), http.StatusNotFound},
 		{"a bad name", tokA, body(cr.Token, "bad name!"), http.StatusBadRequest},
 		{"a configured pool's key", tokA, body(cr.Token, "default"), http.StatusConflict},
