@@ -48,6 +48,16 @@ type Driver interface {
 	// removes its run dir and, when in.SnapshotDir is set, its snapshot. A VM
 	// of another instance is never touched (Unrecoverable).
 	Destroy(ctx context.Context, in fsm.DestroyVM) (Result, error)
+	// Promote snapshots in.VM into a new golden of in.Target in the store
+	// (Result.SnapshotDir, Result.Digest): a running VM in a pause window,
+	// after which it runs on; a hibernated one from its image
+	// in.SnapshotDir, without waking. On error nothing is left in the
+	// store and the VM is as it was (Lost: its VMM died).
+	Promote(ctx context.Context, in fsm.PromoteVM) (Result, error)
+	// CollectSnapshot removes in.Dir, a snapshot dir nothing references or
+	// maps, from the store crash-safely (renamed to a trash name first); a
+	// dir already gone is success.
+	CollectSnapshot(ctx context.Context, in fsm.CollectSnapshot) (Result, error)
 }
 
 // Restarter is implemented by drivers that can boot a claimed VM again,
@@ -75,9 +85,11 @@ type Checkpointer interface {
 type Result struct {
 	// Report goes into the result event: per-step timings and the copy mode.
 	Report event.ExecReport
-	// SnapshotDir is the snapshot made (golden, hibernate), relative to the
-	// store root.
+	// SnapshotDir is the snapshot made (golden, hibernate, promote),
+	// relative to the store root.
 	SnapshotDir string
+	// Digest is a promoted template's content digest (fsx.ContentDigest).
+	Digest string
 	// AfterCommit, if set, is work that may only run once the result is
 	// durable in the log (Wake: drop the snapshot it restored from). The
 	// scheduler runs it in the background after a successful Propose, and
@@ -107,6 +119,8 @@ var methods = map[fsm.IntentKind]Method{
 	// Checkpoints (Checkpointer).
 	fsm.KindCheckpoint:       method(checkpoint, 10*time.Minute),
 	fsm.KindCheckpointDelete: method(removeCheckpoint, time.Minute),
+	fsm.KindPromote:   method(Driver.Promote, 10*time.Minute),
+	fsm.KindCollect:   method(Driver.CollectSnapshot, time.Minute),
 }
 
 // MethodFor returns the Driver method performing intents of kind k; false

@@ -29,6 +29,10 @@ func (r *recorder) Checkpoint(context.Context, fsm.CaptureCheckpoint) (Result, e
 func (r *recorder) RemoveCheckpoint(context.Context, fsm.RemoveCheckpoint) (Result, error) {
 	return r.note("RemoveCheckpoint")
 }
+func (r *recorder) Promote(context.Context, fsm.PromoteVM) (Result, error) { return r.note("Promote") }
+func (r *recorder) CollectSnapshot(context.Context, fsm.CollectSnapshot) (Result, error) {
+	return r.note("CollectSnapshot")
+}
 
 // plain is a Driver without Restart.
 type plain struct{ recorder }
@@ -45,6 +49,10 @@ func (b *bare) Clone(context.Context, fsm.CloneVM) (Result, error)         { ret
 func (b *bare) Hibernate(context.Context, fsm.HibernateVM) (Result, error) { return Result{}, nil }
 func (b *bare) Wake(context.Context, fsm.WakeVM) (Result, error)           { return Result{}, nil }
 func (b *bare) Destroy(context.Context, fsm.DestroyVM) (Result, error)     { return Result{}, nil }
+func (b *bare) Promote(context.Context, fsm.PromoteVM) (Result, error)     { return Result{}, nil }
+func (b *bare) CollectSnapshot(context.Context, fsm.CollectSnapshot) (Result, error) {
+	return Result{}, nil
+}
 
 // The dispatch table sends every intent kind to its Driver method, with a
 // default timeout; a driver without Restart fails restarts as unrecoverable.
@@ -62,6 +70,8 @@ func TestDispatchTable(t *testing.T) {
 		{fsm.RestartVM{OpID: op, VM: "vm-1"}, "Restart"},
 		{fsm.CaptureCheckpoint{OpID: op, VM: "vm-1", Checkpoint: "ck_1"}, "Checkpoint"},
 		{fsm.RemoveCheckpoint{OpID: op, Checkpoint: "ck_1"}, "RemoveCheckpoint"},
+		{fsm.PromoteVM{OpID: op, VM: "vm-1"}, "Promote"},
+		{fsm.CollectSnapshot{OpID: op, Dir: "golden/x"}, "CollectSnapshot"},
 	}
 	for _, c := range cases {
 		t.Run(string(c.in.Kind()), func(t *testing.T) {

@@ -34,6 +34,7 @@ func ApplyDecoded(s *State, ev *event.Event, p event.Payload) error {
 		return &ApplyError{Seq: ev.Seq, Type: ev.Type.String(), Err: fmt.Errorf("payload %T does not belong to a %s event", p, ev.Type)}
 	}
 	a := applier{s: s, ev: ev, seq: s.applied + 1}
+	s.applyOp, s.applySeq = ev.OpID, a.seq
 	if err := a.apply(p); err != nil {
 		return &ApplyError{Seq: ev.Seq, Type: ev.Type.String(), Err: err}
 	}
@@ -122,7 +123,9 @@ func (a *applier) apply(p event.Payload) error {
 
 	case event.GoldenBuildRequested:
 		g := s.goldens[p.Key]
-		if g != nil && (g.Status == GoldenBuilding || g.Status == GoldenReady) {
+		// A ready golden is rebuilt (RebuildGolden): its dir stays its own
+		// until the new one is built.
+		if g != nil && (g.Status == GoldenBuilding || g.Status == GoldenReady && p.Reason != "rebuild") {
 			return inconsistent("golden %s is %s", p.Key, g.Status)
 		}
 		if g == nil {
@@ -139,9 +142,14 @@ func (a *applier) apply(p event.Payload) error {
 		if err != nil {
 			return err
 		}
+		old := g.SnapshotDir
 		g.Status, g.Op, g.SnapshotDir = GoldenReady, event.ZeroOpID, p.SnapshotDir
 		delete(s.pendingGoldens, p.Key)
+		if old != p.SnapshotDir {
+			s.retire(old, "golden "+p.Key.String())
+		}
 		s.syncRefill(p.Key)
+		s.syncGoldenOwner(p.Key)
 
 	case event.GoldenFailed:
 		g, err := a.building(p.Key)
@@ -151,6 +159,7 @@ func (a *applier) apply(p event.Payload) error {
 		g.Status, g.Op, g.Error, g.RetryAt = GoldenBroken, event.ZeroOpID, p.Error, p.RetryAtNS
 		delete(s.pendingGoldens, p.Key)
 		s.syncGoldenTimer(p.Key)
+		s.syncGoldenOwner(p.Key)
 
 	case event.VMCloneRequested:
 		if _, dup := s.vms[p.VM]; dup || p.VM == "" {
@@ -172,6 +181,10 @@ func (a *applier) apply(p event.Payload) error {
 			return err
 		}
 		s.addVM(v)
+		// A clone maps its golden's memory for its VMM's life.
+		if g := s.goldens[p.Key]; g != nil && g.Status == GoldenReady && !p.Cold {
+			s.mapVM(v, g.SnapshotDir)
+		}
 
 	case event.VMCloned:
 		v, err := a.vm(p.VM, VMCloning)
@@ -235,6 +248,8 @@ func (a *applier) apply(p event.Payload) error {
 		v.Restarts = append(append(make([]int64, 0, len(keep)+1), keep...), now)
 		v.Op, v.ReqSeq = a.intentOp(), a.seq
 		s.setVMStatus(v, VMRestarting)
+		// Its VMM died: the restart boots cold from its own disk.
+		s.unmapVM(v)
 
 	case event.VMRestarted:
 		v, err := a.vm(p.VM, VMRestarting)
@@ -334,6 +349,7 @@ func (a *applier) apply(p event.Payload) error {
 		}
 		v.Op, v.SnapshotDir = event.ZeroOpID, p.SnapshotDir
 		s.setVMStatus(v, VMHibernated)
+		s.unmapVM(v) // its VMM is stopped
 		if c := a.claimIf(v, ClaimHibernating); c != nil {
 			s.setClaimStatus(c, ClaimHibernated, now)
 		}
@@ -464,6 +480,23 @@ func (a *applier) apply(p event.Payload) error {
 
 	case event.CheckpointDeleted:
 		return a.checkpointDeleted(p)
+	case event.PromoteRequested:
+		return a.promoteRequested(p)
+
+	case event.Promoted:
+		return a.promoted(p)
+
+	case event.PromoteFailed:
+		return a.promoteFailed(p)
+
+	case event.TemplateDeleted:
+		return a.templateDeleted(p)
+
+	case event.TemplateLabelsSet:
+		return a.templateLabelsSet(p)
+
+	case event.SnapshotCollected:
+		return a.snapshotCollected(p)
 
 	default:
 		return inconsistent("no state transition for %T", p)

@@ -259,13 +259,6 @@ func (s *State) Checkpoints(tenant string) []CheckpointRec {
 	return out
 }
 
-// SnapshotRef is a snapshot dir (relative to the store) the state references
-// and what owns it.
-type SnapshotRef struct {
-	Dir   string
-	Owner string
-}
-
 // CheckpointSnapshots returns the store dirs the checkpoints reference (taken
 // ones, doomed ones not yet removed), sorted by dir: what a store collection
 // must keep of the checkpoint store.
@@ -273,11 +266,17 @@ func (s *State) CheckpointSnapshots() []SnapshotRef {
 	var out []SnapshotRef
 	for _, ck := range s.checkpoints { //fsm:unordered sorted below
 		if ck.SnapshotDir != "" {
-			out = append(out, SnapshotRef{Dir: ck.SnapshotDir, Owner: "checkpoint " + ck.ID})
+			out = append(out, SnapshotRef{Dir: ck.SnapshotDir, Kind: OwnerCheckpoint, Owner: ck.ID})
 		}
 	}
 	slices.SortFunc(out, func(a, b SnapshotRef) int { return cmp.Compare(a.Dir, b.Dir) })
 	return out
+}
+
+func checkpointSnapshots(s *State, add func(SnapshotRef)) {
+	for _, r := range s.CheckpointSnapshots() {
+		add(r)
+	}
 }
 
 // forkChildWaiting reports whether c is a pending fork child whose VM is not

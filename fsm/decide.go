@@ -626,7 +626,7 @@ func (c GoldenBuilt) decide(d *decider) error {
 	if _, err := d.building(c.Key); err != nil {
 		return err
 	}
-	if err := checkDir(c.SnapshotDir); err != nil {
+	if err := d.freshDir(c.SnapshotDir); err != nil {
 		return err
 	}
 	d.emit(event.GoldenBuilt{Key: c.Key, SnapshotDir: c.SnapshotDir, Report: c.Report}, c.Key.String())
@@ -707,7 +707,7 @@ func (c HibernateDone) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
-	if err := checkDir(c.SnapshotDir); err != nil {
+	if err := d.freshDir(c.SnapshotDir); err != nil {
 		return err
 	}
 	d.emit(event.Hibernated{Claim: v.Claim, VM: v.ID, SnapshotDir: c.SnapshotDir, Report: c.Report}, v.Claim)

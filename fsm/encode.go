@@ -26,7 +26,9 @@ const (
 	// owner, the pools' policies, and the claims' pinned egress and env.
 	StateFormatV5 = 5
 	// StateFormatV6 adds the checkpoints, the VMs' source checkpoints and
-	// the claims' checkpoint and fork.
+	// the claims' checkpoint and fork; and the store: the VMs' mapped
+	// goldens, retired snapshot dirs, promoted templates and promotes in
+	// flight.
 	StateFormatV6 = 6
 	// StateFormatCurrent is the newest format this build writes and reads.
 	StateFormatCurrent = StateFormatV6
@@ -57,7 +59,11 @@ var (
 //	[V5] classes owned by the API, n classes × (name, policy),
 //	     n pools with a policy × (key, policy),
 //	     n claims with egress × (id, class, no egress, unpooled, n env × entry)
-//	[V6] checkpoints (encoder.checkpoints in checkpoint.go)
+//	[V6] checkpoints (encoder.checkpoints in checkpoint.go),
+//	     n VMs mapping a dir × (id, dir),
+//	     n retired × (dir, owner, due by, op, req seq),
+//	     n templates × (key, tenant, digest, created (varint), n labels × (k, v)),
+//	     n promotes × (vm, target key, tenant)
 //	policy: n rules × (host, n methods × method, n ports × port, secret, intercept), socks5
 //	entry:  name, sealed, size (varint), host only, has inject, [n hosts × host, header, query, body, placeholder]
 //
@@ -191,6 +197,7 @@ func Encode(s *State) []byte {
 	}
 	e.egress(s, withEgress)
 	e.checkpoints(s)
+	e.store(s)
 	return e.b
 }
 
@@ -442,6 +449,7 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 	}
 	if format >= StateFormatV6 {
 		d.checkpoints(s)
+		d.store(s)
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrStateCorrupt, len(d.b))
@@ -451,6 +459,9 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 	}
 	if err := s.rebuild(); err != nil {
 		return nil, err
+	}
+	if format < StateFormatV6 {
+		s.upgradeStore()
 	}
 	// A snapshot that decodes but breaks an invariant (a flipped bit in a
 	// key, say) must not become the daemon's state.
@@ -526,6 +537,7 @@ func (s *State) rebuild() error {
 		s.timers.push(timerKey{kind: tPark, id: "*"}, s.nodeParkUntil)
 	}
 	s.rebuildCheckpoints()
+	s.rebuildStore()
 	s.timers.heapify()
 	s.purge.heapify()
 	return nil

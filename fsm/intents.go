@@ -50,14 +50,18 @@ const (
 	// Checkpoints (checkpoint.go): capture a VM, remove a checkpoint.
 	KindCheckpoint       IntentKind = "checkpoint"
 	KindCheckpointDelete IntentKind = "checkpoint_delete"
+	KindPromote   IntentKind = "promote"
+	KindCollect   IntentKind = "collect"
 )
 
 // Outcome is what a side effect that succeeded reports into its result
 // command.
 type Outcome struct {
-	// SnapshotDir is the snapshot made (golden build, hibernate), relative
-	// to the store; empty for the other kinds.
+	// SnapshotDir is the snapshot made (golden build, hibernate, promote),
+	// relative to the store; empty for the other kinds.
 	SnapshotDir string
+	// Digest is a promoted template's content digest ("sha256:...").
+	Digest string
 	// Report carries the per-step timings and the copy mode.
 	Report event.ExecReport
 }
@@ -77,6 +81,7 @@ const (
 	classWake
 	classHibernate
 	classDestroy
+	classCollect
 	classGolden
 	classRefill
 )
@@ -259,6 +264,7 @@ func Intents(s *State) []Intent {
 	for id := range s.pendingCks { //fsm:unordered sorted below
 		out = append(out, s.checkpointIntent(s.checkpoints[id]))
 	}
+	out = s.collectIntents(out)
 	sortIntents(out)
 	return out
 }
@@ -292,6 +298,7 @@ func NewIntents(s *State, evs []event.Event) []Intent {
 			out = append(out, in)
 		}
 	}
+	out = s.newCollectIntents(evs, out)
 	sortIntents(out)
 	return out
 }
@@ -353,7 +360,10 @@ func (s *State) goldenIntent(g *GoldenRec) Intent {
 var vmIntents = [numVMStatus]func(s *State, v *VMRec) Intent{
 	VMCloning: func(s *State, v *VMRec) Intent {
 		in := CloneVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ForClaim: v.Claim, Cold: v.Cold, ReqSeq: v.ReqSeq}
-		if g := s.goldens[v.Key]; g != nil && !v.Cold {
+		// The golden the clone request pinned (Maps), so a rebuild
+		// meanwhile does not change what the clone restores.
+		in.GoldenDir = v.Maps
+		if g := s.goldens[v.Key]; g != nil && !v.Cold && in.GoldenDir == "" {
 			in.GoldenDir = g.SnapshotDir
 		}
 		if ck := s.checkpoints[v.SourceCk]; ck != nil {
@@ -377,6 +387,7 @@ var vmIntents = [numVMStatus]func(s *State, v *VMRec) Intent{
 	VMRestarting: func(_ *State, v *VMRec) Intent {
 		return RestartVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ReqSeq: v.ReqSeq}
 	},
+	VMPromoting: promoteIntent,
 }
 
 // hasIntent reports whether a VM in status st has a side effect in flight.

@@ -12,7 +12,7 @@ import (
 func TestIntentMethods(t *testing.T) {
 	op := event.OpIDFromUint(1, 1)
 	m := Meta{Op: event.OpIDFromUint(1, 2), Cause: op, Now: 5}
-	out := Outcome{SnapshotDir: "golden/x", Report: event.ExecReport{CopyMode: "reflink", Steps: []event.Step{{Name: "boot", NS: 7}}}}
+	out := Outcome{SnapshotDir: "golden/x", Digest: "sha256:ab", Report: event.ExecReport{CopyMode: "reflink", Steps: []event.Step{{Name: "boot", NS: 7}}}}
 	rep := &out.Report
 	cases := []struct {
 		in      Intent
@@ -48,6 +48,12 @@ func TestIntentMethods(t *testing.T) {
 			CheckpointFailed{Meta: m, Checkpoint: "ck_7", Error: "boom", Lost: true}},
 		{RemoveCheckpoint{OpID: op, Checkpoint: "ck_8", SnapshotDir: "checkpoint/ck_8"}, KindCheckpointDelete, "ck_8", false,
 			CheckpointRemoved{Meta: m, Checkpoint: "ck_8", Report: rep},
+			nil},
+		{PromoteVM{OpID: op, VM: "vm-7", Claim: claimID(7), Target: kB}, KindPromote, "vm-7", false,
+			PromoteDone{Meta: m, VM: "vm-7", SnapshotDir: out.SnapshotDir, Digest: out.Digest, Report: rep},
+			PromoteFailed{Meta: m, VM: "vm-7", Error: "boom", Lost: true}},
+		{CollectSnapshot{OpID: op, Dir: "golden/old"}, KindCollect, "golden/old", false,
+			SnapshotCollected{Meta: m, Dir: "golden/old"},
 			nil},
 	}
 	for _, c := range cases {

@@ -372,6 +372,13 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 			vm, want = in.VM, fsm.VMDestroying
 		case fsm.RestartVM:
 			vm, want = in.VM, fsm.VMRestarting
+		case fsm.PromoteVM:
+			vm, want = in.VM, fsm.VMPromoting
+		case fsm.CollectSnapshot:
+			if r, ok := retired(s, in.Dir); !ok || r.Op != in.OpID || s.Mappers(in.Dir) != 0 {
+				return fmt.Errorf("intent %+v: retired record %+v (%v), %d mappers", in, r, ok, s.Mappers(in.Dir))
+			}
+			continue
 		case fsm.BuildGolden:
 			if g, ok := s.Golden(in.Key); !ok || g.Status != fsm.GoldenBuilding || g.Op != in.OpID {
 				return fmt.Errorf("intent %+v: golden is %+v", in, g)
@@ -467,4 +474,14 @@ func (r *run) replayCheck(full bool) error {
 		}
 	}
 	return nil
+}
+
+// retired returns the retired record of dir.
+func retired(s *fsm.State, dir string) (fsm.RetiredRec, bool) {
+	for _, r := range s.Retired() {
+		if r.Dir == dir {
+			return r, true
+		}
+	}
+	return fsm.RetiredRec{}, false
 }

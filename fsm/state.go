@@ -3,6 +3,8 @@ package fsm
 import (
 	"slices"
 	"strings"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
 )
 
 // State is the state machine's state. The zero value is not usable; call New.
@@ -27,6 +29,11 @@ type State struct {
 	relays     map[string]*RelayRec // open relays by id
 	// checkpoints by id (checkpoint.go).
 	checkpoints map[string]*CheckpointRec
+	// The store (store.go, templates.go): promoted templates, promotes in
+	// flight by VM, retired snapshot dirs.
+	templates map[PoolKey]*TemplateRec
+	promotes  map[string]*PromoteRec
+	retired   map[string]*RetiredRec
 	// applied counts events applied so far; it orders intents (ReqSeq).
 	applied uint64
 
@@ -41,8 +48,15 @@ type State struct {
 	vmCount        [numVMStatus]int
 	live           int
 	tenantLive     map[string]int
-	tenantByHash   map[[32]byte]string // token hash -> tenant name
-	relaysOf       map[string][]string // claim -> its open relay ids, sorted
+	tenantByHash   map[[32]byte]string     // token hash -> tenant name
+	relaysOf       map[string][]string     // claim -> its open relay ids, sorted
+	mapped         map[string]int          // store dir -> VMs mapping it
+	collectBy      map[event.OpID][]string // due collections by the op that made them due
+	promoting      map[PoolKey]string      // promote target -> its VM
+	// applyOp and applySeq are the op and sequence of the event Apply is
+	// folding in (transient): a collection made due stamps them.
+	applyOp  event.OpID
+	applySeq uint64
 }
 
 // New returns an empty state.
@@ -63,6 +77,12 @@ func New() *State {
 		tenants:        map[string]*TenantRec{},
 		tenantByHash:   map[[32]byte]string{},
 		egressClasses:  map[string]*EgressClassRec{},
+		templates:      map[PoolKey]*TemplateRec{},
+		promotes:       map[string]*PromoteRec{},
+		retired:        map[string]*RetiredRec{},
+		mapped:         map[string]int{},
+		collectBy:      map[event.OpID][]string{},
+		promoting:      map[PoolKey]string{},
 	}
 }
 
@@ -348,6 +368,7 @@ func (s *State) dropVM(v *VMRec) {
 	s.vmCount[v.Status]--
 	delete(s.pendingVMs, v.ID)
 	delete(s.vms, v.ID)
+	s.unmapVM(v)
 	s.syncRefill(v.Key)
 	s.maybeDropPool(v.Key)
 }
@@ -362,6 +383,7 @@ func (s *State) maybeDropPool(k PoolKey) {
 	delete(s.needRefill, k)
 	s.timers.remove(poolTimer(tPark, k))
 	s.syncGoldenTimer(k)
+	s.syncGoldenOwner(k)
 }
 
 // refillDeficit is how many refill clones pool k lacks, ignoring parking

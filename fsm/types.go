@@ -100,15 +100,19 @@ const (
 	// one not touched); it returns to claimed or hibernated after. Its
 	// side effect is the checkpoint record's intent.
 	VMCheckpointing
+	// VMPromoting: the VM of a running or hibernated claim is being
+	// snapshotted into a promoted template (templates.go); its claim keeps
+	// its status.
+	VMPromoting
 	numVMStatus
 )
 
-var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed", "restarting", "checkpointing"}
+var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed", "restarting", "checkpointing", "promoting"}
 
 // inState reports whether VMs of status v are kept in State (gone and
 // failed ones are not).
 func (v VMStatus) inState() bool {
-	return v >= VMCloning && v < VMGone || v == VMRestarting || v == VMCheckpointing
+	return v >= VMCloning && v < VMGone || v == VMRestarting || v == VMCheckpointing || v == VMPromoting
 }
 
 func (v VMStatus) String() string { return enumName(vmNames[:], int(v)) }
@@ -235,7 +239,10 @@ type VMRec struct {
 	// ReqSeq orders intents: the state's event count when it was requested.
 	ReqSeq      uint64
 	SnapshotDir string
-	Created     int64
+	// Maps is the store dir whose memory-ranges the VM's VMM maps (the
+	// golden it was cloned from), until the VMM is gone (store.go).
+	Maps    string
+	Created int64
 	// SourceCk is the checkpoint the VM is cloned from (empty: its pool's
 	// golden, or a cold boot).
 	SourceCk string

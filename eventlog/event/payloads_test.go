@@ -69,6 +69,13 @@ func samplePayloads() []Payload {
 		CheckpointFailed{Checkpoint: "ck_0011223344556677", Error: "vm.snapshot: 500", Lost: true},
 		CheckpointDeleteRequested{Checkpoint: "ck_0011223344556677", Reason: "expired"},
 		CheckpointDeleted{Checkpoint: "ck_0011223344556677", Report: rep},
+		PromoteRequested{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Key: PoolKey{Template: "myproj:v1", Net: "none", Size: "small"}, Tenant: "acme"},
+		Promoted{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Key: PoolKey{Template: "myproj:v1", Net: "none", Size: "small"},
+			SnapshotDir: "template/myproj_v1_none_small-01J00000000000000000000000", Digest: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", Report: rep},
+		PromoteFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Error: "vm.snapshot: 500", Lost: true},
+		TemplateDeleted{Key: PoolKey{Template: "myproj:v1", Net: "none", Size: "small"}},
+		TemplateLabelsSet{Key: PoolKey{Template: "myproj:v1", Net: "none", Size: "small"}, Labels: map[string]string{"team": "a", "v1": "sha256:aa"}},
+		SnapshotCollected{Dir: "golden/py_3.12_none_small-01J00000000000000000000000"},
 	}
 }
 

@@ -207,7 +207,7 @@ func Types() []Type {
 	return out
 }
 
-var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant", AggEgress: "egress", AggCheckpoint: "checkpoint"}
+var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant", AggEgress: "egress", AggCheckpoint: "checkpoint", AggStore: "store"}
 
 // String returns the aggregate kind's stable name.
 func (k AggKind) String() string {

@@ -224,6 +224,7 @@ func (d *Driver) publish(r *run, tmp, final string, m Meta, mode string, fail fu
 	}
 	if err := r.step(StepWriteMeta, func() error {
 		m.CreatedNS = d.now().UnixNano()
+		m.Instance = d.instance
 		m.CopyMode = mode
 		m.Hypervisor = d.hv
 		data, err := buildMeta(tmp, m)

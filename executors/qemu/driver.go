@@ -202,7 +202,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	log := cfg.Log.With().Str("component", "qemu").Logger()
 	q, err := NewRecipes(RecipesConfig{
-		QEMU: cfg.QEMU, Accel: cfg.Accel, FS: cfg.FS, Log: log, Now: cfg.Now,
+		QEMU: cfg.QEMU, Accel: cfg.Accel, FS: cfg.FS, Log: log, Now: cfg.Now, Instance: cfg.Instance,
 		BootTimeout: cfg.BootTimeout, ReadyTimeout: cfg.ReadyTimeout, StopGrace: cfg.StopGrace,
 	})
 	if err != nil {

@@ -229,6 +229,7 @@ func (q *Recipes) snapshot(ctx context.Context, c *qmp.Client, spec Spec, name s
 	}
 
 	m.Created = q.now().UTC()
+	m.Instance = q.instance
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err

@@ -169,6 +169,7 @@ const (
 	sourceGolden    = "golden"
 	sourceHibernate = "hibernate"
 	// sourceCheckpoint: checkpoint.go.
+	sourcePromote = "promote"
 )
 
 // MetaFormat is the version of meta.json this package writes and reads.
@@ -176,8 +177,11 @@ const MetaFormat = 1
 
 // Meta is a snapshot's meta.json: what a restore needs to start a matching machine.
 type Meta struct {
-	Format      int    `json:"format"`
-	Source      string `json:"source"` // sourceGolden, sourceHibernate or sourceCheckpoint
+	Format int    `json:"format"`
+	Source string `json:"source"` // sourceGolden, sourceHibernate, sourceCheckpoint or sourcePromote
+	// Instance is the sandboxd instance that made the snapshot
+	// (layout.ReadOwner).
+	Instance    string `json:"instance,omitempty"`
 	QEMUVersion string `json:"qemu_version"`
 	Machine     string `json:"machine"`
 	Accel       Accel  `json:"accel"`

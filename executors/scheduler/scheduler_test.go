@@ -57,6 +57,12 @@ func (f *fakeDriver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executo
 func (f *fakeDriver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, error) {
 	return f.do(ctx, in)
 }
+func (f *fakeDriver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) CollectSnapshot(ctx context.Context, in fsm.CollectSnapshot) (executors.Result, error) {
+	return f.do(ctx, in)
+}
 func (f *fakeDriver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
 	return f.do(ctx, in)
 }
@@ -245,10 +251,13 @@ func TestSchedulerResultCommands(t *testing.T) {
 		{fsm.CaptureCheckpoint{OpID: nextOp(), VM: "vm-k", Checkpoint: "ck_k"}, nil, "fsm.CheckpointTaken", ""},
 		{fsm.CaptureCheckpoint{OpID: nextOp(), VM: "vm-k", Checkpoint: "ck_k"}, &executors.Unrecoverable{Err: lost, Lost: true}, "fsm.CheckpointFailed lost", "gone"},
 		{fsm.RemoveCheckpoint{OpID: nextOp(), Checkpoint: "ck_k"}, nil, "fsm.CheckpointRemoved", ""},
+		{fsm.PromoteVM{OpID: nextOp(), VM: "vm-p"}, nil, "fsm.PromoteDone", ""},
+		{fsm.PromoteVM{OpID: nextOp(), VM: "vm-p"}, &executors.Unrecoverable{Err: lost, Lost: true}, "fsm.PromoteFailed lost", "gone"},
+		{fsm.CollectSnapshot{OpID: nextOp(), Dir: "golden/old"}, nil, "fsm.SnapshotCollected", ""},
 	}
 	for _, c := range cases {
 		d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
-			return executors.Result{SnapshotDir: "hibernate/x"}, c.err
+			return executors.Result{SnapshotDir: "hibernate/x", Digest: "sha256:ab"}, c.err
 		}}
 		p := newProposer()
 		sc := newTestScheduler(t, d, p, Options{})
@@ -280,6 +289,19 @@ func TestSchedulerResultCommands(t *testing.T) {
 			msg = x.Error
 			if x.Lost {
 				got += " lost"
+			}
+		case fsm.PromoteDone:
+			if x.SnapshotDir != "hibernate/x" || x.Digest != "sha256:ab" {
+				t.Errorf("PromoteDone %+v", x)
+			}
+		case fsm.PromoteFailed:
+			msg = x.Error
+			if x.Lost {
+				got += " lost"
+			}
+		case fsm.SnapshotCollected:
+			if x.Dir != "golden/old" {
+				t.Errorf("SnapshotCollected dir %q", x.Dir)
 			}
 		}
 		if got != c.want || !strings.Contains(msg, c.wantErr) {

@@ -72,6 +72,25 @@ var successStatus = map[string]int{
 	// successes are TestCheckpointRoutes').
 	"DELETE /v1/checkpoints/{id}":     http.StatusNotFound,
 	"POST /v1/checkpoints/{id}/claim": http.StatusNotFound,
+	"POST /v1/pools/rebuild":          http.StatusNoContent,
+	"GET /v1/store":                   http.StatusOK,
+}
+
+// stateRoutes are routes whose allowed callers get an answer that depends
+// on the state the matrix leaves (a template promoted by one caller is
+// another's 409 or 404): for them the matrix checks the authorisation only
+// (never 401 or 403) and a JSON error body; TestPromoteTemplates checks
+// their answers.
+var stateRoutes = map[string]bool{
+	"POST /v1/sandboxes/{id}/promote": true,
+	"DELETE /v1/templates":            true,
+	"PUT /v1/templates/labels":        true,
+}
+
+// routeQuery is a query per route that needs one.
+var routeQuery = map[string]string{
+	"DELETE /v1/templates":     "?template=matrix-p",
+	"PUT /v1/templates/labels": "?template=matrix-p",
 }
 
 // routeBody is a valid body per route, so that a denied request is denied
@@ -92,7 +111,10 @@ var routeBody = map[string]string{
 	"POST /v1/sandboxes/{id}/preview": `{"port":80}`,
 
 	// Checkpoints.
-	"POST /v1/sandboxes/{id}/fork": `{"count":1}`,
+	"POST /v1/sandboxes/{id}/fork":    `{"count":1}`,
+	"POST /v1/sandboxes/{id}/promote": `{"template":"matrix-p"}`,
+	"PUT /v1/templates/labels":        `{"labels":{"k":"v"}}`,
+	"POST /v1/pools/rebuild":          `{"template":"default"}`,
 }
 
 // matrixTenant is the tenant the matrix puts in place of {name}.
@@ -274,7 +296,7 @@ func TestAuthMatrix(t *testing.T) {
 			if allowed && strings.Contains(rt.Path, "{id}") {
 				sb = claimAs(t, n, tokA, "")
 			}
-			path := strings.NewReplacer("{id}", sb.ID, "{name}", matrixTenant, "{file}", "app.js").Replace(rt.Path)
+			path := strings.NewReplacer("{id}", sb.ID, "{name}", matrixTenant, "{file}", "app.js").Replace(rt.Path) + routeQuery[rt.Method+" "+rt.Path]
 			var body []byte
 			if b, ok := routeBody[rt.Method+" "+rt.Path]; ok {
 				body = []byte(b)
@@ -282,6 +304,10 @@ func TestAuthMatrix(t *testing.T) {
 			st, hdr, resp := do(t, n, rt.Method, path, authHeader(c, sb, other), body)
 			name := rt.Method + " " + rt.Path + " as " + c
 			switch {
+			case allowed && stateRoutes[rt.Method+" "+rt.Path]:
+				if st == http.StatusUnauthorized || st == http.StatusForbidden || st >= 500 {
+					t.Errorf("%s: %d %s, want it past authorisation", name, st, resp)
+				}
 			case want == 0 && allowed:
 				if st < 200 || st > 299 {
 					t.Errorf("%s: %d %s, want 2xx (route not in successStatus)", name, st, resp)

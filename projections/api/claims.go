@@ -141,7 +141,8 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	}
 	key := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
 	redirect := s.redir != nil && !req.NoRedirect
-	if req.RequirePromoted {
+	promoted := s.promoted(key)
+	if req.RequirePromoted && !promoted {
 		// Only a promoted template may serve it, and this node has none.
 		s.metrics.claim("unknown_template", "", time.Since(start))
 		return errorf(http.StatusNotFound, "%s", errUnknownTemplate)
@@ -149,7 +150,8 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// What this node cannot serve at all is refused before anything is
 	// proposed (no claim, no pool left behind), unless a node with warm
 	// capacity for the key takes it (the redirect).
-	if err := s.checkPool(key, s.pools != nil && s.pooled(key)); err != nil {
+	// A promoted template's clones need its golden only, not a template dir.
+	if err := s.checkPool(key, s.pools != nil && s.pooled(key)); err != nil && !promoted {
 		if redirect && s.redirectClaim(w, key, start) {
 			return nil
 		}

@@ -305,6 +305,11 @@ func (s *Server) register() {
 	add("GET", "/v1/checkpoints", "root|tenant", s.handleCheckpoints, root, tenant)
 	add("DELETE", "/v1/checkpoints/{id}", "root|tenant", s.handleDeleteCheckpoint, root, tenant)
 	add("POST", "/v1/checkpoints/{id}/claim", "root|tenant", s.handleCheckpointClaim, root, tenant)
+	add("POST", "/v1/sandboxes/{id}/promote", "root|tenant", s.handlePromote, root, tenant)
+	add("DELETE", "/v1/templates", "root|tenant", s.handleDeleteTemplate, root, tenant)
+	add("PUT", "/v1/templates/labels", "root|tenant", s.handleTemplateLabels, root, tenant)
+	add("GET", "/v1/store", "root", s.handleStore, root, tenant)
+	add("POST", "/v1/pools/rebuild", "root", s.handleRebuild, root, tenant)
 	add("POST", "/v1/drain", "root", s.handleDrain, root, tenant)
 	add("DELETE", "/v1/drain", "root", s.handleUncordon, root, tenant)
 

@@ -23,6 +23,7 @@ package nodetest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -60,7 +61,10 @@ type FakeDriver struct {
 	checkpoints, ckRemovals                      atomic.Int64
 	// FailCheckpoints makes every capture fail for good, the VM still
 	// running.
-	FailCheckpoints atomic.Bool
+	FailCheckpoints    atomic.Bool
+	promotes, collects atomic.Int64
+	// FailPromotes makes every promote fail for good, the VM as it was.
+	FailPromotes atomic.Bool
 	// FailClones makes every clone fail for good (an unrecoverable error).
 	FailClones atomic.Bool
 	// FailHibernates and FailWakes make every hibernate and wake fail for
@@ -290,6 +294,29 @@ func (f *FakeDriver) RemoveCheckpoint(ctx context.Context, _ fsm.RemoveCheckpoin
 	return executors.Result{}, nil
 }
 
+// Promote implements executors.Driver: the template's golden "exists" at
+// once, named like a real driver names it.
+func (f *FakeDriver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.Result, error) {
+	if err := f.held(ctx); err != nil {
+		return executors.Result{}, err
+	}
+	f.promotes.Add(1)
+	if f.FailPromotes.Load() {
+		return executors.Result{}, executors.Unrecoverablef("%s", ErrFakeFailure)
+	}
+	rel := layout.GoldenRel(in.Target, in.OpID)
+	return executors.Result{SnapshotDir: rel, Digest: fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(rel)))}, nil
+}
+
+// CollectSnapshot implements executors.Driver: there is nothing to remove.
+func (f *FakeDriver) CollectSnapshot(ctx context.Context, _ fsm.CollectSnapshot) (executors.Result, error) {
+	if err := f.held(ctx); err != nil {
+		return executors.Result{}, err
+	}
+	f.collects.Add(1)
+	return executors.Result{}, nil
+}
+
 // Calls returns how many calls of each kind the fake answered.
 func (f *FakeDriver) Calls() map[fsm.IntentKind]int64 {
 	return map[fsm.IntentKind]int64{
@@ -298,6 +325,7 @@ func (f *FakeDriver) Calls() map[fsm.IntentKind]int64 {
 		fsm.KindDestroy: f.destroys.Load(),
 		// Checkpoints.
 		fsm.KindCheckpoint: f.checkpoints.Load(), fsm.KindCheckpointDelete: f.ckRemovals.Load(),
+		fsm.KindPromote: f.promotes.Load(), fsm.KindCollect: f.collects.Load(),
 	}
 }
 

@@ -1,0 +1,193 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/layout"
+	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
+	"github.com/sbxlog/sbxlog/fsm"
+)
+
+// Promote implements executors.Driver: the sandbox's snapshot becomes the
+// golden of in.Target under layout.GoldenRel(in.Target, op). A running VM
+// is snapshotted and runs on (Recipes.SnapshotLive); a hibernated one is
+// copied from its image (Recipes.CopySnapshot) without waking.
+func (d *Driver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.Result, error) {
+	runDir, err := d.roots.InstanceRunDir(d.instance, in.RunDir)
+	if err != nil {
+		return executors.Result{}, err
+	}
+	rel := layout.GoldenRel(in.Target, in.OpID)
+	final := filepath.Join(d.roots.Store, rel)
+	var r RecipeResult
+	if in.SnapshotDir != "" {
+		src, err := d.roots.SnapshotIn(layout.HibernateStore, in.SnapshotDir)
+		if err != nil {
+			return executors.Result{}, err
+		}
+		if _, err := checkSnapshot(src); err != nil {
+			return executors.Result{}, executors.AsUnrecoverable(fmt.Errorf("promote %s: %w", in.VM, err))
+		}
+		r, err = d.q.CopySnapshot(ctx, src, filepath.Dir(final), filepath.Base(final), sourcePromote)
+		if err != nil {
+			return executors.Result{}, fmt.Errorf("promote %s: %w", in.VM, classify(err))
+		}
+	} else {
+		spec := Spec{RunDir: runDir, StoreDir: filepath.Dir(final)}
+		r, err = d.q.SnapshotLive(ctx, spec, filepath.Base(final), sourcePromote)
+		if err != nil {
+			if errors.Is(err, ErrNotRunning) {
+				return executors.Result{}, &executors.Unrecoverable{Err: fmt.Errorf("promote %s: %w", in.VM, err), Lost: true}
+			}
+			return executors.Result{}, fmt.Errorf("promote %s: %w", in.VM, classify(err))
+		}
+	}
+	res := executors.Result{Report: d.report(r), SnapshotDir: rel}
+	if res.Digest, err = fsx.ContentDigest(final, FileMeta); err != nil {
+		return executors.Result{}, err
+	}
+	return res, nil
+}
+
+// CollectSnapshot implements executors.Driver: layout's Collect (a
+// retired snapshot nothing references or maps).
+func (d *Driver) CollectSnapshot(_ context.Context, in fsm.CollectSnapshot) (executors.Result, error) {
+	if err := d.roots.Collect(d.fs, in.Dir, in.OpID.String()); err != nil {
+		return executors.Result{}, err
+	}
+	d.log.Info().Str("snapshot", in.Dir).Str("owner", in.Owner).Msg("collected a snapshot nothing references")
+	return executors.Result{}, nil
+}
+
+// SweepStore implements reconcile.StoreSweeper (layout's SweepStore).
+func (d *Driver) SweepStore(ctx context.Context, keep func(rel, op string) bool) (layout.StoreSweep, error) {
+	return d.roots.SweepStore(ctx, d.fs, d.instance, keep)
+}
+
+// SnapshotLive is the step sequence of every snapshot of a running VM that
+// runs on (promote; checkpoint): stop; device state into a temp dir in the
+// store; clone RAM and disk; meta.json; SyncTree; rename (snapshot); then
+// cont. Idempotent: a snapshot already under name (a re-run after a crash
+// past the rename) only has the VM resumed (Already). A failure before the
+// rename removes the temp dir; after it the snapshot is removed; either way
+// a VM that was running runs again.
+func (q *Recipes) SnapshotLive(ctx context.Context, spec Spec, name, source string) (RecipeResult, error) {
+	var r RecipeResult
+	if err := validateName(name); err != nil {
+		return r, err
+	}
+	if err := spec.validateDirs(); err != nil {
+		return r, err
+	}
+	if _, err := ReadMeta(spec.SnapshotDir(name)); err == nil {
+		rr, err := q.Resume(ctx, spec)
+		rr.Already = true
+		return rr, err
+	}
+	pid, err := q.adopt(spec.RunDir)
+	if err != nil {
+		return r, err
+	}
+	r.PID = pid
+	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
+	if err != nil {
+		return r, fmt.Errorf("qemu: snapshot: %w", err)
+	}
+	defer c.Close()
+	m, err := launchedMeta(spec.RunDir)
+	if err != nil {
+		return r, err
+	}
+	m.StateBytes, m.Created = 0, time.Time{}
+	m.Source = source
+	m.QEMUVersion = c.Version().String()
+	serr := q.snapshot(ctx, c, spec, name, m, &r, nil)
+	t := q.timer(&r)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.stopGrace)
+	defer cancel()
+	cerr := c.Execute(rctx, "cont", nil, nil)
+	t.mark(StepCont)
+	if serr == nil && cerr != nil {
+		// The VM did not run on: the snapshot is reported failed, so it goes.
+		serr = fmt.Errorf("qemu: resuming after the snapshot: %w", cerr)
+		if rerr := q.fs.RemoveAll(spec.SnapshotDir(name)); rerr != nil {
+			serr = errors.Join(serr, rerr)
+		}
+	} else if cerr != nil {
+		serr = errors.Join(serr, fmt.Errorf("qemu: resuming after a failed snapshot: %w", cerr))
+	}
+	return r, serr
+}
+
+// CopySnapshot makes snapshot name in storeDir a copy of the snapshot in
+// src (a hibernated VM's image) without a VMM: every file cloned into a
+// temp dir in the store (reflinks where the filesystem has them), a new
+// meta.json (source, instance, time), SyncTree, rename. A snapshot already
+// under name is kept (Already).
+func (q *Recipes) CopySnapshot(_ context.Context, src, storeDir, name, source string) (RecipeResult, error) {
+	var r RecipeResult
+	if err := validateName(name); err != nil {
+		return r, err
+	}
+	final := filepath.Join(storeDir, name)
+	if _, err := ReadMeta(final); err == nil {
+		r.Already = true
+		return r, nil
+	}
+	m, err := ReadMeta(src)
+	if err != nil {
+		return r, err
+	}
+	t := q.timer(&r)
+	tmp, err := q.fs.MkTempDir(storeDir, name)
+	if err != nil {
+		return r, err
+	}
+	fail := func(err error) (RecipeResult, error) {
+		if rerr := q.fs.RemoveAll(tmp); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return r, err
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return fail(err)
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() || e.Name() == FileMeta {
+			continue
+		}
+		res, err := q.fs.Clone(filepath.Join(tmp, e.Name()), filepath.Join(src, e.Name()))
+		if err != nil {
+			return fail(err)
+		}
+		r.addClone(res)
+	}
+	t.mark(StepClone)
+	m.Source, m.Instance, m.Created = source, q.instance, q.now().UTC()
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fail(err)
+	}
+	if err := q.fs.WriteFileAtomic(filepath.Join(tmp, FileMeta), append(b, '\n'), 0o600); err != nil {
+		return fail(err)
+	}
+	t.mark(StepMeta)
+	if err := q.fs.SyncTree(tmp); err != nil {
+		return fail(err)
+	}
+	t.mark(StepSync)
+	if err := q.fs.RenameDir(tmp, final); err != nil {
+		return fail(err)
+	}
+	t.mark(StepRename)
+	return r, nil
+}
