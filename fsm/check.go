@@ -193,6 +193,7 @@ func (s *State) Check() error {
 	s.checkEgress(fail)
 	checkHeap("timers", &s.timers, nTimers)
 	checkHeap("purge", &s.purge, nPurge)
+	s.checkVolumes(fail)
 	return errors.Join(errs...)
 }
 

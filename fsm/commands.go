@@ -80,6 +80,10 @@ type Claim struct {
 	NoEgress bool
 	// Env is the claim's env, values sealed by the caller.
 	Env []egress.EnvEntry
+	// Volumes are catalog volumes to attach once the claim runs
+	// (volumes.go); VolumesAttachOnly: mount none of them.
+	Volumes           []VolumeRequest
+	VolumesAttachOnly bool
 }
 
 // Refill requests clones to bring pool Key (every pool short of its target

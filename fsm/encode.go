@@ -25,8 +25,10 @@ const (
 	// StateFormatV5 adds guarded egress: the egress classes and their
 	// owner, the pools' policies, and the claims' pinned egress and env.
 	StateFormatV5 = 5
+	// StateFormatV6 adds volumes: the catalog and the claims' volumes.
+	StateFormatV6 = 6
 	// StateFormatCurrent is the newest format this build writes and reads.
-	StateFormatCurrent = StateFormatV5
+	StateFormatCurrent = StateFormatV6
 )
 
 // ErrStateFormat means an encoded State is of a format this build cannot
@@ -54,6 +56,8 @@ var (
 //	[V5] classes owned by the API, n classes × (name, policy),
 //	     n pools with a policy × (key, policy),
 //	     n claims with egress × (id, class, no egress, unpooled, n env × entry)
+//	[V6] n volumes × (name, path, writable, n tenants × tenant),
+//	     n claims with volumes × (id, n × (name, mount, rw, path, status, live, op, req, req seq))
 //	policy: n rules × (host, n methods × method, n ports × port, secret, intercept), socks5
 //	entry:  name, sealed, size (varint), host only, has inject, [n hosts × host, header, query, body, placeholder]
 //
@@ -186,6 +190,7 @@ func Encode(s *State) []byte {
 		e.i(r.Opened)
 	}
 	e.egress(s, withEgress)
+	e.volumes(s)
 	return e.b
 }
 
@@ -434,6 +439,9 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 	}
 	if format >= StateFormatV5 {
 		d.egress(s)
+	}
+	if format >= StateFormatV6 {
+		d.volumes(s)
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrStateCorrupt, len(d.b))

@@ -169,6 +169,9 @@ type WakeVM struct {
 	RunDir      string
 	SnapshotDir string
 	ReqSeq      uint64
+	// Volumes are the claim's attached volumes: the restored machine has
+	// the same disks.
+	Volumes []VolumeDisk
 }
 
 func (i WakeVM) Kind() IntentKind             { return KindWake }
@@ -220,6 +223,8 @@ type RestartVM struct {
 	Instance string
 	RunDir   string
 	ReqSeq   uint64
+	// Volumes are the claim's attached volumes, attached and mounted again.
+	Volumes []VolumeDisk
 }
 
 func (i RestartVM) Kind() IntentKind     { return KindRestart }
@@ -252,6 +257,7 @@ func Intents(s *State) []Intent {
 	for k := range s.pendingGoldens { //fsm:unordered sorted below
 		out = append(out, s.goldenIntent(s.goldens[k]))
 	}
+	out = append(out, s.pendingVolumeIntents()...)
 	sortIntents(out)
 	return out
 }
@@ -281,9 +287,11 @@ func NewIntents(s *State, evs []event.Event) []Intent {
 	var out []Intent
 	for i := range evs {
 		ev := &evs[i]
-		if in := s.requested(ev.AggID, IntentOp(ev.OpID, ev.Type, ev.AggID)); in != nil {
+		op := IntentOp(ev.OpID, ev.Type, ev.AggID)
+		if in := s.requested(ev.AggID, op); in != nil {
 			out = append(out, in)
 		}
+		out = append(out, s.volumeIntents(ev.AggID, op)...)
 	}
 	sortIntents(out)
 	return out
@@ -351,14 +359,16 @@ var vmIntents = [numVMStatus]func(s *State, v *VMRec) Intent{
 	VMHibernating: func(_ *State, v *VMRec) Intent {
 		return HibernateVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, ReqSeq: v.ReqSeq}
 	},
-	VMWaking: func(_ *State, v *VMRec) Intent {
-		return WakeVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
+	VMWaking: func(s *State, v *VMRec) Intent {
+		return WakeVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq,
+			Volumes: s.attachedDisks(v.Claim)}
 	},
 	VMDestroying: func(_ *State, v *VMRec) Intent {
 		return DestroyVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
 	},
-	VMRestarting: func(_ *State, v *VMRec) Intent {
-		return RestartVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ReqSeq: v.ReqSeq}
+	VMRestarting: func(s *State, v *VMRec) Intent {
+		return RestartVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ReqSeq: v.ReqSeq,
+			Volumes: s.attachedDisks(v.Claim)}
 	},
 }
 

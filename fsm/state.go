@@ -24,7 +24,8 @@ type State struct {
 	tenantsAPI bool
 	classesAPI bool
 	draining   bool
-	relays     map[string]*RelayRec // open relays by id
+	relays     map[string]*RelayRec   // open relays by id
+	volumes    map[string]*VolumeSpec // the volume catalog
 	// applied counts events applied so far; it orders intents (ReqSeq).
 	applied uint64
 
@@ -38,8 +39,10 @@ type State struct {
 	vmCount        [numVMStatus]int
 	live           int
 	tenantLive     map[string]int
-	tenantByHash   map[[32]byte]string // token hash -> tenant name
-	relaysOf       map[string][]string // claim -> its open relay ids, sorted
+	tenantByHash   map[[32]byte]string   // token hash -> tenant name
+	relaysOf       map[string][]string   // claim -> its open relay ids, sorted
+	volHolds       map[string]volumeHold // volume -> the claims holding it
+	pendingVols    map[string]struct{}   // claim/volume with an attach or detach in flight
 }
 
 // New returns an empty state.
@@ -58,6 +61,9 @@ func New() *State {
 		tenants:        map[string]*TenantRec{},
 		tenantByHash:   map[[32]byte]string{},
 		egressClasses:  map[string]*EgressClassRec{},
+		volumes:        map[string]*VolumeSpec{},
+		volHolds:       map[string]volumeHold{},
+		pendingVols:    map[string]struct{}{},
 	}
 }
 
@@ -224,6 +230,7 @@ func (s *State) setClaimStatus(c *ClaimRec, st ClaimStatus, now int64) {
 		c.Env = nil
 		s.purge.set(timerKey{kind: tPurge, id: c.ID}, now+ClaimRetentionNS)
 		s.syncClaimTimers(c)
+		s.releaseVolumes(c)
 		s.maybeDropPool(c.Key)
 		return
 	}
@@ -251,6 +258,7 @@ func (s *State) dropClaim(c *ClaimRec) {
 		s.timers.remove(timerKey{kind: k, id: c.ID})
 	}
 	s.purge.remove(timerKey{kind: tPurge, id: c.ID})
+	s.setClaimVolumes(c, nil)
 	delete(s.claims, c.ID)
 }
 
@@ -343,6 +351,9 @@ func (s *State) dropVM(v *VMRec) {
 	s.vmCount[v.Status]--
 	delete(s.pendingVMs, v.ID)
 	delete(s.vms, v.ID)
+	if v.Claim != "" {
+		s.releaseVolumes(s.claims[v.Claim])
+	}
 	s.syncRefill(v.Key)
 	s.maybeDropPool(v.Key)
 }

@@ -260,6 +260,9 @@ type ClaimRec struct {
 	// Env is the claim's env, sorted by name, values sealed (read-only);
 	// dropped when the claim ends.
 	Env []egress.EnvEntry
+	// Volumes are the claim's volumes (volumes.go), in the order asked
+	// (read-only); dropped once the claim ended and its VM is gone.
+	Volumes []ClaimVolume
 }
 
 // Limits are the claim limits; 0 means unlimited. TenantCaps are the caps

@@ -229,6 +229,8 @@ type ClaimCreated struct {
 	NoEgress    bool              `json:"no_egress,omitempty"`
 	PolicyLayer string            `json:"policy_layer,omitempty"`
 	Env         []EnvEntry        `json:"env,omitempty"`
+	// Volumes are the claim's volumes (volumes.go), attached once it runs.
+	Volumes []ClaimVolume `json:"volumes,omitempty"`
 }
 
 // ClaimServed: a pending claim's VM is ready; the claim runs.

@@ -63,6 +63,15 @@ func samplePayloads() []Payload {
 		ClaimEnvChanged{Claim: "sb_00112233445566ff", Set: sampleEnv(), Remove: []string{"OLD"}},
 		EgressUsage{Claim: "sb_00112233445566ff", Key: &key, Tenant: "acme", FromNS: 1_790_000_000_000_000_000, ToNS: 1_790_000_060_000_000_000,
 			Tx: 5120, Rx: 1_048_576, Allowed: 12, Denied: 2, Final: true},
+		VolumesConfigured{Volumes: []VolumeSpec{{Name: "imagenet", Path: "/srv/volumes/imagenet.img"},
+			{Name: "scratch-db", Path: "/srv/volumes/scratch.img", Writable: true, Tenants: []string{"acme"}}}},
+		VolumeAttachRequested{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677",
+			Volumes: []ClaimVolume{{Name: "weights", Mount: "/models", Path: "/srv/volumes/weights.img"}}},
+		VolumeAttached{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volume: "weights"},
+		VolumeAttachFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volume: "weights", Error: "no such device"},
+		VolumeDetachRequested{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volumes: []string{"weights"}},
+		VolumeDetached{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volume: "weights"},
+		VolumeDetachFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volume: "weights", Error: "target is busy"},
 	}
 }
 

@@ -82,6 +82,15 @@ const (
 	TypeEgressClassRemoved Type = 39
 	TypeClaimEnvChanged    Type = 40
 	TypeEgressUsage        Type = 41
+
+	// Volumes (volumes.go): the catalog and a claim's attachments.
+	TypeVolumesConfigured     Type = 42
+	TypeVolumeAttachRequested Type = 43
+	TypeVolumeAttached        Type = 44
+	TypeVolumeAttachFailed    Type = 45
+	TypeVolumeDetachRequested Type = 46
+	TypeVolumeDetached        Type = 47
+	TypeVolumeDetachFailed    Type = 48
 )
 
 // AggKind is the kind of aggregate an event belongs to.
@@ -108,47 +117,54 @@ type typeInfo struct {
 // typeInfos is the registry of every type this build can read. A retired type
 // keeps its entry so old logs stay readable.
 var typeInfos = map[Type]typeInfo{
-	TypePoolsConfigured:      {"pools_configured", 1, AggNode},
-	TypeLimitsConfigured:     {"limits_configured", 1, AggNode},
-	TypeGoldenBuildRequested: {"golden_build_requested", 1, AggGolden},
-	TypeGoldenBuilt:          {"golden_built", 1, AggGolden},
-	TypeGoldenFailed:         {"golden_failed", 1, AggGolden},
-	TypeVMCloneRequested:     {"vm_clone_requested", 1, AggVM},
-	TypeVMCloned:             {"vm_cloned", 1, AggVM},
-	TypeVMCloneFailed:        {"vm_clone_failed", 1, AggVM},
-	TypeVMDestroyRequested:   {"vm_destroy_requested", 1, AggVM},
-	TypeVMDestroyed:          {"vm_destroyed", 1, AggVM},
-	TypeVMExited:             {"vm_exited", 1, AggVM},
-	TypeClaimCreated:         {"claim_created", 2, AggClaim},
-	TypeClaimServed:          {"claim_served", 1, AggClaim},
-	TypeClaimFailed:          {"claim_failed", 1, AggClaim},
-	TypeClaimRenewed:         {"claim_renewed", 1, AggClaim},
-	TypeClaimReleased:        {"claim_released", 1, AggClaim},
-	TypeHibernateRequested:   {"hibernate_requested", 1, AggClaim},
-	TypeHibernated:           {"hibernated", 1, AggClaim},
-	TypeHibernateFailed:      {"hibernate_failed", 1, AggClaim},
-	TypeWakeRequested:        {"wake_requested", 1, AggClaim},
-	TypeWoken:                {"woken", 1, AggClaim},
-	TypeWakeFailed:           {"wake_failed", 1, AggClaim},
-	TypePoolParked:           {"pool_parked", 1, AggPool},
-	TypePoolUnparked:         {"pool_unparked", 1, AggPool},
-	TypeNodeConfigured:       {"node_configured", 1, AggNode},
-	TypeClaimTouched:         {"claim_touched", 1, AggClaim},
-	TypeClaimExpired:         {"claim_expired", 1, AggClaim},
-	TypeVMRestartRequested:   {"vm_restart_requested", 1, AggVM},
-	TypeVMRestarted:          {"vm_restarted", 1, AggVM},
-	TypeVMRestartFailed:      {"vm_restart_failed", 1, AggVM},
-	TypeTenantPut:            {"tenant_put", 1, AggTenant},
-	TypeTenantRemoved:        {"tenant_removed", 1, AggTenant},
-	TypeNodeDrained:          {"node_drained", 1, AggNode},
-	TypeNodeUncordoned:       {"node_uncordoned", 1, AggNode},
-	TypeRelayOpened:          {"relay_opened", 1, AggClaim},
-	TypeRelayClosed:          {"relay_closed", 1, AggClaim},
-	TypeEgressPoolSet:        {"egress_pool_set", 1, AggPool},
-	TypeEgressClassPut:       {"egress_class_put", 1, AggEgress},
-	TypeEgressClassRemoved:   {"egress_class_removed", 1, AggEgress},
-	TypeClaimEnvChanged:      {"claim_env_changed", 1, AggClaim},
-	TypeEgressUsage:          {"egress_usage", 1, AggClaim},
+	TypePoolsConfigured:       {"pools_configured", 1, AggNode},
+	TypeLimitsConfigured:      {"limits_configured", 1, AggNode},
+	TypeGoldenBuildRequested:  {"golden_build_requested", 1, AggGolden},
+	TypeGoldenBuilt:           {"golden_built", 1, AggGolden},
+	TypeGoldenFailed:          {"golden_failed", 1, AggGolden},
+	TypeVMCloneRequested:      {"vm_clone_requested", 1, AggVM},
+	TypeVMCloned:              {"vm_cloned", 1, AggVM},
+	TypeVMCloneFailed:         {"vm_clone_failed", 1, AggVM},
+	TypeVMDestroyRequested:    {"vm_destroy_requested", 1, AggVM},
+	TypeVMDestroyed:           {"vm_destroyed", 1, AggVM},
+	TypeVMExited:              {"vm_exited", 1, AggVM},
+	TypeClaimCreated:          {"claim_created", 2, AggClaim},
+	TypeClaimServed:           {"claim_served", 1, AggClaim},
+	TypeClaimFailed:           {"claim_failed", 1, AggClaim},
+	TypeClaimRenewed:          {"claim_renewed", 1, AggClaim},
+	TypeClaimReleased:         {"claim_released", 1, AggClaim},
+	TypeHibernateRequested:    {"hibernate_requested", 1, AggClaim},
+	TypeHibernated:            {"hibernated", 1, AggClaim},
+	TypeHibernateFailed:       {"hibernate_failed", 1, AggClaim},
+	TypeWakeRequested:         {"wake_requested", 1, AggClaim},
+	TypeWoken:                 {"woken", 1, AggClaim},
+	TypeWakeFailed:            {"wake_failed", 1, AggClaim},
+	TypePoolParked:            {"pool_parked", 1, AggPool},
+	TypePoolUnparked:          {"pool_unparked", 1, AggPool},
+	TypeNodeConfigured:        {"node_configured", 1, AggNode},
+	TypeClaimTouched:          {"claim_touched", 1, AggClaim},
+	TypeClaimExpired:          {"claim_expired", 1, AggClaim},
+	TypeVMRestartRequested:    {"vm_restart_requested", 1, AggVM},
+	TypeVMRestarted:           {"vm_restarted", 1, AggVM},
+	TypeVMRestartFailed:       {"vm_restart_failed", 1, AggVM},
+	TypeTenantPut:             {"tenant_put", 1, AggTenant},
+	TypeTenantRemoved:         {"tenant_removed", 1, AggTenant},
+	TypeNodeDrained:           {"node_drained", 1, AggNode},
+	TypeNodeUncordoned:        {"node_uncordoned", 1, AggNode},
+	TypeRelayOpened:           {"relay_opened", 1, AggClaim},
+	TypeRelayClosed:           {"relay_closed", 1, AggClaim},
+	TypeEgressPoolSet:         {"egress_pool_set", 1, AggPool},
+	TypeEgressClassPut:        {"egress_class_put", 1, AggEgress},
+	TypeEgressClassRemoved:    {"egress_class_removed", 1, AggEgress},
+	TypeClaimEnvChanged:       {"claim_env_changed", 1, AggClaim},
+	TypeEgressUsage:           {"egress_usage", 1, AggClaim},
+	TypeVolumesConfigured:     {"volumes_configured", 1, AggNode},
+	TypeVolumeAttachRequested: {"volume_attach_requested", 1, AggClaim},
+	TypeVolumeAttached:        {"volume_attached", 1, AggClaim},
+	TypeVolumeAttachFailed:    {"volume_attach_failed", 1, AggClaim},
+	TypeVolumeDetachRequested: {"volume_detach_requested", 1, AggClaim},
+	TypeVolumeDetached:        {"volume_detached", 1, AggClaim},
+	TypeVolumeDetachFailed:    {"volume_detach_failed", 1, AggClaim},
 }
 
 // Known reports whether this build can read events of type t.

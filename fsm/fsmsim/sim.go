@@ -102,6 +102,8 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 		return s.limits()
 	case 3:
 		return s.pools()
+	case 4:
+		return s.volumeCatalog()
 	}
 	if s.rng.intn(100) < s.opt.InvalidPercent {
 		return s.invalid(st)
@@ -117,6 +119,8 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 		return fsm.Uncordon{Meta: s.meta()}
 	case x >= 970:
 		return s.egress(st)
+	case x >= 940:
+		return s.volumeOp(st)
 	}
 	r := s.rng.intn(1000)
 	switch {
@@ -301,6 +305,9 @@ func (s *Sim) claim(st *fsm.State) fsm.Command {
 	if s.rng.intn(8) == 0 {
 		c.Env = s.env(1 + s.rng.intn(3))
 	}
+	if s.rng.intn(6) == 0 {
+		s.claimVolumes(&c)
+	}
 	return c
 }
 
@@ -398,6 +405,8 @@ func (s *Sim) result(st *fsm.State) fsm.Command {
 			return fsm.VMRestartFailed{Meta: m, VM: in.VM, Error: "vm.boot: 500"}
 		}
 		return fsm.VMRestarted{Meta: m, VM: in.VM, Report: rep}
+	case fsm.AttachVolume, fsm.DetachVolume:
+		return s.volumeResult(in, m, fail)
 	}
 	return nil
 }
