@@ -92,6 +92,9 @@ var methods = map[fsm.IntentKind]Method{
 	fsm.KindWake:      method(Driver.Wake, 2*time.Minute),
 	fsm.KindDestroy:   method(Driver.Destroy, time.Minute),
 	fsm.KindRestart:   method(restart, 2*time.Minute),
+	// volumes.go: an optional interface, like Restarter.
+	fsm.KindAttachVolume: method(attachVolume, time.Minute),
+	fsm.KindDetachVolume: method(detachVolume, time.Minute),
 }
 
 // MethodFor returns the Driver method performing intents of kind k; false

@@ -23,6 +23,17 @@ func (r *recorder) Hibernate(context.Context, fsm.HibernateVM) (Result, error) {
 func (r *recorder) Wake(context.Context, fsm.WakeVM) (Result, error)       { return r.note("Wake") }
 func (r *recorder) Destroy(context.Context, fsm.DestroyVM) (Result, error) { return r.note("Destroy") }
 func (r *recorder) Restart(context.Context, fsm.RestartVM) (Result, error) { return r.note("Restart") }
+func (r *recorder) AttachVolume(context.Context, fsm.AttachVolume) (Result, error) {
+	return r.note("AttachVolume")
+}
+func (r *recorder) DetachVolume(context.Context, fsm.DetachVolume) (Result, error) {
+	return r.note("DetachVolume")
+}
+
+// noVolumes is a Driver that cannot attach volumes.
+type noVolumes struct{ plain }
+
+func (noVolumes) AttachVolume() {} // not a VolumeAttacher: another signature
 
 // plain is a Driver without Restart.
 type plain struct{ recorder }
@@ -43,6 +54,8 @@ func TestDispatchTable(t *testing.T) {
 		{fsm.WakeVM{OpID: op, VM: "vm-1"}, "Wake"},
 		{fsm.DestroyVM{OpID: op, VM: "vm-1"}, "Destroy"},
 		{fsm.RestartVM{OpID: op, VM: "vm-1"}, "Restart"},
+		{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, "AttachVolume"},
+		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, "DetachVolume"},
 	}
 	for _, c := range cases {
 		t.Run(string(c.in.Kind()), func(t *testing.T) {
@@ -70,5 +83,13 @@ func TestDispatchTable(t *testing.T) {
 	var p plain
 	if _, err := m.Call(context.Background(), &p, fsm.RestartVM{OpID: op, VM: "vm-1"}); !IsUnrecoverable(err) || p.called != "" {
 		t.Fatalf("restart on a driver that cannot: %v, called %q", err, p.called)
+	}
+	// Volumes likewise: a driver that cannot attach fails the intents.
+	for _, in := range []fsm.Intent{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}} {
+		m, _ := MethodFor(in.Kind())
+		var bare noVolumes
+		if _, err := m.Call(context.Background(), &bare, in); !IsUnrecoverable(err) || bare.called != "" {
+			t.Fatalf("%s on a driver that cannot: %v, called %q", in.Kind(), err, bare.called)
+		}
 	}
 }

@@ -60,6 +60,12 @@ func (f *fakeDriver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result,
 func (f *fakeDriver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
 	return f.do(ctx, in)
 }
+func (f *fakeDriver) AttachVolume(ctx context.Context, in fsm.AttachVolume) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) DetachVolume(ctx context.Context, in fsm.DetachVolume) (executors.Result, error) {
+	return f.do(ctx, in)
+}
 
 func (f *fakeDriver) callCount() int {
 	f.mu.Lock()
@@ -236,6 +242,10 @@ func TestSchedulerResultCommands(t *testing.T) {
 		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, nil, "fsm.WakeDone", ""},
 		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, executors.Unrecoverablef("bad"), "fsm.WakeFailed", "bad"},
 		{fsm.DestroyVM{OpID: nextOp(), VM: "vm-d"}, nil, "fsm.VMDestroyed", ""},
+		{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, nil, "fsm.VolumeAttachDone", ""},
+		{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, executors.Unrecoverablef("no such file"), "fsm.VolumeAttachError", "no such file"},
+		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, nil, "fsm.VolumeDetachDone", ""},
+		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, executors.Unrecoverablef("target is busy"), "fsm.VolumeDetachError", "target is busy"},
 	}
 	for _, c := range cases {
 		d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
@@ -258,6 +268,10 @@ func TestSchedulerResultCommands(t *testing.T) {
 		case fsm.VMCloneFailed:
 			msg = x.Error
 		case fsm.WakeFailed:
+			msg = x.Error
+		case fsm.VolumeAttachError:
+			msg = x.Error
+		case fsm.VolumeDetachError:
 			msg = x.Error
 		case fsm.HibernateDone:
 			if x.SnapshotDir != "hibernate/x" {

@@ -57,6 +57,9 @@ const FakeHypervisor = "in-process-fake"
 // run dir.
 type FakeDriver struct {
 	goldens, clones, hibernates, wakes, destroys atomic.Int64
+	attaches, detaches                           atomic.Int64
+	// FailAttaches makes every volume attach fail for good.
+	FailAttaches atomic.Bool
 	// FailClones makes every clone fail for good (an unrecoverable error).
 	FailClones atomic.Bool
 	// FailHibernates and FailWakes make every hibernate and wake fail for
@@ -267,7 +270,8 @@ func (f *FakeDriver) Calls() map[fsm.IntentKind]int64 {
 	return map[fsm.IntentKind]int64{
 		fsm.KindGolden: f.goldens.Load(), fsm.KindClone: f.clones.Load(),
 		fsm.KindHibernate: f.hibernates.Load(), fsm.KindWake: f.wakes.Load(),
-		fsm.KindDestroy: f.destroys.Load(),
+		fsm.KindDestroy:      f.destroys.Load(),
+		fsm.KindAttachVolume: f.attaches.Load(), fsm.KindDetachVolume: f.detaches.Load(),
 	}
 }
 
