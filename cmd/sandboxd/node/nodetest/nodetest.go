@@ -291,6 +291,8 @@ type Options struct {
 	Pools []fsm.PoolSpec
 	// MaxClaims is the node's max_claims (0 = unlimited).
 	MaxClaims int
+	// Volumes is the node's volume catalog (node.Config.Volumes).
+	Volumes []fsm.VolumeSpec
 	// Concurrency bounds the executors (default 64: the fake is instant).
 	Concurrency int
 	// Config is passed to api.New; OwnerAddr defaults to the listen address.
@@ -341,7 +343,7 @@ func Start(opts Options) (*Node, error) {
 	}
 	nc := node.Config{
 		DataDir: opts.Dir, NodeID: opts.NodeID, Listener: ln, Instance: "i-nodetest",
-		RootToken: opts.RootToken, Tenants: opts.Tenants, MaxClaims: opts.MaxClaims, Pools: opts.Pools,
+		RootToken: opts.RootToken, Tenants: opts.Tenants, MaxClaims: opts.MaxClaims, Pools: opts.Pools, Volumes: opts.Volumes,
 		RestartPolicy: fsm.DefaultRestartPolicy, Concurrency: opts.Concurrency, RefillDelay: opts.RefillDelay,
 		Redirector: opts.Redirector, API: cfg, Log: opts.Log,
 	}
