@@ -32,6 +32,9 @@ type ClaimResponse struct {
 	Size     string `json:"size"`
 	Tier     string `json:"tier"`
 	VM       string `json:"vm"`
+	// Volumes are the claim's volumes (volumes.go), as the old daemon
+	// echoed them.
+	Volumes []VolumeJSON `json:"volumes,omitempty"`
 	// Redirect, in a redirect answer only (which has no other field),
 	// lists nodes with warm capacity for the pool: the client claims
 	// there, with no_redirect.
@@ -72,6 +75,8 @@ type Sandbox struct {
 	OwnerAddr string `json:"owner_addr"`
 	Created   string `json:"created"`
 	Reason    string `json:"reason,omitempty"`
+	// Volumes are the sandbox's attached volumes (volumes.go).
+	Volumes []VolumeJSON `json:"volumes,omitempty"`
 }
 
 func rfc3339(ns int64) string {
@@ -86,7 +91,7 @@ func (s *Server) sandboxOf(c *fsm.ClaimRec) Sandbox {
 		ID: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
 		Hibernated: c.Status == fsm.ClaimHibernated, ClaimedAt: rfc3339(c.Created), Deadline: rfc3339(c.Deadline),
 		State: c.Status.String(), Tier: c.Tier.String(), VM: c.VM, OwnerAddr: s.cfg.OwnerAddr,
-		Created: rfc3339(c.Created), Reason: c.Reason,
+		Created: rfc3339(c.Created), Reason: c.Reason, Volumes: volumesJSON(c),
 	}
 	if z, ok := fsm.SizeNamed(c.Key.Size); ok {
 		sb.CPUCount, sb.MemTotalBytes = z.VCPUs, int64(z.MemoryMiB)<<20
@@ -181,6 +186,12 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// before Propose returns.
 	served := s.wait(claimID)
 	defer s.unwait(claimID)
+	var volWatch *watch
+	if len(req.Volumes) > 0 {
+		// A claim with volumes answers once they are attached (or failed).
+		volWatch = s.watch(claimID, volumeOutcomes...)
+		defer s.unwatch(volWatch)
+	}
 	// A warm claim is running as soon as it is applied: its answer (token,
 	// JSON) is built while the fsync is in flight, and sent from Durable:
 	// with the local engine before it tells executors and projections about
@@ -192,10 +203,11 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return fsm.Claim{
 			Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
 			Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1, NoEgress: noEgress, Env: env,
+			Volumes: volumeRequests(req.Volumes), VolumesAttachOnly: req.VolumesAttachOnly,
 		}
 	}, engine.Hooks{
 		Prepare: func() {
-			if c, _ = s.claim(claimID); c.Status == fsm.ClaimRunning {
+			if c, _ = s.claim(claimID); c.Status == fsm.ClaimRunning && volWatch == nil {
 				reply = encodeJSON(s.claimResponse(claimID, &c))
 			}
 		},
@@ -238,6 +250,11 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		case <-served:
 		case <-ctx.Done():
 		}
+	}
+	if volWatch != nil {
+		ctx, cancel := s.waitContext(r.Context(), s.cfg.ClaimWait)
+		defer cancel()
+		s.awaitVolumes(ctx, claimID, volWatch, nil)
 	}
 	if c, _, _, err = s.durableState(r.Context(), claimID); err != nil {
 		return err
@@ -287,6 +304,7 @@ func (s *Server) claimResponse(id string, c *fsm.ClaimRec) ClaimResponse {
 		ID: id, Token: s.auth.SandboxToken(id, tokenGenOf(c)),
 		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, NetRoute: s.netRoute(id, c),
 		Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size, Tier: c.Tier.String(), VM: c.VM,
+		Volumes: volumesJSON(c),
 	}
 }
 

@@ -171,7 +171,8 @@ func TestDocsEventTypes(t *testing.T) {
 func TestDocsTypes(t *testing.T) {
 	lines := readDoc(t)
 	for _, v := range []any{ClaimRequest{}, ClaimResponse{}, Sandbox{}, RenewRequest{}, PoolSpec{}, Info{}, PoolInfo{}, SandboxStats{}, EventJSON{}, VM{}, VMChange{},
-		TenantList{}, TenantJSON{}, TenantsRequest{}, TenantSpec{}, TenantRequest{}, EnvVar{}, PolicyJSON{}, EgressClassJSON{}, ExecRequest{}, ExecResponse{}, PreviewRequest{}, PreviewResponse{}} {
+		TenantList{}, TenantJSON{}, TenantsRequest{}, TenantSpec{}, TenantRequest{}, EnvVar{}, PolicyJSON{}, EgressClassJSON{}, ExecRequest{}, ExecResponse{}, PreviewRequest{}, PreviewResponse{},
+		VolumeJSON{}, VolumeInfo{}, AttachVolumesRequest{}, DetachVolumesRequest{}, SandboxVolumes{}} {
 		typ := reflect.TypeOf(v)
 		var code []string
 		for i := range typ.NumField() {
