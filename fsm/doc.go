@@ -19,7 +19,8 @@
 //     undecodable or inconsistent events (*ApplyError), and then leaves s
 //     unchanged.
 //   - Intents(s) lists the side effects the state asks for (BuildGolden,
-//     CloneVM, HibernateVM, WakeVM, DestroyVM, RestartVM), each with the op id its
+//     CloneVM, HibernateVM, WakeVM, DestroyVM, RestartVM, and a claim's
+//     AttachVolume and DetachVolume: volumes.go), each with the op id its
 //     executor keys its idempotent steps by (derived from the request
 //     event's op id, see IntentOp), computed from state alone, so a restarted
 //     daemon recomputes the same intents with the same op ids. Intents costs

@@ -39,6 +39,10 @@ func ext4Image(t *testing.T, dir, name string, files map[string]string) string {
 	return img
 }
 
+// serials lists the guest's disks' virtio serials (a serial file has no
+// newline), sorted, on one line.
+const serials = `for f in /sys/block/*/serial; do cat "$f"; echo; done | sort | tr '\n' ' '`
+
 // TestVolumesQEMU is issue 24's acceptance 5: the built sandboxd on the
 // QEMU driver (TCG) with the project's guest and a catalog of ext4 images.
 // A claim with a read-only volume sees its files (and cannot write them),
@@ -129,7 +133,7 @@ func TestVolumesQEMU(t *testing.T) {
 		t.Fatalf("attach: %+v, %v", vs, err)
 	}
 	t.Logf("live attach (hot-plug and mount): %v", time.Since(start))
-	if out, code := sh("cat /mnt/extra/second.txt; cat /sys/block/*/serial | sort | tr '\\n' ' '"); code != 0 || out != "a second volume\ndataset extra scratch " {
+	if out, code := sh("cat /mnt/extra/second.txt; " + serials); code != 0 || out != "a second volume\ndataset extra scratch " {
 		t.Fatalf("live-attached volume: exit %d, %q", code, out)
 	}
 
@@ -145,7 +149,7 @@ func TestVolumesQEMU(t *testing.T) {
 	if vs, err = sb.DetachVolumes(ctx, cl.ID, []string{"extra"}); err != nil || len(vs) != 2 {
 		t.Fatalf("detach: %+v, %v", vs, err)
 	}
-	if out, code := sh("grep -c ' /mnt/extra ' /proc/mounts; cat /sys/block/*/serial | sort | tr '\\n' ' '"); out != "0\ndataset scratch " || code == 0 {
+	if out, code := sh("grep -c ' /mnt/extra ' /proc/mounts; " + serials); out != "0\ndataset scratch " || code != 0 {
 		t.Fatalf("after detach: exit %d, %q", code, out)
 	}
 	if err := root.Release(ctx, cl.ID); err != nil {
