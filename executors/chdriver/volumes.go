@@ -61,3 +61,15 @@ func (d *Driver) DetachVolume(ctx context.Context, in fsm.DetachVolume) (executo
 	}
 	return executors.Result{}, nil
 }
+
+// reattachVolumes hot-plugs a cold-restarted VM's volumes again (its new
+// VMM booted from the template's config, without them).
+func (d *Driver) reattachVolumes(ctx context.Context, in fsm.RestartVM) error {
+	for _, v := range in.Volumes {
+		vi := fsm.VolumeIntent{OpID: in.OpID, Claim: in.Claim, VM: in.VM, Key: in.Key, Instance: in.Instance, RunDir: in.RunDir, Disk: v}
+		if _, err := d.AttachVolume(ctx, fsm.AttachVolume{VolumeIntent: vi}); err != nil {
+			return fmt.Errorf("restart %s: %w", in.VM, err)
+		}
+	}
+	return nil
+}
