@@ -22,8 +22,10 @@ import (
 // The commands that reach inside a sandbox: exec, cp and port-forward.
 // They go through sandboxd's data plane as the old SDK does (the agent
 // relay and the ports route, with their exact upgrade requests), so they
-// need the sandbox's own token: --sandbox-token, else $SBX_SANDBOX_TOKEN,
-// else --token itself when it is a sandbox token (sbt_...). A hibernated
+// use the sandbox's own token: --sandbox-token; else --token itself when it
+// is a sandbox token (sbt_...); else, holding root, the one root reads with
+// GET /v1/sandboxes/{id} (apiclient.WithSandboxLookup), so an operator
+// needs no second credential; else $SBX_SANDBOX_TOKEN. A hibernated
 // sandbox is woken by the call.
 
 const envSandboxToken = "SBX_SANDBOX_TOKEN"
@@ -38,18 +40,22 @@ func init() {
 }
 
 // sandboxTokenFlag adds --sandbox-token and returns what picks the
-// sandbox's token: --sandbox-token, $SBX_SANDBOX_TOKEN, else --token or
-// $SBX_API_TOKEN when that is a sandbox token.
+// sandbox's token, in the order the file's comment gives.
 func sandboxTokenFlag(fs *flag.FlagSet) func(c *apiclient.Client) (*apiclient.Client, error) {
-	tok := fs.String("sandbox-token", "", "the sandbox's own token, from its claim (default $"+envSandboxToken+", else --token if it is a sandbox token)")
+	tok := fs.String("sandbox-token", "", "the sandbox's own token, from its claim (default: the one root reads from sandboxd, else $"+envSandboxToken+")")
 	return func(c *apiclient.Client) (*apiclient.Client, error) {
-		if t := cmpOr(*tok, os.Getenv(envSandboxToken)); t != "" {
+		env := os.Getenv(envSandboxToken)
+		switch t := cmpOr(fs.Lookup("token").Value.String(), os.Getenv(envToken)); {
+		case *tok != "":
+			return c.WithToken(*tok), nil
+		case strings.HasPrefix(t, apiclient.SandboxTokenPrefix):
 			return c.WithToken(t), nil
+		case c.HasToken():
+			return c.WithSandboxLookup(env), nil
+		case env != "":
+			return c.WithToken(env), nil
 		}
-		if t := cmpOr(fs.Lookup("token").Value.String(), os.Getenv(envToken)); strings.HasPrefix(t, "sbt_") {
-			return c.WithToken(t), nil
-		}
-		return nil, usagef("the sandbox's own token is needed (the TOKEN its claim printed): --sandbox-token or $%s", envSandboxToken)
+		return nil, usagef("the sandbox's own token is needed (the TOKEN its claim printed): --sandbox-token or $%s, or the root token (which reads it)", envSandboxToken)
 	}
 }
 
