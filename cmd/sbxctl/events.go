@@ -16,7 +16,8 @@ import (
 )
 
 func init() {
-	register("events", command{summary: "print /v1/events up to now (--follow: and then as they happen, resuming after disconnects)",
+	register("events", command{summary: "print /v1/events up to now (--follow: and then as they happen, resuming after disconnects)", examples: `sbxctl events                                   # the log so far
+sbxctl events --follow --from 100`,
 		run: remoteCommand(remoteSpec{name: "events", stream: true, flags: eventsFlags})})
 }
 

@@ -13,13 +13,19 @@ import (
 )
 
 func init() {
-	register("claim", command{summary: "claim a sandbox (--template; waits until it runs)", run: remoteCommand(remoteSpec{name: "claim", flags: claimFlags})})
-	register("release", command{summary: "release a sandbox", run: remoteCommand(remoteSpec{name: "release", args: []string{"ID"}, flags: lifecycleFlags("release")})})
-	register("hibernate", command{summary: "hibernate a sandbox (returns once hibernated; --no-wait: once requested)", run: remoteCommand(remoteSpec{name: "hibernate", args: []string{"ID"}, flags: lifecycleFlags("hibernate")})})
-	register("wake", command{summary: "wake a hibernated sandbox (returns once running; --no-wait: once requested)", run: remoteCommand(remoteSpec{name: "wake", args: []string{"ID"}, flags: lifecycleFlags("wake")})})
-	register("renew", command{summary: "extend a sandbox's deadline to now + --ttl", run: remoteCommand(remoteSpec{name: "renew", args: []string{"ID"}, flags: renewFlags})})
-	register("preview", command{summary: "mint a preview URL of a guest port (--port; --ttl)", run: remoteCommand(remoteSpec{name: "preview", args: []string{"ID"}, flags: previewFlags})})
-	register("ls", command{summary: "list sandboxes (--ref, --meta k=v, --state)", run: remoteCommand(remoteSpec{name: "ls", flags: lsFlags})})
+	register("claim", command{summary: "claim a sandbox (--template; waits until it runs)", examples: `sbxctl claim --template default                 # a sandbox of pool default/none/small
+sbxctl claim --template default --ttl 1h --ref job-7
+sbxctl claim --template default --json | jq -r .id`, run: remoteCommand(remoteSpec{name: "claim", flags: claimFlags})})
+	register("release", command{summary: "release a sandbox", examples: `sbxctl release sb_0123456789abcdef
+sbxctl release --all                            # every live sandbox of this node (root)`, run: remoteCommand(remoteSpec{name: "release", args: []string{"ID"}, flags: lifecycleFlags("release")})})
+	register("hibernate", command{summary: "hibernate a sandbox (returns once hibernated; --no-wait: once requested)", examples: `sbxctl hibernate sb_0123456789abcdef             # snapshot it and stop its VM
+sbxctl hibernate --no-wait sb_0123456789abcdef`, run: remoteCommand(remoteSpec{name: "hibernate", args: []string{"ID"}, flags: lifecycleFlags("hibernate")})})
+	register("wake", command{summary: "wake a hibernated sandbox (returns once running; --no-wait: once requested)", examples: `sbxctl wake sb_0123456789abcdef                  # exec and cp wake it by themselves too`, run: remoteCommand(remoteSpec{name: "wake", args: []string{"ID"}, flags: lifecycleFlags("wake")})})
+	register("renew", command{summary: "extend a sandbox's deadline to now + --ttl", examples: `sbxctl renew sb_0123456789abcdef --ttl 30m      # deadline = now + 30 min`, run: remoteCommand(remoteSpec{name: "renew", args: []string{"ID"}, flags: renewFlags})})
+	register("preview", command{summary: "mint a preview URL of a guest port (--port; --ttl)", examples: `sbxctl preview sb_0123456789abcdef --port 8000 --ttl 10m`, run: remoteCommand(remoteSpec{name: "preview", args: []string{"ID"}, flags: previewFlags})})
+	register("ls", command{summary: "list sandboxes (--ref, --meta k=v, --state)", examples: `sbxctl ls                                       # live sandboxes, with EXPIRES IN
+sbxctl ls --state all                           # ended ones too
+sbxctl ls --ref job-7 --meta team=a`, run: remoteCommand(remoteSpec{name: "ls", flags: lsFlags})})
 }
 
 func claimFlags(fs *flag.FlagSet) remoteBody {
