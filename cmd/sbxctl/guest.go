@@ -34,13 +34,13 @@ func init() {
 	register("exec", command{summary: "run a command in a sandbox (-- ARGV; streams its output, exits with its code; -i: stdin; -t: on a terminal; --session: in a shell session)", examples: `sbxctl exec sb_0123456789abcdef -- uname -a
 sbxctl exec -t sb_0123456789abcdef -- bash       # an interactive shell
 echo hi | sbxctl exec -i sb_0123456789abcdef -- cat`, run: remoteCommand(remoteSpec{
-		name: "exec", args: []string{"ID"}, rest: "-- COMMAND [ARG...]", stream: true, flags: execFlags})})
+		name: "exec", args: []string{"ID"}, rest: "-- COMMAND [ARG...]", stream: true, noJSON: true, flags: execFlags})})
 	register("cp", command{summary: "copy a file to or from a sandbox (ID:/path on one side; - is stdin or stdout)", examples: `sbxctl cp ./main.py sb_0123456789abcdef:/tmp/    # into a directory: /tmp/main.py
 sbxctl cp -r ./src sb_0123456789abcdef:/work/src
 sbxctl cp sb_0123456789abcdef:/etc/os-release -  # to stdout`, run: remoteCommand(remoteSpec{
-		name: "cp", args: []string{"SRC", "DST"}, stream: true, flags: cpFlags})})
+		name: "cp", args: []string{"SRC", "DST"}, stream: true, noJSON: true, flags: cpFlags})})
 	register("port-forward", command{summary: "forward a local port to a sandbox's TCP port ([LOCAL:]PORT)", examples: `sbxctl port-forward sb_0123456789abcdef 8080:8000   # localhost:8080 -> guest port 8000`, run: remoteCommand(remoteSpec{
-		name: "port-forward", args: []string{"ID", "[LOCAL:]PORT"}, stream: true, flags: portForwardFlags})})
+		name: "port-forward", args: []string{"ID", "[LOCAL:]PORT"}, stream: true, noJSON: true, flags: portForwardFlags})})
 }
 
 // sandboxTokenFlag adds --sandbox-token and returns what picks the

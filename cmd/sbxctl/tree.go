@@ -19,9 +19,9 @@ import (
 
 func init() {
 	register("push", command{summary: "copy a local directory's contents into a sandbox directory (as a tar stream)", examples: `sbxctl push sb_0123456789abcdef ./src /work/src`, run: remoteCommand(remoteSpec{
-		name: "push", args: []string{"ID", "LOCAL_DIR", "GUEST_DIR"}, stream: true, flags: pushFlags})})
+		name: "push", args: []string{"ID", "LOCAL_DIR", "GUEST_DIR"}, stream: true, noJSON: true, flags: pushFlags})})
 	register("pull", command{summary: "copy a sandbox file or directory into a local directory (as a tar stream)", examples: `sbxctl pull sb_0123456789abcdef /work/out ./out`, run: remoteCommand(remoteSpec{
-		name: "pull", args: []string{"ID", "GUEST_PATH", "LOCAL_DIR"}, stream: true, flags: pullFlags})})
+		name: "pull", args: []string{"ID", "GUEST_PATH", "LOCAL_DIR"}, stream: true, noJSON: true, flags: pullFlags})})
 }
 
 func pushFlags(fs *flag.FlagSet) remoteBody {
