@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
+	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 	"github.com/sbxlog/sbxlog/projections/api"
 )
 
@@ -51,7 +53,7 @@ func TestExecCommand(t *testing.T) {
 		{"a tenant does not see root's sandbox", []string{"exec", cl.ID, "--token", "acme-token", "--", "true"}, "", 1, "", "404"},
 		{"no command", []string{"exec", cl.ID, "--sandbox-token", cl.Token}, "", 2, "", "no command"},
 		{"another token", []string{"exec", cl.ID, "--sandbox-token", "sbt_00", "--", "true"}, "", 1, "", "404"},
-		{"a command the guest cannot start", []string{"exec", cl.ID, "--sandbox-token", cl.Token, "--", "nope"}, "", 1, "", "spawn nope"},
+		{"a command the guest does not have: 127, as a shell", []string{"exec", cl.ID, "--sandbox-token", cl.Token, "--", "nope"}, "", 127, "", "sbxctl exec: nope: command not found in the sandbox\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			setStdin(t, strings.NewReader(tc.in))
@@ -189,5 +191,29 @@ func TestPortForwardCommand(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("port-forward did not stop")
+	}
+}
+
+// The real agent's refusals (silkagent's texts) map to a shell's codes and
+// a message without the wire's wording.
+func TestNotStarted(t *testing.T) {
+	for _, tc := range []struct {
+		msg  string
+		code int
+	}{
+		{`exec: nope: exec: "nope": executable file not found in $PATH`, 127},
+		{`exec: /bin/nope: no such file or directory`, 127},
+		{`exec: fork/exec /etc/passwd: permission denied`, 126},
+	} {
+		var errb bytes.Buffer
+		err := notStarted(&silkd.Error{Kind: silkd.KindBadRequest, Message: tc.msg}, "nope", &errb)
+		var ec exitCode
+		if !errors.As(err, &ec) || int(ec) != tc.code || strings.Contains(errb.String(), "silkd") || strings.Contains(errb.String(), "$PATH") {
+			t.Errorf("%q: %v, stderr %q; want exit %d", tc.msg, err, errb.String(), tc.code)
+		}
+	}
+	cwd := notStarted(&silkd.Error{Kind: silkd.KindBadRequest, Message: "exec: cwd: stat /x: no such file or directory"}, "ls", io.Discard)
+	if cwd == nil || strings.Contains(cwd.Error(), "silkd") || !strings.Contains(cwd.Error(), "cwd") {
+		t.Errorf("cwd: %v", cwd)
 	}
 }
