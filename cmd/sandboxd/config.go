@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
@@ -454,6 +455,9 @@ func (c *Config) finish() error {
 		if err := c.Tenants[i].Normalize(); err != nil {
 			errs = append(errs, fmt.Errorf("tenants[%d]: %w", i, err))
 		}
+	}
+	if c.LogLevel != "" && !slices.Contains(logLevels, c.LogLevel) {
+		errs = append(errs, fmt.Errorf("log_level %q: want %s", c.LogLevel, strings.Join(logLevels, ", ")))
 	}
 	if c.MaxClaims < 0 {
 		errs = append(errs, fmt.Errorf("max_claims %d is negative", c.MaxClaims))

@@ -18,10 +18,9 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
-)
 
-// version is set at build time (-ldflags "-X main.version=...").
-var version = "dev"
+	"github.com/sbxlog/sbxlog/cmd/buildinfo"
+)
 
 func main() {
 	os.Exit(run(os.Args[1:]))
@@ -38,6 +37,7 @@ func run(args []string) int {
 	noNATS := fs.Bool("no-nats", false, "disable replication")
 	natsPort := fs.Int("nats-port", 0, "embedded NATS port (overrides config; default listen port + 1000, or a free one)")
 	apiToken := fs.String("api-token", "", "root API token (overrides config; also SBX_API_TOKEN)")
+	logLevel := fs.String("log-level", "", "log level: debug, info, warn, error (overrides config and $SBX_LOG_LEVEL)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -46,7 +46,7 @@ func run(args []string) int {
 		return 2
 	}
 	if *showVersion {
-		fmt.Println("sandboxd", version)
+		fmt.Println(buildinfo.Read().Line("sandboxd"))
 		return 0
 	}
 	cfg, err := loadConfig(*configPath)
@@ -66,6 +66,8 @@ func run(args []string) int {
 	set(&cfg.NATS.URL, *natsURL)
 	set(&cfg.APIToken, os.Getenv("SBX_API_TOKEN"))
 	set(&cfg.APIToken, *apiToken)
+	set(&cfg.LogLevel, os.Getenv("SBX_LOG_LEVEL"))
+	set(&cfg.LogLevel, *logLevel)
 	if *natsPort != 0 {
 		cfg.NATS.Port = *natsPort
 	}

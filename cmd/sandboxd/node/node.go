@@ -499,9 +499,11 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	}
 	n.Server = api.New(apiCfg, apiEng, apiLog, n.Auth, apiOpts)
 	n.Executors = scheduler.New(n.Driver, proposer{n.Engine}, scheduler.Options{Concurrency: cfg.Concurrency, Log: zl, Observer: metrics, Clock: cfg.Clock})
+	lifecycle := &lifecycleLog{zl: zl, view: n.Engine.View, warm: map[fsm.PoolKey]bool{}}
 	n.Engine.SetOnCommit(func(c engine.Commit) {
 		n.Server.OnCommit(c.Events)
 		metrics.OnCommit(c.Events)
+		lifecycle.onCommit(c.Events)
 		if len(c.Intents) > 0 {
 			n.Executors.Offer(c.Intents)
 		}
