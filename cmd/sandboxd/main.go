@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
 	"github.com/sbxlog/sbxlog/cmd/buildinfo"
@@ -74,11 +73,7 @@ func run(args []string) int {
 	if *noNATS {
 		cfg.NATS.Disabled = true
 	}
-	if *configPath == "" && cfg.APIToken == "" && cfg.APITokenFile == "" {
-		// Built-in defaults and no token: keep a generated root token in
-		// the data dir, so a first `make run` is usable at once.
-		cfg.APITokenFile = filepath.Join(cfg.DataDir, defaultTokenFile)
-	}
+	cfg.defaultToken()
 	if err := cfg.finish(); err != nil {
 		fmt.Fprintln(os.Stderr, "sandboxd: invalid config:", err)
 		return 2

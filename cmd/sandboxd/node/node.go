@@ -249,10 +249,12 @@ type Phase struct {
 
 // Node is a running node.
 type Node struct {
-	cfg  Config
-	zl   zerolog.Logger
-	Log  *eventlog.Log
-	Repl *replication.Service // nil: replication off
+	cfg Config
+	zl  zerolog.Logger
+	// dirLock holds the data dir (datadirlock.go) until the node stops.
+	dirLock *os.File
+	Log     *eventlog.Log
+	Repl    *replication.Service // nil: replication off
 	// Engine is the single writer; Server the API; Executors run intents.
 	Engine    *engine.Engine
 	Server    *api.Server
@@ -358,8 +360,18 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		return nil, err
 	}
 	n.cfg.DataDir = dataDir
+	// The HTTP port first: one that is taken or invalid is reported
+	// before anything else starts (NATS, the log); it is served at step 10.
+	if n.ln == nil {
+		if n.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+		}
+	}
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	if n.dirLock, err = lockDataDir(dataDir); err != nil {
+		return nil, err
 	}
 	secret, err := auth.LoadOrCreateSecret(filepath.Join(dataDir, "node.secret"))
 	if err != nil {
@@ -515,11 +527,6 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 
 	// 10. Ready, then serve.
 	n.Server.SetReady()
-	if n.ln == nil {
-		if n.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-			return nil, err
-		}
-	}
 	streams, endStreams := context.WithCancel(context.Background())
 	n.http = &http.Server{Handler: endStreamsOn(streams, n.Server), ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout}
 	n.http.RegisterOnShutdown(endStreams)
@@ -843,9 +850,12 @@ func (n *Node) closeAll() {
 	if n.Log != nil {
 		_ = n.Log.Close()
 	}
-	if n.http == nil && n.ln != nil && n.cfg.Listener != nil {
-		// A listener handed in and never served is still ours to close.
+	if n.http == nil && n.ln != nil {
+		// A listener never served (a failed Start) is still ours to close.
 		_ = n.ln.Close()
+	}
+	if n.dirLock != nil {
+		_ = n.dirLock.Close()
 	}
 	if n.previewHTTP == nil && n.previewLn != nil {
 		_ = n.previewLn.Close()
