@@ -25,9 +25,25 @@ func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
+// systemConfig is the config file sandboxd reads when neither -config nor
+// $SBX_CONFIG names one, if it exists.
+const systemConfig = "/etc/sandboxd/config.json"
+
+// defaultConfigPath is -config's default: $SBX_CONFIG, else systemConfig
+// when it exists, else "" (the built-in defaults).
+func defaultConfigPath() string {
+	if p := os.Getenv("SBX_CONFIG"); p != "" {
+		return p
+	}
+	if _, err := os.Stat(systemConfig); err == nil {
+		return systemConfig
+	}
+	return ""
+}
+
 func run(args []string) int {
 	fs := flag.NewFlagSet("sandboxd", flag.ContinueOnError)
-	configPath := fs.String("config", "", "JSON config file (default: built-in defaults, see docs/operations.md)")
+	configPath := fs.String("config", defaultConfigPath(), "JSON config file (default $SBX_CONFIG, else "+systemConfig+" when it exists, else built-in defaults; see docs/operations.md)")
 	listen := fs.String("listen", "", "HTTP listen address (overrides config)")
 	dataDir := fs.String("data", "", "data directory (overrides config)")
 	nodeID := fs.String("node-id", "", "node id (overrides config)")

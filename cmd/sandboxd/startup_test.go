@@ -125,3 +125,15 @@ func TestConfigFileKeepsTokenGeneration(t *testing.T) {
 		}
 	}
 }
+
+// -config defaults to $SBX_CONFIG.
+func TestDefaultConfigPath(t *testing.T) {
+	t.Setenv("SBX_CONFIG", "/x/sandboxd.json")
+	if p := defaultConfigPath(); p != "/x/sandboxd.json" {
+		t.Fatalf("defaultConfigPath = %q", p)
+	}
+	t.Setenv("SBX_CONFIG", "")
+	if _, err := os.Stat(systemConfig); err != nil && defaultConfigPath() != "" {
+		t.Fatalf("no $SBX_CONFIG and no %s: %q", systemConfig, defaultConfigPath())
+	}
+}
