@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/sbxlog/sbxlog/cmd/buildinfo"
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
@@ -128,5 +129,29 @@ func TestLifecycleLines(t *testing.T) {
 		if dup, err := keysOnce(l); err != nil || dup != "" {
 			t.Errorf("line %s: key %q twice (%v)", l, dup, err)
 		}
+	}
+}
+
+// /metrics says which build serves (issue 25 item 6).
+func TestBuildInfoMetric(t *testing.T) {
+	n, err := nodetest.Start(nodetest.Options{Dir: t.TempDir(), RootToken: "root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	c, err := apiclient.New(n.URL, "root", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	text, err := c.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bi := buildinfo.Read()
+	want := `sbx_build_info{go="` + bi.Go + `",revision="` + bi.Revision + `",version="` + bi.Version + `"} 1`
+	if !strings.Contains(text, want) {
+		t.Fatalf("no %s in /metrics", want)
 	}
 }

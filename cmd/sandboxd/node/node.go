@@ -62,6 +62,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/rs/zerolog"
 
+	"github.com/sbxlog/sbxlog/cmd/buildinfo"
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/executors"
@@ -425,6 +426,8 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	})
 	metrics = api.NewMetrics(n.Engine)
 	n.Metrics = metrics
+	bi := buildinfo.Read()
+	metrics.BuildInfo(bi.Version, bi.Revision, bi.Go)
 	if err := n.startEgress(metrics); err != nil {
 		return nil, err
 	}
