@@ -155,6 +155,23 @@ var (
 		"AggregateJSON":      {AggregateJSON{}, false},
 		"VM":                 {VM{}, false},
 		"VMChange":           {VMChange{}, false},
+
+		// Checkpoints and forks (checkpoints.go), promoted templates and the store (templates.go).
+		"CheckpointRequest":      {CheckpointRequest{}, true},
+		"CheckpointRecord":       {CheckpointRecord{}, false},
+		"CheckpointResponse":     {CheckpointResponse{}, false},
+		"CheckpointList":         {CheckpointList{}, false},
+		"CheckpointClaimRequest": {CheckpointClaimRequest{}, true},
+		"ForkRequest":            {ForkRequest{}, true},
+		"ForkResponse":           {ForkResponse{}, false},
+		"PromoteRequest":         {PromoteRequest{}, true},
+		"PromoteResponse":        {PromoteResponse{}, false},
+		"TemplateKey":            {TemplateKey{}, false},
+		"TemplateInfo":           {TemplateInfo{}, false},
+		"LabelsRequest":          {LabelsRequest{}, true},
+		"RebuildRequest":         {RebuildRequest{}, true},
+		"StoreSnapshot":          {StoreSnapshot{}, false},
+		"StoreResponse":          {StoreResponse{}, false},
 	}
 	shapeOnly = []string{"Error", "SandboxList", "Deadline", "Owner", "Accepted", "EnvPatch", "Peers"}
 )
