@@ -119,8 +119,11 @@ var methods = map[fsm.IntentKind]Method{
 	// Checkpoints (Checkpointer).
 	fsm.KindCheckpoint:       method(checkpoint, 10*time.Minute),
 	fsm.KindCheckpointDelete: method(removeCheckpoint, time.Minute),
-	fsm.KindPromote:   method(Driver.Promote, 10*time.Minute),
-	fsm.KindCollect:   method(Driver.CollectSnapshot, time.Minute),
+	fsm.KindPromote:          method(Driver.Promote, 10*time.Minute),
+	fsm.KindCollect:          method(Driver.CollectSnapshot, time.Minute),
+	// volumes.go: an optional interface, like Restarter.
+	fsm.KindAttachVolume: method(attachVolume, time.Minute),
+	fsm.KindDetachVolume: method(detachVolume, time.Minute),
 }
 
 // MethodFor returns the Driver method performing intents of kind k; false

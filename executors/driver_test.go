@@ -33,6 +33,17 @@ func (r *recorder) Promote(context.Context, fsm.PromoteVM) (Result, error) { ret
 func (r *recorder) CollectSnapshot(context.Context, fsm.CollectSnapshot) (Result, error) {
 	return r.note("CollectSnapshot")
 }
+func (r *recorder) AttachVolume(context.Context, fsm.AttachVolume) (Result, error) {
+	return r.note("AttachVolume")
+}
+func (r *recorder) DetachVolume(context.Context, fsm.DetachVolume) (Result, error) {
+	return r.note("DetachVolume")
+}
+
+// noVolumes is a Driver that cannot attach volumes.
+type noVolumes struct{ plain }
+
+func (noVolumes) AttachVolume() {} // not a VolumeAttacher: another signature
 
 // plain is a Driver without Restart.
 type plain struct{ recorder }
@@ -72,6 +83,8 @@ func TestDispatchTable(t *testing.T) {
 		{fsm.RemoveCheckpoint{OpID: op, Checkpoint: "ck_1"}, "RemoveCheckpoint"},
 		{fsm.PromoteVM{OpID: op, VM: "vm-1"}, "Promote"},
 		{fsm.CollectSnapshot{OpID: op, Dir: "golden/x"}, "CollectSnapshot"},
+		{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, "AttachVolume"},
+		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, "DetachVolume"},
 	}
 	for _, c := range cases {
 		t.Run(string(c.in.Kind()), func(t *testing.T) {
@@ -109,5 +122,13 @@ func TestDispatchTable(t *testing.T) {
 	m, _ = MethodFor(fsm.KindCheckpointDelete)
 	if _, err := m.Call(context.Background(), &b, fsm.RemoveCheckpoint{OpID: op}); err != nil {
 		t.Fatalf("removal on a driver without checkpoints: %v", err)
+	}
+	// Volumes likewise: a driver that cannot attach fails the intents.
+	for _, in := range []fsm.Intent{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}} {
+		m, _ := MethodFor(in.Kind())
+		var bare noVolumes
+		if _, err := m.Call(context.Background(), &bare, in); !IsUnrecoverable(err) || bare.called != "" {
+			t.Fatalf("%s on a driver that cannot: %v, called %q", in.Kind(), err, bare.called)
+		}
 	}
 }

@@ -285,6 +285,7 @@ func (a *applier) apply(p event.Payload) error {
 		}
 		c.LastActivity = now
 		s.setClaimStatus(c, ClaimRunning, now)
+		a.startVolumes(c)
 
 	case event.ClaimFailed:
 		c, err := a.liveClaim(p.Claim)
@@ -497,6 +498,20 @@ func (a *applier) apply(p event.Payload) error {
 
 	case event.SnapshotCollected:
 		return a.snapshotCollected(p)
+	case event.VolumesConfigured:
+		return a.volumesConfigured(p)
+	case event.VolumeAttachRequested:
+		return a.volumeAttachRequested(p)
+	case event.VolumeAttached:
+		return a.volumeSettled(p.Claim, p.Volume, VolumeAttaching, true, VolumeAttached)
+	case event.VolumeAttachFailed:
+		return a.volumeSettled(p.Claim, p.Volume, VolumeAttaching, false, 0)
+	case event.VolumeDetachRequested:
+		return a.volumeDetachRequested(p)
+	case event.VolumeDetached:
+		return a.volumeSettled(p.Claim, p.Volume, VolumeDetaching, false, 0)
+	case event.VolumeDetachFailed:
+		return a.volumeSettled(p.Claim, p.Volume, VolumeDetaching, true, VolumeAttached)
 
 	default:
 		return inconsistent("no state transition for %T", p)
@@ -609,5 +624,9 @@ func (a *applier) claimCreated(p event.ClaimCreated) error {
 	}
 	c.FromCheckpoint = p.FromCheckpoint
 	s.addClaim(c)
+	s.setClaimVolumes(c, claimVolumesOf(p.Volumes))
+	if c.Status == ClaimRunning {
+		a.startVolumes(c)
+	}
 	return nil
 }

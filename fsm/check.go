@@ -212,6 +212,7 @@ func (s *State) Check() error {
 	s.checkStore(fail)
 	checkHeap("timers", &s.timers, nTimers)
 	checkHeap("purge", &s.purge, nPurge)
+	s.checkVolumes(fail)
 	return errors.Join(errs...)
 }
 

@@ -290,10 +290,10 @@ func (s *State) forkChildWaiting(c *ClaimRec) bool {
 }
 
 // runsGuest reports whether a running claim's VM v runs its guest: claimed,
-// or being checkpointed (paused at most for the snapshot), so relays open
-// and stay open through a checkpoint.
+// or being checkpointed or promoted (paused at most for the snapshot), so
+// relays open and stay open through both.
 func runsGuest(v *VMRec) bool {
-	return v != nil && (v.Status == VMClaimed || v.Status == VMCheckpointing)
+	return v != nil && (v.Status == VMClaimed || v.Status == VMCheckpointing || v.Status == VMPromoting)
 }
 
 // --- decisions ---------------------------------------------------------------
@@ -306,6 +306,10 @@ func (d *decider) captureSource(id string) (*ClaimRec, *VMRec, error) {
 		return nil, nil, err
 	}
 	v := d.s.vms[c.VM]
+	if c.VolumeOpInFlight() {
+		// The capture would race the disk's hot-plug (volumes.go).
+		return nil, nil, reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", id)
+	}
 	switch {
 	case c.Status == ClaimRunning && v != nil && v.Status == VMClaimed,
 		c.Status == ClaimHibernated && v != nil && v.Status == VMHibernated:

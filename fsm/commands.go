@@ -83,6 +83,10 @@ type Claim struct {
 	// Checkpoint, when set, branches the claim from that checkpoint (POST
 	// /v1/checkpoints/{id}/claim): its key replaces Key.
 	Checkpoint string
+	// Volumes are catalog volumes to attach once the claim runs
+	// (volumes.go); VolumesAttachOnly: mount none of them.
+	Volumes           []VolumeRequest
+	VolumesAttachOnly bool
 }
 
 // Refill requests clones to bring pool Key (every pool short of its target

@@ -338,6 +338,10 @@ func (c Claim) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
+	vols, err := c.claimVolumes(d)
+	if err != nil {
+		return err
+	}
 	gen := c.TokenGen
 	if gen == 0 {
 		gen = 1
@@ -345,7 +349,7 @@ func (c Claim) decide(d *decider) error {
 	deadline := d.m.Now + ttl*second
 	ev := event.ClaimCreated{Claim: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
 		TTLSeconds: ttl, DeadlineNS: deadline, ServeByNS: min(deadline, d.m.Now+serve*second), TokenGen: gen,
-		NoEgress: c.NoEgress, Env: env}
+		NoEgress: c.NoEgress, Env: env, Volumes: vols}
 	if len(ev.Metadata) == 0 {
 		ev.Metadata = nil
 	}
@@ -436,6 +440,9 @@ func (cmd Hibernate) decide(d *decider) error {
 	case ClaimRunning:
 		if v := d.s.vms[c.VM]; v == nil || v.Status != VMClaimed {
 			return reject(InvalidTransition, "sandbox %s: its VM is not running", id)
+		}
+		if c.VolumeOpInFlight() {
+			return reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", id)
 		}
 		d.closeRelays(id, "hibernate")
 		d.emit(event.HibernateRequested{Claim: id, VM: c.VM, Reason: "user"}, id)
@@ -549,7 +556,7 @@ func (Tick) decide(d *decider) error {
 		switch t.key.kind {
 		case tIdle:
 			c := s.claims[t.key.id]
-			if c != nil && c.Status == ClaimRunning && !ended[c.ID] {
+			if c != nil && c.Status == ClaimRunning && !ended[c.ID] && !c.VolumeOpInFlight() {
 				if v := s.vms[c.VM]; v != nil && v.Status == VMClaimed {
 					d.emit(event.HibernateRequested{Claim: c.ID, VM: c.VM, Reason: "idle"}, c.ID)
 				}

@@ -20,7 +20,8 @@
 //     unchanged.
 //   - Intents(s) lists the side effects the state asks for (BuildGolden,
 //     CloneVM, HibernateVM, WakeVM, DestroyVM, RestartVM, PromoteVM,
-//     CollectSnapshot), each with the op id its
+//     CollectSnapshot, and a claim's AttachVolume and DetachVolume:
+//     volumes.go), each with the op id its
 //     executor keys its idempotent steps by (derived from the request
 //     event's op id, see IntentOp), computed from state alone, so a restarted
 //     daemon recomputes the same intents with the same op ids. Intents costs

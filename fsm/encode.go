@@ -29,6 +29,7 @@ const (
 	// the claims' checkpoint and fork; and the store: the VMs' mapped
 	// goldens, retired snapshot dirs, promoted templates and promotes in
 	// flight.
+	// And volumes: the catalog and the claims' volumes.
 	StateFormatV6 = 6
 	// StateFormatCurrent is the newest format this build writes and reads.
 	StateFormatCurrent = StateFormatV6
@@ -64,6 +65,8 @@ var (
 //	     n retired × (dir, owner, due by, op, req seq),
 //	     n templates × (key, tenant, digest, created (varint), n labels × (k, v)),
 //	     n promotes × (vm, target key, tenant)
+//	     n volumes × (name, path, writable, n tenants × tenant),
+//	     n claims with volumes × (id, n × (name, mount, rw, path, status, live, op, req, req seq))
 //	policy: n rules × (host, n methods × method, n ports × port, secret, intercept), socks5
 //	entry:  name, sealed, size (varint), host only, has inject, [n hosts × host, header, query, body, placeholder]
 //
@@ -198,6 +201,7 @@ func Encode(s *State) []byte {
 	e.egress(s, withEgress)
 	e.checkpoints(s)
 	e.store(s)
+	e.volumes(s)
 	return e.b
 }
 
@@ -450,6 +454,7 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 	if format >= StateFormatV6 {
 		d.checkpoints(s)
 		d.store(s)
+		d.volumes(s)
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrStateCorrupt, len(d.b))

@@ -50,8 +50,8 @@ const (
 	// Checkpoints (checkpoint.go): capture a VM, remove a checkpoint.
 	KindCheckpoint       IntentKind = "checkpoint"
 	KindCheckpointDelete IntentKind = "checkpoint_delete"
-	KindPromote   IntentKind = "promote"
-	KindCollect   IntentKind = "collect"
+	KindPromote          IntentKind = "promote"
+	KindCollect          IntentKind = "collect"
 )
 
 // Outcome is what a side effect that succeeded reports into its result
@@ -178,6 +178,9 @@ type WakeVM struct {
 	RunDir      string
 	SnapshotDir string
 	ReqSeq      uint64
+	// Volumes are the claim's attached volumes: the restored machine has
+	// the same disks.
+	Volumes []VolumeDisk
 }
 
 func (i WakeVM) Kind() IntentKind             { return KindWake }
@@ -229,6 +232,8 @@ type RestartVM struct {
 	Instance string
 	RunDir   string
 	ReqSeq   uint64
+	// Volumes are the claim's attached volumes, attached and mounted again.
+	Volumes []VolumeDisk
 }
 
 func (i RestartVM) Kind() IntentKind     { return KindRestart }
@@ -265,6 +270,7 @@ func Intents(s *State) []Intent {
 		out = append(out, s.checkpointIntent(s.checkpoints[id]))
 	}
 	out = s.collectIntents(out)
+	out = append(out, s.pendingVolumeIntents()...)
 	sortIntents(out)
 	return out
 }
@@ -294,9 +300,11 @@ func NewIntents(s *State, evs []event.Event) []Intent {
 	var out []Intent
 	for i := range evs {
 		ev := &evs[i]
-		if in := s.requested(ev.AggID, IntentOp(ev.OpID, ev.Type, ev.AggID)); in != nil {
+		op := IntentOp(ev.OpID, ev.Type, ev.AggID)
+		if in := s.requested(ev.AggID, op); in != nil {
 			out = append(out, in)
 		}
+		out = append(out, s.volumeIntents(ev.AggID, op)...)
 	}
 	out = s.newCollectIntents(evs, out)
 	sortIntents(out)
@@ -378,14 +386,16 @@ var vmIntents = [numVMStatus]func(s *State, v *VMRec) Intent{
 	VMHibernating: func(_ *State, v *VMRec) Intent {
 		return HibernateVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, ReqSeq: v.ReqSeq}
 	},
-	VMWaking: func(_ *State, v *VMRec) Intent {
-		return WakeVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
+	VMWaking: func(s *State, v *VMRec) Intent {
+		return WakeVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq,
+			Volumes: s.attachedDisks(v.Claim)}
 	},
 	VMDestroying: func(_ *State, v *VMRec) Intent {
 		return DestroyVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
 	},
-	VMRestarting: func(_ *State, v *VMRec) Intent {
-		return RestartVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ReqSeq: v.ReqSeq}
+	VMRestarting: func(s *State, v *VMRec) Intent {
+		return RestartVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ReqSeq: v.ReqSeq,
+			Volumes: s.attachedDisks(v.Claim)}
 	},
 	VMPromoting: promoteIntent,
 }

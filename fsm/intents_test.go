@@ -55,6 +55,12 @@ func TestIntentMethods(t *testing.T) {
 		{CollectSnapshot{OpID: op, Dir: "golden/old"}, KindCollect, "golden/old", false,
 			SnapshotCollected{Meta: m, Dir: "golden/old"},
 			nil},
+		{AttachVolume{VolumeIntent{OpID: op, VM: "vm-7", Claim: claimID(7), Disk: VolumeDisk{Name: "data"}}}, KindAttachVolume, "vm-7/data", false,
+			VolumeAttachDone{Meta: m, Claim: claimID(7), VM: "vm-7", Volume: "data"},
+			VolumeAttachError{Meta: m, Claim: claimID(7), VM: "vm-7", Volume: "data", Error: "boom"}},
+		{DetachVolume{VolumeIntent{OpID: op, VM: "vm-8", Claim: claimID(8), Disk: VolumeDisk{Name: "data"}}}, KindDetachVolume, "vm-8/data", false,
+			VolumeDetachDone{Meta: m, Claim: claimID(8), VM: "vm-8", Volume: "data"},
+			VolumeDetachError{Meta: m, Claim: claimID(8), VM: "vm-8", Volume: "data", Error: "boom"}},
 	}
 	for _, c := range cases {
 		t.Run(string(c.kind)+"/"+c.subject, func(t *testing.T) {

@@ -395,6 +395,16 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 				return fmt.Errorf("intent %+v: checkpoint is %+v", in, ck)
 			}
 			continue
+		case fsm.AttachVolume, fsm.DetachVolume:
+			// A volume operation runs on its claim's VM, which is
+			// claimed (or, its VMM having died meanwhile, restarting or
+			// being destroyed).
+			vi := volumeIntentOf(in)
+			v, ok := s.VM(vi.VM)
+			if !ok || v.Claim != vi.Claim || (v.Status != fsm.VMClaimed && v.Status != fsm.VMRestarting && v.Status != fsm.VMDestroying) {
+				return fmt.Errorf("intent %T for VM %s: VM is %+v (exists %v)", in, vi.VM, v, ok)
+			}
+			continue
 		}
 		v, ok := s.VM(vm)
 		if !ok || v.Status != want || v.Op != in.IntentOp() {
@@ -484,4 +494,11 @@ func retired(s *fsm.State, dir string) (fsm.RetiredRec, bool) {
 		}
 	}
 	return fsm.RetiredRec{}, false
+}
+
+func volumeIntentOf(in fsm.Intent) fsm.VolumeIntent {
+	if a, ok := in.(fsm.AttachVolume); ok {
+		return a.VolumeIntent
+	}
+	return in.(fsm.DetachVolume).VolumeIntent
 }

@@ -34,6 +34,7 @@ type State struct {
 	templates map[PoolKey]*TemplateRec
 	promotes  map[string]*PromoteRec
 	retired   map[string]*RetiredRec
+	volumes   map[string]*VolumeSpec // the volume catalog
 	// applied counts events applied so far; it orders intents (ReqSeq).
 	applied uint64
 
@@ -55,8 +56,10 @@ type State struct {
 	promoting      map[PoolKey]string      // promote target -> its VM
 	// applyOp and applySeq are the op and sequence of the event Apply is
 	// folding in (transient): a collection made due stamps them.
-	applyOp  event.OpID
-	applySeq uint64
+	applyOp     event.OpID
+	applySeq    uint64
+	volHolds    map[string]volumeHold // volume -> the claims holding it
+	pendingVols map[string]struct{}   // claim/volume with an attach or detach in flight
 }
 
 // New returns an empty state.
@@ -83,6 +86,9 @@ func New() *State {
 		mapped:         map[string]int{},
 		collectBy:      map[event.OpID][]string{},
 		promoting:      map[PoolKey]string{},
+		volumes:        map[string]*VolumeSpec{},
+		volHolds:       map[string]volumeHold{},
+		pendingVols:    map[string]struct{}{},
 	}
 }
 
@@ -249,6 +255,7 @@ func (s *State) setClaimStatus(c *ClaimRec, st ClaimStatus, now int64) {
 		c.Env = nil
 		s.purge.set(timerKey{kind: tPurge, id: c.ID}, now+ClaimRetentionNS)
 		s.syncClaimTimers(c)
+		s.releaseVolumes(c)
 		s.maybeDropPool(c.Key)
 		return
 	}
@@ -276,6 +283,7 @@ func (s *State) dropClaim(c *ClaimRec) {
 		s.timers.remove(timerKey{kind: k, id: c.ID})
 	}
 	s.purge.remove(timerKey{kind: tPurge, id: c.ID})
+	s.setClaimVolumes(c, nil)
 	delete(s.claims, c.ID)
 }
 
@@ -369,6 +377,9 @@ func (s *State) dropVM(v *VMRec) {
 	delete(s.pendingVMs, v.ID)
 	delete(s.vms, v.ID)
 	s.unmapVM(v)
+	if v.Claim != "" {
+		s.releaseVolumes(s.claims[v.Claim])
+	}
 	s.syncRefill(v.Key)
 	s.maybeDropPool(v.Key)
 }

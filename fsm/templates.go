@@ -149,6 +149,9 @@ func (c Promote) decide(d *decider) error {
 	if vm, busy := s.promoting[key]; busy {
 		return reject(InvalidTransition, "template %s: a promote into it is in flight (VM %s)", key, vm)
 	}
+	if cl.VolumeOpInFlight() {
+		return reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", cl.ID)
+	}
 	v := s.vms[cl.VM]
 	switch {
 	case cl.Status == ClaimRunning && v != nil && v.Status == VMClaimed:

@@ -281,6 +281,9 @@ type ClaimRec struct {
 	// source checkpoint of the fork that made it.
 	FromCheckpoint string
 	Fork           string
+	// Volumes are the claim's volumes (volumes.go), in the order asked
+	// (read-only); dropped once the claim ended and its VM is gone.
+	Volumes []ClaimVolume
 }
 
 // Limits are the claim limits; 0 means unlimited. TenantCaps are the caps

@@ -64,6 +64,11 @@ type Config struct {
 	Tenants []auth.TenantConfig `json:"tenants,omitempty"`
 	// MaxClaims caps live claims on this node (0 = no cap).
 	MaxClaims int `json:"max_claims,omitempty"`
+	// Volumes is the node's volume catalog, as the old daemon's config had
+	// it: {name, path (the host's disk image, a filesystem sandboxes mount),
+	// writable, tenants}. The config owns it: every start applies it
+	// (docs/operations.md, "Volumes").
+	Volumes []fsm.VolumeSpec `json:"volumes,omitempty"`
 	// RelayMemoryBytes is the node's relay memory budget: every data-plane
 	// relay (agent, ports, exec) reserves its worst-case buffers from it
 	// before it opens, and a relay that does not fit is refused with 503
@@ -472,6 +477,10 @@ func (c *Config) finish() error {
 	}
 	if c.MaxClaims < 0 {
 		errs = append(errs, fmt.Errorf("max_claims %d is negative", c.MaxClaims))
+	}
+	if err := fsm.ValidVolumeSpecs(c.Volumes); err != nil {
+		rej, _ := fsm.AsRejection(err)
+		errs = append(errs, fmt.Errorf("volumes: %s", rej.Msg))
 	}
 	if err := c.validateEgress(); err != nil {
 		errs = append(errs, err)

@@ -237,6 +237,8 @@ type ClaimCreated struct {
 	// siblings live or fail with it). Both optional.
 	FromCheckpoint string `json:"from_checkpoint,omitempty"`
 	Fork           string `json:"fork,omitempty"`
+	// Volumes are the claim's volumes (volumes.go), attached once it runs.
+	Volumes []ClaimVolume `json:"volumes,omitempty"`
 }
 
 // ClaimServed: a pending claim's VM is ready; the claim runs.

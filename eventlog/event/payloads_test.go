@@ -76,6 +76,15 @@ func samplePayloads() []Payload {
 		TemplateDeleted{Key: PoolKey{Template: "myproj:v1", Net: "none", Size: "small"}},
 		TemplateLabelsSet{Key: PoolKey{Template: "myproj:v1", Net: "none", Size: "small"}, Labels: map[string]string{"team": "a", "v1": "sha256:aa"}},
 		SnapshotCollected{Dir: "golden/py_3.12_none_small-01J00000000000000000000000"},
+		VolumesConfigured{Volumes: []VolumeSpec{{Name: "imagenet", Path: "/srv/volumes/imagenet.img"},
+			{Name: "scratch-db", Path: "/srv/volumes/scratch.img", Writable: true, Tenants: []string{"acme"}}}},
+		VolumeAttachRequested{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677",
+			Volumes: []ClaimVolume{{Name: "weights", Mount: "/models", Path: "/srv/volumes/weights.img"}}},
+		VolumeAttached{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volume: "weights"},
+		VolumeAttachFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volume: "weights", Error: "no such device"},
+		VolumeDetachRequested{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volumes: []string{"weights"}},
+		VolumeDetached{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volume: "weights"},
+		VolumeDetachFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volume: "weights", Error: "target is busy"},
 	}
 }
 

@@ -91,6 +91,14 @@ const (
 	TypeCheckpointFailed          Type = 44
 	TypeCheckpointDeleteRequested Type = 45
 	TypeCheckpointDeleted         Type = 46
+	// Volumes (volumes.go): the catalog and a claim's attachments.
+	TypeVolumesConfigured     Type = 53
+	TypeVolumeAttachRequested Type = 54
+	TypeVolumeAttached        Type = 55
+	TypeVolumeAttachFailed    Type = 56
+	TypeVolumeDetachRequested Type = 57
+	TypeVolumeDetached        Type = 58
+	TypeVolumeDetachFailed    Type = 59
 )
 
 // AggKind is the kind of aggregate an event belongs to.
@@ -168,6 +176,15 @@ var typeInfos = map[Type]typeInfo{
 	TypeCheckpointFailed:          {"checkpoint_failed", 1, AggCheckpoint},
 	TypeCheckpointDeleteRequested: {"checkpoint_delete_requested", 1, AggCheckpoint},
 	TypeCheckpointDeleted:         {"checkpoint_deleted", 1, AggCheckpoint},
+
+	// Volumes.
+	TypeVolumesConfigured:     {"volumes_configured", 1, AggNode},
+	TypeVolumeAttachRequested: {"volume_attach_requested", 1, AggClaim},
+	TypeVolumeAttached:        {"volume_attached", 1, AggClaim},
+	TypeVolumeAttachFailed:    {"volume_attach_failed", 1, AggClaim},
+	TypeVolumeDetachRequested: {"volume_detach_requested", 1, AggClaim},
+	TypeVolumeDetached:        {"volume_detached", 1, AggClaim},
+	TypeVolumeDetachFailed:    {"volume_detach_failed", 1, AggClaim},
 }
 
 // Known reports whether this build can read events of type t.

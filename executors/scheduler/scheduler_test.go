@@ -72,6 +72,12 @@ func (f *fakeDriver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (
 func (f *fakeDriver) RemoveCheckpoint(ctx context.Context, in fsm.RemoveCheckpoint) (executors.Result, error) {
 	return f.do(ctx, in)
 }
+func (f *fakeDriver) AttachVolume(ctx context.Context, in fsm.AttachVolume) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) DetachVolume(ctx context.Context, in fsm.DetachVolume) (executors.Result, error) {
+	return f.do(ctx, in)
+}
 
 func (f *fakeDriver) callCount() int {
 	f.mu.Lock()
@@ -254,6 +260,10 @@ func TestSchedulerResultCommands(t *testing.T) {
 		{fsm.PromoteVM{OpID: nextOp(), VM: "vm-p"}, nil, "fsm.PromoteDone", ""},
 		{fsm.PromoteVM{OpID: nextOp(), VM: "vm-p"}, &executors.Unrecoverable{Err: lost, Lost: true}, "fsm.PromoteFailed lost", "gone"},
 		{fsm.CollectSnapshot{OpID: nextOp(), Dir: "golden/old"}, nil, "fsm.SnapshotCollected", ""},
+		{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, nil, "fsm.VolumeAttachDone", ""},
+		{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, executors.Unrecoverablef("no such file"), "fsm.VolumeAttachError", "no such file"},
+		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, nil, "fsm.VolumeDetachDone", ""},
+		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, executors.Unrecoverablef("target is busy"), "fsm.VolumeDetachError", "target is busy"},
 	}
 	for _, c := range cases {
 		d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
@@ -276,6 +286,10 @@ func TestSchedulerResultCommands(t *testing.T) {
 		case fsm.VMCloneFailed:
 			msg = x.Error
 		case fsm.WakeFailed:
+			msg = x.Error
+		case fsm.VolumeAttachError:
+			msg = x.Error
+		case fsm.VolumeDetachError:
 			msg = x.Error
 		case fsm.HibernateDone:
 			if x.SnapshotDir != "hibernate/x" {

@@ -102,6 +102,8 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 		return s.limits()
 	case 3:
 		return s.pools()
+	case 4:
+		return s.volumeCatalog()
 	}
 	if s.rng.intn(100) < s.opt.InvalidPercent {
 		return s.invalid(st)
@@ -119,7 +121,9 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 		return s.egress(st)
 	case x >= 940:
 		return s.store(st)
-	case x >= 900:
+	case x >= 910:
+		return s.volumeOp(st)
+	case x >= 880:
 		return s.checkpoint(st)
 	}
 	r := s.rng.intn(1000)
@@ -305,6 +309,9 @@ func (s *Sim) claim(st *fsm.State) fsm.Command {
 	if s.rng.intn(8) == 0 {
 		c.Env = s.env(1 + s.rng.intn(3))
 	}
+	if s.rng.intn(6) == 0 {
+		s.claimVolumes(&c)
+	}
 	return c
 }
 
@@ -416,6 +423,8 @@ func (s *Sim) result(st *fsm.State) fsm.Command {
 		return fsm.PromoteDone{Meta: m, VM: in.VM, SnapshotDir: fmt.Sprintf("template/%s/%d", in.Target, s.ops), Digest: fmt.Sprintf("sha256:%064x", s.ops), Report: rep}
 	case fsm.CollectSnapshot:
 		return fsm.SnapshotCollected{Meta: m, Dir: in.Dir}
+	case fsm.AttachVolume, fsm.DetachVolume:
+		return s.volumeResult(in, m, fail)
 	}
 	return nil
 }

@@ -228,7 +228,7 @@ func (s *Server) handleCheckpointClaim(w http.ResponseWriter, r *http.Request, i
 		}
 		return err
 	}
-	return s.answerClaim(w, r, claimID, served, start)
+	return s.answerClaim(w, r, claimID, served, nil, start)
 }
 
 // handleFork clones a sandbox into count children, all or none.

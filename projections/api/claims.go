@@ -35,6 +35,9 @@ type ClaimResponse struct {
 	// FromCheckpoint: the checkpoint a claim was branched from (POST
 	// /v1/checkpoints/{id}/claim), the lineage edge of a checkpoint tree.
 	FromCheckpoint string `json:"from_checkpoint,omitempty"`
+	// Volumes are the claim's volumes (volumes.go), as the old daemon
+	// echoed them.
+	Volumes []VolumeJSON `json:"volumes,omitempty"`
 	// Redirect, in a redirect answer only (which has no other field),
 	// lists nodes with warm capacity for the pool: the client claims
 	// there, with no_redirect.
@@ -75,6 +78,8 @@ type Sandbox struct {
 	OwnerAddr string `json:"owner_addr"`
 	Created   string `json:"created"`
 	Reason    string `json:"reason,omitempty"`
+	// Volumes are the sandbox's attached volumes (volumes.go).
+	Volumes []VolumeJSON `json:"volumes,omitempty"`
 }
 
 func rfc3339(ns int64) string {
@@ -89,7 +94,7 @@ func (s *Server) sandboxOf(c *fsm.ClaimRec) Sandbox {
 		ID: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
 		Hibernated: c.Status == fsm.ClaimHibernated, ClaimedAt: rfc3339(c.Created), Deadline: rfc3339(c.Deadline),
 		State: c.Status.String(), Tier: c.Tier.String(), VM: c.VM, OwnerAddr: s.cfg.OwnerAddr,
-		Created: rfc3339(c.Created), Reason: c.Reason,
+		Created: rfc3339(c.Created), Reason: c.Reason, Volumes: volumesJSON(c),
 	}
 	if z, ok := fsm.SizeNamed(c.Key.Size); ok {
 		sb.CPUCount, sb.MemTotalBytes = z.VCPUs, int64(z.MemoryMiB)<<20
@@ -186,6 +191,12 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// before Propose returns.
 	served := s.wait(claimID)
 	defer s.unwait(claimID)
+	var volWatch *watch
+	if len(req.Volumes) > 0 {
+		// A claim with volumes answers once they are attached (or failed).
+		volWatch = s.watch(claimID, volumeOutcomes...)
+		defer s.unwatch(volWatch)
+	}
 	// A warm claim is running as soon as it is applied: its answer (token,
 	// JSON) is built while the fsync is in flight, and sent from Durable:
 	// with the local engine before it tells executors and projections about
@@ -197,10 +208,11 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return fsm.Claim{
 			Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
 			Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1, NoEgress: noEgress, Env: env,
+			Volumes: volumeRequests(req.Volumes), VolumesAttachOnly: req.VolumesAttachOnly,
 		}
 	}, engine.Hooks{
 		Prepare: func() {
-			if c, _ = s.claim(claimID); c.Status == fsm.ClaimRunning {
+			if c, _ = s.claim(claimID); c.Status == fsm.ClaimRunning && volWatch == nil {
 				reply = encodeJSON(s.claimResponse(claimID, &c))
 			}
 		},
@@ -230,7 +242,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		}
 		return err
 	}
-	return s.answerClaim(w, r, claimID, served, start)
+	return s.answerClaim(w, r, claimID, served, volWatch, start)
 }
 
 // answerClaim answers a claim proposed and not answered from Durable (a
@@ -240,7 +252,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 // be durable (with synchronous replication: acknowledged by JetStream) up to
 // the state it reports: a claim served while ProposeNew returned may still
 // be in its fsync.
-func (s *Server) answerClaim(w http.ResponseWriter, r *http.Request, claimID string, served <-chan struct{}, start time.Time) error {
+func (s *Server) answerClaim(w http.ResponseWriter, r *http.Request, claimID string, served <-chan struct{}, volWatch *watch, start time.Time) error {
 	c, _ := s.claim(claimID)
 	if c.Status == fsm.ClaimPending {
 		ctx, cancel := s.waitContext(r.Context(), s.cfg.ClaimWait)
@@ -249,6 +261,11 @@ func (s *Server) answerClaim(w http.ResponseWriter, r *http.Request, claimID str
 		case <-served:
 		case <-ctx.Done():
 		}
+	}
+	if volWatch != nil {
+		ctx, cancel := s.waitContext(r.Context(), s.cfg.ClaimWait)
+		defer cancel()
+		s.awaitVolumes(ctx, claimID, volWatch, nil)
 	}
 	c, _, _, err := s.durableState(r.Context(), claimID)
 	if err != nil {
@@ -300,6 +317,7 @@ func (s *Server) claimResponse(id string, c *fsm.ClaimRec) ClaimResponse {
 		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, NetRoute: s.netRoute(id, c),
 		Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size, Tier: c.Tier.String(), VM: c.VM,
 		FromCheckpoint: c.FromCheckpoint,
+		Volumes:        volumesJSON(c),
 	}
 }
 

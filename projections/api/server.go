@@ -275,6 +275,13 @@ func (s *Server) register() {
 	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort, root, sandbox)
 	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec, sandbox)
 	add("POST", "/v1/sandboxes/{id}/preview", "root|tenant|sandbox", s.handlePreview, root, tenant, sandbox)
+	// volumes.go: the old daemon's auth (the catalog for the node's tokens;
+	// a sandbox's volumes for its token or root; its instance metadata
+	// for root).
+	add("GET", "/v1/volumes", "root|tenant", s.handleVolumes, root, tenant)
+	add("POST", "/v1/sandboxes/{id}/volumes/attach", "root|sandbox", s.handleAttachVolumes, root, sandbox)
+	add("POST", "/v1/sandboxes/{id}/volumes/detach", "root|sandbox", s.handleDetachVolumes, root, sandbox)
+	add("PUT", "/v1/sandboxes/{id}/instance-metadata", "root", s.handleInstanceMetadata, root, tenant)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
 	add("GET", "/v1/info", "root", s.handleInfo, root)

@@ -159,6 +159,8 @@ type Config struct {
 	Tenants []auth.TenantConfig
 	// MaxClaims caps live claims (0 = no cap).
 	MaxClaims int
+	// Volumes is the volume catalog, applied at every start (volumes.go).
+	Volumes []fsm.VolumeSpec
 	// Pools are applied on a first start (an empty log) only; afterwards
 	// PUT /v1/pools owns them.
 	Pools []fsm.PoolSpec
@@ -619,6 +621,9 @@ func (n *Node) configure(ctx context.Context, firstStart bool) error {
 		zl.Info().Msg("pools come from the log (PUT /v1/pools); the config's pools apply only on a first start")
 	}
 	if err := n.applyTenants(ctx); err != nil {
+		return err
+	}
+	if err := n.applyVolumes(ctx); err != nil {
 		return err
 	}
 	if err := n.closeStaleRelays(ctx); err != nil {

@@ -64,7 +64,10 @@ type FakeDriver struct {
 	FailCheckpoints    atomic.Bool
 	promotes, collects atomic.Int64
 	// FailPromotes makes every promote fail for good, the VM as it was.
-	FailPromotes atomic.Bool
+	FailPromotes       atomic.Bool
+	attaches, detaches atomic.Int64
+	// FailAttaches makes every volume attach fail for good.
+	FailAttaches atomic.Bool
 	// FailClones makes every clone fail for good (an unrecoverable error).
 	FailClones atomic.Bool
 	// FailHibernates and FailWakes make every hibernate and wake fail for
@@ -326,6 +329,7 @@ func (f *FakeDriver) Calls() map[fsm.IntentKind]int64 {
 		// Checkpoints.
 		fsm.KindCheckpoint: f.checkpoints.Load(), fsm.KindCheckpointDelete: f.ckRemovals.Load(),
 		fsm.KindPromote: f.promotes.Load(), fsm.KindCollect: f.collects.Load(),
+		fsm.KindAttachVolume: f.attaches.Load(), fsm.KindDetachVolume: f.detaches.Load(),
 	}
 }
 
@@ -345,6 +349,8 @@ type Options struct {
 	Pools []fsm.PoolSpec
 	// MaxClaims is the node's max_claims (0 = unlimited).
 	MaxClaims int
+	// Volumes is the node's volume catalog (node.Config.Volumes).
+	Volumes []fsm.VolumeSpec
 	// Concurrency bounds the executors (default 64: the fake is instant).
 	Concurrency int
 	// Config is passed to api.New; OwnerAddr defaults to the listen address.
@@ -395,7 +401,7 @@ func Start(opts Options) (*Node, error) {
 	}
 	nc := node.Config{
 		DataDir: opts.Dir, NodeID: opts.NodeID, Listener: ln, Instance: "i-nodetest",
-		RootToken: opts.RootToken, Tenants: opts.Tenants, MaxClaims: opts.MaxClaims, Pools: opts.Pools,
+		RootToken: opts.RootToken, Tenants: opts.Tenants, MaxClaims: opts.MaxClaims, Pools: opts.Pools, Volumes: opts.Volumes,
 		RestartPolicy: fsm.DefaultRestartPolicy, Concurrency: opts.Concurrency, RefillDelay: opts.RefillDelay,
 		Redirector: opts.Redirector, API: cfg, Log: opts.Log,
 	}
