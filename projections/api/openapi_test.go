@@ -172,8 +172,15 @@ var (
 		"RebuildRequest":         {RebuildRequest{}, true},
 		"StoreSnapshot":          {StoreSnapshot{}, false},
 		"StoreResponse":          {StoreResponse{}, false},
+
+		// Volumes (volumes.go); VolumeJSON is both sent and answered.
+		"VolumeJSON":           {VolumeJSON{}, false},
+		"VolumeInfo":           {VolumeInfo{}, false},
+		"AttachVolumesRequest": {AttachVolumesRequest{}, true},
+		"DetachVolumesRequest": {DetachVolumesRequest{}, true},
+		"SandboxVolumes":       {SandboxVolumes{}, false},
 	}
-	shapeOnly = []string{"Error", "SandboxList", "Deadline", "Owner", "Accepted", "EnvPatch", "Peers"}
+	shapeOnly = []string{"Error", "SandboxList", "Deadline", "Owner", "Accepted", "EnvPatch", "Peers", "VolumeList"}
 )
 
 // TestOpenAPIFields: every component schema describes its Go type's JSON:
