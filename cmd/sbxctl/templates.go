@@ -19,7 +19,8 @@ import (
 func init() {
 	register("promote", command{summary: "make a sandbox a template (--template NAME; --sandbox-token, or root acts by id)", examples: `sbxctl promote sb_0123456789abcdef --template py-warm   # claim it later with --template py-warm
 sbxctl promote sb_0123456789abcdef --template py-warm --sandbox-token "$SB_TOKEN"   # a tenant's proof`, run: remoteCommand(remoteSpec{name: "promote", args: []string{"ID"}, flags: promoteFlags})})
-	ls := command{summary: "list the promoted templates", run: remoteCommand(remoteSpec{name: "templates ls", flags: templatesLsFlags})}
+	ls := command{summary: "list the promoted templates", examples: `sbxctl templates ls                             # the promoted templates you may see
+sbxctl templates ls --json`, run: remoteCommand(remoteSpec{name: "templates ls", flags: templatesLsFlags})}
 	register("templates", ls)
 	register("templates ls", ls)
 	register("templates rm", command{summary: "delete a promoted template (--template; --net, --size, --digest)", examples: `sbxctl templates rm --template py-warm
