@@ -11,11 +11,13 @@ import (
 )
 
 func init() {
-	register("checkpoint", command{summary: "checkpoint a sandbox (memory and disk; it runs on) (--name)", run: remoteCommand(remoteSpec{name: "checkpoint", args: []string{"ID"}, flags: checkpointFlags})})
-	register("checkpoints", command{summary: "list checkpoints, newest first", run: remoteCommand(remoteSpec{name: "checkpoints", flags: checkpointsFlags})})
-	register("checkpoints rm", command{summary: "delete a checkpoint", run: remoteCommand(remoteSpec{name: "checkpoints rm", args: []string{"CHECKPOINT"}, flags: checkpointRmFlags})})
-	register("checkpoints claim", command{summary: "claim a sandbox cloned from a checkpoint (--ttl)", run: remoteCommand(remoteSpec{name: "checkpoints claim", args: []string{"CHECKPOINT"}, flags: checkpointClaimFlags})})
-	register("fork", command{summary: "fork a sandbox into --count children, all or none (--ttl, --ref-prefix)", run: remoteCommand(remoteSpec{name: "fork", args: []string{"ID"}, flags: forkFlags})})
+	register("checkpoint", command{summary: "checkpoint a sandbox (memory and disk; it runs on) (--name)", examples: `sbxctl checkpoint sb_0123456789abcdef --name v1      # memory and disk; the sandbox runs on
+sbxctl checkpoint sb_0123456789abcdef --json | jq -r .checkpoint.id`, run: remoteCommand(remoteSpec{name: "checkpoint", args: []string{"ID"}, flags: checkpointFlags})})
+	register("checkpoints", command{summary: "list checkpoints, newest first", examples: `sbxctl checkpoints                              # yours (root: every tenant's), newest first`, run: remoteCommand(remoteSpec{name: "checkpoints", flags: checkpointsFlags})})
+	register("checkpoints rm", command{summary: "delete a checkpoint", examples: `sbxctl checkpoints rm ck_0123456789abcdef`, run: remoteCommand(remoteSpec{name: "checkpoints rm", args: []string{"CHECKPOINT"}, flags: checkpointRmFlags})})
+	register("checkpoints claim", command{summary: "claim a sandbox cloned from a checkpoint (--ttl)", examples: `sbxctl checkpoints claim ck_0123456789abcdef --ttl 1h   # a new sandbox from its memory and disk`, run: remoteCommand(remoteSpec{name: "checkpoints claim", args: []string{"CHECKPOINT"}, flags: checkpointClaimFlags})})
+	register("fork", command{summary: "fork a sandbox into --count children, all or none (--ttl, --ref-prefix)", examples: `sbxctl fork sb_0123456789abcdef --count 3        # three children, all or none
+sbxctl fork sb_0123456789abcdef --count 2 --ttl 30m --ref-prefix job-7/`, run: remoteCommand(remoteSpec{name: "fork", args: []string{"ID"}, flags: forkFlags})})
 }
 
 func checkpointFlags(fs *flag.FlagSet) remoteBody {

@@ -30,8 +30,9 @@ func logDirOf(dir string) string {
 }
 
 func init() {
-	register("log dump", command{summary: "print op log events (table or JSON lines)", run: logCommand("log dump", dumpFlags)})
-	register("log verify", command{summary: "check an op log's contiguity, checksums and op index", run: logCommand("log verify", verifyFlags)})
+	register("log dump", command{summary: "print op log events (table or JSON lines)", examples: `sbxctl log dump --data ./data
+sbxctl log dump --data ./data --json | head`, run: logCommand("log dump", dumpFlags)})
+	register("log verify", command{summary: "check an op log's contiguity, checksums and op index", examples: `sbxctl log verify --data ./data`, run: logCommand("log verify", verifyFlags)})
 }
 
 // logBody runs a log command against the opened log; it returns the exit code.

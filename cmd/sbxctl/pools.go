@@ -18,10 +18,13 @@ import (
 var stdin io.Reader = os.Stdin
 
 func init() {
-	register("info", command{summary: "show the node's pools and claim counts", run: remoteCommand(remoteSpec{name: "info", flags: infoFlags})})
-	register("get", command{summary: "show one sandbox", run: remoteCommand(remoteSpec{name: "get", args: []string{"ID"}, flags: getFlags})})
-	register("pools get", command{summary: "print the pool configuration (--json output is pools set --file input)", run: remoteCommand(remoteSpec{name: "pools get", flags: poolsGetFlags})})
-	register("pools set", command{summary: "replace the pools (--file) or add/change/drain one (--template ...)", run: remoteCommand(remoteSpec{name: "pools set", flags: poolsSetFlags})})
+	register("info", command{summary: "show the node's pools and claim counts", examples: `sbxctl info
+sbxctl info --json`, run: remoteCommand(remoteSpec{name: "info", flags: infoFlags})})
+	register("get", command{summary: "show one sandbox", examples: `sbxctl get sb_0123456789abcdef
+sbxctl get --json sb_0123456789abcdef           # root: includes the sandbox token`, run: remoteCommand(remoteSpec{name: "get", args: []string{"ID"}, flags: getFlags})})
+	register("pools get", command{summary: "print the pool configuration (--json output is pools set --file input)", examples: `sbxctl pools get --json > pools.json`, run: remoteCommand(remoteSpec{name: "pools get", flags: poolsGetFlags})})
+	register("pools set", command{summary: "replace the pools (--file) or add/change/drain one (--template ...)", examples: `sbxctl pools set --template default --warm 4
+sbxctl pools set --file pools.json`, run: remoteCommand(remoteSpec{name: "pools set", flags: poolsSetFlags})})
 }
 
 func infoFlags(*flag.FlagSet) remoteBody {

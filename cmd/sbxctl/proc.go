@@ -25,11 +25,13 @@ import (
 // Like exec, they need the sandbox's own token.
 
 func init() {
-	register("ps", command{summary: "list the processes a sandbox's agent started (execs, detached ones, terminals)", run: remoteCommand(remoteSpec{
+	register("ps", command{summary: "list the processes a sandbox's agent started (execs, detached ones, terminals)", examples: `sbxctl ps sb_0123456789abcdef`, run: remoteCommand(remoteSpec{
 		name: "ps", args: []string{"ID"}, flags: psFlags})})
-	register("logs", command{summary: "print a process's kept output (-f: then follow it to its exit)", run: remoteCommand(remoteSpec{
+	register("logs", command{summary: "print a process's kept output (-f: then follow it to its exit)", examples: `sbxctl logs sb_0123456789abcdef 42              # what pid 42 printed
+sbxctl logs -f sb_0123456789abcdef 42`, run: remoteCommand(remoteSpec{
 		name: "logs", args: []string{"ID", "PID"}, stream: true, flags: logsFlags})})
-	register("sessions", command{summary: "list a sandbox's shell sessions (--new starts one, --rm SID ends one)", run: remoteCommand(remoteSpec{
+	register("sessions", command{summary: "list a sandbox's shell sessions (--new starts one, --rm SID ends one)", examples: `sbxctl sessions --new sb_0123456789abcdef        # prints the new session's id
+sbxctl exec --session s1 sb_0123456789abcdef -- cd /tmp`, run: remoteCommand(remoteSpec{
 		name: "sessions", args: []string{"ID"}, flags: sessionsFlags})})
 }
 

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -69,6 +70,8 @@ type remoteSpec struct {
 	rest string
 	// stream commands get no --timeout (they run until stopped).
 	stream bool
+	// noJSON: the command prints no API answer, so it has no --json.
+	noJSON bool
 	// flags defines the command's own flags and returns its body.
 	flags func(fs *flag.FlagSet) remoteBody
 }
@@ -93,10 +96,13 @@ func remoteCommand(spec remoteSpec) func(args []string, stdout, stderr io.Writer
 		addr := fs.String("addr", envOr(envAddr, apiclient.DefaultAddr), "sandboxd address ($"+envAddr+")")
 		token := fs.String("token", "", "API token (default $"+envToken+", else the first line of --token-file)")
 		tokenFile := fs.String("token-file", envOr(envTokenFile, defaultTokenFile), "file holding the token, read when --token and $"+envToken+" are unset ($"+envTokenFile+")")
-		asJSON := fs.Bool("json", false, "print the API's JSON instead of a table")
+		asJSON := new(bool)
+		if !spec.noJSON {
+			fs.BoolVar(asJSON, "json", false, "print the API's JSON instead of a table")
+		}
 		var timeout *time.Duration
 		if !spec.stream {
-			timeout = fs.Duration("timeout", 3*time.Minute, "give up after this long (clone and cold claims wait for their VM)")
+			timeout = fs.Duration("timeout", 3*time.Minute, "give up on the call after this long")
 		}
 		body := spec.flags(fs)
 		pos, err := parseInterleaved(fs, args)
@@ -142,6 +148,9 @@ func remoteCommand(spec remoteSpec) func(args []string, stdout, stderr io.Writer
 			return 2
 		}
 		fmt.Fprintf(stderr, "sbxctl %s: %v\n", spec.name, err)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			fmt.Fprintf(stderr, "hint: is sandboxd running at %s? (make run starts it; --addr or $%s names another)\n", c.Addr(), envAddr)
+		}
 		if apiclient.StatusOf(err) == 401 && tok == "" && !explicitFile {
 			fmt.Fprintf(stderr, "hint: no token given: set $%s or --token (sandboxd started with its built-in defaults writes its root token to <data>/api.token; %s is read from the current directory)\n", envToken, defaultTokenFile)
 		}

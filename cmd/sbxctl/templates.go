@@ -17,13 +17,17 @@ import (
 // templates listed (from /v1/info), deleted and labelled.
 
 func init() {
-	register("promote", command{summary: "make a sandbox a template (--template NAME; --sandbox-token, or root acts by id)", run: remoteCommand(remoteSpec{name: "promote", args: []string{"ID"}, flags: promoteFlags})})
-	ls := command{summary: "list the promoted templates", run: remoteCommand(remoteSpec{name: "templates ls", flags: templatesLsFlags})}
+	register("promote", command{summary: "make a sandbox a template (--template NAME; --sandbox-token, or root acts by id)", examples: `sbxctl promote sb_0123456789abcdef --template py-warm   # claim it later with --template py-warm
+sbxctl promote sb_0123456789abcdef --template py-warm --sandbox-token "$SB_TOKEN"   # a tenant's proof`, run: remoteCommand(remoteSpec{name: "promote", args: []string{"ID"}, flags: promoteFlags})})
+	ls := command{summary: "list the promoted templates", examples: `sbxctl templates ls                             # the promoted templates you may see
+sbxctl templates ls --json`, run: remoteCommand(remoteSpec{name: "templates ls", flags: templatesLsFlags})}
 	register("templates", ls)
 	register("templates ls", ls)
-	register("templates rm", command{summary: "delete a promoted template (--template; --net, --size, --digest)", run: remoteCommand(remoteSpec{name: "templates rm", flags: templatesRmFlags})})
-	register("templates labels", command{summary: "replace a template's labels (--template, --label k=v repeatable; none clears)", run: remoteCommand(remoteSpec{name: "templates labels", flags: templatesLabelsFlags})})
-	register("store", command{summary: "list the snapshot dirs the state references, with their owners (root)", run: remoteCommand(remoteSpec{name: "store", flags: storeFlags})})
+	register("templates rm", command{summary: "delete a promoted template (--template; --net, --size, --digest)", examples: `sbxctl templates rm --template py-warm
+sbxctl templates rm --template py-warm --net egress --size large --digest sha256:...`, run: remoteCommand(remoteSpec{name: "templates rm", flags: templatesRmFlags})})
+	register("templates labels", command{summary: "replace a template's labels (--template, --label k=v repeatable; none clears)", examples: `sbxctl templates labels --template py-warm --label team=a --label tier=gold
+sbxctl templates labels --template py-warm      # no --label: clears them`, run: remoteCommand(remoteSpec{name: "templates labels", flags: templatesLabelsFlags})})
+	register("store", command{summary: "list the snapshot dirs the state references, with their owners (root)", examples: `sbxctl store                                    # every snapshot dir and its owner (root)`, run: remoteCommand(remoteSpec{name: "store", flags: storeFlags})})
 }
 
 func promoteFlags(fs *flag.FlagSet) remoteBody {

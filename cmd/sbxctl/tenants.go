@@ -18,12 +18,12 @@ import (
 // one and prints it, the only time it is seen.
 
 func init() {
-	ls := command{summary: "list the tenant set (--after, --limit)", run: remoteCommand(remoteSpec{name: "tenants", flags: tenantsLsFlags})}
+	ls := command{summary: "list the tenant set (--after, --limit)", examples: "sbxctl tenants\nsbxctl tenants ls --json", run: remoteCommand(remoteSpec{name: "tenants", flags: tenantsLsFlags})}
 	register("tenants", ls)
 	register("tenants ls", ls)
-	register("tenants put", command{summary: "create or change a tenant (--tenant-token, --generate, --max-claims)", run: remoteCommand(remoteSpec{name: "tenants put", args: []string{"NAME"}, flags: tenantsPutFlags})})
-	register("tenants set", command{summary: "replace the whole tenant set from --file", run: remoteCommand(remoteSpec{name: "tenants set", flags: tenantsSetFlags})})
-	register("tenants rm", command{summary: "remove a tenant (its token stops at once; its claims run on)", run: remoteCommand(remoteSpec{name: "tenants rm", args: []string{"NAME"}, flags: tenantsRmFlags})})
+	register("tenants put", command{summary: "create or change a tenant (--tenant-token, --generate, --max-claims)", examples: `sbxctl tenants put acme --generate --max-claims 10`, run: remoteCommand(remoteSpec{name: "tenants put", args: []string{"NAME"}, flags: tenantsPutFlags})})
+	register("tenants set", command{summary: "replace the whole tenant set from --file", examples: `sbxctl tenants set --file tenants.json`, run: remoteCommand(remoteSpec{name: "tenants set", flags: tenantsSetFlags})})
+	register("tenants rm", command{summary: "remove a tenant (its token stops at once; its claims run on)", examples: `sbxctl tenants rm acme`, run: remoteCommand(remoteSpec{name: "tenants rm", args: []string{"NAME"}, flags: tenantsRmFlags})})
 }
 
 func tenantsLsFlags(fs *flag.FlagSet) remoteBody {

@@ -395,8 +395,11 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, id auth.Ident
 }
 
 // handleList answers GET /v1/sandboxes[?claim_ref=&metadata=k=v&state=]:
-// live claims (and, with state=, ended ones still retained) the caller may
-// see, sorted by id.
+// live claims (and, with state=, ended ones still retained; state=all:
+// every one retained, live or ended) the caller may see, sorted by id.
+// stateAll is the list filter of every retained claim, live or ended.
+const stateAll = "all"
+
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	q := r.URL.Query()
 	ref := q.Get("claim_ref")
@@ -409,8 +412,8 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 		tenant, byTenant = t, true
 	}
 	want := q.Get("state")
-	if want != "" && !validClaimState(want) {
-		return errorf(http.StatusBadRequest, "unknown state %q: want pending, running, hibernating, hibernated, waking, released, expired or failed", want)
+	if want != "" && want != stateAll && !validClaimState(want) {
+		return errorf(http.StatusBadRequest, "unknown state %q: want %s, pending, running, hibernating, hibernated, waking, released, expired or failed", want, stateAll)
 	}
 	out := []Sandbox{}
 	s.eng.View(func(st *fsm.State) {
@@ -419,7 +422,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 			switch {
 			case byTenant && c.Tenant != tenant:
 			case want == "" && !c.Status.Live():
-			case want != "" && c.Status.String() != want:
+			case want != "" && want != stateAll && c.Status.String() != want:
 			case ref != "" && c.ClaimRef != ref:
 			case !metadataMatches(c.Metadata, meta):
 			default:
