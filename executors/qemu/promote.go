@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
@@ -101,16 +100,9 @@ func (q *Recipes) SnapshotLive(ctx context.Context, spec Spec, name, source stri
 		return r, fmt.Errorf("qemu: snapshot: %w", err)
 	}
 	defer c.Close()
-	m, err := launchedMeta(spec.RunDir)
-	if err != nil {
-		return r, err
-	}
-	m.StateBytes, m.Created = 0, time.Time{}
-	m.Source = source
-	m.QEMUVersion = c.Version().String()
 	stopped := q.now()
 	resumed := false
-	err = q.snapshot(ctx, c, spec, name, m, &r, func(t *timer) error {
+	err = q.snapshot(ctx, c, spec, name, source, &r, func(t *timer) error {
 		if err := c.Execute(ctx, "cont", nil, nil); err != nil {
 			return fmt.Errorf("qemu: snapshot: cont: %w", err)
 		}
