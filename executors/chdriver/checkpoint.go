@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -151,14 +152,15 @@ func (d *Driver) storedSnapshot(r *run, rel string) (res executors.Result, done 
 }
 
 // RemoveCheckpoint implements executors.Checkpointer: the checkpoint's dir
-// goes (nothing clones from it any more; clones hard-linked its memory).
+// goes (nothing clones from it any more; clones hard-linked its memory),
+// crash-safely (fsx.Discard: no half checkpoint under its name).
 func (d *Driver) RemoveCheckpoint(ctx context.Context, in fsm.RemoveCheckpoint) (executors.Result, error) {
 	dir, err := d.roots.SnapshotIn(layout.CheckpointStore, in.SnapshotDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
 	r := d.begin(ctx, string(fsm.KindCheckpointDelete), in.OpID, dir)
-	if err := r.step(StepRemoveSnapshot, func() error { return d.fs.RemoveAll(dir) }); err != nil {
+	if err := r.step(StepRemoveSnapshot, func() error { return fsx.Discard(d.fs, d.roots.Store, dir, in.OpID.String()) }); err != nil {
 		return executors.Result{}, err
 	}
 	return r.result(""), nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -57,14 +58,15 @@ func (d *Driver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (exec
 }
 
 // RemoveCheckpoint implements executors.Checkpointer: the checkpoint's dir
-// goes (clones of it hold their own copies of RAM and disk).
+// goes (clones of it hold their own copies of RAM and disk), crash-safely
+// (fsx.Discard: no half checkpoint under its name).
 func (d *Driver) RemoveCheckpoint(_ context.Context, in fsm.RemoveCheckpoint) (executors.Result, error) {
 	dir, err := d.roots.SnapshotIn(layout.CheckpointStore, in.SnapshotDir)
 	if err != nil {
 		return executors.Result{}, err
 	}
 	t0 := d.q.now()
-	if err := d.fs.RemoveAll(dir); err != nil {
+	if err := fsx.Discard(d.fs, d.roots.Store, dir, in.OpID.String()); err != nil {
 		return executors.Result{}, err
 	}
 	return executors.Result{Report: event.ExecReport{Steps: []event.Step{{Name: StepRemoveSnapshot, NS: int64(d.q.now().Sub(t0))}}}}, nil
