@@ -298,26 +298,21 @@ func runsGuest(v *VMRec) bool {
 
 // --- decisions ---------------------------------------------------------------
 
-// captureSource returns claim id's VM if it can be captured now: running
-// with its VM claimed, or hibernated.
+// captureSource returns claim id and its VM if it can be captured now:
+// running or hibernated, settled (settledVM).
 func (d *decider) captureSource(id string) (*ClaimRec, *VMRec, error) {
 	c, err := d.liveClaim(id)
 	if err != nil {
 		return nil, nil, err
 	}
-	v := d.s.vms[c.VM]
-	if c.VolumeOpInFlight() {
-		// The capture would race the disk's hot-plug (volumes.go).
-		return nil, nil, reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", id)
+	if c.Status != ClaimRunning && c.Status != ClaimHibernated {
+		return nil, nil, reject(InvalidTransition, "sandbox %s is %s, cannot checkpoint or fork", id, c.Status)
 	}
-	switch {
-	case c.Status == ClaimRunning && v != nil && v.Status == VMClaimed,
-		c.Status == ClaimHibernated && v != nil && v.Status == VMHibernated:
-		return c, v, nil
-	case c.Status == ClaimRunning || c.Status == ClaimHibernated:
-		return nil, nil, reject(InvalidTransition, "sandbox %s is busy (its VM is %s)", id, v.Status)
+	v, err := d.settled(c)
+	if err != nil {
+		return nil, nil, err
 	}
-	return nil, nil, reject(InvalidTransition, "sandbox %s is %s, cannot checkpoint or fork", id, c.Status)
+	return c, v, nil
 }
 
 // requestCapture emits the CheckpointRequested of c's VM v.

@@ -428,6 +428,39 @@ func (d *decider) liveClaim(id string) (*ClaimRec, error) {
 	return c, nil
 }
 
+// settledVM returns the VM of running or hibernated claim c when no side
+// effect on the claim is in flight: its VM is claimed (running claim) or
+// hibernated (hibernated claim) and no volume attach or detach runs.
+// Everything that starts a side effect on a claim's VM (hibernate, idle or
+// asked; checkpoint and fork; promote; volume changes) asks it, so none
+// overlaps another (a snapshot never races a hot-plug).
+func (s *State) settledVM(c *ClaimRec) (*VMRec, bool) {
+	want := VMClaimed
+	if c.Status == ClaimHibernated {
+		want = VMHibernated
+	}
+	v := s.vms[c.VM]
+	if v == nil || v.Status != want || c.VolumeOpInFlight() {
+		return nil, false
+	}
+	return v, true
+}
+
+// settled is settledVM for a command: a conflict saying what is in flight.
+// The caller has checked that c is running or hibernated.
+func (d *decider) settled(c *ClaimRec) (*VMRec, error) {
+	if v, ok := d.s.settledVM(c); ok {
+		return v, nil
+	}
+	if c.VolumeOpInFlight() {
+		return nil, reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", c.ID)
+	}
+	if v := d.s.vms[c.VM]; v != nil {
+		return nil, reject(InvalidTransition, "sandbox %s is busy (its VM is %s)", c.ID, v.Status)
+	}
+	return nil, reject(InvalidTransition, "sandbox %s: its VM is gone", c.ID)
+}
+
 func (cmd Hibernate) decide(d *decider) error {
 	id := cmd.Claim
 	c, err := d.liveClaim(id)
@@ -438,11 +471,8 @@ func (cmd Hibernate) decide(d *decider) error {
 	case ClaimHibernating, ClaimHibernated:
 		return nil
 	case ClaimRunning:
-		if v := d.s.vms[c.VM]; v == nil || v.Status != VMClaimed {
-			return reject(InvalidTransition, "sandbox %s: its VM is not running", id)
-		}
-		if c.VolumeOpInFlight() {
-			return reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", id)
+		if _, err := d.settled(c); err != nil {
+			return err
 		}
 		d.closeRelays(id, "hibernate")
 		d.emit(event.HibernateRequested{Claim: id, VM: c.VM, Reason: "user"}, id)
@@ -556,8 +586,8 @@ func (Tick) decide(d *decider) error {
 		switch t.key.kind {
 		case tIdle:
 			c := s.claims[t.key.id]
-			if c != nil && c.Status == ClaimRunning && !ended[c.ID] && !c.VolumeOpInFlight() {
-				if v := s.vms[c.VM]; v != nil && v.Status == VMClaimed {
+			if c != nil && c.Status == ClaimRunning && !ended[c.ID] {
+				if _, ok := s.settledVM(c); ok {
 					d.emit(event.HibernateRequested{Claim: c.ID, VM: c.VM, Reason: "idle"}, c.ID)
 				}
 			}

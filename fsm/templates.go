@@ -149,15 +149,12 @@ func (c Promote) decide(d *decider) error {
 	if vm, busy := s.promoting[key]; busy {
 		return reject(InvalidTransition, "template %s: a promote into it is in flight (VM %s)", key, vm)
 	}
-	if cl.VolumeOpInFlight() {
-		return reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", cl.ID)
-	}
-	v := s.vms[cl.VM]
-	switch {
-	case cl.Status == ClaimRunning && v != nil && v.Status == VMClaimed:
-	case cl.Status == ClaimHibernated && v != nil && v.Status == VMHibernated:
-	default:
+	if cl.Status != ClaimRunning && cl.Status != ClaimHibernated {
 		return reject(InvalidTransition, "sandbox %s is %s, cannot promote now", c.Claim, cl.Status)
+	}
+	v, err := d.settled(cl)
+	if err != nil {
+		return err
 	}
 	d.emit(event.PromoteRequested{Claim: cl.ID, VM: v.ID, Key: key, Tenant: c.Tenant}, cl.ID)
 	return nil

@@ -406,8 +406,7 @@ func (c Claim) claimVolumes(d *decider) ([]event.ClaimVolume, error) {
 	return d.grantVolumes(reqs, c.Tenant)
 }
 
-// runningForVolumes returns claim id if it runs on a claimed VM with no
-// volume operation in flight.
+// runningForVolumes returns claim id if it runs, settled (settledVM).
 func (d *decider) runningForVolumes(id string) (*ClaimRec, error) {
 	c, err := d.liveClaim(id)
 	if err != nil {
@@ -416,11 +415,11 @@ func (d *decider) runningForVolumes(id string) (*ClaimRec, error) {
 	if !c.Status.Live() {
 		return nil, reject(NotFound, "no sandbox %s", id)
 	}
-	if v := d.s.vms[c.VM]; c.Status != ClaimRunning || v == nil || v.Status != VMClaimed {
+	if c.Status != ClaimRunning {
 		return nil, reject(InvalidTransition, "sandbox %s is %s: volumes change only while it runs", id, c.Status)
 	}
-	if c.VolumeOpInFlight() {
-		return nil, reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", id)
+	if _, err := d.settled(c); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
