@@ -53,7 +53,6 @@ type State struct {
 	relaysOf       map[string][]string     // claim -> its open relay ids, sorted
 	mapped         map[string]int          // store dir -> VMs mapping it
 	collectBy      map[event.OpID][]string // due collections by the op that made them due
-	promoting      map[PoolKey]string      // promote target -> its VM
 	// applyOp and applySeq are the op and sequence of the event Apply is
 	// folding in (transient): a collection made due stamps them.
 	applyOp     event.OpID
@@ -85,7 +84,6 @@ func New() *State {
 		retired:        map[string]*RetiredRec{},
 		mapped:         map[string]int{},
 		collectBy:      map[event.OpID][]string{},
-		promoting:      map[PoolKey]string{},
 		volumes:        map[string]*VolumeSpec{},
 		volHolds:       map[string]volumeHold{},
 		pendingVols:    map[string]struct{}{},

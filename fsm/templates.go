@@ -146,7 +146,7 @@ func (c Promote) decide(d *decider) error {
 	if t := s.templates[key]; t != nil && !ownsTemplate(c.Tenant, t) {
 		return reject(InvalidTransition, "template %s is owned by another tenant", key)
 	}
-	if vm, busy := s.promoting[key]; busy {
+	if vm, busy := s.promoteInto(key); busy {
 		return reject(InvalidTransition, "template %s: a promote into it is in flight (VM %s)", key, vm)
 	}
 	if cl.Status != ClaimRunning && cl.Status != ClaimHibernated {
@@ -158,6 +158,18 @@ func (c Promote) decide(d *decider) error {
 	}
 	d.emit(event.PromoteRequested{Claim: cl.ID, VM: v.ID, Key: key, Tenant: c.Tenant}, cl.ID)
 	return nil
+}
+
+// promoteInto returns the VM of the promote in flight into k, if any. It
+// scans the promotes in flight (a handful: each holds a VM in a snapshot)
+// rather than keep a second index of them by target.
+func (s *State) promoteInto(k PoolKey) (string, bool) {
+	for vm, p := range s.promotes { //fsm:unordered at most one matches
+		if p.Target == k {
+			return vm, true
+		}
+	}
+	return "", false
 }
 
 // ownsTemplate: root owns every template, a tenant its own.
@@ -232,7 +244,7 @@ func (d *decider) template(k PoolKey, tenant, digest string) (*TemplateRec, erro
 	if t == nil || !ownsTemplate(tenant, t) {
 		return nil, reject(NotFound, "no template %s", k)
 	}
-	if _, busy := s.promoting[k]; busy {
+	if _, busy := s.promoteInto(k); busy {
 		return nil, reject(InvalidTransition, "template %s: a promote into it is in flight", k)
 	}
 	if digest != "" && digest != t.Digest {
@@ -305,13 +317,12 @@ func (a *applier) promoteRequested(p event.PromoteRequested) error {
 	if v.ID != p.VM {
 		return inconsistent("promote of claim %s names VM %s, not its %s", p.Claim, p.VM, v.ID)
 	}
-	if _, busy := s.promoting[p.Key]; busy {
+	if _, busy := s.promoteInto(p.Key); busy {
 		return inconsistent("promote into %s already in flight", p.Key)
 	}
 	s.promotes[v.ID] = &PromoteRec{VM: v.ID, Target: p.Key, Tenant: p.Tenant, Hibernated: v.Status == VMHibernated}
 	v.Op, v.ReqSeq = a.intentOp(), a.seq
 	s.setVMStatus(v, VMPromoting)
-	s.promoting[p.Key] = v.ID
 	return nil
 }
 
@@ -327,7 +338,6 @@ func (a *applier) settlePromote(vm string) (*VMRec, *PromoteRec, error) {
 		return nil, nil, inconsistent("VM %s promoting without a record", vm)
 	}
 	delete(s.promotes, vm)
-	delete(s.promoting, pr.Target)
 	v.Op = event.ZeroOpID
 	s.setVMStatus(v, promoteSource(pr))
 	return v, pr, nil
