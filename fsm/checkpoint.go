@@ -451,19 +451,11 @@ func (d *decider) taking(id string) (*CheckpointRec, error) {
 	return ck, nil
 }
 
-// settleSource follows a capture's result on its VM: a VM whose claim ended
-// during the capture is destroyed (its release left it to this result).
-func (d *decider) settleSource(ck *CheckpointRec) *ClaimRec {
-	want := ClaimRunning
-	if ck.FromHibernated {
-		want = ClaimHibernated
-	}
-	c := d.s.claims[ck.Claim]
-	if c == nil || c.Status != want || c.VM != ck.VM {
-		d.destroy(ck.VM, "claim_ended")
-		return nil
-	}
-	return c
+// sourceSettled follows a capture's result on its VM (settleFailure): a VM
+// whose claim ended during the capture is destroyed (its release left it
+// to this result); lost, a running one fails its claim.
+func (d *decider) sourceSettled(ck *CheckpointRec, lost bool, msg string) {
+	d.settleFailure(d.s.vms[ck.VM], snapshotSource(ck.FromHibernated), lost && !ck.FromHibernated, "checkpoint_failed", msg)
 }
 
 func (c CheckpointTaken) decide(d *decider) error {
@@ -475,7 +467,7 @@ func (c CheckpointTaken) decide(d *decider) error {
 		return err
 	}
 	d.emit(event.CheckpointTaken{Checkpoint: ck.ID, SnapshotDir: c.SnapshotDir, Report: c.Report}, ck.ID)
-	d.settleSource(ck)
+	d.sourceSettled(ck, false, "")
 	clones := 0
 	for _, id := range ck.Children {
 		if ch := d.s.claims[id]; ch != nil && ch.Status == ClaimPending {
@@ -496,11 +488,7 @@ func (c CheckpointFailed) decide(d *decider) error {
 		return err
 	}
 	d.emit(event.CheckpointFailed{Checkpoint: ck.ID, Error: errText(c.Error), Lost: c.Lost}, ck.ID)
-	if cl := d.settleSource(ck); cl != nil && c.Lost && !ck.FromHibernated {
-		d.closeRelays(cl.ID, "failed")
-		d.emit(event.ClaimFailed{Claim: cl.ID, VM: ck.VM, Reason: "checkpoint_failed", Error: errText(c.Error)}, cl.ID)
-		d.destroy(ck.VM, "failed")
-	}
+	d.sourceSettled(ck, c.Lost, c.Error)
 	for _, id := range ck.Children {
 		if ch := d.s.claims[id]; ch != nil && ch.Status == ClaimPending {
 			d.emit(event.ClaimFailed{Claim: ch.ID, VM: ch.VM, Reason: "fork_failed", Error: errText(c.Error)}, ch.ID)
@@ -613,13 +601,14 @@ func (a *applier) taking(id string) (*CheckpointRec, *VMRec, error) {
 	return ck, v, nil
 }
 
-// restoreSource puts a captured VM back in the status it had.
-func (s *State) restoreSource(ck *CheckpointRec, v *VMRec) {
-	if ck.FromHibernated {
-		s.setVMStatus(v, VMHibernated)
-	} else {
-		s.setVMStatus(v, VMClaimed)
+// snapshotSource is the status a claim returns to once a snapshot of it (a
+// checkpoint's capture, a promote) settles: running, or hibernated; its VM
+// returns to claimVMStatus of it.
+func snapshotSource(hibernated bool) ClaimStatus {
+	if hibernated {
+		return ClaimHibernated
 	}
+	return ClaimRunning
 }
 
 func (a *applier) checkpointTaken(p event.CheckpointTaken) error {
@@ -630,7 +619,7 @@ func (a *applier) checkpointTaken(p event.CheckpointTaken) error {
 	}
 	ck.Status, ck.Op, ck.SnapshotDir = CheckpointReady, event.ZeroOpID, p.SnapshotDir
 	delete(s.pendingCks, ck.ID)
-	s.restoreSource(ck, v)
+	s.setVMStatus(v, claimVMStatus[snapshotSource(ck.FromHibernated)])
 	s.syncCheckpointTimer(ck)
 	return nil
 }
@@ -641,7 +630,7 @@ func (a *applier) checkpointFailed(p event.CheckpointFailed) error {
 	if err != nil {
 		return err
 	}
-	s.restoreSource(ck, v)
+	s.setVMStatus(v, claimVMStatus[snapshotSource(ck.FromHibernated)])
 	delete(s.pendingCks, ck.ID)
 	delete(s.checkpoints, ck.ID)
 	return nil

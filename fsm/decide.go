@@ -435,12 +435,8 @@ func (d *decider) liveClaim(id string) (*ClaimRec, error) {
 // asked; checkpoint and fork; promote; volume changes) asks it, so none
 // overlaps another (a snapshot never races a hot-plug).
 func (s *State) settledVM(c *ClaimRec) (*VMRec, bool) {
-	want := VMClaimed
-	if c.Status == ClaimHibernated {
-		want = VMHibernated
-	}
 	v := s.vms[c.VM]
-	if v == nil || v.Status != want || c.VolumeOpInFlight() {
+	if c.Status != ClaimRunning && c.Status != ClaimHibernated || v == nil || v.Status != claimVMStatus[c.Status] || c.VolumeOpInFlight() {
 		return nil, false
 	}
 	return v, true
@@ -786,14 +782,18 @@ func (c WakeFailed) decide(d *decider) error {
 	return nil
 }
 
-// settleFailure follows a failed hibernate or wake: a VM whose claim ended
-// meanwhile is destroyed; a lost VM fails its claim and is destroyed.
+// settleFailure follows the result of a side effect on a claim's VM (a
+// failed hibernate or wake; a checkpoint's capture, a promote, either way)
+// that left its claim in status want: a VM whose claim ended meanwhile is
+// destroyed; a lost VM fails its claim, closing its relays (a running
+// claim's stay open through a capture or promote), and is destroyed.
 func (d *decider) settleFailure(v *VMRec, want ClaimStatus, lost bool, reason, msg string) {
 	cl := d.claimWaiting(v, want)
 	switch {
 	case cl == nil:
 		d.destroy(v.ID, "claim_ended")
 	case lost:
+		d.closeRelays(cl.ID, "failed")
 		d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: reason, Error: errText(msg)}, cl.ID)
 		d.destroy(v.ID, "failed")
 	}

@@ -175,15 +175,6 @@ func (s *State) promoteInto(k PoolKey) (string, bool) {
 // ownsTemplate: root owns every template, a tenant its own.
 func ownsTemplate(tenant string, t *TemplateRec) bool { return tenant == "" || tenant == t.Tenant }
 
-// promoteSource is the status the VM of promote p returns to when it
-// settles.
-func promoteSource(p *PromoteRec) VMStatus {
-	if p.Hibernated {
-		return VMHibernated
-	}
-	return VMClaimed
-}
-
 func (c PromoteDone) decide(d *decider) error {
 	v, err := d.inFlight(c.VM, VMPromoting)
 	if err != nil {
@@ -197,7 +188,7 @@ func (c PromoteDone) decide(d *decider) error {
 	}
 	p := d.s.promotes[v.ID]
 	d.emit(event.Promoted{Claim: v.Claim, VM: v.ID, Key: p.Target, SnapshotDir: c.SnapshotDir, Digest: c.Digest, Report: c.Report}, v.Claim)
-	d.afterPromote(v, p, false, "")
+	d.settleFailure(v, snapshotSource(p.Hibernated), false, "", "")
 	return nil
 }
 
@@ -207,25 +198,8 @@ func (c PromoteFailed) decide(d *decider) error {
 		return err
 	}
 	d.emit(event.PromoteFailed{Claim: v.Claim, VM: v.ID, Error: errText(c.Error), Lost: c.Lost}, v.Claim)
-	d.afterPromote(v, d.s.promotes[v.ID], c.Lost, c.Error)
+	d.settleFailure(v, snapshotSource(d.s.promotes[v.ID].Hibernated), c.Lost, "promote_failed", c.Error)
 	return nil
-}
-
-// afterPromote follows a settled promote: a VM whose claim ended meanwhile
-// is destroyed; a lost VM fails its claim and is destroyed.
-func (d *decider) afterPromote(v *VMRec, p *PromoteRec, lost bool, msg string) {
-	want := ClaimRunning
-	if p.Hibernated {
-		want = ClaimHibernated
-	}
-	cl := d.claimWaiting(v, want)
-	switch {
-	case cl == nil:
-		d.destroy(v.ID, "claim_ended")
-	case lost:
-		d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: "promote_failed", Error: errText(msg)}, cl.ID)
-		d.destroy(v.ID, "failed")
-	}
 }
 
 // template returns the promoted template of k as caller tenant may change
@@ -339,7 +313,7 @@ func (a *applier) settlePromote(vm string) (*VMRec, *PromoteRec, error) {
 	}
 	delete(s.promotes, vm)
 	v.Op = event.ZeroOpID
-	s.setVMStatus(v, promoteSource(pr))
+	s.setVMStatus(v, claimVMStatus[snapshotSource(pr.Hibernated)])
 	return v, pr, nil
 }
 
