@@ -471,7 +471,7 @@ func (c CheckpointTaken) decide(d *decider) error {
 	clones := 0
 	for _, id := range ck.Children {
 		if ch := d.s.claims[id]; ch != nil && ch.Status == ClaimPending {
-			d.cloneRequestFrom(ch.VM, ch.Key, ch.ID, ck.ID)
+			d.cloneRequest(ch.VM, ch.Key, ch.ID, false, ck.ID)
 			clones++
 		}
 	}
@@ -507,12 +507,6 @@ func (c CheckpointRemoved) decide(d *decider) error {
 	}
 	d.emit(event.CheckpointDeleted{Checkpoint: ck.ID, Report: c.Report}, ck.ID)
 	return nil
-}
-
-// cloneRequestFrom requests VM vm for claim, cloned from checkpoint ck.
-func (d *decider) cloneRequestFrom(vm string, k PoolKey, claim, ck string) {
-	d.emit(event.VMCloneRequested{VM: vm, Key: k, Node: d.s.node, Instance: d.s.instance,
-		RunDir: runDir(d.s.instance, vm), Claim: claim, Checkpoint: ck}, vm)
 }
 
 // clonedFrom follows a clone's result (v still cloning in the state): the

@@ -121,9 +121,12 @@ func (d *decider) newVMID() string {
 	}
 }
 
-func (d *decider) cloneRequest(vm string, k PoolKey, claim string, cold bool) {
+// cloneRequest requests VM vm of key k for claim ("" for a refill): cloned
+// from checkpoint ck when set, else from k's golden, or cold-booted when
+// cold.
+func (d *decider) cloneRequest(vm string, k PoolKey, claim string, cold bool, ck string) {
 	d.emit(event.VMCloneRequested{VM: vm, Key: k, Node: d.s.node, Instance: d.s.instance,
-		RunDir: runDir(d.s.instance, vm), Claim: claim, Cold: cold}, vm)
+		RunDir: runDir(d.s.instance, vm), Claim: claim, Cold: cold, Checkpoint: ck}, vm)
 }
 
 func (d *decider) destroy(vm, reason string) {
@@ -382,12 +385,9 @@ func (c Claim) decide(d *decider) error {
 	ev.Tier, ev.VM = tier.String(), d.newVMID()
 	if ck != nil {
 		ev.FromCheckpoint = ck.ID
-		d.emit(ev, c.ID)
-		d.cloneRequestFrom(ev.VM, c.Key, c.ID, ck.ID)
-		return nil
 	}
 	d.emit(ev, c.ID)
-	d.cloneRequest(ev.VM, c.Key, c.ID, tier == TierCold)
+	d.cloneRequest(ev.VM, c.Key, c.ID, tier == TierCold, ev.FromCheckpoint)
 	return nil
 }
 
@@ -413,7 +413,7 @@ func (c Refill) decide(d *decider) error {
 	budget := MaxRefillBatch
 	for _, k := range keys {
 		for range min(refillDeficit(s.pools[k]), budget) {
-			d.cloneRequest(d.newVMID(), k, "", false)
+			d.cloneRequest(d.newVMID(), k, "", false, "")
 			budget--
 		}
 	}
