@@ -58,7 +58,7 @@ type State struct {
 	applyOp     event.OpID
 	applySeq    uint64
 	volHolds    map[string]volumeHold // volume -> the claims holding it
-	pendingVols map[string]struct{}   // claim/volume with an attach or detach in flight
+	pendingVols map[string]struct{}   // claims with a volume attach or detach in flight
 }
 
 // New returns an empty state.
