@@ -393,14 +393,8 @@ func (cmd Fork) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
-	if s.draining {
-		return reject(TooMany, DrainingMsg)
-	}
-	if l := s.limits.MaxClaims; l > 0 && s.live+n > l {
-		return reject(TooMany, "max_claims %d reached", l)
-	}
-	if l := s.TenantCap(parent.Tenant); l > 0 && s.tenantLive[parent.Tenant]+n > l {
-		return reject(TooMany, "tenant %q is at its cap of %d claims", parent.Tenant, l)
+	if err := d.admit(parent.Tenant, n); err != nil {
+		return err
 	}
 	if err := d.needInstance(); err != nil {
 		return err

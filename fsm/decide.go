@@ -286,6 +286,22 @@ func serveSeconds(serve int64) (int64, error) {
 	return serve, nil
 }
 
+// admit refuses n new claims of tenant the node cannot take now: it
+// drains, or they would pass max_claims or the tenant's cap.
+func (d *decider) admit(tenant string, n int) error {
+	s := d.s
+	if s.draining {
+		return reject(TooMany, DrainingMsg)
+	}
+	if l := s.limits.MaxClaims; l > 0 && s.live+n > l {
+		return reject(TooMany, "max_claims %d reached", l)
+	}
+	if l := s.TenantCap(tenant); l > 0 && s.tenantLive[tenant]+n > l {
+		return reject(TooMany, "tenant %q is at its cap of %d claims", tenant, l)
+	}
+	return nil
+}
+
 func (c Claim) decide(d *decider) error {
 	s := d.s
 	if !ValidClaimID(c.ID) {
@@ -328,14 +344,8 @@ func (c Claim) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
-	if s.draining {
-		return reject(TooMany, DrainingMsg)
-	}
-	if l := s.limits.MaxClaims; l > 0 && s.live >= l {
-		return reject(TooMany, "max_claims %d reached", l)
-	}
-	if l := s.TenantCap(c.Tenant); l > 0 && s.tenantLive[c.Tenant] >= l {
-		return reject(TooMany, "tenant %q is at its cap of %d claims", c.Tenant, l)
+	if err := d.admit(c.Tenant, 1); err != nil {
+		return err
 	}
 	env, err := envOf(c.Env)
 	if err != nil {
