@@ -677,6 +677,9 @@ func (a *applier) volumeSettled(claim, name string, from VolumeStatus, keep bool
 // handed out by Claim share the old one), keeping the holds and the
 // pending-intent index in step.
 func (s *State) setClaimVolumes(c *ClaimRec, vs []ClaimVolume) {
+	if len(c.Volumes) == 0 && len(vs) == 0 {
+		return // most claims: made and purged without volumes, nothing to index
+	}
 	s.indexVolumes(c, -1)
 	if len(vs) == 0 {
 		vs = nil
