@@ -154,11 +154,7 @@ func (s *Server) handlePromote(w http.ResponseWriter, r *http.Request, id auth.I
 		err = s.durableAt(ctx, ev.Seq)
 	}
 	if err != nil {
-		if r.Context().Err() == nil {
-			return &httpError{status: http.StatusServiceUnavailable, id: c.ID,
-				msg: "sandbox " + c.ID + ": promote not finished within " + s.cfg.LifecycleWait.String() + "; it continues"}
-		}
-		return err
+		return s.unfinishedErr(r, c.ID, "promote", err)
 	}
 	p, err := ev.Decode()
 	if err != nil {
