@@ -208,8 +208,7 @@ var timeNow = time.Now
 // expiresIn is how long a live sandbox has left, to the second; an ended
 // one shows "-".
 func expiresIn(sb api.Sandbox, now time.Time) string {
-	switch sb.State {
-	case "released", "expired", "failed":
+	if endedState(sb.State) {
 		return "-"
 	}
 	return untilDeadline(sb.Deadline, now)

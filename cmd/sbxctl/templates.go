@@ -5,9 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
-	"slices"
-	"strings"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -72,11 +69,7 @@ func templatesLsFlags(*flag.FlagSet) remoteBody {
 		}
 		return printTable(cl, map[string]any{"templates": in.Templates}, "KEY\tTENANT\tDIGEST\tCREATED\tLABELS", func(tw io.Writer) {
 			for _, t := range in.Templates {
-				var labels []string
-				for _, k := range slices.Sorted(maps.Keys(t.Labels)) {
-					labels = append(labels, k+"="+t.Labels[k])
-				}
-				fmt.Fprintf(tw, "%s/%s/%s\t%s\t%s\t%s\t%s\n", t.Key.Template, t.Key.Net, t.Key.Size, orDash(t.Tenant), t.ContentDigest, t.CreatedAt, strings.Join(labels, ","))
+				fmt.Fprintf(tw, "%s/%s/%s\t%s\t%s\t%s\t%s\n", t.Key.Template, t.Key.Net, t.Key.Size, orDash(t.Tenant), t.ContentDigest, t.CreatedAt, metaString(t.Labels))
 			}
 		})
 	}
