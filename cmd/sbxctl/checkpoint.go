@@ -4,7 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"text/tabwriter"
+	"io"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -41,16 +41,12 @@ func checkpointsFlags(*flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, api.CheckpointList{Checkpoints: list})
-		}
-		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tSANDBOX\tPOOL\tTENANT\tCREATED\tEXPIRES")
-		for _, ck := range list {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ck.ID, orDash(ck.Name), ck.SandboxID, ck.Key, orDash(ck.Tenant),
-				shortTime(ck.CreatedAt), orDash(shortTime(ck.ExpiresAt)))
-		}
-		return tw.Flush()
+		return printTable(cl, api.CheckpointList{Checkpoints: list}, "ID\tNAME\tSANDBOX\tPOOL\tTENANT\tCREATED\tEXPIRES", func(tw io.Writer) {
+			for _, ck := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ck.ID, orDash(ck.Name), ck.SandboxID, ck.Key, orDash(ck.Tenant),
+					shortTime(ck.CreatedAt), orDash(shortTime(ck.ExpiresAt)))
+			}
+		})
 	}
 }
 
@@ -75,7 +71,7 @@ func checkpointClaimFlags(fs *flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		return printClaims(cl, []api.ClaimResponse{*res})
+		return printClaims(cl, res, []api.ClaimResponse{*res})
 	}
 }
 
@@ -89,23 +85,16 @@ func forkFlags(fs *flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, api.ForkResponse{Children: kids})
-		}
-		return printClaims(cl, kids)
+		return printClaims(cl, api.ForkResponse{Children: kids}, kids)
 	}
 }
 
-// printClaims prints claim answers, one line each (JSON: the first alone,
-// as claim's, or all under "children").
-func printClaims(cl *call, res []api.ClaimResponse) error {
-	if cl.json {
-		return printJSON(cl.stdout, res[0])
-	}
-	tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tTOKEN\tPOOL\tVM\tDEADLINE")
-	for _, r := range res {
-		fmt.Fprintf(tw, "%s\t%s\t%s/%s/%s\t%s\t%s\n", r.ID, r.Token, r.Template, r.Net, r.Size, r.VM, shortTime(r.Deadline))
-	}
-	return tw.Flush()
+// printClaims prints claim answers, one line each (JSON: v, the answer as
+// the node gave it).
+func printClaims(cl *call, v any, res []api.ClaimResponse) error {
+	return printTable(cl, v, "ID\tTOKEN\tPOOL\tVM\tDEADLINE", func(tw io.Writer) {
+		for _, r := range res {
+			fmt.Fprintf(tw, "%s\t%s\t%s/%s/%s\t%s\t%s\n", r.ID, r.Token, r.Template, r.Net, r.Size, r.VM, shortTime(r.Deadline))
+		}
+	})
 }

@@ -3,7 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -56,18 +57,18 @@ _sbxctl() {
 	local cur=${COMP_WORDS[COMP_CWORD]}
 	COMPREPLY=()
 	if [[ $COMP_CWORD -eq 1 ]]; then
-		COMPREPLY=($(compgen -W "` + strings.Join(sortedKeys(first), " ") + `" -- "$cur"))
+		COMPREPLY=($(compgen -W "` + strings.Join(slices.Sorted(maps.Keys(first)), " ") + `" -- "$cur"))
 		return
 	fi
 	local name=${COMP_WORDS[1]}
 	case $name in
 `)
-	for _, w1 := range sortedKeys(second) {
+	for _, w1 := range slices.Sorted(maps.Keys(second)) {
 		fmt.Fprintf(&b, "\t%s)\n\t\tif [[ $COMP_CWORD -eq 2 ]]; then\n\t\t\tCOMPREPLY=($(compgen -W %q -- \"$cur\"))\n\t\t\treturn\n\t\tfi\n\t\tname=\"$name ${COMP_WORDS[2]}\";;\n",
 			w1, strings.Join(second[w1], " "))
 	}
 	b.WriteString(`	help)
-		COMPREPLY=($(compgen -W "` + strings.Join(sortedKeys(first), " ") + `" -- "$cur"))
+		COMPREPLY=($(compgen -W "` + strings.Join(slices.Sorted(maps.Keys(first)), " ") + `" -- "$cur"))
 		return;;
 	esac
 	if [[ $cur == -* ]]; then
@@ -81,13 +82,4 @@ _sbxctl() {
 complete -o default -F _sbxctl sbxctl
 `)
 	return b.String()
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

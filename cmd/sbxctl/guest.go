@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -51,7 +52,7 @@ func sandboxTokenFlag(fs *flag.FlagSet) func(c *apiclient.Client) (*apiclient.Cl
 	tok := fs.String("sandbox-token", "", "the sandbox's own token, from its claim (default: the one root reads from sandboxd, else $"+envSandboxToken+")")
 	return func(c *apiclient.Client) (*apiclient.Client, error) {
 		env := os.Getenv(envSandboxToken)
-		switch t := cmpOr(fs.Lookup("token").Value.String(), os.Getenv(envToken)); {
+		switch t := cmp.Or(fs.Lookup("token").Value.String(), os.Getenv(envToken)); {
 		case *tok != "":
 			return c.WithToken(*tok), nil
 		case strings.HasPrefix(t, apiclient.SandboxTokenPrefix):
@@ -63,14 +64,6 @@ func sandboxTokenFlag(fs *flag.FlagSet) func(c *apiclient.Client) (*apiclient.Cl
 		}
 		return nil, usagef("the sandbox's own token is needed (the TOKEN its claim printed): --sandbox-token or $%s, or the root token (which reads it)", envSandboxToken)
 	}
-}
-
-// cmpOr returns the first of a, b that is not empty.
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func execFlags(fs *flag.FlagSet) remoteBody {
@@ -183,7 +176,7 @@ func cpFlags(fs *flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		id := cmpOr(sid, did)
+		id := cmp.Or(sid, did)
 		nc, err := sc.DialAgent(ctx, id)
 		if err != nil {
 			return err

@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"text/tabwriter"
 	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog"
@@ -86,8 +85,7 @@ func dumpFlags(fs *flag.FlagSet) logBody {
 			enc := json.NewEncoder(stdout)
 			write = func(e *event.Event) error { return enc.Encode(dumpJSON(e)) }
 		} else {
-			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SEQ\tTIME\tTYPE\tAGGREGATE\tOP ID")
+			tw := newTable(stdout, "SEQ\tTIME\tTYPE\tAGGREGATE\tOP ID")
 			write = func(e *event.Event) error {
 				_, err := fmt.Fprintf(tw, "%d\t%s\t%s\t%s/%s\t%s\n", e.Seq, formatTime(e.Time), e.Type, e.AggKind, e.AggID, e.OpID)
 				return err

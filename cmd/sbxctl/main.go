@@ -13,9 +13,9 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/sbxlog/sbxlog/cmd/buildinfo"
@@ -130,11 +130,4 @@ func usage(w io.Writer) {
 }
 
 // commandNames lists the commands, sorted.
-func commandNames() []string {
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func commandNames() []string { return slices.Sorted(maps.Keys(commands)) }

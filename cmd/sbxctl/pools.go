@@ -61,8 +61,7 @@ func printInfo(cl *call, in *api.Info) error {
 		_, err := fmt.Fprintln(cl.stdout, "no pools (sbxctl pools set --template NAME --warm N)")
 		return err
 	}
-	tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tWARM\tTARGET\tREFILLING\tWARM_MAX\tGOLDEN\tLIVE\tFLAGS")
+	tw := newTable(cl.stdout, "POOL\tWARM\tTARGET\tREFILLING\tWARM_MAX\tGOLDEN\tLIVE\tFLAGS")
 	for _, p := range in.Pools {
 		var flags []string
 		if p.Draining {
@@ -104,19 +103,15 @@ func poolsGetFlags(*flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, p)
-		}
-		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "TEMPLATE\tNET\tSIZE\tWARM\tWARM_MAX\tIDLE_HIBERNATE")
-		for _, s := range p.Pools {
-			idle := "-"
-			if s.IdleHibernateSeconds > 0 {
-				idle = fmt.Sprintf("%ds", s.IdleHibernateSeconds)
+		return printTable(cl, p, "TEMPLATE\tNET\tSIZE\tWARM\tWARM_MAX\tIDLE_HIBERNATE", func(tw io.Writer) {
+			for _, s := range p.Pools {
+				idle := "-"
+				if s.IdleHibernateSeconds > 0 {
+					idle = fmt.Sprintf("%ds", s.IdleHibernateSeconds)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", s.Template, s.Net, s.Size, s.Warm, s.WarmMax, idle)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", s.Template, s.Net, s.Size, s.Warm, s.WarmMax, idle)
-		}
-		return tw.Flush()
+		})
 	}
 }
 

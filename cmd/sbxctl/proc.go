@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -66,20 +65,16 @@ func psFlags(fs *flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, procs)
-		}
-		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "PID\tSTATE\tEXIT\tDETACHED\tSTARTED\tCOMMAND")
-		for _, p := range procs {
-			exit := "-"
-			if p.ExitCode != nil {
-				exit = strconv.Itoa(int(*p.ExitCode))
+		return printTable(cl, procs, "PID\tSTATE\tEXIT\tDETACHED\tSTARTED\tCOMMAND", func(tw io.Writer) {
+			for _, p := range procs {
+				exit := "-"
+				if p.ExitCode != nil {
+					exit = strconv.Itoa(int(*p.ExitCode))
+				}
+				started := time.Unix(int64(p.StartedAtEpochSecs), 0).UTC().Format(time.RFC3339)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%t\t%s\t%s\n", p.Pid, p.State, exit, p.Detached, started, strings.Join(p.Argv, " "))
 			}
-			started := time.Unix(int64(p.StartedAtEpochSecs), 0).UTC().Format(time.RFC3339)
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%t\t%s\t%s\n", p.Pid, p.State, exit, p.Detached, started, strings.Join(p.Argv, " "))
-		}
-		return tw.Flush()
+		})
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -218,6 +219,24 @@ func printJSON(w io.Writer, v any) error {
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// printTable prints v as indented JSON with --json, else as a table:
+// header, then the lines rows writes (columns separated by tabs).
+func printTable(cl *call, v any, header string, rows func(tw io.Writer)) error {
+	if cl.json {
+		return printJSON(cl.stdout, v)
+	}
+	tw := newTable(cl.stdout, header)
+	rows(tw)
+	return tw.Flush()
+}
+
+// newTable is the commands' table writer on w, header written.
+func newTable(w io.Writer, header string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	return tw
 }
 
 // kvFlag is a repeatable key=value flag.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"sort"
 	"text/tabwriter"
 	"time"
@@ -191,17 +192,13 @@ func lsFlags(fs *flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, map[string]any{"sandboxes": out})
-		}
-		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSTATE\tPOOL\tTIER\tTENANT\tREF\tMETADATA\tEXPIRES IN")
-		now := timeNow()
-		for _, sb := range out {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.State, sb.Key, sb.Tier,
-				orDash(sb.Tenant), orDash(sb.ClaimRef), orDash(metaString(sb.Metadata)), expiresIn(sb, now))
-		}
-		return tw.Flush()
+		return printTable(cl, map[string]any{"sandboxes": out}, "ID\tSTATE\tPOOL\tTIER\tTENANT\tREF\tMETADATA\tEXPIRES IN", func(tw io.Writer) {
+			now := timeNow()
+			for _, sb := range out {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.State, sb.Key, sb.Tier,
+					orDash(sb.Tenant), orDash(sb.ClaimRef), orDash(metaString(sb.Metadata)), expiresIn(sb, now))
+			}
+		})
 	}
 }
 
@@ -211,8 +208,7 @@ var timeNow = time.Now
 // expiresIn is how long a live sandbox has left, to the second; an ended
 // one shows "-".
 func expiresIn(sb api.Sandbox, now time.Time) string {
-	switch sb.State {
-	case "released", "expired", "failed":
+	if endedState(sb.State) {
 		return "-"
 	}
 	return untilDeadline(sb.Deadline, now)

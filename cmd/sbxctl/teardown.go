@@ -79,6 +79,8 @@ func releaseOne(ctx context.Context, c *apiclient.Client, id string) (string, er
 	return "released", nil
 }
 
+// endedState says whether a sandbox in state s has ended (ls shows no
+// time left for it; release says it had nothing to release).
 func endedState(s string) bool { return s == "released" || s == "expired" || s == "failed" }
 
 // endedSuffix says when an ended sandbox ended, as far as its row tells:

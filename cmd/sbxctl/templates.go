@@ -4,10 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"maps"
-	"slices"
-	"strings"
-	"text/tabwriter"
+	"io"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -70,23 +67,11 @@ func templatesLsFlags(*flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, map[string]any{"templates": in.Templates})
-		}
-		w := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "KEY\tTENANT\tDIGEST\tCREATED\tLABELS")
-		for _, t := range in.Templates {
-			var labels []string
-			for _, k := range slices.Sorted(maps.Keys(t.Labels)) {
-				labels = append(labels, k+"="+t.Labels[k])
+		return printTable(cl, map[string]any{"templates": in.Templates}, "KEY\tTENANT\tDIGEST\tCREATED\tLABELS", func(tw io.Writer) {
+			for _, t := range in.Templates {
+				fmt.Fprintf(tw, "%s/%s/%s\t%s\t%s\t%s\t%s\n", t.Key.Template, t.Key.Net, t.Key.Size, orDash(t.Tenant), t.ContentDigest, t.CreatedAt, metaString(t.Labels))
 			}
-			tenant := t.Tenant
-			if tenant == "" {
-				tenant = "-"
-			}
-			fmt.Fprintf(w, "%s/%s/%s\t%s\t%s\t%s\t%s\n", t.Key.Template, t.Key.Net, t.Key.Size, tenant, t.ContentDigest, t.CreatedAt, strings.Join(labels, ","))
-		}
-		return w.Flush()
+		})
 	}
 }
 
@@ -130,14 +115,10 @@ func storeFlags(*flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, st)
-		}
-		w := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "DIR\tKIND\tOWNER\tMAPPERS")
-		for _, s := range st.Snapshots {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", s.Dir, s.Kind, s.Owner, s.Mappers)
-		}
-		return w.Flush()
+		return printTable(cl, st, "DIR\tKIND\tOWNER\tMAPPERS", func(tw io.Writer) {
+			for _, s := range st.Snapshots {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", s.Dir, s.Kind, s.Owner, s.Mappers)
+			}
+		})
 	}
 }

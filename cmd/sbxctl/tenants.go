@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -42,8 +41,7 @@ func printTenants(cl *call, l *api.TenantList) error {
 	if cl.json {
 		return printJSON(cl.stdout, l)
 	}
-	tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMAX_CLAIMS\tEGRESS_CLASS\tCLAIMS\tFLAGS")
+	tw := newTable(cl.stdout, "NAME\tMAX_CLAIMS\tEGRESS_CLASS\tCLAIMS\tFLAGS")
 	for _, t := range l.Tenants {
 		maxClaims, flags := "-", "-"
 		if t.MaxClaims > 0 {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -28,15 +28,11 @@ func volumesListFlags(*flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, map[string][]api.VolumeInfo{"volumes": vs})
-		}
-		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tDEFAULT MOUNT\tSIZE\tAVAILABLE\tWRITABLE")
-		for _, v := range vs {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%v\n", v.Name, v.DefaultMount, v.SizeBytes, v.Available, v.Writable)
-		}
-		return tw.Flush()
+		return printTable(cl, map[string][]api.VolumeInfo{"volumes": vs}, "NAME\tDEFAULT MOUNT\tSIZE\tAVAILABLE\tWRITABLE", func(tw io.Writer) {
+			for _, v := range vs {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%v\n", v.Name, v.DefaultMount, v.SizeBytes, v.Available, v.Writable)
+			}
+		})
 	}
 }
 

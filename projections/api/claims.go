@@ -146,8 +146,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	}
 	key := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
 	redirect := s.redir != nil && !req.NoRedirect
-	promoted := s.promoted(key)
-	if req.RequirePromoted && !promoted {
+	if req.RequirePromoted && !s.promoted(key) {
 		// Only a promoted template may serve it, and this node has none.
 		s.metrics.claim("unknown_template", "", time.Since(start))
 		return errorf(http.StatusNotFound, "%s", errUnknownTemplate)
@@ -155,8 +154,10 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// What this node cannot serve at all is refused before anything is
 	// proposed (no claim, no pool left behind), unless a node with warm
 	// capacity for the key takes it (the redirect).
-	// A promoted template's clones need its golden only, not a template dir.
-	if err := s.checkPool(key, s.pools != nil && s.pooled(key)); err != nil && !promoted {
+	// A promoted template's clones need its golden only, not a template dir:
+	// asked only once checkPool refuses, so a claim of a pool this node
+	// serves reads the state no more than it did before templates.
+	if err := s.checkPool(key, s.pools != nil && s.pooled(key)); err != nil && !s.promoted(key) {
 		if redirect && s.redirectClaim(w, key, start) {
 			return nil
 		}
