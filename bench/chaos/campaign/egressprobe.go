@@ -510,7 +510,7 @@ func (c *campaign) probeRound(ctx context.Context, when string) {
 		c.checked("egress probe rounds void (probe VM changing)", 1)
 		return
 	}
-	if g := c.probes.guest; g != nil && (g.vm != vm || !sameLock(g.lock, st.Lock)) {
+	if g := c.probes.guest; g != nil && (g.vm != vm || !g.lock.Equal(st.Lock)) {
 		c.dropGuest()
 	}
 	if c.probes.guest == nil {
@@ -543,7 +543,7 @@ func (c *campaign) probeRound(ctx context.Context, when string) {
 			return false
 		}
 		now, ok := c.lockOf(vm)
-		return ok && sameLock(now.Lock, st.Lock) && c.vmClaimed(ctx, vm)
+		return ok && now.Lock.Equal(st.Lock) && c.vmClaimed(ctx, vm)
 	}
 	var voided bool
 	for _, a := range got {
@@ -586,10 +586,6 @@ func (c *campaign) vmClaimed(ctx context.Context, vm string) bool {
 		}
 	}
 	return false
-}
-
-func sameLock(a, b nft.Lock) bool {
-	return a.Tap == b.Tap && a.GuestIP == b.GuestIP && a.Door == b.Door && a.GuestMAC.String() == b.GuestMAC.String()
 }
 
 // Phases of the daemon during the across-kill loop.
