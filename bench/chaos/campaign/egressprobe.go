@@ -228,12 +228,7 @@ func startUpstream(lane *netnstest.Lane) (u *upstream, stop func(), err error) {
 		_, _ = io.WriteString(w, upstreamBody(ap.Addr().Unmap()))
 	})}
 	release, err := held(func(r *netnstest.Runner) {
-		inet := netnstest.New(r, "internet")
-		netnstest.Veth(r, lane.Host, "wan0", inet, "eth0")
-		lane.Host.AddrAdd(r, "wan0", wanHost)
-		for _, a := range []netip.Addr{upAllowed, upDenied} {
-			inet.AddrAdd(r, "eth0", netip.PrefixFrom(a, wanHost.Bits()))
-		}
+		inet := lane.Internet(r, wanHost, netip.PrefixFrom(upAllowed, wanHost.Bits()), netip.PrefixFrom(upDenied, wanHost.Bits()))
 		inet.RouteDefault(r, wanHost.Addr())
 		lane.Host.MustDo(r, func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644) })
 		for _, a := range []netip.Addr{upAllowed, upDenied} {
