@@ -274,7 +274,6 @@ func (c *Config) restartPolicy() fsm.RestartPolicy {
 // would refuse is refused here, before anything is written, so a first
 // start that fails on it leaves nothing that changes the next one.
 func (c *Config) finishPools() error {
-	specs := make([]fsm.PoolSpec, len(c.Pools))
 	for i := range c.Pools {
 		p := &c.Pools[i]
 		if p.Net == "" {
@@ -283,12 +282,21 @@ func (c *Config) finishPools() error {
 		if p.Size == "" {
 			p.Size = defaultPoolSize
 		}
-		specs[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds}
 	}
-	if err := fsm.ValidatePools(specs); err != nil {
+	if err := fsm.ValidatePools(c.poolSpecs()); err != nil {
 		return fmt.Errorf("pools: %w", err)
 	}
 	return nil
+}
+
+// poolSpecs are the config's pools as the log records them (their egress
+// policies go separately, with the node's egress config).
+func (c *Config) poolSpecs() []fsm.PoolSpec {
+	specs := make([]fsm.PoolSpec, len(c.Pools))
+	for i, p := range c.Pools {
+		specs[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds}
+	}
+	return specs
 }
 
 // The pool fields' defaults, as a claim's and PUT /v1/pools'.

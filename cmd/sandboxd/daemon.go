@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
-	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
 )
 
@@ -76,13 +75,9 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 	if err != nil {
 		return nil, zl, err
 	}
-	pools := make([]fsm.PoolSpec, len(cfg.Pools))
-	for i, p := range cfg.Pools {
-		pools[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds}
-	}
 	nc := node.Config{
 		DataDir: cfg.DataDir, NodeID: cfg.NodeID, Listen: cfg.Listen, OwnerAddr: cfg.OwnerAddr,
-		RootToken: rootToken, Tenants: cfg.Tenants, MaxClaims: cfg.MaxClaims, Pools: pools, Volumes: cfg.Volumes,
+		RootToken: rootToken, Tenants: cfg.Tenants, MaxClaims: cfg.MaxClaims, Pools: cfg.poolSpecs(), Volumes: cfg.Volumes,
 		RestartPolicy: cfg.restartPolicy(), Concurrency: cfg.RefillConcurrency,
 		ReadHeaderTimeout: ms(cfg.HTTP.ReadHeaderTimeoutMS), IdleTimeout: ms(cfg.HTTP.IdleTimeoutMS),
 		API: api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth, NoDashboard: cfg.noDashboard(),
