@@ -148,7 +148,9 @@
 // one-request HTTP server on SimHTTPPort (with a websocket upgrade that
 // echoes), and refuses every other port. Over a MemFS it serves the
 // whole-tree ops and fs_watch (a MemFS holds no symlinks: a pushed one is
-// bad_request); git and lsp are not simulated (unimplemented).
+// bad_request); git and lsp are not simulated (unimplemented; with
+// Server.Simulated set, every unimplemented answer says the guest is
+// simulated).
 //
 // Errors of a backend become error frames: an *silkd.Error as it is, one
 // wrapping fs.ErrNotExist as not_found, anything else internal; messages are

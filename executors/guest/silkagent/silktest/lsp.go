@@ -2,7 +2,6 @@ package silktest
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 )
@@ -36,12 +36,28 @@ while IFS= read -r line; do
 done
 `
 
-// LSP is the acceptance suite of the language-server broker: a language
-// without a server is not_found; the stub, installed as base/stub-lsp.sh
-// and named by a manifest in lspDir for the language "stub", answers an
-// initialize request through lsp_request.
-func LSP(t testing.TB, ctx context.Context, dial Dial, base, lspDir string) {
-	c := dial(t)
+// LSP is acceptance 6: a language without a server, and one whose
+// manifest names a binary the guest lacks, are not_found; the stub,
+// installed as Base/lsp/stub-lsp.sh and named by a manifest in a.LSPDir for
+// the language "sbx-stub", answers an initialize request through
+// lsp_request. The simulated guest answers the lsp ops unimplemented,
+// saying it is simulated.
+func LSP(t testing.TB, a Agent) {
+	ctx := a.ctx(t)
+	c := a.Dial(t)
+	if a.Simulated {
+		_, err := c.LspStart(ctx, "go", a.Base)
+		notSimulated(t, "lsp_start", err)
+		_, err = c.LspRequest(ctx, "lsp-1")
+		notSimulated(t, "lsp_request", err)
+		notSimulated(t, "lsp_stop", c.LspStop(ctx, "lsp-1"))
+		return
+	}
+	if a.LSPDir == "" {
+		t.Fatal("silktest: Agent.LSPDir is unset: where the agent reads its language-server manifests")
+	}
+	start := time.Now()
+	base, lspDir := a.Base+"/lsp", a.LSPDir
 	if _, err := c.LspStart(ctx, "cobol-no-such-server", base); !errors.Is(err, silkd.ErrNotFound) {
 		t.Fatalf("lsp_start of a missing server = %v, want not_found", err)
 	}
@@ -59,14 +75,20 @@ func LSP(t testing.TB, ctx context.Context, dial Dial, base, lspDir string) {
 	if err := c.Mkdir(ctx, lspDir, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.WriteFile(ctx, silkd.FsWrite{Path: lspDir + "/stub"}, strings.NewReader(stub+"\n")); err != nil {
+	if err := c.WriteFile(ctx, silkd.FsWrite{Path: lspDir + "/sbx-stub"}, strings.NewReader(stub+"\n")); err != nil {
 		t.Fatal(err)
 	}
-	id, err := c.LspStart(ctx, "stub", base)
+	if err := c.WriteFile(ctx, silkd.FsWrite{Path: lspDir + "/sbx-ghost"}, strings.NewReader(base+"/no-such-lsp --stdio\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.LspStart(ctx, "sbx-ghost", base); !errors.Is(err, silkd.ErrNotFound) {
+		t.Fatalf("lsp_start of a server the guest lacks = %v, want not_found", err)
+	}
+	id, err := c.LspStart(ctx, "sbx-stub", base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := dial(t).LspRequest(ctx, id)
+	s, err := a.Dial(t).LspRequest(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,14 +137,15 @@ func LSP(t testing.TB, ctx context.Context, dial Dial, base, lspDir string) {
 		t.Fatalf("lsp_stop of a reaped server = %v, want not_found", err)
 	}
 	// lsp_stop ends a server that nothing attached.
-	id2, err := c.LspStart(ctx, "stub", base)
+	id2, err := c.LspStart(ctx, "sbx-stub", base)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := c.LspStop(ctx, id2); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dial(t).LspRequest(ctx, id2); !errors.Is(err, silkd.ErrNotFound) {
+	if _, err := a.Dial(t).LspRequest(ctx, id2); !errors.Is(err, silkd.ErrNotFound) {
 		t.Fatalf("lsp_request of a stopped server = %v", err)
 	}
+	t.Logf("lsp: start, initialize round trip, stop: %v", time.Since(start))
 }
