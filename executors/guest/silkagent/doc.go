@@ -118,9 +118,10 @@
 //     FindFileBytes is left alone (0); the first failure ends the RPC.
 //   - fs_watch answers ready once armed, then event frames (created,
 //     modified, deleted, renamed; inotify on a real guest, the tree's own
-//     changes in the simulated one) until the client sends any frame or
-//     its stream ends, which ends the watch without a terminal frame, as
-//     the old agent's did. At most Limits.WatchQueue (256) events wait for
+//     changes in the simulated one; a move is renamed at both of its
+//     ends, as the old agent said it, a chmod modified) until the client
+//     sends any frame or its stream ends, which ends the watch without a
+//     terminal frame, as the old agent's did. At most Limits.WatchQueue (256) events wait for
 //     the client; past it those are sent and an internal "watch event queue
 //     overflow" ends the watch.
 //   - the git ops are go-git in the agent (git.go says why, and how it

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -350,5 +351,81 @@ func TestWatchOverflowAndEnd(t *testing.T) {
 	}
 	if _, err := client(t, serve(t, &Server{FS: OSFS{}})).Watch(ctx, t.TempDir()+"/nope", true); !errors.Is(err, silkd.ErrNotFound) {
 		t.Fatalf("watch of a missing path (os) = %v", err)
+	}
+}
+
+// The real tree's watch names each change as the old agent did: a move is
+// renamed at both of its ends (also one from outside the watch: the old
+// agent's inotify said renamed for every IN_MOVED_TO; the fsnotify this
+// agent used said created), a chmod is modified, and a directory moved
+// within the tree is watched under its new name. A directory's removal is
+// said once.
+func TestWatchOSKinds(t *testing.T) {
+	base := t.TempDir()
+	root, outside := base+"/w", base+"/outside"
+	for _, d := range []string{root, outside} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := client(t, serve(t, &Server{FS: OSFS{}})).Watch(testCtx(t), root, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	touch := func(p string) error {
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		if err == nil {
+			err = f.Close()
+		}
+		return err
+	}
+	for _, step := range []struct {
+		do   func() error
+		want []silkd.Event
+	}{
+		{func() error { return touch(root + "/a") }, []silkd.Event{{Kind: "created", Path: root + "/a"}}},
+		{func() error { return os.Chmod(root+"/a", 0o600) }, []silkd.Event{{Kind: "modified", Path: root + "/a"}}},
+		{func() error { return os.Rename(root+"/a", root+"/b") }, []silkd.Event{{Kind: "renamed", Path: root + "/a"}, {Kind: "renamed", Path: root + "/b"}}},
+		{func() error {
+			if err := touch(outside + "/x"); err != nil {
+				return err
+			}
+			return os.Rename(outside+"/x", root+"/x")
+		}, []silkd.Event{{Kind: "renamed", Path: root + "/x"}}},
+		{func() error { return os.Rename(root+"/x", outside+"/y") }, []silkd.Event{{Kind: "renamed", Path: root + "/x"}}},
+		{func() error { return os.Mkdir(root+"/d", 0o755) }, []silkd.Event{{Kind: "created", Path: root + "/d"}}},
+		{func() error { return touch(root + "/d/f") }, []silkd.Event{{Kind: "created", Path: root + "/d/f"}}},
+		{func() error { return os.Rename(root+"/d", root+"/e") }, []silkd.Event{{Kind: "renamed", Path: root + "/d"}, {Kind: "renamed", Path: root + "/e"}}},
+		{func() error { return touch(root + "/e/g") }, []silkd.Event{{Kind: "created", Path: root + "/e/g"}}},
+		{func() error { return os.RemoveAll(root + "/e") }, []silkd.Event{{Kind: "deleted", Path: root + "/e/f"}, {Kind: "deleted", Path: root + "/e/g"}, {Kind: "deleted", Path: root + "/e"}}},
+		{func() error { return os.Remove(root + "/b") }, []silkd.Event{{Kind: "deleted", Path: root + "/b"}}},
+	} {
+		if err := step.do(); err != nil {
+			t.Fatal(err)
+		}
+		var got []silkd.Event
+		for len(got) < len(step.want) {
+			ev, err := w.Next()
+			if err != nil {
+				t.Fatalf("after %+v: %v", got, err)
+			}
+			got = append(got, ev)
+		}
+		// RemoveAll's order of a directory's entries is the directory's.
+		slices.SortFunc(got, func(a, b silkd.Event) int { return strings.Compare(a.Path+a.Kind, b.Path+b.Kind) })
+		want := slices.Clone(step.want)
+		slices.SortFunc(want, func(a, b silkd.Event) int { return strings.Compare(a.Path+a.Kind, b.Path+b.Kind) })
+		if !slices.Equal(got, want) {
+			t.Fatalf("events %+v, want %+v", got, want)
+		}
+	}
+	// Nothing more was said (a directory's removal once, not again by its
+	// own watch): the next event is the marker's.
+	if err := touch(root + "/marker"); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := w.Next(); err != nil || ev != (silkd.Event{Kind: "created", Path: root + "/marker"}) {
+		t.Fatalf("after the steps: %+v, %v; want the marker's creation", ev, err)
 	}
 }

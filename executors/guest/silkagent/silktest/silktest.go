@@ -192,18 +192,35 @@ func Untar(t testing.TB, b []byte) (Files, map[string]int64) {
 	}
 }
 
-// createWatched makes path appear in the guest by other means than the
-// suite's fs ops: an exec of the guest's sh, or fs_write on the simulated
-// guest, which runs no shell.
-func createWatched(ctx context.Context, a Agent, c *silkd.Conn, p string) error {
+// changeWatched acts on the guest by other means than the suite's fs ops:
+// argv run by the guest's sh, or on the simulated guest, which runs no
+// shell, sim (fs ops).
+func changeWatched(ctx context.Context, a Agent, c *silkd.Conn, sh string, args []string, sim func() error) error {
 	if a.Simulated {
-		return c.WriteFile(ctx, silkd.FsWrite{Path: p}, strings.NewReader("hi\n"))
+		return sim()
 	}
-	res, err := c.Exec(ctx, silkd.Exec{Argv: []string{"sh", "-c", "echo hi > " + p}}, silkd.ExecIO{})
+	res, err := c.Exec(ctx, silkd.Exec{Argv: append([]string{"sh", "-c", sh, "sh"}, args...)}, silkd.ExecIO{})
 	if err == nil && res.Code != 0 {
-		err = fmt.Errorf("sh exited %d", res.Code)
+		err = fmt.Errorf("sh -c %q exited %d", sh, res.Code)
 	}
 	return err
+}
+
+// awaitEvents reads w until each of want has come, in order (other events
+// between them are passed over).
+func awaitEvents(t testing.TB, w *silkd.Watch, want ...silkd.Event) {
+	t.Helper()
+	var seen []silkd.Event
+	for len(want) > 0 {
+		ev, err := w.Next()
+		if err != nil {
+			t.Fatalf("watch ended (%v) before %+v; it said %+v", err, want, seen)
+		}
+		seen = append(seen, ev)
+		if ev == want[0] {
+			want = want[1:]
+		}
+	}
 }
 
 // guestSums is the sha256 of every file under dir, by path relative to it,
@@ -224,7 +241,8 @@ func guestSums(t testing.TB, ctx context.Context, c *silkd.Conn, dir string) map
 
 // Tree is acceptance 3, the round trip of the whole-tree ops: a tree of
 // a.Files files pushed as tar under Base/proj, a word found in it and
-// replaced, a file created by an exec seen by fs_watch, the sha256 of
+// replaced, a file created by an exec seen by fs_watch and its move seen
+// renamed at both ends (fs ops on the simulated guest), the sha256 of
 // every file in the guest (its sha256sum) and pulled back compared with
 // the test's, and a second push merged. Each step's duration is logged.
 func Tree(t testing.TB, a Agent) {
@@ -299,28 +317,29 @@ func Tree(t testing.TB, a Agent) {
 		t.Fatalf("find after the replace = %+v, %v", again, err)
 	}
 
-	// The watch sees a file created after it is armed.
+	// The watch sees a file created after it is armed, by an exec, and
+	// its move, renamed at both ends.
 	step = time.Now()
 	w, err := a.Dial(t).Watch(ctx, dest, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	created := dest + "/d1/new.txt"
-	if err := createWatched(ctx, a, c, created); err != nil {
+	created, moved := dest+"/d1/new.txt", dest+"/d1/moved.txt"
+	if err := changeWatched(ctx, a, c, `echo hi > "$1"`, []string{created}, func() error {
+		return c.WriteFile(ctx, silkd.FsWrite{Path: created}, strings.NewReader("hi\n"))
+	}); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		ev, err := w.Next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ev.Path == created && ev.Kind == "created" {
-			break
-		}
+	awaitEvents(t, w, silkd.Event{Kind: "created", Path: created})
+	if err := changeWatched(ctx, a, c, `mv "$1" "$2"`, []string{created, moved}, func() error {
+		return c.Rename(ctx, created, moved)
+	}); err != nil {
+		t.Fatal(err)
 	}
+	awaitEvents(t, w, silkd.Event{Kind: "renamed", Path: created}, silkd.Event{Kind: "renamed", Path: moved})
 	w.Close()
-	lap("fs_watch armed, the file created, its event seen")
-	files["d1/new.txt"] = []byte("hi\n")
+	lap("fs_watch armed, a file created and moved, their events seen")
+	files["d1/moved.txt"] = []byte("hi\n")
 
 	if a.Simulated {
 		t.Log("the simulated guest has no sha256sum: the files are compared as pulled")
@@ -353,7 +372,7 @@ func Tree(t testing.TB, a Agent) {
 		if !ok || sha256.Sum256(got) != sha256.Sum256(want) {
 			t.Fatalf("%s: pulled %d bytes, want %d (present %v)", name, len(got), len(want), ok)
 		}
-		if name != "d1/new.txt" && modes["proj/"+name] != 0o640 {
+		if name != "d1/moved.txt" && modes["proj/"+name] != 0o640 {
 			t.Fatalf("%s: mode %o, want 640", name, modes["proj/"+name])
 		}
 	}
@@ -365,7 +384,7 @@ func Tree(t testing.TB, a Agent) {
 	if st, err := c.Stat(ctx, dest+"/d1/more.txt"); err != nil || st.Size != 4 {
 		t.Fatalf("merged file: %+v, %v", st, err)
 	}
-	if _, err := c.Stat(ctx, created); err != nil {
+	if _, err := c.Stat(ctx, moved); err != nil {
 		t.Fatalf("a file of the tree is gone after a merge: %v", err)
 	}
 }
