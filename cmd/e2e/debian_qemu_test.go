@@ -56,15 +56,7 @@ func TestDebianQEMU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dial := func(t testing.TB) *silkd.Conn {
-		t.Helper()
-		nc, err := sb.DialAgent(ctx, cl.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { nc.Close() })
-		return silkd.NewConn(nc)
-	}
+	dial := agentDialer(ctx, sb, cl.ID)
 
 	t.Run("python3", func(t *testing.T) {
 		var out bytes.Buffer
@@ -135,6 +127,20 @@ func TestDebianQEMU(t *testing.T) {
 		silktest.Run(t, silktest.Agent{Dial: dial, Base: "/tmp/tools", GitBinary: true, LSPDir: silkagent.DefaultLSPDir, Timeout: 15 * time.Minute})
 	})
 	t.Run("preview", func(t *testing.T) { debianPreview(t, ctx, root, sb, cl.ID, dial) })
+}
+
+// agentDialer opens connections to sandbox id's agent through the relay
+// with the sandbox's client sb, each closed when its test ends.
+func agentDialer(ctx context.Context, sb *apiclient.Client, id string) func(testing.TB) *silkd.Conn {
+	return func(t testing.TB) *silkd.Conn {
+		t.Helper()
+		nc, err := sb.DialAgent(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		return silkd.NewConn(nc)
+	}
 }
 
 // debianPreview is acceptance 8 on the Debian guest: python3's http.server
@@ -345,3 +351,32 @@ while True:
     c, _ = s.accept()
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 `
+
+// TestAgentSuitesChsim is TestDebianQEMU's suites on the simulated guest,
+// spoken the same way: the built sandboxd on chsim, one claim, and the
+// project's client over the sandbox's agent relay. proctest and silktest
+// assert, where the guest is simulated, what it answers instead (no
+// terminals, no shell, git and lsp unimplemented saying it is simulated);
+// its sessions are not kept through a hibernate, so none is run.
+func TestAgentSuitesChsim(t *testing.T) {
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	dataPlaneDaemon(t, dir, addr, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cl := claimWarm(t, ctx, addr, dpRoot)
+	sb, err := apiclient.New(addr, cl.Token, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := agentDialer(ctx, sb, cl.ID)
+	if info, err := dial(t).Info(ctx); err != nil || !info.Simulated {
+		t.Fatalf("info = %+v, %v; want the simulated guest", info, err)
+	}
+	t.Run("proc", func(t *testing.T) {
+		proctest.Run(t, proctest.Agent{Dial: func(t *testing.T) *silkd.Conn { return dial(t) }, Simulated: true})
+	})
+	t.Run("tools", func(t *testing.T) {
+		silktest.Run(t, silktest.Agent{Dial: dial, Base: "/root/tools", Simulated: true, Timeout: 3 * time.Minute})
+	})
+}
