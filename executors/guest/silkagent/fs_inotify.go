@@ -91,8 +91,9 @@ func (w *inotifyWatch) addTree(root string) error {
 }
 
 // Watch implements Watcher with inotify. A recursive watch adds the
-// directories created or moved in below it as they appear; the change of
-// a directory below the root is reported once, by its parent's watch.
+// directories created or moved in below it as they appear; a change of a
+// directory below the root (its chmod, removal, move) is reported once,
+// by its parent's watch, not again by its own.
 func (OSFS) Watch(p string, recursive bool, emit func(silkd.Event), fail func(error)) (func(), error) {
 	st, err := os.Stat(p)
 	if err != nil {
@@ -159,8 +160,8 @@ func (w *inotifyWatch) event(wd int32, mask uint32, name string, emit func(silkd
 	p := dir
 	if name != "" {
 		p = filepath.Join(dir, name)
-	} else if mask&(unix.IN_DELETE_SELF|unix.IN_MOVE_SELF) != 0 && dir != w.root {
-		return // a directory below the root: its parent's watch said it
+	} else if dir != w.root {
+		return // about a directory below the root: its parent's watch said it
 	}
 	if mask&unix.IN_ISDIR != 0 && mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 && w.recursive {
 		_ = w.addTree(p)

@@ -398,6 +398,7 @@ func TestWatchOSKinds(t *testing.T) {
 		{func() error { return touch(root + "/d/f") }, []silkd.Event{{Kind: "created", Path: root + "/d/f"}}},
 		{func() error { return os.Rename(root+"/d", root+"/e") }, []silkd.Event{{Kind: "renamed", Path: root + "/d"}, {Kind: "renamed", Path: root + "/e"}}},
 		{func() error { return touch(root + "/e/g") }, []silkd.Event{{Kind: "created", Path: root + "/e/g"}}},
+		{func() error { return os.Chmod(root+"/e", 0o700) }, []silkd.Event{{Kind: "modified", Path: root + "/e"}}},
 		{func() error { return os.RemoveAll(root + "/e") }, []silkd.Event{{Kind: "deleted", Path: root + "/e/f"}, {Kind: "deleted", Path: root + "/e/g"}, {Kind: "deleted", Path: root + "/e"}}},
 		{func() error { return os.Remove(root + "/b") }, []silkd.Event{{Kind: "deleted", Path: root + "/b"}}},
 	} {
@@ -420,8 +421,8 @@ func TestWatchOSKinds(t *testing.T) {
 			t.Fatalf("events %+v, want %+v", got, want)
 		}
 	}
-	// Nothing more was said (a directory's removal once, not again by its
-	// own watch): the next event is the marker's.
+	// Nothing more was said (a directory's chmod and removal once, not
+	// again by its own watch): the next event is the marker's.
 	if err := touch(root + "/marker"); err != nil {
 		t.Fatal(err)
 	}
