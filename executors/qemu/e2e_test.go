@@ -328,7 +328,8 @@ func (e *e2e) guestIdentity(c *api.ClaimResponse, runDir string) {
 	}
 	e.t.Logf("guest clock after the wake: %v off the host's (read window %v)", off.Round(time.Millisecond), hostAfter.Sub(hostBefore).Round(time.Millisecond))
 
-	r, err := e.api.Exec(e.ctx(), c.ID, api.ExecRequest{Argv: []string{"hostname"}})
+	guestAPI := e.api.WithToken(c.Token) // the data plane takes the sandbox's own token
+	r, err := guestAPI.Exec(e.ctx(), c.ID, api.ExecRequest{Argv: []string{"hostname"}})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -345,7 +346,7 @@ func (e *e2e) guestIdentity(c *api.ClaimResponse, runDir string) {
 	}
 	// The guest's own MemTotal is the VM's memory less what the kernel
 	// keeps: below what is reported, and well above half of it.
-	r, err = e.api.Exec(e.ctx(), c.ID, api.ExecRequest{Argv: []string{"sed", "-n", "s/^MemTotal: *\\([0-9]*\\) kB$/\\1/p", "/proc/meminfo"}})
+	r, err = guestAPI.Exec(e.ctx(), c.ID, api.ExecRequest{Argv: []string{"sed", "-n", "s/^MemTotal: *\\([0-9]*\\) kB$/\\1/p", "/proc/meminfo"}})
 	if err != nil {
 		e.t.Fatal(err)
 	}
