@@ -33,11 +33,11 @@ type testKey struct{ pkg, test string }
 
 // summary holds a run's state while its events stream in.
 type summary struct {
-	out                  io.Writer
-	buf                  map[testKey][]string // a running test's output
-	skips                map[string][]testKey // reason -> skipped tests
+	out                              io.Writer
+	buf                              map[testKey][]string // a running test's output
+	skips                            map[string][]testKey // reason -> skipped tests
 	passed, failed, pkgs, pkgsFailed int
-	first, last          time.Time
+	first, last                      time.Time
 }
 
 func summarize(in io.Reader, out io.Writer) int {
