@@ -19,9 +19,12 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -buildvcs=auto -o $(BIN)/ ./cmd/...
 
+# test's output is `go test -json` read by cmd/testsummary: each package's
+# line as go test prints it, failed tests' output, then every skipped test
+# with its reason (plain go test hides skips) and the counts and duration.
 test:
 	$(GO) vet $(PKGS)
-	$(GO) test $(TESTFLAGS) $(PKGS)
+	$(GO) test -json $(TESTFLAGS) $(PKGS) | $(GO) run ./cmd/testsummary
 	$(GO) test -run '^$$' -fuzz '^FuzzClaim$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMIN) ./projections/api
 	$(GO) test -run '^$$' -fuzz '^FuzzPutPools$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMIN) ./projections/api
 
@@ -32,7 +35,7 @@ test:
 E2EPKGS   ?= ./executors/qemu/... ./executors/guest/... ./cmd/e2e/... ./bench/agentbench/... ./bench/egressbench/... ./bench/qemubench/...
 E2EFLAGS  ?= -race -timeout 60m
 e2e:
-	SBX_E2E=1 $(GO) test $(E2EFLAGS) $(E2EPKGS)
+	SBX_E2E=1 $(GO) test -json $(E2EFLAGS) $(E2EPKGS) | $(GO) run ./cmd/testsummary
 
 # run starts sandboxd with its built-in defaults: data in ./data, one pool
 # "default" (net none, size small, warm 2), API on 127.0.0.1:7777, no NATS
@@ -47,7 +50,9 @@ e2e:
 # shell, bin/sbxctl claim --template default.
 .PHONY: run
 run: build
-	@if command -v qemu-system-x86_64 >/dev/null 2>&1 && ./executors/guest/build.sh >/dev/null && ./executors/guest/template.sh default >/dev/null; then \
+	@if command -v qemu-system-x86_64 >/dev/null 2>&1 && \
+		echo "make run: QEMU found: preparing the guests (make guest: kernel, initramfs, Debian template; cached in $${SBX_CACHE:-$$HOME/.cache/sbxlog}, a first build takes 1-2 minutes)..." && \
+		./executors/guest/build.sh >/dev/null && ./executors/guest/template.sh default >/dev/null; then \
 		echo "make run: QEMU and the guests are here: real Linux guests (-hypervisor qemu), template default is Debian"; \
 		exec ./$(BIN)/sandboxd -hypervisor qemu; \
 	else \

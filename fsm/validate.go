@@ -37,6 +37,22 @@ var Sizes = []Size{
 	{Name: "2xlarge", VCPUs: 8, MemoryMiB: 16 << 10},
 }
 
+// UnderTCG is what a VM of size z gets where the hypervisor emulates the
+// CPU (QEMU's TCG): half the vCPUs (at least one) and half the memory, at
+// most maxMiB of it when maxMiB is positive. An emulated guest gains little
+// from more: each vCPU is a host thread translating guest code, and every
+// VM's RAM file is as large as its memory. It reports whether maxMiB cut
+// the memory. The QEMU driver boots VMs by it and reports it as their size
+// (the API's cpu_count and mem_total_bytes), so both read one rule.
+func (z Size) UnderTCG(maxMiB int) (Size, bool) {
+	t := Size{Name: z.Name, VCPUs: max(z.VCPUs/2, 1), MemoryMiB: z.MemoryMiB / 2}
+	if maxMiB > 0 && t.MemoryMiB > maxMiB {
+		t.MemoryMiB = maxMiB
+		return t, true
+	}
+	return t, false
+}
+
 // SizeNamed returns the row of Sizes called name.
 func SizeNamed(name string) (Size, bool) {
 	for _, z := range Sizes {

@@ -29,3 +29,26 @@ func TestSizeTable(t *testing.T) {
 		t.Fatalf("ValidKey(huge) = %#v, want Invalid %q", err, want)
 	}
 }
+
+// Under TCG a VM gets half its row's vCPUs (at least one) and memory, the
+// memory at most the cap when one is set.
+func TestUnderTCG(t *testing.T) {
+	for _, tc := range []struct {
+		size          string
+		capMiB        int
+		vcpus, memMiB int
+		capped        bool
+	}{
+		{"small", 0, 1, 256, false},
+		{"medium", 1024, 1, 512, false},
+		{"large", 1024, 2, 1024, true},
+		{"2xlarge", 1024, 4, 1024, true},
+		{"2xlarge", -1, 4, 8192, false},
+	} {
+		z, _ := SizeNamed(tc.size)
+		got, capped := z.UnderTCG(tc.capMiB)
+		if got != (Size{Name: tc.size, VCPUs: tc.vcpus, MemoryMiB: tc.memMiB}) || capped != tc.capped {
+			t.Errorf("%s.UnderTCG(%d) = %+v, %v; want %d vCPUs %d MiB, capped %v", tc.size, tc.capMiB, got, capped, tc.vcpus, tc.memMiB, tc.capped)
+		}
+	}
+}

@@ -2,7 +2,8 @@
 // it; it is built static (CGO_ENABLED=0) because the initramfs has no libc.
 // It serves two things:
 //   - the agent protocol (package executors/guest/agent) on the agent serial
-//     port (-tty): readiness, the test verbs, the data plane's key and the
+//     port (-tty): readiness, the test verbs, the wall clock the host sets
+//     after every restore, the data plane's key and the
 //     egress network (net.go: the NIC on the VM's tap, the proxy variables
 //     of every process it starts, the node CA in the trust store);
 //   - the data plane, silkd v1 (package executors/guest/silkagent with the
@@ -46,6 +47,8 @@ func main() {
 		Net:      applyNet,
 		Mount:    mountVolume,
 		Unmount:  unmountVolume,
+		Now:      time.Now,
+		SetClock: setClock,
 	}
 	go func() {
 		for range time.Tick(agent.Tick) {
@@ -138,6 +141,15 @@ func bootTime() (time.Duration, error) {
 		return 0, err
 	}
 	return time.Duration(ts.Nano()), nil
+}
+
+// setClock sets the guest's wall clock (the host's time after a restore,
+// agent.VerbClock). The kernel carries CLOCK_REALTIME on from it; the
+// monotonic and boot clocks, which the counter and uptime read, are not
+// touched.
+func setClock(t time.Time) error {
+	ts := unix.NsecToTimespec(t.UnixNano())
+	return unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
 }
 
 func fatal(err error) {

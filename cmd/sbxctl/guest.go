@@ -35,7 +35,7 @@ const envSandboxToken = "SBX_SANDBOX_TOKEN"
 
 func init() {
 	register("exec", command{summary: "run a command in a sandbox (-- ARGV; streams its output, exits with its code; -i: stdin; -t: on a terminal; --session: in a shell session)", examples: `sbxctl exec sb_0123456789abcdef -- uname -a
-sbxctl exec -t sb_0123456789abcdef -- bash       # an interactive shell
+sbxctl exec -it sb_0123456789abcdef -- bash      # an interactive shell (-t alone: the same)
 echo hi | sbxctl exec -i sb_0123456789abcdef -- cat`, run: remoteCommand(remoteSpec{
 		name: "exec", args: []string{"ID"}, rest: "-- COMMAND [ARG...]", stream: true, noJSON: true, flags: execFlags})})
 	register("cp", command{summary: "copy a file, or with -r a directory, to or from a sandbox (ID:/path on one side; - is stdin or stdout)", examples: `sbxctl cp ./main.py sb_0123456789abcdef:/tmp/    # into a directory: /tmp/main.py
@@ -69,6 +69,7 @@ func sandboxTokenFlag(fs *flag.FlagSet) func(c *apiclient.Client) (*apiclient.Cl
 func execFlags(fs *flag.FlagSet) remoteBody {
 	interactive := fs.Bool("i", false, "pass standard input to the command")
 	tty := fs.Bool("t", false, "run the command on a terminal of the guest (the local one raw, its size followed), as docker exec -it does")
+	fs.Var(boolPair{interactive, tty}, "it", "-i and -t at once, as typed for docker exec -it")
 	session := fs.String("session", "", "run the command in shell session SID (sbxctl sessions --new): cd and export carry over; eval runs shell text")
 	cwd := fs.String("cwd", "", "working directory in the guest")
 	var env kvFlag
@@ -114,6 +115,28 @@ func execFlags(fs *flag.FlagSet) remoteBody {
 		return exitOf(res.Code, cl.stderr)
 	}
 }
+
+// boolPair is one boolean flag that sets two: "-it" is what a docker user
+// types (the flag package has no combined short flags).
+type boolPair [2]*bool
+
+func (b boolPair) String() string {
+	if b[0] == nil {
+		return "false"
+	}
+	return strconv.FormatBool(*b[0] && *b[1])
+}
+
+func (b boolPair) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*b[0], *b[1] = v, v
+	return nil
+}
+
+func (boolPair) IsBoolFlag() bool { return true }
 
 // notStarted maps the agent's refusal to start argv0 (a bad_request before
 // any pid) to what a shell answers: 127 for a command that is not there,

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"io"
+	"net"
 	"strings"
 	"testing"
 )
@@ -63,5 +64,19 @@ func TestVersion(t *testing.T) {
 		if code != 0 || !strings.HasPrefix(out, "sbxctl ") || !strings.Contains(out, "revision ") || !strings.Contains(out, "built with go") {
 			t.Fatalf("%s: exit %d, %q", arg, code, out)
 		}
+	}
+}
+
+// A refused connection says where sbxctl looked and how to start sandboxd.
+func TestConnectionRefusedHint(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "http://" + l.Addr().String()
+	l.Close()
+	code, _, errs := sbx("ls", "--addr", addr, "--token", "x")
+	if code != 1 || !strings.Contains(errs, "hint: is sandboxd running at "+addr+"? (make run starts it") {
+		t.Fatalf("ls against nothing: exit %d, %q", code, errs)
 	}
 }

@@ -74,6 +74,8 @@ func TestProcCommands(t *testing.T) {
 		{"a pid that is not one", []string{"logs", cl.ID, "x"}, 2, "want a process id"},
 		{"-t with --session", []string{"exec", "-t", "--session", "s", cl.ID, "--", "sh"}, 2, "exclude"},
 		{"-t on the simulated guest", []string{"exec", "-t", cl.ID, "--", "sh"}, 1, "simulates"},
+		{"-it with --session", []string{"exec", "-it", "--session", "s", cl.ID, "--", "sh"}, 2, "exclude"},
+		{"-it=maybe", []string{"exec", "-it=maybe", cl.ID, "--", "sh"}, 2, "invalid boolean"},
 		{"session_rm of an unknown session", []string{"sessions", cl.ID, "--rm", "nope"}, 1, "not_found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -97,9 +99,12 @@ func TestExecTerminal(t *testing.T) {
 		agent.ServeConn(conn)
 	})
 	cl := claimOne(t)
-	setStdin(t, strings.NewReader(""))
-	code, out, errs := sbx("exec", "-t", "--sandbox-token", cl.Token, cl.ID, "--", "sh", "-c", "stty size; echo a'b'c; exit 3")
-	if code != 3 || !strings.Contains(out, "24 80\r\nabc\r\n") {
-		t.Fatalf("exec -t: exit %d, stdout %q, stderr %q; want 3 and the terminal's size", code, out, errs)
+	// -it is what a docker user types: -i and -t at once.
+	for _, flag := range []string{"-t", "-it"} {
+		setStdin(t, strings.NewReader(""))
+		code, out, errs := sbx("exec", flag, "--sandbox-token", cl.Token, cl.ID, "--", "sh", "-c", "stty size; echo a'b'c; exit 3")
+		if code != 3 || !strings.Contains(out, "24 80\r\nabc\r\n") {
+			t.Fatalf("exec %s: exit %d, stdout %q, stderr %q; want 3 and the terminal's size", flag, code, out, errs)
+		}
 	}
 }

@@ -42,18 +42,11 @@ func sizesOf(table []fsm.Size) Sizes {
 	return s
 }
 
-// underTCG is what a VM of size z gets under TCG: half the vCPUs (at least
-// one) and half the memory, at most maxMiB of it when maxMiB is positive. An
-// emulated guest gains little from more: each vCPU is a host thread
-// translating guest code, and every VM's RAM file is as large as its memory.
-// It reports whether maxMiB cut the memory.
+// underTCG is what a VM of size z gets under TCG (fsm.Size.UnderTCG, the
+// one rule); it reports whether maxMiB cut the memory.
 func (z Size) underTCG(maxMiB int) (Size, bool) {
-	t := Size{MemoryMiB: z.MemoryMiB / 2, CPUs: max(z.CPUs/2, 1)}
-	if maxMiB > 0 && t.MemoryMiB > maxMiB {
-		t.MemoryMiB = maxMiB
-		return t, true
-	}
-	return t, false
+	t, capped := fsm.Size{VCPUs: z.CPUs, MemoryMiB: z.MemoryMiB}.UnderTCG(maxMiB)
+	return Size{MemoryMiB: t.MemoryMiB, CPUs: t.VCPUs}, capped
 }
 
 // Lookup returns the Size of name; an unknown name is an error listing the
@@ -357,16 +350,38 @@ func (d *Driver) bootSpec(ctx context.Context, runDir, storeDir string, k fsm.Po
 	if g.Disk != "" {
 		spec.Append = RootAppend
 	}
-	if accel, _ := d.q.Accel(ctx, spec); accel == AccelTCG {
-		t, capped := z.underTCG(d.tcgMax)
-		if capped {
-			if _, logged := d.capped.LoadOrStore(k.Size, struct{}{}); !logged {
-				d.log.Info().Str("size", k.Size).Int("memory_mib", z.MemoryMiB/2).Int("cap_mib", d.tcgMax).Msg("TCG: memory capped")
-			}
+	accel, _ := d.q.Accel(ctx, spec)
+	t, capped := d.sizeUnder(z, accel)
+	if capped {
+		if _, logged := d.capped.LoadOrStore(k.Size, struct{}{}); !logged {
+			d.log.Info().Str("size", k.Size).Int("memory_mib", z.MemoryMiB/2).Int("cap_mib", d.tcgMax).Msg("TCG: memory capped")
 		}
-		spec.MemoryMiB, spec.CPUs = t.MemoryMiB, t.CPUs
 	}
+	spec.MemoryMiB, spec.CPUs = t.MemoryMiB, t.CPUs
 	return spec, nil
+}
+
+// sizeUnder is what a VM of size z gets under accel; it reports whether
+// the TCG cap cut its memory.
+func (d *Driver) sizeUnder(z Size, accel Accel) (Size, bool) {
+	if accel != AccelTCG {
+		return z, false
+	}
+	return z.underTCG(d.tcgMax)
+}
+
+// VMSize is what a VM of pool size name gets on this driver, as bootSpec
+// launches it: the size table's row, scaled under TCG. The API reports it
+// as a sandbox's cpu_count and mem_total_bytes (api.VMSizer). Until the
+// accelerator is known (AccelAuto before the first boot probed it) it is
+// the row as is; no VM exists before that boot.
+func (d *Driver) VMSize(name string) (fsm.Size, bool) {
+	z, err := d.sizes.Lookup(name)
+	if err != nil {
+		return fsm.Size{}, false
+	}
+	t, _ := d.sizeUnder(z, d.q.knownAccel())
+	return fsm.Size{Name: name, VCPUs: t.CPUs, MemoryMiB: t.MemoryMiB}, true
 }
 
 // report turns a recipe's result into the result event's report.

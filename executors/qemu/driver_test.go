@@ -144,6 +144,10 @@ func TestSizesAndTCGCap(t *testing.T) {
 			if spec.MemoryMiB != tc.wantMiB || spec.CPUs != tc.wantCPU || spec.Kernel != kernel || spec.Initrd != initrd {
 				t.Fatalf("spec %+v, want %d MiB %d CPUs", spec, tc.wantMiB, tc.wantCPU)
 			}
+			// What the API reports as the sandbox's size is what it booted with.
+			if z, ok := d.VMSize(tc.size); !ok || z.MemoryMiB != spec.MemoryMiB || z.VCPUs != spec.CPUs {
+				t.Fatalf("VMSize(%s) = %+v, %v; the VM booted with %d MiB %d CPUs", tc.size, z, ok, spec.MemoryMiB, spec.CPUs)
+			}
 		})
 	}
 	d := newDriver(t, root, func(c *Config) { c.Templates = defaultTemplate(kernel, initrd) })
@@ -151,6 +155,9 @@ func TestSizesAndTCGCap(t *testing.T) {
 	k.Size = "huge"
 	if _, err := d.bootSpec(context.Background(), "/r/vm", "/s", k); !executors.IsUnrecoverable(err) || !strings.Contains(err.Error(), "small") {
 		t.Fatalf("unknown size: %v (want Unrecoverable listing the known sizes)", err)
+	}
+	if z, ok := d.VMSize("huge"); ok {
+		t.Fatalf("VMSize(huge) = %+v", z)
 	}
 }
 

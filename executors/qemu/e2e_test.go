@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -86,6 +87,7 @@ func TestSandboxdQEMU(t *testing.T) {
 			e.wake(c, runDir)
 			before = e.sameGuest(runDir, sum, before, fmt.Sprintf("generation %d", gen))
 		}
+		e.guestIdentity(c, runDir)
 		e.release(c, runDir)
 	})
 	if t.Failed() {
@@ -257,32 +259,102 @@ func (e *e2e) start() {
 // logLine is the part of the daemon's JSON log lines the test reads.
 type logLine struct {
 	Message string `json:"message"`
-	Listen  string `json:"listen"`
-	Adopted int    `json:"adopted"`
-	Exited  int    `json:"exited"`
-	Orphans int    `json:"orphans_killed"`
-	Removed int    `json:"removed"`
+	RunDir  string `json:"run_dir"`
+	// ClockOff is how far a guest's clock was off when the driver set it.
+	ClockOff string `json:"guest_clock_was_off"`
+	Listen   string `json:"listen"`
+	Adopted  int    `json:"adopted"`
+	Exited   int    `json:"exited"`
+	Orphans  int    `json:"orphans_killed"`
+	Removed  int    `json:"removed"`
 }
 
 // findLog returns the first line of the current daemon's log with message msg.
 func (e *e2e) findLog(msg string) (logLine, bool) {
+	lines := e.findLogs(msg, 1)
+	if len(lines) == 0 {
+		return logLine{}, false
+	}
+	return lines[0], true
+}
+
+// findLogs returns the current daemon's log lines with message msg, at
+// most limit of them (0: all).
+func (e *e2e) findLogs(msg string, limit int) []logLine {
 	f, err := os.Open(e.log)
 	if err != nil {
-		return logLine{}, false
+		return nil
 	}
 	defer f.Close()
 	if _, err := f.Seek(e.logSeen, io.SeekStart); err != nil {
-		return logLine{}, false
+		return nil
 	}
+	var out []logLine
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		var line logLine
 		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == msg {
-			return line, true
+			out = append(out, line)
+			if len(out) == limit {
+				break
+			}
 		}
 	}
-	return logLine{}, false
+	return out
+}
+
+// guestIdentity checks what a user of a woken sandbox sees of its machine
+// (issue 25): the guest's wall clock is the host's (the driver set it on
+// the wake, and logged how far off it was: the offset a guest kept
+// without the sync), its hostname is set, and the memory the API reports
+// is what QEMU gave it (small is 512 MiB, halved under TCG).
+func (e *e2e) guestIdentity(c *api.ClaimResponse, runDir string) {
+	e.t.Helper()
+	for _, l := range e.findLogs("qemu: guest clock set", 0) {
+		if l.RunDir == runDir {
+			e.t.Logf("guest clock when the driver set it (boot, clone or wake): %s off", l.ClockOff)
+		}
+	}
+	hostBefore := time.Now()
+	guest := guestDo(e.t, e.ctx(), runDir, func(a *agent.Client) (time.Time, error) { return a.Clock(e.ctx()) })
+	hostAfter := time.Now()
+	// The guest read its clock between the two host reads; a second either
+	// way is the serial line's latency and TCG's scheduling, far below the
+	// minutes a snapshot's clock lags.
+	off := guest.Sub(hostBefore)
+	if guest.Before(hostBefore.Add(-time.Second)) || guest.After(hostAfter.Add(time.Second)) {
+		e.t.Errorf("guest clock %v after the wake, host %v..%v: %v off", guest, hostBefore, hostAfter, off)
+	}
+	e.t.Logf("guest clock after the wake: %v off the host's (read window %v)", off.Round(time.Millisecond), hostAfter.Sub(hostBefore).Round(time.Millisecond))
+
+	guestAPI := e.api.WithToken(c.Token) // the data plane takes the sandbox's own token
+	r, err := guestAPI.Exec(e.ctx(), c.ID, api.ExecRequest{Argv: []string{"hostname"}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if r.ExitCode != 0 || r.Stdout != "sandbox\n" {
+		e.t.Errorf("hostname in the guest: exit %d, %q (stderr %q); want sandbox", r.ExitCode, r.Stdout, r.Stderr)
+	}
+
+	sb, err := e.api.Sandbox(e.ctx(), c.ID)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if sb.MemTotalBytes != 256<<20 || sb.CPUCount != 1 {
+		e.t.Errorf("the sandbox reports %d bytes and %d vCPUs; its small VM got 256 MiB and 1 vCPU under TCG", sb.MemTotalBytes, sb.CPUCount)
+	}
+	// The guest's own MemTotal is the VM's memory less what the kernel
+	// keeps: below what is reported, and well above half of it.
+	r, err = guestAPI.Exec(e.ctx(), c.ID, api.ExecRequest{Argv: []string{"sed", "-n", "s/^MemTotal: *\\([0-9]*\\) kB$/\\1/p", "/proc/meminfo"}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	kb, err := strconv.ParseInt(strings.TrimSpace(r.Stdout), 10, 64)
+	if err != nil || kb<<10 > sb.MemTotalBytes || kb<<10 < sb.MemTotalBytes/2 {
+		e.t.Errorf("guest MemTotal %q kB (%v) against the reported %d bytes", r.Stdout, err, sb.MemTotalBytes)
+	}
+	e.t.Logf("guest MemTotal %d kB; reported mem_total_bytes %d", kb, sb.MemTotalBytes)
 }
 
 // serving returns the listen address from the current daemon's "sandboxd

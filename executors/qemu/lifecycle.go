@@ -33,7 +33,7 @@ func (q *Recipes) Boot(ctx context.Context, spec Spec) (RecipeResult, error) {
 	if pid, err := q.adopt(spec.RunDir); err == nil {
 		// A boot cut short by a crash: its VM counts once its agent answers.
 		m, merr := launchedMeta(spec.RunDir)
-		if merr == nil && q.waitAgent(ctx, spec.RunDir, q.bootTimeout) == nil {
+		if merr == nil && q.waitAgent(ctx, spec.RunDir, q.bootTimeout, &r) == nil {
 			r.PID, r.Already, r.Accel = pid, true, m.Accel
 			return r, nil
 		}
@@ -65,7 +65,7 @@ func (q *Recipes) Boot(ctx context.Context, spec Spec) (RecipeResult, error) {
 	c.Close()
 	r.PID = pid
 	t.mark(StepLaunch)
-	if err := q.waitAgent(ctx, spec.RunDir, q.bootTimeout); err != nil {
+	if err := q.waitAgent(ctx, spec.RunDir, q.bootTimeout, &r); err != nil {
 		q.abandon(pid, spec.RunDir)
 		return r, err
 	}
@@ -73,10 +73,11 @@ func (q *Recipes) Boot(ctx context.Context, spec Spec) (RecipeResult, error) {
 	return r, nil
 }
 
-// waitAgent waits up to timeout for the guest agent to answer "ready", then
-// gives it the VM's data-plane key (every boot and restore: a restored
-// guest remembers the key of the VM it was snapshotted from).
-func (q *Recipes) waitAgent(ctx context.Context, runDir string, timeout time.Duration) error {
+// waitAgent waits up to timeout for the guest agent to answer "ready", sets
+// the guest's clock (r.ClockOffset), then gives it the VM's data-plane key
+// (every boot and restore: a restored guest remembers the key of the VM it
+// was snapshotted from).
+func (q *Recipes) waitAgent(ctx context.Context, runDir string, timeout time.Duration, r *RecipeResult) error {
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	a, err := agent.WaitReady(actx, AgentSocket(runDir), 100*time.Millisecond)
@@ -84,7 +85,41 @@ func (q *Recipes) waitAgent(ctx context.Context, runDir string, timeout time.Dur
 		return fmt.Errorf("qemu: guest agent in %s: %w (console: %s)", runDir, err, consoleTail(runDir))
 	}
 	defer a.Close()
+	if err := q.syncClock(actx, a, runDir, r); err != nil {
+		return err
+	}
 	return q.armAgent(actx, a, runDir)
+}
+
+// syncClock sets the guest's wall clock to the host's. A restored guest's
+// clock resumes from the moment of its snapshot (a golden's clone from the
+// golden's build, a wake from its hibernate) and the kernel catches up only
+// as fast as the emulated RTC lets it, which under TCG leaves it minutes
+// behind; the guest's own NTP cannot help a VM with no network. The host
+// is the reference, and the agent on the serial line is already the one
+// channel every restore waits for, so this costs one round trip and no
+// device. (kvm-clock would keep a KVM guest right by itself but does not
+// exist under TCG, QEMU's RTC "base" follows the host only at boot, and
+// rtc-reset-reinjection concerns lost ticks, not a restored snapshot.)
+// An agent that predates the verb is logged, not fatal, as with the key.
+func (q *Recipes) syncClock(ctx context.Context, a *agent.Client, runDir string, r *RecipeResult) error {
+	set, err := a.SetClock(ctx, q.now())
+	var re *agent.RemoteError
+	if errors.As(err, &re) {
+		q.log.Warn().Err(err).Str("run_dir", runDir).Msg("qemu: the guest agent cannot set its clock; it keeps the snapshot's")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("qemu: setting the guest's clock in %s: %w", runDir, err)
+	}
+	r.ClockOffset = set.Offset()
+	// A correction a person would notice is worth a line at info.
+	ev := q.log.Debug()
+	if r.ClockOffset.Abs() >= time.Second {
+		ev = q.log.Info()
+	}
+	ev.Str("run_dir", runDir).Stringer("guest_clock_was_off", r.ClockOffset.Round(time.Millisecond)).Msg("qemu: guest clock set")
+	return nil
 }
 
 func consoleTail(runDir string) string {
@@ -474,7 +509,7 @@ func (q *Recipes) restore(ctx context.Context, spec Spec, name string) (RecipeRe
 		return r, fmt.Errorf("qemu: restore: %w", err)
 	}
 	t.mark(StepCont)
-	if err := q.waitAgent(ctx, spec.RunDir, q.readyTimeout); err != nil {
+	if err := q.waitAgent(ctx, spec.RunDir, q.readyTimeout, &r); err != nil {
 		q.abandon(pid, spec.RunDir)
 		return r, err
 	}
@@ -556,7 +591,7 @@ func (q *Recipes) Resume(ctx context.Context, spec Spec) (RecipeResult, error) {
 		return r, fmt.Errorf("qemu: resume from %q: %w", st.Status, err)
 	}
 	t.mark(StepCont)
-	if err := q.waitAgent(ctx, spec.RunDir, q.readyTimeout); err != nil {
+	if err := q.waitAgent(ctx, spec.RunDir, q.readyTimeout, &r); err != nil {
 		return r, err
 	}
 	t.mark(StepReady)

@@ -154,6 +154,14 @@ func (q *Recipes) Accel(ctx context.Context, spec Spec) (Accel, string) {
 	return q.accel, q.accelWhy
 }
 
+// knownAccel is the accelerator cold boots use, AccelAuto while auto has
+// not been resolved yet; it never probes.
+func (q *Recipes) knownAccel() Accel {
+	q.accelMu.Lock()
+	defer q.accelMu.Unlock()
+	return q.accel
+}
+
 func (q *Recipes) resolveAuto(ctx context.Context, spec Spec) (Accel, string) {
 	f, err := os.OpenFile(q.kvmDevice, os.O_RDWR, 0)
 	if err != nil {
@@ -261,6 +269,9 @@ type RecipeResult struct {
 	Already bool
 	// Accel is the accelerator the VM runs with (Boot, Clone, Wake).
 	Accel Accel
+	// ClockOffset is how far the guest's wall clock was from the host's
+	// when the recipe set it (Boot, Clone, Wake, Resume; negative: behind).
+	ClockOffset time.Duration
 }
 
 // Dur returns the duration of the named step (0 if it did not run).

@@ -96,7 +96,7 @@ func (s *Server) sandboxOf(c *fsm.ClaimRec) Sandbox {
 		State: c.Status.String(), Tier: c.Tier.String(), VM: c.VM, OwnerAddr: s.cfg.OwnerAddr,
 		Created: rfc3339(c.Created), Reason: c.Reason, Volumes: volumesJSON(c),
 	}
-	if z, ok := fsm.SizeNamed(c.Key.Size); ok {
+	if z, ok := s.vmSize(c.Key.Size); ok {
 		sb.CPUCount, sb.MemTotalBytes = z.VCPUs, int64(z.MemoryMiB)<<20
 	}
 	if c.Status == fsm.ClaimFailed {

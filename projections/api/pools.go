@@ -98,7 +98,7 @@ func (s *Server) info(id auth.Identity) Info {
 		out.Draining = st.Draining()
 		out.MaxClaims = st.Limits().MaxClaims
 		out.LogSeq = st.Applied()
-		out.Templates = templatesOf(st, id)
+		out.Templates = s.templatesOf(st, id)
 	})
 	if s.replication != nil && id.Kind == auth.Root {
 		out.Replication = s.replication()

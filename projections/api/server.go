@@ -145,6 +145,7 @@ type Server struct {
 	stats       StatsFunc  // Options.Stats
 	egress      EgressOptions
 	pools       PoolSupport // Options.Pools
+	sizes       VMSizer     // Options.Sizes
 
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
@@ -177,6 +178,9 @@ type Options struct {
 	// Pools, when set, says which pool keys this node can serve at all
 	// (PoolSupport); without it every key is taken.
 	Pools PoolSupport
+	// Sizes, when set, says what a VM of each pool size gets here
+	// (VMSizer); without it, fsm.Sizes' row.
+	Sizes VMSizer
 }
 
 // New builds a Server.
@@ -201,7 +205,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	}
 	s := &Server{
 		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
-		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats, egress: opts.Egress, pools: opts.Pools,
+		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats, egress: opts.Egress, pools: opts.Pools, sizes: opts.Sizes,
 		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
 	}

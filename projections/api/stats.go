@@ -56,7 +56,7 @@ func (s *Server) handleStats(w http.ResponseWriter, r *http.Request, id auth.Ide
 	if err != nil {
 		return err
 	}
-	size, _ := fsm.SizeNamed(c.Key.Size)
+	size, _ := s.vmSize(c.Key.Size)
 	out := SandboxStats{
 		ID: c.ID, CPUCount: size.VCPUs, MemTotalBytes: int64(size.MemoryMiB) << 20,
 		Hibernated: c.Status == fsm.ClaimHibernated, State: c.Status.String(), VM: c.VM,

@@ -226,13 +226,13 @@ func (s *Server) handleTemplateLabels(w http.ResponseWriter, r *http.Request, id
 }
 
 // templatesOf lists the promoted templates tenant may see (all for root).
-func templatesOf(st *fsm.State, id auth.Identity) []TemplateInfo {
+func (s *Server) templatesOf(st *fsm.State, id auth.Identity) []TemplateInfo {
 	out := []TemplateInfo{}
 	for _, t := range st.Templates() {
 		if id.Kind != auth.Root && t.Tenant != id.Tenant {
 			continue
 		}
-		z, _ := fsm.SizeNamed(t.Key.Size)
+		z, _ := s.vmSize(t.Key.Size)
 		out = append(out, TemplateInfo{Key: keyJSON(t.Key), ContentDigest: t.Digest, Tenant: t.Tenant,
 			CPUCount: z.VCPUs, MemTotalBytes: int64(z.MemoryMiB) << 20,
 			CreatedAt: time.Unix(0, t.Created).UTC().Format(time.RFC3339), Labels: t.Labels})

@@ -495,6 +495,10 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if ps, ok := n.Driver.(api.PoolSupport); ok {
 		apiOpts.Pools = ps
 	}
+	// ... and what a VM of each size gets (QEMU halves it under TCG).
+	if vs, ok := n.Driver.(api.VMSizer); ok {
+		apiOpts.Sizes = vs
+	}
 	if n.previewLn == nil && cfg.PreviewListen != "" {
 		if n.previewLn, err = net.Listen("tcp", cfg.PreviewListen); err != nil {
 			return nil, fmt.Errorf("preview listener: %w", err)

@@ -19,6 +19,7 @@
 //	net <b64>          -> net            the egress network (NetConfig, net.go), applied by Server.Net
 //	mount <b64>        -> mount          mount a volume's disk by its serial (VolumeMount, volume.go)
 //	umount <b64>       -> umount         unmount it
+//	clock [<ns>]       -> clock <ns>     read (or set) the guest's wall clock (clock.go)
 //	anything else      -> error <verb> <message>
 //
 // The data plane (the silkd protocol, package executors/guest/silkd) runs
@@ -127,6 +128,11 @@ type Server struct {
 	// the verbs are refused.
 	Mount   func(VolumeMount) error
 	Unmount func(VolumeMount) error
+	// Now reads the guest's wall clock and SetClock sets it (VerbClock,
+	// clock.go); Now nil: the verb is refused, SetClock nil: only reads
+	// are served.
+	Now      func() time.Time
+	SetClock func(time.Time) error
 
 	counter atomic.Uint64
 	key     atomic.Pointer[string]
@@ -231,11 +237,17 @@ func (s *Server) handle(verb string, args []string) (string, error) {
 		return handleVolume(verb, args, s.Mount)
 	case VerbUnmount:
 		return handleVolume(verb, args, s.Unmount)
+	case VerbClock:
+		return s.handleClock(args)
 	case "":
 		return "", errors.New("empty request")
 	}
-	return "", fmt.Errorf("unknown command (want ready, write, sha, uptime, key, net, mount, umount)")
+	return "", errUnknownVerb
 }
+
+// errUnknownVerb answers a verb this agent does not serve (a nil hook
+// included, as by an agent that predates the verb).
+var errUnknownVerb = errors.New("unknown command (want ready, write, sha, uptime, key, net, mount, umount, clock)")
 
 // write replaces the data file with n random bytes, through a temp file and a
 // rename so that sha never sees a half-written file.
