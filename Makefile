@@ -10,6 +10,10 @@ TESTFLAGS ?= -race -timeout 14m
 # minimised within the cap, and always written to testdata/fuzz).
 FUZZTIME  ?= 10s
 FUZZMIN   ?= 1s
+# The test targets pipe go test into cmd/testsummary: pipefail makes a
+# failure of either side fail the target.
+SHELL      := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
 
 .PHONY: all build test e2e bench lint clean guest
 

@@ -74,10 +74,14 @@ func (s *summary) add(e event) {
 		if t := strings.TrimSpace(e.Output); t != "PASS" && t != "FAIL" {
 			fmt.Fprint(s.out, e.Output)
 		}
+	case e.Action == "build-output":
+		// go test -json's compiler errors (Go 1.24 on) are events too.
+		fmt.Fprint(s.out, e.Output)
 	case e.Test == "" && (e.Action == "pass" || e.Action == "fail" || e.Action == "skip"):
 		s.pkgs++
 		if e.Action == "fail" {
 			s.pkgsFailed++
+			s.flushUnfinished(e.Package)
 		}
 	case e.Action == "output":
 		s.buf[k] = append(s.buf[k], e.Output)
@@ -91,6 +95,23 @@ func (s *summary) add(e event) {
 	case e.Action == "skip":
 		reason := skipReason(s.buf[k])
 		s.skips[reason] = append(s.skips[reason], k)
+		delete(s.buf, k)
+	}
+}
+
+// flushUnfinished prints the output of pkg's tests that never ended: a
+// panic or the -timeout killed the binary while they ran, and what they
+// printed is what says why.
+func (s *summary) flushUnfinished(pkg string) {
+	var ks []testKey
+	for k := range s.buf {
+		if k.pkg == pkg && k.test != "" {
+			ks = append(ks, k)
+		}
+	}
+	slices.SortFunc(ks, func(a, b testKey) int { return strings.Compare(a.test, b.test) })
+	for _, k := range ks {
+		fmt.Fprintf(s.out, "--- unfinished: %s\n%s", k.test, strings.Join(s.buf[k], ""))
 		delete(s.buf, k)
 	}
 }

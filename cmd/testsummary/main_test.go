@@ -51,6 +51,15 @@ func TestSummarize(t *testing.T) {
 		{"a failure", failing, 1, []string{"    c_test.go:7: got 1, want 2\n", "FAIL\tp/c\t0.1s\n", "3 packages (1 failed): 1 tests passed, 3 skipped, 1 failed in 6s\n"}, nil},
 		{"a build error passes through", []string{"# p/d\nd.go:1: syntax error", ev("output", "p/d", "", "FAIL\tp/d [build failed]\n", "00"), ev("fail", "p/d", "", "", "00")}, 1,
 			[]string{"d.go:1: syntax error\n", "FAIL\tp/d [build failed]\n"}, nil},
+		{"a build error as events (Go 1.24 on)", []string{`{"ImportPath":"p/e","Action":"build-output","Output":"e.go:2:1: undefined: x\n"}`, ev("output", "p/e", "", "FAIL\tp/e [build failed]\n", "00"), ev("fail", "p/e", "", "", "00")}, 1,
+			[]string{"e.go:2:1: undefined: x\n", "FAIL\tp/e [build failed]\n"}, nil},
+		{"a binary killed mid-test shows the test's output", []string{
+			ev("output", "p/f", "TestHangs", "=== RUN   TestHangs\n", "00"),
+			ev("output", "p/f", "TestHangs", "    f_test.go:4: waiting for the guest\n", "00"),
+			ev("output", "p/f", "", "panic: test timed out after 14m0s\n", "01"),
+			ev("output", "p/f", "", "FAIL\tp/f\t840.0s\n", "01"),
+			ev("fail", "p/f", "", "", "01"),
+		}, 1, []string{"panic: test timed out", "--- unfinished: TestHangs\n", "f_test.go:4: waiting for the guest\n"}, nil},
 		{"no result", nil, 1, []string{"no package result"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
