@@ -25,6 +25,7 @@ func (s *State) Check() error {
 	var vmCount [numVMStatus]int
 	live := 0
 	restartingRunning := 0 // running claims whose VM is restarting
+	archiveHibernated := 0 // hibernated claims whose VM archives or is archived
 	tenantLive := map[string]int{}
 	poolVMs, poolRefill, poolLive := map[PoolKey]int{}, map[PoolKey]int{}, map[PoolKey]int{}
 	// Expected timers are checked in place against the heap's index, and
@@ -98,6 +99,14 @@ func (s *State) Check() error {
 			want = VMRestarting
 			restartingRunning++
 		}
+		if v != nil && archiveVMStatus(c.Status, v.Status) {
+			// A hibernated claim's snapshot may be in the archive's
+			// hands, a waking one's on its way back.
+			want = v.Status
+			if c.Status == ClaimHibernated {
+				archiveHibernated++
+			}
+		}
 		if v == nil || v.Status != want || v.Claim != id {
 			fail("claim %s (%s): VM %s is not %s for it", id, c.Status, c.VM, want)
 		}
@@ -106,7 +115,7 @@ func (s *State) Check() error {
 	// (hibernated) with v.Claim naming it, which maps those claims one to
 	// one into such VMs; equal counts make it onto, so no claimed or
 	// hibernated VM is without its claim.
-	if claimCount[ClaimRunning] != vmCount[VMClaimed]+restartingRunning || claimCount[ClaimHibernated] != vmCount[VMHibernated] {
+	if claimCount[ClaimRunning] != vmCount[VMClaimed]+restartingRunning || claimCount[ClaimHibernated] != vmCount[VMHibernated]+archiveHibernated {
 		fail("%d running claims for %d claimed VMs (and %d restarting), %d hibernated claims for %d hibernated VMs",
 			claimCount[ClaimRunning], vmCount[VMClaimed], restartingRunning, claimCount[ClaimHibernated], vmCount[VMHibernated])
 	}
@@ -201,5 +210,12 @@ var claimVMStatus = [numClaimStatus]VMStatus{ClaimPending: VMCloning, ClaimRunni
 	ClaimHibernated: VMHibernated, ClaimWaking: VMWaking}
 
 func (s *State) vmCountWithIntent() int {
-	return s.vmCount[VMCloning] + s.vmCount[VMHibernating] + s.vmCount[VMWaking] + s.vmCount[VMDestroying] + s.vmCount[VMRestarting]
+	return s.vmCount[VMCloning] + s.vmCount[VMHibernating] + s.vmCount[VMWaking] + s.vmCount[VMDestroying] + s.vmCount[VMRestarting] +
+		s.vmCount[VMArchiving] + s.vmCount[VMUnarchiving]
+}
+
+// archiveVMStatus reports whether a claim in status c may have its VM in
+// the archive's status v.
+func archiveVMStatus(c ClaimStatus, v VMStatus) bool {
+	return c == ClaimHibernated && (v == VMArchiving || v == VMArchived) || c == ClaimWaking && v == VMUnarchiving
 }

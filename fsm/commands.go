@@ -80,6 +80,9 @@ type Claim struct {
 	NoEgress bool
 	// Env is the claim's env, values sealed by the caller.
 	Env []egress.EnvEntry
+	// OnExpire is the action at the lease's end: "archive", or "destroy"
+	// (or empty), the default.
+	OnExpire string
 }
 
 // Refill requests clones to bring pool Key (every pool short of its target
@@ -114,6 +117,10 @@ type Renew struct {
 	Meta
 	Claim      string
 	TTLSeconds int64
+	// OnExpire, when set, switches the action at the lease's end
+	// ("archive" or "destroy"); empty keeps it. An archived claim is
+	// refused: its deadline is its archive's retention.
+	OnExpire string
 }
 
 // Touch records activity on a running claim, postponing idle hibernation.

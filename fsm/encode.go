@@ -25,8 +25,11 @@ const (
 	// StateFormatV5 adds guarded egress: the egress classes and their
 	// owner, the pools' policies, and the claims' pinned egress and env.
 	StateFormatV5 = 5
+	// StateFormatV6 adds the archive: the pools' archive settings, the
+	// archived VMs' archive names, the claims' on_expire and archive retry.
+	StateFormatV6 = 6
 	// StateFormatCurrent is the newest format this build writes and reads.
-	StateFormatCurrent = StateFormatV5
+	StateFormatCurrent = StateFormatV6
 )
 
 // ErrStateFormat means an encoded State is of a format this build cannot
@@ -54,6 +57,9 @@ var (
 //	[V5] classes owned by the API, n classes × (name, policy),
 //	     n pools with a policy × (key, policy),
 //	     n claims with egress × (id, class, no egress, unpooled, n env × entry)
+//	[V6] n pools with archive settings × (key, archive after, archive delete after (varints)),
+//	     n VMs with an archive × (id, archive),
+//	     n claims with archive fields × (id, on_expire archive, archive retry at (varint))
 //	policy: n rules × (host, n methods × method, n ports × port, secret, intercept), socks5
 //	entry:  name, sealed, size (varint), host only, has inject, [n hosts × host, header, query, body, placeholder]
 //
@@ -186,6 +192,7 @@ func Encode(s *State) []byte {
 		e.i(r.Opened)
 	}
 	e.egress(s, withEgress)
+	e.archive(s)
 	return e.b
 }
 
@@ -434,6 +441,9 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 	}
 	if format >= StateFormatV5 {
 		d.egress(s)
+	}
+	if format >= StateFormatV6 {
+		d.archive(s)
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrStateCorrupt, len(d.b))

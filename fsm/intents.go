@@ -52,8 +52,9 @@ const (
 // Outcome is what a side effect that succeeded reports into its result
 // command.
 type Outcome struct {
-	// SnapshotDir is the snapshot made (golden build, hibernate), relative
-	// to the store; empty for the other kinds.
+	// SnapshotDir is the snapshot made (golden build, hibernate, unarchive),
+	// relative to the store, or the archive made (archive); empty for the
+	// other kinds.
 	SnapshotDir string
 	// Report carries the per-step timings and the copy mode.
 	Report event.ExecReport
@@ -354,12 +355,17 @@ var vmIntents = [numVMStatus]func(s *State, v *VMRec) Intent{
 	VMWaking: func(_ *State, v *VMRec) Intent {
 		return WakeVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
 	},
-	VMDestroying: func(_ *State, v *VMRec) Intent {
+	VMDestroying: func(s *State, v *VMRec) Intent {
+		if v.Archive != "" {
+			return archiveIntent(s, v)
+		}
 		return DestroyVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
 	},
 	VMRestarting: func(_ *State, v *VMRec) Intent {
 		return RestartVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ReqSeq: v.ReqSeq}
 	},
+	VMArchiving:   archiveIntent,
+	VMUnarchiving: archiveIntent,
 }
 
 // hasIntent reports whether a VM in status st has a side effect in flight.

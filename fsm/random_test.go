@@ -372,6 +372,12 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 			vm, want = in.VM, fsm.VMDestroying
 		case fsm.RestartVM:
 			vm, want = in.VM, fsm.VMRestarting
+		case fsm.ArchiveVM:
+			vm, want = in.VM, fsm.VMArchiving
+		case fsm.UnarchiveVM:
+			vm, want = in.VM, fsm.VMUnarchiving
+		case fsm.DeleteArchiveVM:
+			vm, want = in.VM, fsm.VMDestroying
 		case fsm.BuildGolden:
 			if g, ok := s.Golden(in.Key); !ok || g.Status != fsm.GoldenBuilding || g.Op != in.OpID {
 				return fmt.Errorf("intent %+v: golden is %+v", in, g)
@@ -393,7 +399,9 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 			if c.Status == fsm.ClaimPending && c.ServeBy <= now {
 				return fmt.Errorf("claim %s still pending %d ns after its serve deadline", id, now-c.ServeBy)
 			}
-			if c.Status.Live() && c.Status != fsm.ClaimPending && c.Deadline <= now {
+			// A claim whose expiry archives outlives its lease (hibernated,
+			// then archived with its retention as its deadline, 0: none).
+			if c.Status.Live() && c.Status != fsm.ClaimPending && c.Deadline <= now && !s.ExpiryArchives(&c) && !(s.Archived(&c) && c.Deadline == 0) {
 				return fmt.Errorf("claim %s live %d ns after its deadline", id, now-c.Deadline)
 			}
 		}

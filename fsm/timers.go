@@ -10,12 +10,13 @@ import (
 type timerKind uint8
 
 const (
-	tServe  timerKind = iota + 1 // a pending claim fails (id = claim)
-	tTTL                         // a live claim's lease expires (id = claim)
-	tIdle                        // a running claim hibernates (id = claim)
-	tGolden                      // a failed golden is retried (id = pool key)
-	tPark                        // parked refills resume (id = pool key, or "*" for the node)
-	tPurge                       // an ended claim is forgotten (id = claim; purge heap only)
+	tServe   timerKind = iota + 1 // a pending claim fails (id = claim)
+	tTTL                          // a live claim's lease expires (id = claim)
+	tIdle                         // a running claim hibernates (id = claim)
+	tGolden                       // a failed golden is retried (id = pool key)
+	tPark                         // parked refills resume (id = pool key, or "*" for the node)
+	tPurge                        // an ended claim is forgotten (id = claim; purge heap only)
+	tArchive                      // a hibernated claim archives (id = claim; pool archive_after_seconds)
 )
 
 // timerKey names a timer: at most one per (kind, entity). Pool timers use

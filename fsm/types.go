@@ -95,14 +95,22 @@ const (
 	// its own disk; its claim stays running. Appended after the others so
 	// that no status changes its number.
 	VMRestarting
+	// VMArchiving, VMArchived, VMUnarchiving: a hibernated VM's snapshot
+	// goes to the archive store, stays there, and comes back for a wake
+	// (archive.go). Appended like VMRestarting.
+	VMArchiving
+	VMArchived
+	VMUnarchiving
 	numVMStatus
 )
 
-var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed", "restarting"}
+var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed", "restarting", "archiving", "archived", "unarchiving"}
 
 // inState reports whether VMs of status v are kept in State (gone and
 // failed ones are not).
-func (v VMStatus) inState() bool { return v >= VMCloning && v < VMGone || v == VMRestarting }
+func (v VMStatus) inState() bool {
+	return v >= VMCloning && v < VMGone || v >= VMRestarting && v < numVMStatus
+}
 
 func (v VMStatus) String() string { return enumName(vmNames[:], int(v)) }
 
@@ -232,6 +240,9 @@ type VMRec struct {
 	// Restarts are the times of the VM's most recent restart requests,
 	// oldest first, at most MaxRestartHistory (read-only).
 	Restarts []int64
+	// Archive names the VM's snapshot in the archive store while it is
+	// archived (SnapshotDir is then empty).
+	Archive string
 }
 
 // ClaimRec is a claim's record.
@@ -260,6 +271,11 @@ type ClaimRec struct {
 	// Env is the claim's env, sorted by name, values sealed (read-only);
 	// dropped when the claim ends.
 	Env []egress.EnvEntry
+	// OnExpireArchive: the lease's end archives the claim instead of
+	// ending it (on_expire "archive"). ArchiveRetryAt holds back the next
+	// archive attempt after a failed one.
+	OnExpireArchive bool
+	ArchiveRetryAt  int64
 }
 
 // Limits are the claim limits; 0 means unlimited. TenantCaps are the caps

@@ -136,7 +136,8 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 	case r < 790:
 		return fsm.Release{Meta: s.meta(), Claim: s.someClaim(st)}
 	case r < 820:
-		return fsm.Renew{Meta: s.meta(), Claim: s.someClaim(st), TTLSeconds: int64(s.rng.intn(600))}
+		return fsm.Renew{Meta: s.meta(), Claim: s.someClaim(st), TTLSeconds: int64(s.rng.intn(600)),
+			OnExpire: []string{"", "", event.OnExpireArchive, event.OnExpireDestroy}[s.rng.intn(4)]}
 	case r < 828:
 		return fsm.Touch{Meta: s.meta(), Claim: s.someClaim(st)}
 	case r < 840:
@@ -253,6 +254,12 @@ func (s *Sim) pools() fsm.Command {
 		if s.rng.intn(2) == 0 {
 			sp.IdleHibernateSeconds = int64(5 + s.rng.intn(120))
 		}
+		if s.rng.intn(3) == 0 {
+			// Archiving pools: archive after idle, keep the archive a
+			// while or until released.
+			sp.ArchiveAfterSeconds = sp.IdleHibernateSeconds + int64(1+s.rng.intn(300))
+			sp.ArchiveDeleteAfterSeconds = int64(s.rng.intn(2) * (60 + s.rng.intn(3600)))
+		}
 		c.Pools = append(c.Pools, sp)
 		if s.rng.intn(3) == 0 {
 			if c.Egress == nil {
@@ -300,6 +307,9 @@ func (s *Sim) claim(st *fsm.State) fsm.Command {
 	}
 	if s.rng.intn(8) == 0 {
 		c.Env = s.env(1 + s.rng.intn(3))
+	}
+	if s.rng.intn(4) == 0 {
+		c.OnExpire = event.OnExpireArchive
 	}
 	return c
 }
@@ -398,6 +408,18 @@ func (s *Sim) result(st *fsm.State) fsm.Command {
 			return fsm.VMRestartFailed{Meta: m, VM: in.VM, Error: "vm.boot: 500"}
 		}
 		return fsm.VMRestarted{Meta: m, VM: in.VM, Report: rep}
+	case fsm.ArchiveVM:
+		if fail {
+			return fsm.ArchiveFailed{Meta: m, VM: in.VM, Error: "archive put: ENOSPC", Lost: s.rng.intn(4) == 0}
+		}
+		return fsm.ArchiveDone{Meta: m, VM: in.VM, Archive: fmt.Sprintf("isim/%s-%d", in.VM, s.ops), Report: rep}
+	case fsm.UnarchiveVM:
+		if fail {
+			return fsm.UnarchiveFailed{Meta: m, VM: in.VM, Error: "memory-ranges: sha256 mismatch", Lost: s.rng.intn(3) == 0}
+		}
+		return fsm.UnarchiveDone{Meta: m, VM: in.VM, SnapshotDir: fmt.Sprintf("snapshots/%s/%d", in.VM, s.ops), Report: rep}
+	case fsm.DeleteArchiveVM:
+		return fsm.VMDestroyed{Meta: m, VM: in.VM}
 	}
 	return nil
 }
@@ -444,6 +466,10 @@ func (s *Sim) invalid(st *fsm.State) fsm.Command {
 				return fsm.GoldenBuilt{Meta: m, Key: in.Key, SnapshotDir: "goldens/stale"}
 			case fsm.RestartVM:
 				return fsm.VMRestarted{Meta: m, VM: in.VM}
+			case fsm.ArchiveVM:
+				return fsm.ArchiveDone{Meta: m, VM: in.VM, Archive: "isim/stale"}
+			case fsm.UnarchiveVM:
+				return fsm.UnarchiveDone{Meta: m, VM: in.VM, SnapshotDir: "snapshots/stale"}
 			}
 		}
 		return fsm.VMDestroyed{Meta: s.meta(), VM: "vm-0000000000000000"}
