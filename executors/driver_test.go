@@ -23,11 +23,21 @@ func (r *recorder) Hibernate(context.Context, fsm.HibernateVM) (Result, error) {
 func (r *recorder) Wake(context.Context, fsm.WakeVM) (Result, error)       { return r.note("Wake") }
 func (r *recorder) Destroy(context.Context, fsm.DestroyVM) (Result, error) { return r.note("Destroy") }
 func (r *recorder) Restart(context.Context, fsm.RestartVM) (Result, error) { return r.note("Restart") }
+func (r *recorder) Archive(context.Context, fsm.ArchiveVM) (Result, error) { return r.note("Archive") }
+func (r *recorder) Unarchive(context.Context, fsm.UnarchiveVM) (Result, error) {
+	return r.note("Unarchive")
+}
+func (r *recorder) DeleteArchive(context.Context, fsm.DeleteArchiveVM) (Result, error) {
+	return r.note("DeleteArchive")
+}
 
 // plain is a Driver without Restart.
 type plain struct{ recorder }
 
 func (p *plain) Restart() {} // not a Restarter: another signature
+
+// bare is a Driver and nothing else (no Archiver).
+type bare struct{ Driver }
 
 // The dispatch table sends every intent kind to its Driver method, with a
 // default timeout; a driver without Restart fails restarts as unrecoverable.
@@ -43,6 +53,9 @@ func TestDispatchTable(t *testing.T) {
 		{fsm.WakeVM{OpID: op, VM: "vm-1"}, "Wake"},
 		{fsm.DestroyVM{OpID: op, VM: "vm-1"}, "Destroy"},
 		{fsm.RestartVM{OpID: op, VM: "vm-1"}, "Restart"},
+		{fsm.ArchiveVM{OpID: op, VM: "vm-1"}, "Archive"},
+		{fsm.UnarchiveVM{OpID: op, VM: "vm-1"}, "Unarchive"},
+		{fsm.DeleteArchiveVM{OpID: op, VM: "vm-1"}, "DeleteArchive"},
 	}
 	for _, c := range cases {
 		t.Run(string(c.in.Kind()), func(t *testing.T) {
@@ -70,5 +83,13 @@ func TestDispatchTable(t *testing.T) {
 	var p plain
 	if _, err := m.Call(context.Background(), &p, fsm.RestartVM{OpID: op, VM: "vm-1"}); !IsUnrecoverable(err) || p.called != "" {
 		t.Fatalf("restart on a driver that cannot: %v, called %q", err, p.called)
+	}
+	// A driver without an archive store fails the archive kinds for good.
+	var b bare
+	for _, in := range []fsm.Intent{fsm.ArchiveVM{OpID: op, VM: "vm-1"}, fsm.UnarchiveVM{OpID: op, VM: "vm-1"}, fsm.DeleteArchiveVM{OpID: op, VM: "vm-1"}} {
+		m, _ := MethodFor(in.Kind())
+		if _, err := m.Call(context.Background(), &b, in); !IsUnrecoverable(err) {
+			t.Fatalf("%s on a driver without an archive store: %v", in.Kind(), err)
+		}
 	}
 }

@@ -252,9 +252,12 @@ func (s *State) archivedClaim(c *ClaimRec) bool {
 	return v != nil && (v.Status == VMArchived || v.Status == VMArchiving || v.Status == VMUnarchiving)
 }
 
-// Archived reports whether claim c's snapshot is in the archive (or being
-// moved there or back), for the API's archived flag.
-func (s *State) Archived(c *ClaimRec) bool { return s.archivedClaim(c) }
+// Archived reports whether claim c's snapshot is in the archive (done, not
+// on its way there or back), for the API's archived flag.
+func (s *State) Archived(c *ClaimRec) bool {
+	v := s.vms[c.VM]
+	return v != nil && v.Status == VMArchived
+}
 
 // validOnExpire checks a command's on_expire ("" keeps the default or the
 // current action).

@@ -399,9 +399,10 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 			if c.Status == fsm.ClaimPending && c.ServeBy <= now {
 				return fmt.Errorf("claim %s still pending %d ns after its serve deadline", id, now-c.ServeBy)
 			}
-			// A claim whose expiry archives outlives its lease (hibernated,
-			// then archived with its retention as its deadline, 0: none).
-			if c.Status.Live() && c.Status != fsm.ClaimPending && c.Deadline <= now && !s.ExpiryArchives(&c) && !(s.Archived(&c) && c.Deadline == 0) {
+			// A claim whose expiry archives outlives its lease until it is
+			// archived; an archived one's deadline is its retention (0:
+			// none), which ends it.
+			if c.Status.Live() && c.Status != fsm.ClaimPending && c.Deadline != 0 && c.Deadline <= now && !(s.ExpiryArchives(&c) && !s.Archived(&c)) {
 				return fmt.Errorf("claim %s live %d ns after its deadline", id, now-c.Deadline)
 			}
 		}

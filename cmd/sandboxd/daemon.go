@@ -50,20 +50,24 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 	if rootToken == "" {
 		zl.Warn().Msg("no api_token configured: root-only routes answer 401 (/metrics is open, as the old daemon's)")
 	}
+	if err := cfg.openArchive(zl); err != nil {
+		return nil, zl, err
+	}
 	hv, err := resolveHypervisor(cfg, zl)
 	if err != nil {
 		return nil, zl, err
 	}
 	pools := make([]fsm.PoolSpec, len(cfg.Pools))
 	for i, p := range cfg.Pools {
-		pools[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds}
+		pools[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds,
+			ArchiveAfterSeconds: p.ArchiveAfterSeconds, ArchiveDeleteAfterSeconds: p.ArchiveDeleteAfterSeconds}
 	}
 	nc := node.Config{
 		DataDir: cfg.DataDir, NodeID: cfg.NodeID, Listen: cfg.Listen, OwnerAddr: cfg.OwnerAddr,
 		RootToken: rootToken, Tenants: cfg.Tenants, MaxClaims: cfg.MaxClaims, Pools: pools,
 		RestartPolicy: cfg.restartPolicy(), Concurrency: cfg.RefillConcurrency,
 		ReadHeaderTimeout: ms(cfg.HTTP.ReadHeaderTimeoutMS), IdleTimeout: ms(cfg.HTTP.IdleTimeoutMS),
-		API:           api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth},
+		API:           api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth, Archive: cfg.archive != nil},
 		Egress:        cfg.egressConfig(),
 		PreviewListen: cfg.PreviewListen,
 		DataPlane: api.DataPlane{

@@ -10,7 +10,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/archive"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
@@ -104,6 +106,9 @@ type Config struct {
 	// Warmup, if set, runs in a golden build after readiness and before the
 	// balloon settles (e.g. to fill the page cache through the agent).
 	Warmup func(ctx context.Context, vsockSocket string) error
+	// Archive, when set, is the node's archive store: the driver performs
+	// the archive intents (executors.Archiver, package archive) with it.
+	Archive archive.Store
 	// StepHook, if set, is called before every step and every rollback
 	// action; an error fails the step (or skips the action) as if the step
 	// itself had failed. Tests use it to crash recipes at chosen steps.
@@ -140,6 +145,8 @@ type Driver struct {
 	warmup   func(context.Context, string) error
 	hook     func(context.Context, StepCall) error
 	log      zerolog.Logger
+
+	archive.Delegate // the archive intents (executors.Archiver)
 
 	mu    sync.Mutex
 	procs map[string]*vmm.Process // by run dir: VMMs this driver launched or adopted
@@ -226,6 +233,17 @@ func New(cfg Config) (*Driver, error) {
 	if d.balloon.Max <= 0 {
 		d.balloon.Max = 60 * time.Second
 	}
+	var err error
+	d.Delegate, err = archive.NewDelegate(archive.Config{Store: cfg.Archive, Roots: d.roots, Instance: d.instance, FS: d.fs, Now: d.now, Log: d.log,
+		Hook: func(ctx context.Context, recipe, step string, op event.OpID) error {
+			if d.hook == nil {
+				return nil
+			}
+			return d.hook(ctx, StepCall{Recipe: recipe, Step: step, Op: op})
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("chdriver: %w", err)
+	}
 	return d, nil
 }
 
@@ -262,6 +280,11 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 		if err != nil {
 			return rep, err
 		}
+	}
+	swept, err := d.PrepareArchive()
+	rep.Swept = append(rep.Swept, swept...)
+	if err != nil {
+		return rep, err
 	}
 	for _, p := range rep.Swept {
 		d.log.Info().Str("path", p).Msg("removed a temp dir left by an interrupted recipe")

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/egress"
 	"github.com/sbxlog/sbxlog/fsm/engine"
@@ -58,8 +59,11 @@ type Sandbox struct {
 	CPUCount      int               `json:"cpu_count,omitempty"`
 	MemTotalBytes int64             `json:"mem_total_bytes,omitempty"`
 	Hibernated    bool              `json:"hibernated"`
-	// Archived is always false: this node has no archive store.
+	// Archived: the sandbox's snapshot is in the archive store (or on its
+	// way there or back); Hibernated is then false and State "archived".
 	Archived bool `json:"archived,omitempty"`
+	// OnExpire is "archive" for a claim whose lease's end archives it.
+	OnExpire string `json:"on_expire,omitempty"`
 	// Failed is the reason of a failed claim.
 	Failed    string `json:"failed,omitempty"`
 	ClaimedAt string `json:"claimed_at,omitempty"`
@@ -81,7 +85,9 @@ func rfc3339(ns int64) string {
 	return time.Unix(0, ns).UTC().Format(time.RFC3339Nano)
 }
 
-func (s *Server) sandboxOf(c *fsm.ClaimRec) Sandbox {
+// sandboxOf is c's row; archived says its snapshot is in the archive store
+// (fsm.State.Archived).
+func (s *Server) sandboxOf(c *fsm.ClaimRec, archived bool) Sandbox {
 	sb := Sandbox{
 		ID: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
 		Hibernated: c.Status == fsm.ClaimHibernated, ClaimedAt: rfc3339(c.Created), Deadline: rfc3339(c.Deadline),
@@ -93,6 +99,12 @@ func (s *Server) sandboxOf(c *fsm.ClaimRec) Sandbox {
 	}
 	if c.Status == fsm.ClaimFailed {
 		sb.Failed = cmp.Or(c.Reason, "failed")
+	}
+	if archived && c.Status == fsm.ClaimHibernated {
+		sb.Archived, sb.Hibernated, sb.State = true, false, "archived"
+	}
+	if c.OnExpireArchive {
+		sb.OnExpire = event.OnExpireArchive
 	}
 	return sb
 }
@@ -133,7 +145,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	if err := decodeBody(r, &req, false); err != nil {
 		return err
 	}
-	if err := req.normalize(); err != nil {
+	if err := req.normalize(s.cfg.Archive); err != nil {
 		return err
 	}
 	key := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
@@ -192,6 +204,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return fsm.Claim{
 			Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
 			Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1, NoEgress: noEgress, Env: env,
+			OnExpire: req.OnExpire,
 		}
 	}, engine.Hooks{
 		Prepare: func() {
@@ -353,7 +366,9 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, id auth.Ident
 	if err != nil {
 		return err
 	}
-	sb := s.sandboxOf(&c)
+	var archived bool
+	s.eng.View(func(st *fsm.State) { archived = st.Archived(&c) })
+	sb := s.sandboxOf(&c, archived)
 	if id.Kind == auth.Root {
 		// The old daemon hands root the sandbox token here (its operator
 		// client acts as the sandbox with it).
@@ -392,7 +407,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 			case ref != "" && c.ClaimRef != ref:
 			case !metadataMatches(c.Metadata, meta):
 			default:
-				out = append(out, s.sandboxOf(&c))
+				out = append(out, s.sandboxOf(&c, st.Archived(&c)))
 			}
 		}
 	})

@@ -97,6 +97,9 @@ type Config struct {
 	// as the old daemon: the root token, or anyone when no root token is
 	// configured) or MetricsAuthNone (anyone).
 	MetricsAuth string
+	// Archive: the node has an archive store (archive_dir), so claims may
+	// ask for on_expire "archive" and pools for archive settings.
+	Archive bool
 }
 
 // DefaultLifecycleWait is Config.LifecycleWait's default: far beyond a
