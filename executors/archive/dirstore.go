@@ -402,17 +402,33 @@ func copySparse(dst, src string, beforeSync func() error) (size int64, sum strin
 			if n == 0 {
 				break
 			}
+			// Runs of non-zero pages are written with one call each.
+			run := -1
+			flush := func(end int) error {
+				if run < 0 {
+					return nil
+				}
+				_, err := out.WriteAt(buf[run:end], pos+int64(run))
+				run = -1
+				return err
+			}
 			for p := 0; p < n; p += 4096 {
 				page := buf[p:min(p+4096, n)]
 				if bytes.Equal(page, zero[:len(page)]) {
+					if err := flush(p); err != nil {
+						return 0, "", err
+					}
 					continue
 				}
 				binary.LittleEndian.PutUint64(word[:], uint64(pos)+uint64(p))
 				h.Write(word[:])
 				h.Write(page)
-				if _, err := out.WriteAt(page, pos+int64(p)); err != nil {
-					return 0, "", err
+				if run < 0 {
+					run = p
 				}
+			}
+			if err := flush(n); err != nil {
+				return 0, "", err
 			}
 			pos += int64(n)
 		}

@@ -106,6 +106,10 @@ type Config struct {
 	// Warmup, if set, runs in a golden build after readiness and before the
 	// balloon settles (e.g. to fill the page cache through the agent).
 	Warmup func(ctx context.Context, vsockSocket string) error
+	// DiskExtentBound is the extent count past which a hibernate snapshot's
+	// disk is rewritten densely after the hibernate (rewrite.go; default
+	// fsx.DefaultExtentBound, negative: never).
+	DiskExtentBound int
 	// Archive, when set, is the node's archive store: the driver performs
 	// the archive intents (executors.Archiver, package archive) with it.
 	Archive archive.Store
@@ -143,6 +147,7 @@ type Driver struct {
 	grace    time.Duration
 	balloon  Balloon
 	warmup   func(context.Context, string) error
+	extents  int
 	hook     func(context.Context, StepCall) error
 	log      zerolog.Logger
 
@@ -190,7 +195,7 @@ func New(cfg Config) (*Driver, error) {
 		port: cfg.AgentPort, silkd: cfg.SilkdPort, sizes: cfg.Sizes, synth: cfg.Synth, bridge: cfg.Bridge,
 		taps: cfg.Taps, egress: cfg.Egress, doors: cfg.Doors, fs: cfg.FS, newAPI: cfg.NewAPI, now: cfg.Now,
 		readyTO: cfg.ReadyTimeout, bootTO: cfg.BootTimeout, launchTO: cfg.LaunchTimeout,
-		grace: cfg.StopGrace, balloon: cfg.Balloon, warmup: cfg.Warmup, hook: cfg.StepHook,
+		grace: cfg.StopGrace, balloon: cfg.Balloon, warmup: cfg.Warmup, hook: cfg.StepHook, extents: cfg.DiskExtentBound,
 		log:   cfg.Log.With().Str("component", "chdriver").Logger(),
 		procs: make(map[string]*vmm.Process),
 	}
@@ -232,6 +237,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if d.balloon.Max <= 0 {
 		d.balloon.Max = 60 * time.Second
+	}
+	if d.extents == 0 {
+		d.extents = fsx.DefaultExtentBound
 	}
 	var err error
 	d.Delegate, err = archive.NewDelegate(archive.Config{Store: cfg.Archive, Roots: d.roots, Instance: d.instance, FS: d.fs, Now: d.now, Log: d.log,
