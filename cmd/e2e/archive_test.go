@@ -95,6 +95,11 @@ func TestArchiveOnExpireEndToEnd(t *testing.T) {
 	if err := c.Wake(ctx, cr.ID); err != nil {
 		t.Fatalf("wake from the archive: %v", err)
 	}
+	// The wake granted a fresh 3 s lease, whose end archives it again: a
+	// longer one keeps it running for the checks below.
+	if _, err := c.Renew(ctx, cr.ID, 600); err != nil {
+		t.Fatalf("renew after the wake: %v", err)
+	}
 	if sb, err := c.Sandbox(ctx, cr.ID); err != nil || sb.State != "running" || sb.Archived {
 		t.Fatalf("after the wake: %+v, %v", sb, err)
 	}
@@ -112,5 +117,92 @@ func TestArchiveOnExpireEndToEnd(t *testing.T) {
 	}
 	if err := c.Release(ctx, cr.ID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestArchiveCrashAtEachStep: sandboxd killed (SIGKILL, the SBX_CRASH_AT
+// seam) at a step of the archive or the unarchive recipe, then restarted
+// without the seam, finishes the operation: archived once (one complete
+// archive, no local snapshot), woken with the file intact, the archive
+// deleted.
+func TestArchiveCrashAtEachStep(t *testing.T) {
+	const root = "e2e-root-token"
+	for _, spec := range []string{
+		"archive:check", "archive:put", "archive:remove_local",
+		"unarchive:mktemp", "unarchive:get", "unarchive:rename", "unarchive:delete_archive",
+	} {
+		t.Run(spec, func(t *testing.T) {
+			adir := archiveDir(t)
+			n := startChsimNodeWith(t, root, map[string]any{"archive_dir": adir}, "env", "SBX_CRASH_AT="+spec)
+			c := n.c
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			if _, err := c.SetPools(ctx, api.PoolsRequest{Pools: []api.PoolSpec{{Template: "e2e", Warm: 1}}}); err != nil {
+				t.Fatalf("PUT pools: %v", err)
+			}
+			var cr *api.ClaimResponse
+			for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+				var err error
+				if cr, err = c.Claim(ctx, api.ClaimRequest{Template: "e2e", TTLSeconds: 4, OnExpire: "archive"}); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("claim: %v", err)
+				}
+			}
+			g, err := agentConn(ctx, n.addr, cr.ID, cr.Token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := g.WriteFile(ctx, silkd.FsWrite{Path: "/root/kept"}, strings.NewReader(spec)); err != nil {
+				t.Fatal(err)
+			}
+			g.Close()
+			restart := func() {
+				t.Helper()
+				select {
+				case <-n.daemon.exited:
+				case <-time.After(90 * time.Second):
+					t.Fatalf("sandboxd did not crash at %s", spec)
+				}
+				n.daemon = startDaemon(t, n.dir, n.data, n.addr, "-config", filepath.Join(n.dir, "sandboxd.json"))
+			}
+			if strings.HasPrefix(spec, "archive:") {
+				restart()
+			}
+			awaitState(t, ctx, c, cr.ID, "archived")
+			if got := archives(t, adir); len(got) != 1 {
+				t.Fatalf("archives: %v", got)
+			}
+			if strings.HasPrefix(spec, "unarchive:") {
+				if _, err := c.WakeNoWait(ctx, cr.ID); err != nil {
+					t.Fatalf("wake: %v", err)
+				}
+				restart()
+			} else if err := c.Wake(ctx, cr.ID); err != nil {
+				t.Fatalf("wake: %v", err)
+			}
+			awaitState(t, ctx, c, cr.ID, "running")
+			// The wake's fresh lease is as short as the claim's: a longer
+			// one keeps the sandbox running for the checks below.
+			if _, err := c.Renew(ctx, cr.ID, 600); err != nil {
+				t.Fatalf("renew after the wake: %v", err)
+			}
+			g, err = agentConn(ctx, n.addr, cr.ID, cr.Token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b bytes.Buffer
+			if _, err := g.ReadFile(ctx, "/root/kept", &b); err != nil || b.String() != spec {
+				t.Fatalf("file after the wake: %q, %v", b.String(), err)
+			}
+			g.Close()
+			if got := archives(t, adir); len(got) != 0 {
+				t.Fatalf("archive left after the wake: %v", got)
+			}
+			if err := c.Release(ctx, cr.ID); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -85,6 +85,10 @@ func rfc3339(ns int64) string {
 	return time.Unix(0, ns).UTC().Format(time.RFC3339Nano)
 }
 
+// stateArchived is the row state of a hibernated claim whose snapshot is
+// in the archive store.
+const stateArchived = "archived"
+
 // sandboxOf is c's row; archived says its snapshot is in the archive store
 // (fsm.State.Archived).
 func (s *Server) sandboxOf(c *fsm.ClaimRec, archived bool) Sandbox {
@@ -101,7 +105,7 @@ func (s *Server) sandboxOf(c *fsm.ClaimRec, archived bool) Sandbox {
 		sb.Failed = cmp.Or(c.Reason, "failed")
 	}
 	if archived && c.Status == fsm.ClaimHibernated {
-		sb.Archived, sb.Hibernated, sb.State = true, false, "archived"
+		sb.Archived, sb.Hibernated, sb.State = true, false, stateArchived
 	}
 	if c.OnExpireArchive {
 		sb.OnExpire = event.OnExpireArchive
@@ -394,20 +398,23 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 	}
 	want := q.Get("state")
 	if want != "" && !validClaimState(want) {
-		return errorf(http.StatusBadRequest, "unknown state %q: want pending, running, hibernating, hibernated, waking, released, expired or failed", want)
+		return errorf(http.StatusBadRequest, "unknown state %q: want pending, running, hibernating, hibernated, archived, waking, released, expired or failed", want)
 	}
 	out := []Sandbox{}
 	s.eng.View(func(st *fsm.State) {
 		for _, cid := range st.ClaimIDs() {
 			c, _ := st.Claim(cid)
+			// The row's state: an archived claim's is "archived", not
+			// "hibernated", for the filter as in the row.
+			sb := s.sandboxOf(&c, st.Archived(&c))
 			switch {
 			case byTenant && c.Tenant != tenant:
 			case want == "" && !c.Status.Live():
-			case want != "" && c.Status.String() != want:
+			case want != "" && sb.State != want:
 			case ref != "" && c.ClaimRef != ref:
 			case !metadataMatches(c.Metadata, meta):
 			default:
-				out = append(out, s.sandboxOf(&c, st.Archived(&c)))
+				out = append(out, sb)
 			}
 		}
 	})
@@ -451,6 +458,9 @@ func metadataMatches(m, want map[string]string) bool {
 
 // validClaimState reports whether name is a claim status's name.
 func validClaimState(name string) bool {
+	if name == stateArchived {
+		return true
+	}
 	for st := fsm.ClaimPending; st <= fsm.ClaimFailed; st++ {
 		if st.String() == name {
 			return true

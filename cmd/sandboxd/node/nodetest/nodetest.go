@@ -57,6 +57,7 @@ const FakeHypervisor = "in-process-fake"
 // run dir.
 type FakeDriver struct {
 	goldens, clones, hibernates, wakes, destroys atomic.Int64
+	archives, unarchives                         atomic.Int64 // archive.go
 	// FailClones makes every clone fail for good (an unrecoverable error).
 	FailClones atomic.Bool
 	// FailHibernates and FailWakes make every hibernate and wake fail for
