@@ -41,7 +41,7 @@ type transitionOp struct {
 	// done and failed are the events that end it; failedToo, when set, is
 	// another failure (a wake's copy back from the archive).
 	done, failed, failedToo event.Type
-	command      func(m fsm.Meta, claim string) fsm.Command
+	command                 func(m fsm.Meta, claim string) fsm.Command
 }
 
 var (
