@@ -135,7 +135,7 @@ func (d *decider) destroy(vm, reason string) {
 // handlers: a VM whose claim ended is destroyed when it settles).
 func (d *decider) destroySettled(vm, reason string) {
 	v := d.s.vms[vm]
-	if v != nil && (v.Status == VMClaimed || v.Status == VMHibernated || v.Status == VMWarm) {
+	if v != nil && (v.Status == VMClaimed || v.Status == VMHibernated || v.Status == VMWarm || v.Status == VMArchived) {
 		d.destroy(vm, reason)
 	}
 }
@@ -338,6 +338,9 @@ func (c Claim) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
+	if err := validOnExpire(c.OnExpire); err != nil {
+		return err
+	}
 	vols, err := c.claimVolumes(d)
 	if err != nil {
 		return err
@@ -350,6 +353,9 @@ func (c Claim) decide(d *decider) error {
 	ev := event.ClaimCreated{Claim: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
 		TTLSeconds: ttl, DeadlineNS: deadline, ServeByNS: min(deadline, d.m.Now+serve*second), TokenGen: gen,
 		NoEgress: c.NoEgress, Env: env, Volumes: vols}
+	if c.OnExpire == event.OnExpireArchive {
+		ev.OnExpire = c.OnExpire
+	}
 	if len(ev.Metadata) == 0 {
 		ev.Metadata = nil
 	}
@@ -462,6 +468,11 @@ func (cmd Wake) decide(d *decider) error {
 		return nil
 	case ClaimHibernated:
 		v := d.s.vms[c.VM]
+		if v != nil {
+			if handled, err := d.wakeArchive(c, v); handled {
+				return err
+			}
+		}
 		if v == nil || v.Status != VMHibernated {
 			return reject(InvalidTransition, "sandbox %s: its VM is not hibernated", id)
 		}
@@ -494,11 +505,17 @@ func (r Renew) decide(d *decider) error {
 	if !c.Status.Live() {
 		return reject(InvalidTransition, "sandbox %s is %s, cannot renew", r.Claim, c.Status)
 	}
+	if d.s.archivedClaim(c) {
+		return reject(InvalidTransition, "sandbox %s is archived: wake it first", r.Claim)
+	}
+	if err := validOnExpire(r.OnExpire); err != nil {
+		return err
+	}
 	ttl, err := ttlSeconds(r.TTLSeconds)
 	if err != nil {
 		return err
 	}
-	d.emit(event.ClaimRenewed{Claim: r.Claim, TTLSeconds: ttl, DeadlineNS: d.m.Now + ttl*second}, r.Claim)
+	d.emit(event.ClaimRenewed{Claim: r.Claim, TTLSeconds: ttl, DeadlineNS: d.m.Now + ttl*second, OnExpire: r.OnExpire}, r.Claim)
 	return nil
 }
 
@@ -541,6 +558,10 @@ func (Tick) decide(d *decider) error {
 				}
 			}
 		case t.key.kind == tTTL && c.Status.Live() && c.Status != ClaimPending:
+			if d.expireArchives(c) {
+				// Not ended; no idle hibernate or archive of it below.
+				break
+			}
 			d.closeRelays(c.ID, "expired")
 			d.emit(event.ClaimExpired{Claim: c.ID, VM: c.VM}, c.ID)
 			d.destroySettled(c.VM, "expire")
@@ -560,6 +581,10 @@ func (Tick) decide(d *decider) error {
 				if v := s.vms[c.VM]; v != nil && v.Status == VMClaimed {
 					d.emit(event.HibernateRequested{Claim: c.ID, VM: c.VM, Reason: "idle"}, c.ID)
 				}
+			}
+		case tArchive:
+			if c := s.claims[t.key.id]; c != nil && !ended[c.ID] {
+				d.archiveDue(c)
 			}
 		case tGolden:
 			k, err := event.ParsePoolKey(t.key.id)

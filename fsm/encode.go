@@ -30,6 +30,8 @@ const (
 	// goldens, retired snapshot dirs, promoted templates and promotes in
 	// flight.
 	// And volumes: the catalog and the claims' volumes.
+	// And the archive: the pools' archive settings, the archived VMs'
+	// archive names, the claims' on_expire and archive retry.
 	StateFormatV6 = 6
 	// StateFormatCurrent is the newest format this build writes and reads.
 	StateFormatCurrent = StateFormatV6
@@ -67,6 +69,9 @@ var (
 //	     n promotes × (vm, target key, tenant)
 //	     n volumes × (name, path, writable, n tenants × tenant),
 //	     n claims with volumes × (id, n × (name, mount, rw, path, status, live, op, req, req seq))
+//	     n pools with archive settings × (key, archive after, archive delete after (varints)),
+//	     n VMs with an archive × (id, archive),
+//	     n claims with archive fields × (id, on_expire archive, archive retry at (varint))
 //	policy: n rules × (host, n methods × method, n ports × port, secret, intercept), socks5
 //	entry:  name, sealed, size (varint), host only, has inject, [n hosts × host, header, query, body, placeholder]
 //
@@ -202,6 +207,7 @@ func Encode(s *State) []byte {
 	e.checkpoints(s)
 	e.store(s)
 	e.volumes(s)
+	e.archive(s)
 	return e.b
 }
 
@@ -455,6 +461,7 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 		d.checkpoints(s)
 		d.store(s)
 		d.volumes(s)
+		d.archive(s)
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrStateCorrupt, len(d.b))
