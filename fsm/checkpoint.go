@@ -298,26 +298,21 @@ func runsGuest(v *VMRec) bool {
 
 // --- decisions ---------------------------------------------------------------
 
-// captureSource returns claim id's VM if it can be captured now: running
-// with its VM claimed, or hibernated.
+// captureSource returns claim id and its VM if it can be captured now:
+// running or hibernated, settled (settledVM).
 func (d *decider) captureSource(id string) (*ClaimRec, *VMRec, error) {
 	c, err := d.liveClaim(id)
 	if err != nil {
 		return nil, nil, err
 	}
-	v := d.s.vms[c.VM]
-	if c.VolumeOpInFlight() {
-		// The capture would race the disk's hot-plug (volumes.go).
-		return nil, nil, reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", id)
+	if c.Status != ClaimRunning && c.Status != ClaimHibernated {
+		return nil, nil, reject(InvalidTransition, "sandbox %s is %s, cannot checkpoint or fork", id, c.Status)
 	}
-	switch {
-	case c.Status == ClaimRunning && v != nil && v.Status == VMClaimed,
-		c.Status == ClaimHibernated && v != nil && v.Status == VMHibernated:
-		return c, v, nil
-	case c.Status == ClaimRunning || c.Status == ClaimHibernated:
-		return nil, nil, reject(InvalidTransition, "sandbox %s is busy (its VM is %s)", id, v.Status)
+	v, err := d.settled(c)
+	if err != nil {
+		return nil, nil, err
 	}
-	return nil, nil, reject(InvalidTransition, "sandbox %s is %s, cannot checkpoint or fork", id, c.Status)
+	return c, v, nil
 }
 
 // requestCapture emits the CheckpointRequested of c's VM v.
@@ -398,14 +393,8 @@ func (cmd Fork) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
-	if s.draining {
-		return reject(TooMany, DrainingMsg)
-	}
-	if l := s.limits.MaxClaims; l > 0 && s.live+n > l {
-		return reject(TooMany, "max_claims %d reached", l)
-	}
-	if l := s.TenantCap(parent.Tenant); l > 0 && s.tenantLive[parent.Tenant]+n > l {
-		return reject(TooMany, "tenant %q is at its cap of %d claims", parent.Tenant, l)
+	if err := d.admit(parent.Tenant, n); err != nil {
+		return err
 	}
 	if err := d.needInstance(); err != nil {
 		return err
@@ -456,19 +445,11 @@ func (d *decider) taking(id string) (*CheckpointRec, error) {
 	return ck, nil
 }
 
-// settleSource follows a capture's result on its VM: a VM whose claim ended
-// during the capture is destroyed (its release left it to this result).
-func (d *decider) settleSource(ck *CheckpointRec) *ClaimRec {
-	want := ClaimRunning
-	if ck.FromHibernated {
-		want = ClaimHibernated
-	}
-	c := d.s.claims[ck.Claim]
-	if c == nil || c.Status != want || c.VM != ck.VM {
-		d.destroy(ck.VM, "claim_ended")
-		return nil
-	}
-	return c
+// sourceSettled follows a capture's result on its VM (settleFailure): a VM
+// whose claim ended during the capture is destroyed (its release left it
+// to this result); lost, a running one fails its claim.
+func (d *decider) sourceSettled(ck *CheckpointRec, lost bool, msg string) {
+	d.settleFailure(d.s.vms[ck.VM], snapshotSource(ck.FromHibernated), lost && !ck.FromHibernated, "checkpoint_failed", msg)
 }
 
 func (c CheckpointTaken) decide(d *decider) error {
@@ -480,11 +461,11 @@ func (c CheckpointTaken) decide(d *decider) error {
 		return err
 	}
 	d.emit(event.CheckpointTaken{Checkpoint: ck.ID, SnapshotDir: c.SnapshotDir, Report: c.Report}, ck.ID)
-	d.settleSource(ck)
+	d.sourceSettled(ck, false, "")
 	clones := 0
 	for _, id := range ck.Children {
 		if ch := d.s.claims[id]; ch != nil && ch.Status == ClaimPending {
-			d.cloneRequestFrom(ch.VM, ch.Key, ch.ID, ck.ID)
+			d.cloneRequest(ch.VM, ch.Key, ch.ID, false, ck.ID)
 			clones++
 		}
 	}
@@ -501,11 +482,7 @@ func (c CheckpointFailed) decide(d *decider) error {
 		return err
 	}
 	d.emit(event.CheckpointFailed{Checkpoint: ck.ID, Error: errText(c.Error), Lost: c.Lost}, ck.ID)
-	if cl := d.settleSource(ck); cl != nil && c.Lost && !ck.FromHibernated {
-		d.closeRelays(cl.ID, "failed")
-		d.emit(event.ClaimFailed{Claim: cl.ID, VM: ck.VM, Reason: "checkpoint_failed", Error: errText(c.Error)}, cl.ID)
-		d.destroy(ck.VM, "failed")
-	}
+	d.sourceSettled(ck, c.Lost, c.Error)
 	for _, id := range ck.Children {
 		if ch := d.s.claims[id]; ch != nil && ch.Status == ClaimPending {
 			d.emit(event.ClaimFailed{Claim: ch.ID, VM: ch.VM, Reason: "fork_failed", Error: errText(c.Error)}, ch.ID)
@@ -524,12 +501,6 @@ func (c CheckpointRemoved) decide(d *decider) error {
 	}
 	d.emit(event.CheckpointDeleted{Checkpoint: ck.ID, Report: c.Report}, ck.ID)
 	return nil
-}
-
-// cloneRequestFrom requests VM vm for claim, cloned from checkpoint ck.
-func (d *decider) cloneRequestFrom(vm string, k PoolKey, claim, ck string) {
-	d.emit(event.VMCloneRequested{VM: vm, Key: k, Node: d.s.node, Instance: d.s.instance,
-		RunDir: runDir(d.s.instance, vm), Claim: claim, Checkpoint: ck}, vm)
 }
 
 // clonedFrom follows a clone's result (v still cloning in the state): the
@@ -618,13 +589,14 @@ func (a *applier) taking(id string) (*CheckpointRec, *VMRec, error) {
 	return ck, v, nil
 }
 
-// restoreSource puts a captured VM back in the status it had.
-func (s *State) restoreSource(ck *CheckpointRec, v *VMRec) {
-	if ck.FromHibernated {
-		s.setVMStatus(v, VMHibernated)
-	} else {
-		s.setVMStatus(v, VMClaimed)
+// snapshotSource is the status a claim returns to once a snapshot of it (a
+// checkpoint's capture, a promote) settles: running, or hibernated; its VM
+// returns to claimVMStatus of it.
+func snapshotSource(hibernated bool) ClaimStatus {
+	if hibernated {
+		return ClaimHibernated
 	}
+	return ClaimRunning
 }
 
 func (a *applier) checkpointTaken(p event.CheckpointTaken) error {
@@ -635,7 +607,7 @@ func (a *applier) checkpointTaken(p event.CheckpointTaken) error {
 	}
 	ck.Status, ck.Op, ck.SnapshotDir = CheckpointReady, event.ZeroOpID, p.SnapshotDir
 	delete(s.pendingCks, ck.ID)
-	s.restoreSource(ck, v)
+	s.setVMStatus(v, claimVMStatus[snapshotSource(ck.FromHibernated)])
 	s.syncCheckpointTimer(ck)
 	return nil
 }
@@ -646,7 +618,7 @@ func (a *applier) checkpointFailed(p event.CheckpointFailed) error {
 	if err != nil {
 		return err
 	}
-	s.restoreSource(ck, v)
+	s.setVMStatus(v, claimVMStatus[snapshotSource(ck.FromHibernated)])
 	delete(s.pendingCks, ck.ID)
 	delete(s.checkpoints, ck.ID)
 	return nil

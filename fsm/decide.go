@@ -121,9 +121,12 @@ func (d *decider) newVMID() string {
 	}
 }
 
-func (d *decider) cloneRequest(vm string, k PoolKey, claim string, cold bool) {
+// cloneRequest requests VM vm of key k for claim ("" for a refill): cloned
+// from checkpoint ck when set, else from k's golden, or cold-booted when
+// cold.
+func (d *decider) cloneRequest(vm string, k PoolKey, claim string, cold bool, ck string) {
 	d.emit(event.VMCloneRequested{VM: vm, Key: k, Node: d.s.node, Instance: d.s.instance,
-		RunDir: runDir(d.s.instance, vm), Claim: claim, Cold: cold}, vm)
+		RunDir: runDir(d.s.instance, vm), Claim: claim, Cold: cold, Checkpoint: ck}, vm)
 }
 
 func (d *decider) destroy(vm, reason string) {
@@ -283,6 +286,22 @@ func serveSeconds(serve int64) (int64, error) {
 	return serve, nil
 }
 
+// admit refuses n new claims of tenant the node cannot take now: it
+// drains, or they would pass max_claims or the tenant's cap.
+func (d *decider) admit(tenant string, n int) error {
+	s := d.s
+	if s.draining {
+		return reject(TooMany, DrainingMsg)
+	}
+	if l := s.limits.MaxClaims; l > 0 && s.live+n > l {
+		return reject(TooMany, "max_claims %d reached", l)
+	}
+	if l := s.TenantCap(tenant); l > 0 && s.tenantLive[tenant]+n > l {
+		return reject(TooMany, "tenant %q is at its cap of %d claims", tenant, l)
+	}
+	return nil
+}
+
 func (c Claim) decide(d *decider) error {
 	s := d.s
 	if !ValidClaimID(c.ID) {
@@ -325,14 +344,8 @@ func (c Claim) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
-	if s.draining {
-		return reject(TooMany, DrainingMsg)
-	}
-	if l := s.limits.MaxClaims; l > 0 && s.live >= l {
-		return reject(TooMany, "max_claims %d reached", l)
-	}
-	if l := s.TenantCap(c.Tenant); l > 0 && s.tenantLive[c.Tenant] >= l {
-		return reject(TooMany, "tenant %q is at its cap of %d claims", c.Tenant, l)
+	if err := d.admit(c.Tenant, 1); err != nil {
+		return err
 	}
 	env, err := envOf(c.Env)
 	if err != nil {
@@ -388,12 +401,9 @@ func (c Claim) decide(d *decider) error {
 	ev.Tier, ev.VM = tier.String(), d.newVMID()
 	if ck != nil {
 		ev.FromCheckpoint = ck.ID
-		d.emit(ev, c.ID)
-		d.cloneRequestFrom(ev.VM, c.Key, c.ID, ck.ID)
-		return nil
 	}
 	d.emit(ev, c.ID)
-	d.cloneRequest(ev.VM, c.Key, c.ID, tier == TierCold)
+	d.cloneRequest(ev.VM, c.Key, c.ID, tier == TierCold, ev.FromCheckpoint)
 	return nil
 }
 
@@ -419,7 +429,7 @@ func (c Refill) decide(d *decider) error {
 	budget := MaxRefillBatch
 	for _, k := range keys {
 		for range min(refillDeficit(s.pools[k]), budget) {
-			d.cloneRequest(d.newVMID(), k, "", false)
+			d.cloneRequest(d.newVMID(), k, "", false, "")
 			budget--
 		}
 	}
@@ -434,6 +444,35 @@ func (d *decider) liveClaim(id string) (*ClaimRec, error) {
 	return c, nil
 }
 
+// settledVM returns the VM of running or hibernated claim c when no side
+// effect on the claim is in flight: its VM is claimed (running claim) or
+// hibernated (hibernated claim) and no volume attach or detach runs.
+// Everything that starts a side effect on a claim's VM (hibernate, idle or
+// asked; checkpoint and fork; promote; volume changes) asks it, so none
+// overlaps another (a snapshot never races a hot-plug).
+func (s *State) settledVM(c *ClaimRec) (*VMRec, bool) {
+	v := s.vms[c.VM]
+	if c.Status != ClaimRunning && c.Status != ClaimHibernated || v == nil || v.Status != claimVMStatus[c.Status] || c.VolumeOpInFlight() {
+		return nil, false
+	}
+	return v, true
+}
+
+// settled is settledVM for a command: a conflict saying what is in flight.
+// The caller has checked that c is running or hibernated.
+func (d *decider) settled(c *ClaimRec) (*VMRec, error) {
+	if v, ok := d.s.settledVM(c); ok {
+		return v, nil
+	}
+	if c.VolumeOpInFlight() {
+		return nil, reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", c.ID)
+	}
+	if v := d.s.vms[c.VM]; v != nil {
+		return nil, reject(InvalidTransition, "sandbox %s is busy (its VM is %s)", c.ID, v.Status)
+	}
+	return nil, reject(InvalidTransition, "sandbox %s: its VM is gone", c.ID)
+}
+
 func (cmd Hibernate) decide(d *decider) error {
 	id := cmd.Claim
 	c, err := d.liveClaim(id)
@@ -444,11 +483,8 @@ func (cmd Hibernate) decide(d *decider) error {
 	case ClaimHibernating, ClaimHibernated:
 		return nil
 	case ClaimRunning:
-		if v := d.s.vms[c.VM]; v == nil || v.Status != VMClaimed {
-			return reject(InvalidTransition, "sandbox %s: its VM is not running", id)
-		}
-		if c.VolumeOpInFlight() {
-			return reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", id)
+		if _, err := d.settled(c); err != nil {
+			return err
 		}
 		d.closeRelays(id, "hibernate")
 		d.emit(event.HibernateRequested{Claim: id, VM: c.VM, Reason: "user"}, id)
@@ -577,8 +613,8 @@ func (Tick) decide(d *decider) error {
 		switch t.key.kind {
 		case tIdle:
 			c := s.claims[t.key.id]
-			if c != nil && c.Status == ClaimRunning && !ended[c.ID] && !c.VolumeOpInFlight() {
-				if v := s.vms[c.VM]; v != nil && v.Status == VMClaimed {
+			if c != nil && c.Status == ClaimRunning && !ended[c.ID] {
+				if _, ok := s.settledVM(c); ok {
 					d.emit(event.HibernateRequested{Claim: c.ID, VM: c.VM, Reason: "idle"}, c.ID)
 				}
 			}
@@ -781,14 +817,18 @@ func (c WakeFailed) decide(d *decider) error {
 	return nil
 }
 
-// settleFailure follows a failed hibernate or wake: a VM whose claim ended
-// meanwhile is destroyed; a lost VM fails its claim and is destroyed.
+// settleFailure follows the result of a side effect on a claim's VM (a
+// failed hibernate or wake; a checkpoint's capture, a promote, either way)
+// that left its claim in status want: a VM whose claim ended meanwhile is
+// destroyed; a lost VM fails its claim, closing its relays (a running
+// claim's stay open through a capture or promote), and is destroyed.
 func (d *decider) settleFailure(v *VMRec, want ClaimStatus, lost bool, reason, msg string) {
 	cl := d.claimWaiting(v, want)
 	switch {
 	case cl == nil:
 		d.destroy(v.ID, "claim_ended")
 	case lost:
+		d.closeRelays(cl.ID, "failed")
 		d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: reason, Error: errText(msg)}, cl.ID)
 		d.destroy(v.ID, "failed")
 	}

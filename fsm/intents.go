@@ -336,7 +336,7 @@ func (s *State) requested(agg string, op event.OpID) Intent {
 		return s.vmIntent(v)
 	}
 	if ck := s.checkpoints[agg]; ck != nil {
-		if _, pending := s.pendingCks[agg]; !pending || ck.Op != op {
+		if ck.Op != op { // zero unless being taken or deleted
 			return nil
 		}
 		return s.checkpointIntent(ck)

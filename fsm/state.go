@@ -53,13 +53,12 @@ type State struct {
 	relaysOf       map[string][]string     // claim -> its open relay ids, sorted
 	mapped         map[string]int          // store dir -> VMs mapping it
 	collectBy      map[event.OpID][]string // due collections by the op that made them due
-	promoting      map[PoolKey]string      // promote target -> its VM
 	// applyOp and applySeq are the op and sequence of the event Apply is
 	// folding in (transient): a collection made due stamps them.
 	applyOp     event.OpID
 	applySeq    uint64
 	volHolds    map[string]volumeHold // volume -> the claims holding it
-	pendingVols map[string]struct{}   // claim/volume with an attach or detach in flight
+	pendingVols map[string]struct{}   // claims with a volume attach or detach in flight
 }
 
 // New returns an empty state.
@@ -85,7 +84,6 @@ func New() *State {
 		retired:        map[string]*RetiredRec{},
 		mapped:         map[string]int{},
 		collectBy:      map[event.OpID][]string{},
-		promoting:      map[PoolKey]string{},
 		volumes:        map[string]*VolumeSpec{},
 		volHolds:       map[string]volumeHold{},
 		pendingVols:    map[string]struct{}{},

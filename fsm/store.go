@@ -440,9 +440,6 @@ func (s *State) rebuildStore() {
 			s.collectBy[r.DueBy] = append(s.collectBy[r.DueBy], dir)
 		}
 	}
-	for _, p := range s.promotes { //fsm:unordered set only
-		s.promoting[p.Target] = p.VM
-	}
 }
 
 // checkStore verifies the store's records and indexes (Check).
@@ -486,8 +483,12 @@ func (s *State) checkStore(fail func(string, ...any)) {
 	if n != due {
 		fail("collect index has %d entries, %d retired dirs are due", n, due)
 	}
-	if len(s.promoting) != len(s.promotes) {
-		fail("promoting index has %d keys, %d promotes in flight", len(s.promoting), len(s.promotes))
+	targets := map[PoolKey]string{}
+	for id, p := range s.promotes { //fsm:unordered verification only
+		if o, dup := targets[p.Target]; dup {
+			fail("promotes of VMs %s and %s both into %s", o, id, p.Target)
+		}
+		targets[p.Target] = id
 	}
 	for k, t := range s.templates { //fsm:unordered verification only
 		if g := s.goldens[k]; g == nil || t.Key != k {

@@ -234,6 +234,18 @@ func TestStoreOwnership(t *testing.T) {
 				t.Fatalf("claim %+v", cl)
 			}
 		}},
+		{"a sandbox lost in its promote closes its relays as it fails", func(t *testing.T, h *harness) {
+			h.setup(1)
+			c := h.claimWarm(1, kA)
+			h.openRelay(1, c.ID)
+			h.do(Promote{Meta: h.meta(), Claim: c.ID, Template: "t1"}, event.TypePromoteRequested)
+			in := h.intentFor(c.VM, kA)
+			evs := h.do(in.Failed(h.res(in), "VMM died", true),
+				event.TypePromoteFailed, event.TypeRelayClosed, event.TypeClaimFailed, event.TypeVMDestroyRequested)
+			if r := relayReasons(t, evs); !slices.Equal(r, []string{"failed"}) {
+				t.Fatalf("relays closed with %v", r)
+			}
+		}},
 		{"promote refusals", func(t *testing.T, h *harness) {
 			h.setup(1)
 			c := h.claimWarm(1, kA)

@@ -146,34 +146,34 @@ func (c Promote) decide(d *decider) error {
 	if t := s.templates[key]; t != nil && !ownsTemplate(c.Tenant, t) {
 		return reject(InvalidTransition, "template %s is owned by another tenant", key)
 	}
-	if vm, busy := s.promoting[key]; busy {
+	if vm, busy := s.promoteInto(key); busy {
 		return reject(InvalidTransition, "template %s: a promote into it is in flight (VM %s)", key, vm)
 	}
-	if cl.VolumeOpInFlight() {
-		return reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", cl.ID)
-	}
-	v := s.vms[cl.VM]
-	switch {
-	case cl.Status == ClaimRunning && v != nil && v.Status == VMClaimed:
-	case cl.Status == ClaimHibernated && v != nil && v.Status == VMHibernated:
-	default:
+	if cl.Status != ClaimRunning && cl.Status != ClaimHibernated {
 		return reject(InvalidTransition, "sandbox %s is %s, cannot promote now", c.Claim, cl.Status)
+	}
+	v, err := d.settled(cl)
+	if err != nil {
+		return err
 	}
 	d.emit(event.PromoteRequested{Claim: cl.ID, VM: v.ID, Key: key, Tenant: c.Tenant}, cl.ID)
 	return nil
 }
 
+// promoteInto returns the VM of the promote in flight into k, if any. It
+// scans the promotes in flight (a handful: each holds a VM in a snapshot)
+// rather than keep a second index of them by target.
+func (s *State) promoteInto(k PoolKey) (string, bool) {
+	for vm, p := range s.promotes { //fsm:unordered at most one matches
+		if p.Target == k {
+			return vm, true
+		}
+	}
+	return "", false
+}
+
 // ownsTemplate: root owns every template, a tenant its own.
 func ownsTemplate(tenant string, t *TemplateRec) bool { return tenant == "" || tenant == t.Tenant }
-
-// promoteSource is the status the VM of promote p returns to when it
-// settles.
-func promoteSource(p *PromoteRec) VMStatus {
-	if p.Hibernated {
-		return VMHibernated
-	}
-	return VMClaimed
-}
 
 func (c PromoteDone) decide(d *decider) error {
 	v, err := d.inFlight(c.VM, VMPromoting)
@@ -188,7 +188,7 @@ func (c PromoteDone) decide(d *decider) error {
 	}
 	p := d.s.promotes[v.ID]
 	d.emit(event.Promoted{Claim: v.Claim, VM: v.ID, Key: p.Target, SnapshotDir: c.SnapshotDir, Digest: c.Digest, Report: c.Report}, v.Claim)
-	d.afterPromote(v, p, false, "")
+	d.settleFailure(v, snapshotSource(p.Hibernated), false, "", "")
 	return nil
 }
 
@@ -198,25 +198,8 @@ func (c PromoteFailed) decide(d *decider) error {
 		return err
 	}
 	d.emit(event.PromoteFailed{Claim: v.Claim, VM: v.ID, Error: errText(c.Error), Lost: c.Lost}, v.Claim)
-	d.afterPromote(v, d.s.promotes[v.ID], c.Lost, c.Error)
+	d.settleFailure(v, snapshotSource(d.s.promotes[v.ID].Hibernated), c.Lost, "promote_failed", c.Error)
 	return nil
-}
-
-// afterPromote follows a settled promote: a VM whose claim ended meanwhile
-// is destroyed; a lost VM fails its claim and is destroyed.
-func (d *decider) afterPromote(v *VMRec, p *PromoteRec, lost bool, msg string) {
-	want := ClaimRunning
-	if p.Hibernated {
-		want = ClaimHibernated
-	}
-	cl := d.claimWaiting(v, want)
-	switch {
-	case cl == nil:
-		d.destroy(v.ID, "claim_ended")
-	case lost:
-		d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: "promote_failed", Error: errText(msg)}, cl.ID)
-		d.destroy(v.ID, "failed")
-	}
 }
 
 // template returns the promoted template of k as caller tenant may change
@@ -235,7 +218,7 @@ func (d *decider) template(k PoolKey, tenant, digest string) (*TemplateRec, erro
 	if t == nil || !ownsTemplate(tenant, t) {
 		return nil, reject(NotFound, "no template %s", k)
 	}
-	if _, busy := s.promoting[k]; busy {
+	if _, busy := s.promoteInto(k); busy {
 		return nil, reject(InvalidTransition, "template %s: a promote into it is in flight", k)
 	}
 	if digest != "" && digest != t.Digest {
@@ -308,13 +291,12 @@ func (a *applier) promoteRequested(p event.PromoteRequested) error {
 	if v.ID != p.VM {
 		return inconsistent("promote of claim %s names VM %s, not its %s", p.Claim, p.VM, v.ID)
 	}
-	if _, busy := s.promoting[p.Key]; busy {
+	if _, busy := s.promoteInto(p.Key); busy {
 		return inconsistent("promote into %s already in flight", p.Key)
 	}
 	s.promotes[v.ID] = &PromoteRec{VM: v.ID, Target: p.Key, Tenant: p.Tenant, Hibernated: v.Status == VMHibernated}
 	v.Op, v.ReqSeq = a.intentOp(), a.seq
 	s.setVMStatus(v, VMPromoting)
-	s.promoting[p.Key] = v.ID
 	return nil
 }
 
@@ -330,9 +312,8 @@ func (a *applier) settlePromote(vm string) (*VMRec, *PromoteRec, error) {
 		return nil, nil, inconsistent("VM %s promoting without a record", vm)
 	}
 	delete(s.promotes, vm)
-	delete(s.promoting, pr.Target)
 	v.Op = event.ZeroOpID
-	s.setVMStatus(v, promoteSource(pr))
+	s.setVMStatus(v, claimVMStatus[snapshotSource(pr.Hibernated)])
 	return v, pr, nil
 }
 

@@ -406,8 +406,7 @@ func (c Claim) claimVolumes(d *decider) ([]event.ClaimVolume, error) {
 	return d.grantVolumes(reqs, c.Tenant)
 }
 
-// runningForVolumes returns claim id if it runs on a claimed VM with no
-// volume operation in flight.
+// runningForVolumes returns claim id if it runs, settled (settledVM).
 func (d *decider) runningForVolumes(id string) (*ClaimRec, error) {
 	c, err := d.liveClaim(id)
 	if err != nil {
@@ -416,11 +415,11 @@ func (d *decider) runningForVolumes(id string) (*ClaimRec, error) {
 	if !c.Status.Live() {
 		return nil, reject(NotFound, "no sandbox %s", id)
 	}
-	if v := d.s.vms[c.VM]; c.Status != ClaimRunning || v == nil || v.Status != VMClaimed {
+	if c.Status != ClaimRunning {
 		return nil, reject(InvalidTransition, "sandbox %s is %s: volumes change only while it runs", id, c.Status)
 	}
-	if c.VolumeOpInFlight() {
-		return nil, reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", id)
+	if _, err := d.settled(c); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -674,12 +673,13 @@ func (a *applier) volumeSettled(claim, name string, from VolumeStatus, keep bool
 
 // --- indexes -----------------------------------------------------------------
 
-func volumeKey(claim, name string) string { return claim + "/" + name }
-
 // setClaimVolumes replaces c's volumes with vs (a new slice: records
 // handed out by Claim share the old one), keeping the holds and the
 // pending-intent index in step.
 func (s *State) setClaimVolumes(c *ClaimRec, vs []ClaimVolume) {
+	if len(c.Volumes) == 0 && len(vs) == 0 {
+		return // most claims: made and purged without volumes, nothing to index
+	}
 	s.indexVolumes(c, -1)
 	if len(vs) == 0 {
 		vs = nil
@@ -708,12 +708,11 @@ func (s *State) indexVolumes(c *ClaimRec, d int) {
 		} else {
 			s.volHolds[v.Name] = h
 		}
-		k := volumeKey(c.ID, v.Name)
-		if d > 0 && v.pending() {
-			s.pendingVols[k] = struct{}{}
-		} else {
-			delete(s.pendingVols, k)
-		}
+	}
+	if d > 0 && c.VolumeOpInFlight() {
+		s.pendingVols[c.ID] = struct{}{}
+	} else {
+		delete(s.pendingVols, c.ID)
 	}
 }
 
@@ -759,15 +758,14 @@ func (s *State) volumeIntent(c *ClaimRec, v *ClaimVolume) Intent {
 
 // pendingVolumeIntents lists every volume intent (Intents).
 func (s *State) pendingVolumeIntents() []Intent {
-	out := make([]Intent, 0, len(s.pendingVols))
-	for k := range s.pendingVols { //fsm:unordered Intents sorts
-		claim, name, _ := strings.Cut(k, "/")
-		c := s.claims[claim]
+	var out []Intent
+	for id := range s.pendingVols { //fsm:unordered Intents sorts
+		c := s.claims[id]
 		if c == nil {
 			continue
 		}
 		for i := range c.Volumes {
-			if c.Volumes[i].Name == name {
+			if c.Volumes[i].pending() {
 				out = append(out, s.volumeIntent(c, &c.Volumes[i]))
 			}
 		}
@@ -942,7 +940,7 @@ func (s *State) checkVolumes(fail func(string, ...any)) {
 			}
 			holds[v.Name] = h
 			if v.pending() {
-				pending[volumeKey(id, v.Name)] = true
+				pending[id] = true
 			}
 			if v.Status == VolumeWaiting && c.Status != ClaimPending && c.Status.Live() {
 				fail("claim %s (%s): volume %s still waiting", id, c.Status, v.Name)
@@ -960,9 +958,9 @@ func (s *State) checkVolumes(fail func(string, ...any)) {
 	if len(pending) != len(s.pendingVols) {
 		fail("pending volume index: %d, want %d", len(s.pendingVols), len(pending))
 	}
-	for _, k := range sortedKeys(pending) {
-		if _, ok := s.pendingVols[k]; !ok {
-			fail("volume op %s not in the pending index", k)
+	for _, id := range sortedKeys(pending) {
+		if _, ok := s.pendingVols[id]; !ok {
+			fail("claim %s: volume op not in the pending index", id)
 		}
 	}
 }

@@ -26,26 +26,10 @@ import (
 // the files.
 func TestCheckpointQEMU(t *testing.T) {
 	g := guesttest.RequireDebian(t)
-	dir, err := os.MkdirTemp("", "ckq") // short: socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	data := filepath.Join(dir, "data")
-	addr := freeAddr(t)
-	cfg := filepath.Join(dir, "sandboxd.json")
-	writeJSON(t, cfg, map[string]any{
-		"listen": addr, "data_dir": data, "node_id": "e2e", "api_token": dpRoot, "hypervisor": "qemu",
-		"qemu": map[string]any{"accel": "tcg", "templates": map[string]any{
-			"default": map[string]any{"kernel": g.Kernel, "initrd": g.Initrd, "disk": g.Disk},
-		}},
-		"pools": []any{map[string]any{"template": "default", "warm": 1}}, "nats": map[string]any{"disabled": true},
-	})
-	t.Cleanup(func() { killQEMUs(t, dir) }) // after sandboxd's stop
-	startDaemon(t, dir, data, addr, "-config", cfg)
+	n := startQEMUNode(t, shortTempDir(t, "ckq"), g, nil)
+	addr, data, root := n.addr, n.data, n.root
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	root, _ := apiclient.New(addr, dpRoot, nil)
 	// Claimed once the pool is warm: claims before would each cold-boot a
 	// guest, which a loaded host's TCG may not finish in time.
 	for deadline := time.Now().Add(20 * time.Minute); ; {

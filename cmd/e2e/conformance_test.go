@@ -181,7 +181,7 @@ const (
 	errUnknownTenant    = "unknown tenant"
 	errUnknownTemplate  = "unknown template"
 	errNotOwnedHere     = "not owned here"
-	errDraining         = "node claim quota reached: node draining"
+	errDraining         = "node claim quota reached: node draining*"
 	errBadBody          = "invalid request body" // a prefix: the decoder's reason may follow
 )
 

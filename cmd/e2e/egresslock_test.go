@@ -138,7 +138,7 @@ func (n *egressNode) taps(t *testing.T) []string {
 	t.Helper()
 	var out []string
 	n.lane.Host.MustDo(t, func() error {
-		ls, err := netlink.LinkList()
+		ls, err := nft.Dumped(netlink.LinkList)
 		if err != nil {
 			return err
 		}

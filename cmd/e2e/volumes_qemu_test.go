@@ -52,48 +52,20 @@ const serials = `for f in /sys/block/*/serial; do cat "$f"; echo; done | sort | 
 // a hibernate and the wake an exec causes keep the volumes mounted.
 func TestVolumesQEMU(t *testing.T) {
 	g := guesttest.Require(t)
-	dir, err := os.MkdirTemp("", "volq") // short: socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := shortTempDir(t, "volq")
 	dataset := ext4Image(t, dir, "dataset", map[string]string{"hello.txt": "hello from the dataset\n"})
 	extra := ext4Image(t, dir, "extra", map[string]string{"second.txt": "a second volume\n"})
 	scratch := ext4Image(t, dir, "scratch", nil)
-	data := filepath.Join(dir, "data")
-	addr := freeAddr(t)
-	cfg := filepath.Join(dir, "sandboxd.json")
-	writeJSON(t, cfg, map[string]any{
-		"listen": addr, "data_dir": data, "node_id": "e2e", "api_token": dpRoot, "hypervisor": "qemu",
-		"qemu":  map[string]any{"accel": "tcg", "kernel": g.Kernel, "initrd": g.Initrd},
-		"pools": []any{map[string]any{"template": "default", "warm": 1}}, "nats": map[string]any{"disabled": true},
-		"volumes": []any{
-			map[string]any{"name": "dataset", "path": dataset},
-			map[string]any{"name": "extra", "path": extra},
-			map[string]any{"name": "scratch", "path": scratch, "writable": true},
-		},
-	})
-	t.Cleanup(func() { killQEMUs(t, dir) }) // after sandboxd's stop
-	startDaemon(t, dir, data, addr, "-config", cfg)
+	n := startQEMUNode(t, dir, g, map[string]any{"volumes": []any{
+		map[string]any{"name": "dataset", "path": dataset},
+		map[string]any{"name": "extra", "path": extra},
+		map[string]any{"name": "scratch", "path": scratch, "writable": true},
+	}})
+	root := n.root
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	root, _ := apiclient.New(addr, dpRoot, nil)
 	req := api.ClaimRequest{Template: "default", Volumes: []api.VolumeJSON{{Name: "dataset"}, {Name: "scratch", Mode: "rw", Mount: "/data"}}}
-	var cl *api.ClaimResponse
-	for deadline := time.Now().Add(5 * time.Minute); ; {
-		start := time.Now()
-		cl, err = root.Claim(ctx, req)
-		if err == nil {
-			t.Logf("claim with two volumes (tier %s): %v", cl.Tier, time.Since(start))
-		}
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Second) // the golden is still being built
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := n.claim(t, ctx, req)
 	if len(cl.Volumes) != 2 || cl.Volumes[0].Mount != "/volumes/dataset" || cl.Volumes[1].Mode != "rw" {
 		t.Fatalf("claim volumes %+v", cl.Volumes)
 	}
@@ -120,7 +92,7 @@ func TestVolumesQEMU(t *testing.T) {
 	}
 
 	// The read-write volume is this sandbox's: a second claim is 409.
-	_, err = root.Claim(ctx, api.ClaimRequest{Template: "default", Volumes: []api.VolumeJSON{{Name: "scratch"}}})
+	_, err := root.Claim(ctx, api.ClaimRequest{Template: "default", Volumes: []api.VolumeJSON{{Name: "scratch"}}})
 	var ae *apiclient.Error
 	if !errors.As(err, &ae) || ae.Status != http.StatusConflict || !strings.Contains(ae.Message, "volume busy") {
 		t.Fatalf("second claim of the read-write volume: %v", err)

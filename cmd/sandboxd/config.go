@@ -9,6 +9,8 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
@@ -55,12 +57,11 @@ type Config struct {
 	// nodeIDFrom is the host name NodeID was derived from ("" when it was
 	// configured), for the start-up log.
 	nodeIDFrom string
-	// APIToken is the root token. Empty disables root access, unless
-	// APITokenFile is set.
+	// APIToken is the root token. Empty: APITokenFile's.
 	APIToken string `json:"api_token,omitempty"`
 	// APITokenFile, used when APIToken is empty, holds the root token (its
 	// first line); sandboxd creates it with a random token if it does not
-	// exist. Started without -config and without a token, sandboxd uses
+	// exist. With neither set (config file or not) sandboxd uses
 	// <data_dir>/api.token, which is how `make run` gets a root token.
 	APITokenFile string `json:"api_token_file,omitempty"`
 	// Tenants seed the tenant set: {name, token_sha256 (hex SHA-256 of the
@@ -275,6 +276,44 @@ func (c *Config) restartPolicy() fsm.RestartPolicy {
 	return fsm.RestartPolicy{Max: c.VMRestart.Max, WindowNS: c.VMRestart.WindowSeconds * int64(time.Second)}
 }
 
+// finishPools gives each pool without net or size the defaults claims and
+// PUT /v1/pools use (net none, size small; the start-up log names every
+// pool's whole key) and checks the set as the log will: a pool set the log
+// would refuse is refused here, before anything is written, so a first
+// start that fails on it leaves nothing that changes the next one.
+func (c *Config) finishPools() error {
+	for i := range c.Pools {
+		p := &c.Pools[i]
+		if p.Net == "" {
+			p.Net = defaultPoolNet
+		}
+		if p.Size == "" {
+			p.Size = defaultPoolSize
+		}
+	}
+	if err := fsm.ValidatePools(c.poolSpecs()); err != nil {
+		return fmt.Errorf("pools: %w", err)
+	}
+	return nil
+}
+
+// poolSpecs are the config's pools as the log records them (their egress
+// policies go separately, with the node's egress config).
+func (c *Config) poolSpecs() []fsm.PoolSpec {
+	specs := make([]fsm.PoolSpec, len(c.Pools))
+	for i, p := range c.Pools {
+		specs[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds,
+			ArchiveAfterSeconds: p.ArchiveAfterSeconds, ArchiveDeleteAfterSeconds: p.ArchiveDeleteAfterSeconds}
+	}
+	return specs
+}
+
+// The pool fields' defaults, as a claim's and PUT /v1/pools'.
+const (
+	defaultPoolNet  = "none"
+	defaultPoolSize = "small"
+)
+
 // PoolConfig is one pool as written in config and in PUT /v1/pools.
 // Egress is the pool's egress policy (applied with the pool on a first
 // start; PUT /v1/pools changes it afterwards).
@@ -421,8 +460,15 @@ func loadConfig(path string) (Config, error) {
 // finish fills derived defaults and validates.
 func (c *Config) finish() error {
 	var errs []error
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+	if _, port, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("listen %q: %v", c.Listen, err))
+	} else if n, err := strconv.ParseUint(port, 10, 16); err != nil && port != "" {
+		errs = append(errs, fmt.Errorf("listen %q: port %q: want 0-65535", c.Listen, port))
+	} else if n == 0 && port != "0" {
+		errs = append(errs, fmt.Errorf("listen %q: no port", c.Listen))
+	}
+	if err := c.finishPools(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.OwnerAddr == "" {
 		c.OwnerAddr = c.Listen
@@ -486,6 +532,9 @@ func (c *Config) finish() error {
 		if err := c.Tenants[i].Normalize(); err != nil {
 			errs = append(errs, fmt.Errorf("tenants[%d]: %w", i, err))
 		}
+	}
+	if c.LogLevel != "" && !slices.Contains(logLevels, c.LogLevel) {
+		errs = append(errs, fmt.Errorf("log_level %q: want %s", c.LogLevel, strings.Join(logLevels, ", ")))
 	}
 	if c.MaxClaims < 0 {
 		errs = append(errs, fmt.Errorf("max_claims %d is negative", c.MaxClaims))

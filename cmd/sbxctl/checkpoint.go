@@ -4,18 +4,20 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"text/tabwriter"
+	"io"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
 
 func init() {
-	register("checkpoint", command{summary: "checkpoint a sandbox (memory and disk; it runs on) (--name)", run: remoteCommand(remoteSpec{name: "checkpoint", args: []string{"ID"}, flags: checkpointFlags})})
-	register("checkpoints", command{summary: "list checkpoints, newest first", run: remoteCommand(remoteSpec{name: "checkpoints", flags: checkpointsFlags})})
-	register("checkpoints rm", command{summary: "delete a checkpoint", run: remoteCommand(remoteSpec{name: "checkpoints rm", args: []string{"CHECKPOINT"}, flags: checkpointRmFlags})})
-	register("checkpoints claim", command{summary: "claim a sandbox cloned from a checkpoint (--ttl)", run: remoteCommand(remoteSpec{name: "checkpoints claim", args: []string{"CHECKPOINT"}, flags: checkpointClaimFlags})})
-	register("fork", command{summary: "fork a sandbox into --count children, all or none (--ttl, --ref-prefix)", run: remoteCommand(remoteSpec{name: "fork", args: []string{"ID"}, flags: forkFlags})})
+	register("checkpoint", command{summary: "checkpoint a sandbox (memory and disk; it runs on) (--name)", examples: `sbxctl checkpoint sb_0123456789abcdef --name v1      # memory and disk; the sandbox runs on
+sbxctl checkpoint sb_0123456789abcdef --json | jq -r .checkpoint.id`, run: remoteCommand(remoteSpec{name: "checkpoint", args: []string{"ID"}, flags: checkpointFlags})})
+	register("checkpoints", command{summary: "list checkpoints, newest first", examples: `sbxctl checkpoints                              # yours (root: every tenant's), newest first`, run: remoteCommand(remoteSpec{name: "checkpoints", flags: checkpointsFlags})})
+	register("checkpoints rm", command{summary: "delete a checkpoint", examples: `sbxctl checkpoints rm ck_0123456789abcdef`, run: remoteCommand(remoteSpec{name: "checkpoints rm", args: []string{"CHECKPOINT"}, flags: checkpointRmFlags})})
+	register("checkpoints claim", command{summary: "claim a sandbox cloned from a checkpoint (--ttl)", examples: `sbxctl checkpoints claim ck_0123456789abcdef --ttl 1h   # a new sandbox from its memory and disk`, run: remoteCommand(remoteSpec{name: "checkpoints claim", args: []string{"CHECKPOINT"}, flags: checkpointClaimFlags})})
+	register("fork", command{summary: "fork a sandbox into --count children, all or none (--ttl, --ref-prefix)", examples: `sbxctl fork sb_0123456789abcdef --count 3        # three children, all or none
+sbxctl fork sb_0123456789abcdef --count 2 --ttl 30m --ref-prefix job-7/`, run: remoteCommand(remoteSpec{name: "fork", args: []string{"ID"}, flags: forkFlags})})
 }
 
 func checkpointFlags(fs *flag.FlagSet) remoteBody {
@@ -39,16 +41,12 @@ func checkpointsFlags(*flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, api.CheckpointList{Checkpoints: list})
-		}
-		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tSANDBOX\tPOOL\tTENANT\tCREATED\tEXPIRES")
-		for _, ck := range list {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ck.ID, orDash(ck.Name), ck.SandboxID, ck.Key, orDash(ck.Tenant),
-				shortTime(ck.CreatedAt), orDash(shortTime(ck.ExpiresAt)))
-		}
-		return tw.Flush()
+		return printTable(cl, api.CheckpointList{Checkpoints: list}, "ID\tNAME\tSANDBOX\tPOOL\tTENANT\tCREATED\tEXPIRES", func(tw io.Writer) {
+			for _, ck := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ck.ID, orDash(ck.Name), ck.SandboxID, ck.Key, orDash(ck.Tenant),
+					shortTime(ck.CreatedAt), orDash(shortTime(ck.ExpiresAt)))
+			}
+		})
 	}
 }
 
@@ -73,7 +71,7 @@ func checkpointClaimFlags(fs *flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		return printClaims(cl, []api.ClaimResponse{*res})
+		return printClaims(cl, res, []api.ClaimResponse{*res})
 	}
 }
 
@@ -87,23 +85,16 @@ func forkFlags(fs *flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, api.ForkResponse{Children: kids})
-		}
-		return printClaims(cl, kids)
+		return printClaims(cl, api.ForkResponse{Children: kids}, kids)
 	}
 }
 
-// printClaims prints claim answers, one line each (JSON: the first alone,
-// as claim's, or all under "children").
-func printClaims(cl *call, res []api.ClaimResponse) error {
-	if cl.json {
-		return printJSON(cl.stdout, res[0])
-	}
-	tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tTOKEN\tPOOL\tVM\tDEADLINE")
-	for _, r := range res {
-		fmt.Fprintf(tw, "%s\t%s\t%s/%s/%s\t%s\t%s\n", r.ID, r.Token, r.Template, r.Net, r.Size, r.VM, shortTime(r.Deadline))
-	}
-	return tw.Flush()
+// printClaims prints claim answers, one line each (JSON: v, the answer as
+// the node gave it).
+func printClaims(cl *call, v any, res []api.ClaimResponse) error {
+	return printTable(cl, v, "ID\tTOKEN\tPOOL\tVM\tDEADLINE", func(tw io.Writer) {
+		for _, r := range res {
+			fmt.Fprintf(tw, "%s\t%s\t%s/%s/%s\t%s\t%s\n", r.ID, r.Token, r.Template, r.Net, r.Size, r.VM, shortTime(r.Deadline))
+		}
+	})
 }

@@ -99,7 +99,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"claim", "--template", "x", "extra"}, "want 0 argument(s)"},
 		{[]string{"claim", "--template", "x", "--meta", "novalue"}, "want key=value"},
 		{[]string{"claim", "--template", "x", "--ttl", "1.5s"}, "whole seconds"},
-		{[]string{"release"}, "want 1 argument(s) ID"},
+		{[]string{"release"}, "want at least one ID, or --all"},
 		{[]string{"renew", "sb_0000000000000000"}, "--ttl is required"},
 		{[]string{"pools", "set"}, "give --file or --template"},
 		{[]string{"pools", "set", "--template", "x"}, "--warm is required"},

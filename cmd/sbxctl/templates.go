@@ -4,10 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"maps"
-	"slices"
-	"strings"
-	"text/tabwriter"
+	"io"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -17,13 +14,17 @@ import (
 // templates listed (from /v1/info), deleted and labelled.
 
 func init() {
-	register("promote", command{summary: "make a sandbox a template (--template NAME; --sandbox-token, or root acts by id)", run: remoteCommand(remoteSpec{name: "promote", args: []string{"ID"}, flags: promoteFlags})})
-	ls := command{summary: "list the promoted templates", run: remoteCommand(remoteSpec{name: "templates ls", flags: templatesLsFlags})}
+	register("promote", command{summary: "make a sandbox a template (--template NAME; --sandbox-token, or root acts by id)", examples: `sbxctl promote sb_0123456789abcdef --template py-warm   # claim it later with --template py-warm
+sbxctl promote sb_0123456789abcdef --template py-warm --sandbox-token "$SB_TOKEN"   # a tenant's proof`, run: remoteCommand(remoteSpec{name: "promote", args: []string{"ID"}, flags: promoteFlags})})
+	ls := command{summary: "list the promoted templates", examples: `sbxctl templates ls                             # the promoted templates you may see
+sbxctl templates ls --json`, run: remoteCommand(remoteSpec{name: "templates ls", flags: templatesLsFlags})}
 	register("templates", ls)
 	register("templates ls", ls)
-	register("templates rm", command{summary: "delete a promoted template (--template; --net, --size, --digest)", run: remoteCommand(remoteSpec{name: "templates rm", flags: templatesRmFlags})})
-	register("templates labels", command{summary: "replace a template's labels (--template, --label k=v repeatable; none clears)", run: remoteCommand(remoteSpec{name: "templates labels", flags: templatesLabelsFlags})})
-	register("store", command{summary: "list the snapshot dirs the state references, with their owners (root)", run: remoteCommand(remoteSpec{name: "store", flags: storeFlags})})
+	register("templates rm", command{summary: "delete a promoted template (--template; --net, --size, --digest)", examples: `sbxctl templates rm --template py-warm
+sbxctl templates rm --template py-warm --net egress --size large --digest sha256:...`, run: remoteCommand(remoteSpec{name: "templates rm", flags: templatesRmFlags})})
+	register("templates labels", command{summary: "replace a template's labels (--template, --label k=v repeatable; none clears)", examples: `sbxctl templates labels --template py-warm --label team=a --label tier=gold
+sbxctl templates labels --template py-warm      # no --label: clears them`, run: remoteCommand(remoteSpec{name: "templates labels", flags: templatesLabelsFlags})})
+	register("store", command{summary: "list the snapshot dirs the state references, with their owners (root)", examples: `sbxctl store                                    # every snapshot dir and its owner (root)`, run: remoteCommand(remoteSpec{name: "store", flags: storeFlags})})
 }
 
 func promoteFlags(fs *flag.FlagSet) remoteBody {
@@ -66,23 +67,11 @@ func templatesLsFlags(*flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, map[string]any{"templates": in.Templates})
-		}
-		w := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "KEY\tTENANT\tDIGEST\tCREATED\tLABELS")
-		for _, t := range in.Templates {
-			var labels []string
-			for _, k := range slices.Sorted(maps.Keys(t.Labels)) {
-				labels = append(labels, k+"="+t.Labels[k])
+		return printTable(cl, map[string]any{"templates": in.Templates}, "KEY\tTENANT\tDIGEST\tCREATED\tLABELS", func(tw io.Writer) {
+			for _, t := range in.Templates {
+				fmt.Fprintf(tw, "%s/%s/%s\t%s\t%s\t%s\t%s\n", t.Key.Template, t.Key.Net, t.Key.Size, orDash(t.Tenant), t.ContentDigest, t.CreatedAt, metaString(t.Labels))
 			}
-			tenant := t.Tenant
-			if tenant == "" {
-				tenant = "-"
-			}
-			fmt.Fprintf(w, "%s/%s/%s\t%s\t%s\t%s\t%s\n", t.Key.Template, t.Key.Net, t.Key.Size, tenant, t.ContentDigest, t.CreatedAt, strings.Join(labels, ","))
-		}
-		return w.Flush()
+		})
 	}
 }
 
@@ -126,14 +115,10 @@ func storeFlags(*flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, st)
-		}
-		w := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "DIR\tKIND\tOWNER\tMAPPERS")
-		for _, s := range st.Snapshots {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", s.Dir, s.Kind, s.Owner, s.Mappers)
-		}
-		return w.Flush()
+		return printTable(cl, st, "DIR\tKIND\tOWNER\tMAPPERS", func(tw io.Writer) {
+			for _, s := range st.Snapshots {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", s.Dir, s.Kind, s.Owner, s.Mappers)
+			}
+		})
 	}
 }

@@ -4,8 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -16,9 +16,10 @@ import (
 // /v1/sandboxes/{id}/volumes/attach|detach).
 
 func init() {
-	register("volumes list", command{summary: "list the volume catalog entries the token may use", run: remoteCommand(remoteSpec{name: "volumes list", flags: volumesListFlags})})
-	register("volumes attach", command{summary: "attach read-only volumes to a running sandbox: ID NAME[:MOUNT]...", run: remoteCommand(remoteSpec{name: "volumes attach", args: []string{"ID", "NAME[:MOUNT]"}, rest: "NAME[:MOUNT]...", flags: volumesAttachFlags})})
-	register("volumes detach", command{summary: "unmount and detach a sandbox's read-only volumes: ID NAME...", run: remoteCommand(remoteSpec{name: "volumes detach", args: []string{"ID", "NAME"}, rest: "NAME...", flags: volumesDetachFlags})})
+	register("volumes list", command{summary: "list the volume catalog entries the token may use", examples: `sbxctl volumes list                             # the catalog volumes your token may use`, run: remoteCommand(remoteSpec{name: "volumes list", flags: volumesListFlags})})
+	register("volumes attach", command{summary: "attach read-only volumes to a running sandbox: ID NAME[:MOUNT]...", examples: `sbxctl volumes attach sb_0123456789abcdef weights:/models   # mounted read-only at /models
+sbxctl volumes attach sb_0123456789abcdef data  # at /volumes/data`, run: remoteCommand(remoteSpec{name: "volumes attach", args: []string{"ID", "NAME[:MOUNT]"}, rest: "NAME[:MOUNT]...", flags: volumesAttachFlags})})
+	register("volumes detach", command{summary: "unmount and detach a sandbox's read-only volumes: ID NAME...", examples: `sbxctl volumes detach sb_0123456789abcdef weights`, run: remoteCommand(remoteSpec{name: "volumes detach", args: []string{"ID", "NAME"}, rest: "NAME...", flags: volumesDetachFlags})})
 }
 
 func volumesListFlags(*flag.FlagSet) remoteBody {
@@ -27,15 +28,11 @@ func volumesListFlags(*flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, map[string][]api.VolumeInfo{"volumes": vs})
-		}
-		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tDEFAULT MOUNT\tSIZE\tAVAILABLE\tWRITABLE")
-		for _, v := range vs {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%v\n", v.Name, v.DefaultMount, v.SizeBytes, v.Available, v.Writable)
-		}
-		return tw.Flush()
+		return printTable(cl, map[string][]api.VolumeInfo{"volumes": vs}, "NAME\tDEFAULT MOUNT\tSIZE\tAVAILABLE\tWRITABLE", func(tw io.Writer) {
+			for _, v := range vs {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%v\n", v.Name, v.DefaultMount, v.SizeBytes, v.Available, v.Writable)
+			}
+		})
 	}
 }
 

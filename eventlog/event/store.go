@@ -2,22 +2,8 @@ package event
 
 // The snapshot store's events: promoted templates (a sandbox's snapshot
 // made the golden of a new pool key), their labels and deletion, and the
-// collection of snapshot dirs nothing references any more. Their types
-// and aggregate kind are registered here rather than in types.go so that
-// the store's part of the registry reads in one place; the numbers are as
-// append-only as every other.
-const (
-	TypePromoteRequested  Type = 47
-	TypePromoted          Type = 48
-	TypePromoteFailed     Type = 49
-	TypeTemplateDeleted   Type = 50
-	TypeTemplateLabelsSet Type = 51
-	TypeSnapshotCollected Type = 52
-)
-
-// AggStore is the aggregate kind of a snapshot dir in the store (its id is
-// the dir, relative to the store).
-const AggStore AggKind = 9
+// collection of snapshot dirs nothing references any more. Their types and
+// aggregate kind (AggStore) are in types.go's registry with every other.
 
 // PromoteRequested asks for the claim's VM to be snapshotted (running: in a
 // pause window; hibernated: from its image, without waking) into a new
@@ -75,16 +61,6 @@ func (TemplateLabelsSet) EventType() Type { return TypeTemplateLabelsSet }
 func (SnapshotCollected) EventType() Type { return TypeSnapshotCollected }
 
 func init() {
-	for t, ti := range map[Type]typeInfo{
-		TypePromoteRequested:  {"promote_requested", 1, AggClaim},
-		TypePromoted:          {"promoted", 1, AggClaim},
-		TypePromoteFailed:     {"promote_failed", 1, AggClaim},
-		TypeTemplateDeleted:   {"template_deleted", 1, AggGolden},
-		TypeTemplateLabelsSet: {"template_labels_set", 1, AggGolden},
-		TypeSnapshotCollected: {"snapshot_collected", 1, AggStore},
-	} {
-		typeInfos[t] = ti
-	}
 	registerJSON[PromoteRequested](1)
 	registerJSON[Promoted](1)
 	registerJSON[PromoteFailed](1)

@@ -91,6 +91,14 @@ const (
 	TypeCheckpointFailed          Type = 44
 	TypeCheckpointDeleteRequested Type = 45
 	TypeCheckpointDeleted         Type = 46
+	// The snapshot store (store.go): promoted templates, their labels and
+	// deletion, and the collection of unreferenced snapshot dirs.
+	TypePromoteRequested  Type = 47
+	TypePromoted          Type = 48
+	TypePromoteFailed     Type = 49
+	TypeTemplateDeleted   Type = 50
+	TypeTemplateLabelsSet Type = 51
+	TypeSnapshotCollected Type = 52
 	// Volumes (volumes.go): the catalog and a claim's attachments.
 	TypeVolumesConfigured     Type = 53
 	TypeVolumeAttachRequested Type = 54
@@ -117,6 +125,9 @@ const (
 
 	// A checkpoint (fsm/checkpoint.go).
 	AggCheckpoint AggKind = 8
+	// A snapshot dir in the store (its id is the dir, relative to the
+	// store).
+	AggStore AggKind = 9
 )
 
 type typeInfo struct {
@@ -176,6 +187,14 @@ var typeInfos = map[Type]typeInfo{
 	TypeCheckpointFailed:          {"checkpoint_failed", 1, AggCheckpoint},
 	TypeCheckpointDeleteRequested: {"checkpoint_delete_requested", 1, AggCheckpoint},
 	TypeCheckpointDeleted:         {"checkpoint_deleted", 1, AggCheckpoint},
+
+	// The snapshot store.
+	TypePromoteRequested:  {"promote_requested", 1, AggClaim},
+	TypePromoted:          {"promoted", 1, AggClaim},
+	TypePromoteFailed:     {"promote_failed", 1, AggClaim},
+	TypeTemplateDeleted:   {"template_deleted", 1, AggGolden},
+	TypeTemplateLabelsSet: {"template_labels_set", 1, AggGolden},
+	TypeSnapshotCollected: {"snapshot_collected", 1, AggStore},
 
 	// Volumes.
 	TypeVolumesConfigured:     {"volumes_configured", 1, AggNode},

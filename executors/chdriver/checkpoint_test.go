@@ -167,10 +167,8 @@ func TestCrashCheckpoint(t *testing.T) {
 				}
 				if m == modeAbort {
 					h.checkNoTemps()
-					if step != StepSyncTree {
-						// Rolled back before its rename: nothing in the store.
-						h.checkGone(h.store(rel))
-					}
+					// Rolled back, past the rename too: nothing in the store.
+					h.checkGone(h.store(rel))
 					if in.Source == "" {
 						h.checkRunning(vm, 1)
 					}

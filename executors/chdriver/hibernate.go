@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/layout"
@@ -40,11 +41,7 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	if err := r.step(StepBalloon, func() error { return d.settleBalloon(r.ctx, api, info, r.log) }); err != nil {
 		return executors.Result{}, gone(err)
 	}
-	if err := r.step(StepPause, func() error { return api.Pause(r.ctx) }); err != nil {
-		return executors.Result{}, d.resumeAfter(r, api, proc, "", gone(err))
-	}
-	k := in.Key
-	copyMode, err := d.snapshotInto(r, api, proc, runDir, final, Meta{Kind: fsm.KindHibernate, Op: in.OpID.String(), VM: in.VM, Key: k})
+	copyMode, err := d.pauseSnapshot(r, api, proc, gone, runDir, final, Meta{Kind: fsm.KindHibernate, Op: in.OpID.String(), VM: in.VM, Key: in.Key}, false)
 	if err != nil {
 		return executors.Result{}, d.afterSnapshot(r, api, proc, rel, err)
 	}
@@ -163,11 +160,31 @@ func (d *Driver) resumeAfter(r *run, api API, proc *vmm.Process, tmp string, cau
 	return cause
 }
 
+// pauseSnapshot is the step sequence of every snapshot of a live VM
+// (hibernate, checkpoint, promote): vm.pause, then snapshotInto. gone
+// classifies a failed pause (liveVM's).
+func (d *Driver) pauseSnapshot(r *run, api API, proc *vmm.Process, gone func(error) error, runDir, final string, m Meta, runOn bool) (string, error) {
+	paused := d.now()
+	if err := r.step(StepPause, func() error { return api.Pause(r.ctx) }); err != nil {
+		return "", d.resumeAfter(r, api, proc, "", gone(err))
+	}
+	return d.snapshotInto(r, api, proc, runDir, final, m, runOn, paused)
+}
+
 // snapshotInto snapshots the paused VM into final by way of a temp dir in
-// the store: vm.snapshot, FICLONE cow.raw, SyncTree, meta.json, rename,
-// SyncTree. Before the rename a failure rolls back (temp dir removed, VM
-// resumed); after it the snapshot stands. It returns the copy mode.
-func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final string, m Meta) (string, error) {
+// the store: vm.snapshot, FICLONE cow.raw (captureInto), then SyncTree,
+// meta.json, rename, SyncTree (publish). Before the rename a failure rolls
+// back (temp dir removed, VM resumed); after it the snapshot stands. It
+// returns the copy mode.
+//
+// runOn is for a VM that runs on (checkpoint, promote): it is resumed as
+// soon as its memory and disk are in the temp dir, so the pause window
+// (reported as StepPauseWindow, from paused to the end of vm.resume) holds
+// only what needs the VM still, and the files are made durable while it
+// runs. A failure after the resume rolls back to nothing: the temp dir, or
+// past the rename the snapshot, is removed (the failure is reported, so
+// nothing will reference it).
+func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final string, m Meta, runOn bool, paused time.Time) (string, error) {
 	var tmp string
 	fail := func(err error) error {
 		if vmmDied(proc, err) {
@@ -179,7 +196,22 @@ func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final 
 	if err != nil {
 		return "", fail(err)
 	}
+	if runOn {
+		// The snapshot's files are complete and the disk cloned: what the VM
+		// does from here on is not in them.
+		if err := r.step(StepResume, func() error { return api.Resume(r.ctx) }); err != nil {
+			return "", fail(err)
+		}
+		r.rep.Steps = append(r.rep.Steps, event.Step{Name: StepPauseWindow, NS: int64(d.now().Sub(paused))})
+		fail = func(err error) error {
+			r.undo("undo_"+StepMkTemp, func(context.Context) error { return d.fs.RemoveAll(tmp) })
+			return err
+		}
+	}
 	if err := d.publish(r, tmp, final, m, mode, fail); err != nil {
+		if got, merr := ReadMeta(final); runOn && merr == nil && got.Op == r.op.String() {
+			r.undo("undo_"+StepRename, func(context.Context) error { return d.fs.RemoveAll(final) })
+		}
 		return "", err
 	}
 	return mode, nil

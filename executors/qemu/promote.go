@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
@@ -33,10 +32,10 @@ func (d *Driver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.Resul
 		if err != nil {
 			return executors.Result{}, err
 		}
-		if _, err := checkSnapshot(src); err != nil {
+		r, err = d.q.CopySnapshot(ctx, src, filepath.Dir(final), filepath.Base(final), sourcePromote)
+		if errors.Is(err, ErrNoSnapshot) {
 			return executors.Result{}, executors.AsUnrecoverable(fmt.Errorf("promote %s: %w", in.VM, err))
 		}
-		r, err = d.q.CopySnapshot(ctx, src, filepath.Dir(final), filepath.Base(final), sourcePromote)
 		if err != nil {
 			return executors.Result{}, fmt.Errorf("promote %s: %w", in.VM, classify(err))
 		}
@@ -73,12 +72,12 @@ func (d *Driver) SweepStore(ctx context.Context, keep func(rel, op string) bool)
 }
 
 // SnapshotLive is the step sequence of every snapshot of a running VM that
-// runs on (promote; checkpoint): stop; device state into a temp dir in the
-// store; clone RAM and disk; meta.json; SyncTree; rename (snapshot); then
-// cont. Idempotent: a snapshot already under name (a re-run after a crash
-// past the rename) only has the VM resumed (Already). A failure before the
-// rename removes the temp dir; after it the snapshot is removed; either way
-// a VM that was running runs again.
+// runs on (checkpoint, promote): the hibernate's order (stop, device state
+// into a temp dir in the store, clone RAM and disk), then cont as soon as
+// the clones are taken, then meta.json, SyncTree and rename while the VM
+// runs. It reports the pause window. A failure removes the temp dir and
+// resumes the VM; a snapshot already under name (a re-run past the rename,
+// so past the cont) is made durable again (Already).
 func (q *Recipes) SnapshotLive(ctx context.Context, spec Spec, name, source string) (RecipeResult, error) {
 	var r RecipeResult
 	if err := validateName(name); err != nil {
@@ -88,9 +87,8 @@ func (q *Recipes) SnapshotLive(ctx context.Context, spec Spec, name, source stri
 		return r, err
 	}
 	if _, err := ReadMeta(spec.SnapshotDir(name)); err == nil {
-		rr, err := q.Resume(ctx, spec)
-		rr.Already = true
-		return rr, err
+		r.Already = true
+		return r, q.fs.SyncTree(spec.SnapshotDir(name))
 	}
 	pid, err := q.adopt(spec.RunDir)
 	if err != nil {
@@ -102,36 +100,34 @@ func (q *Recipes) SnapshotLive(ctx context.Context, spec Spec, name, source stri
 		return r, fmt.Errorf("qemu: snapshot: %w", err)
 	}
 	defer c.Close()
-	m, err := launchedMeta(spec.RunDir)
-	if err != nil {
-		return r, err
-	}
-	m.StateBytes, m.Created = 0, time.Time{}
-	m.Source = source
-	m.QEMUVersion = c.Version().String()
-	serr := q.snapshot(ctx, c, spec, name, m, &r, nil)
-	t := q.timer(&r)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.stopGrace)
-	defer cancel()
-	cerr := c.Execute(rctx, "cont", nil, nil)
-	t.mark(StepCont)
-	if serr == nil && cerr != nil {
-		// The VM did not run on: the snapshot is reported failed, so it goes.
-		serr = fmt.Errorf("qemu: resuming after the snapshot: %w", cerr)
-		if rerr := q.fs.RemoveAll(spec.SnapshotDir(name)); rerr != nil {
-			serr = errors.Join(serr, rerr)
+	stopped := q.now()
+	resumed := false
+	err = q.snapshot(ctx, c, spec, name, source, &r, func(t *timer) error {
+		if err := c.Execute(ctx, "cont", nil, nil); err != nil {
+			return fmt.Errorf("qemu: snapshot: cont: %w", err)
 		}
-	} else if cerr != nil {
-		serr = errors.Join(serr, fmt.Errorf("qemu: resuming after a failed snapshot: %w", cerr))
+		resumed = true
+		t.mark(StepCont)
+		r.Steps = append(r.Steps, Step{Name: StepPauseWindow, Dur: q.now().Sub(stopped)})
+		return nil
+	})
+	if err != nil && !resumed {
+		// Whatever state a crash or this failure left it in (stopped,
+		// postmigrate), a VM snapshotted live runs on.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.stopGrace)
+		defer cancel()
+		if cerr := c.Execute(rctx, "cont", nil, nil); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("qemu: resuming after a failed snapshot: %w", cerr))
+		}
 	}
-	return r, serr
+	return r, err
 }
 
 // CopySnapshot makes snapshot name in storeDir a copy of the snapshot in
 // src (a hibernated VM's image) without a VMM: every file cloned into a
 // temp dir in the store (reflinks where the filesystem has them), a new
-// meta.json (source, instance, time), SyncTree, rename. A snapshot already
-// under name is kept (Already).
+// meta.json (source, instance, time), SyncTree, rename. src is not
+// modified. A snapshot already under name is made durable again (Already).
 func (q *Recipes) CopySnapshot(_ context.Context, src, storeDir, name, source string) (RecipeResult, error) {
 	var r RecipeResult
 	if err := validateName(name); err != nil {
@@ -140,9 +136,9 @@ func (q *Recipes) CopySnapshot(_ context.Context, src, storeDir, name, source st
 	final := filepath.Join(storeDir, name)
 	if _, err := ReadMeta(final); err == nil {
 		r.Already = true
-		return r, nil
+		return r, q.fs.SyncTree(final)
 	}
-	m, err := ReadMeta(src)
+	m, err := checkSnapshot(src)
 	if err != nil {
 		return r, err
 	}

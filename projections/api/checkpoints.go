@@ -136,7 +136,7 @@ func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request, id aut
 		err = s.durableAt(ctx, ev.Seq)
 	}
 	if err != nil {
-		return s.ckWaitErr(r, c.ID, ckID, err)
+		return s.unfinishedErr(r, c.ID, ckID, err)
 	}
 	if ev.Type == event.TypeCheckpointFailed {
 		msg := "checkpoint failed"
@@ -156,9 +156,10 @@ func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request, id aut
 	return nil
 }
 
-// ckWaitErr is the answer to a checkpoint or fork whose wait ended with
-// err: past the bound a 503 saying it goes on.
-func (s *Server) ckWaitErr(r *http.Request, sandbox, what string, err error) error {
+// unfinishedErr is the answer to a checkpoint, fork or promote whose wait
+// ended with err: past the bound a 503 saying it goes on; a shutdown or a
+// failing log is dispatch's own answer.
+func (s *Server) unfinishedErr(r *http.Request, sandbox, what string, err error) error {
 	if r.Context().Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
@@ -286,7 +287,7 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request, id auth.Iden
 			}
 		})
 		if err != nil {
-			return s.ckWaitErr(r, c.ID, "fork", err)
+			return s.unfinishedErr(r, c.ID, "fork", err)
 		}
 		if failed > 0 && pending == 0 {
 			s.zl.Warn().Str("sandbox", c.ID).Str("reason", reason).Msg("api: fork failed")
@@ -298,7 +299,7 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request, id auth.Iden
 		select {
 		case <-signal:
 		case <-ctx.Done():
-			return s.ckWaitErr(r, c.ID, "fork", ctx.Err())
+			return s.unfinishedErr(r, c.ID, "fork", ctx.Err())
 		}
 	}
 	out := ForkResponse{Children: make([]ClaimResponse, 0, len(kids))}

@@ -65,8 +65,9 @@ type Sandbox struct {
 	CPUCount      int               `json:"cpu_count,omitempty"`
 	MemTotalBytes int64             `json:"mem_total_bytes,omitempty"`
 	Hibernated    bool              `json:"hibernated"`
-	// Archived: the sandbox's snapshot is in the archive store (or on its
-	// way there or back); Hibernated is then false and State "archived".
+	// Archived: the sandbox's snapshot is in the archive store (fsm's
+	// State.Archived: not while on its way there or back); Hibernated is
+	// then false and State "archived".
 	Archived bool `json:"archived,omitempty"`
 	// OnExpire is "archive" for a claim whose lease's end archives it.
 	OnExpire string `json:"on_expire,omitempty"`
@@ -162,8 +163,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	}
 	key := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
 	redirect := s.redir != nil && !req.NoRedirect
-	promoted := s.promoted(key)
-	if req.RequirePromoted && !promoted {
+	if req.RequirePromoted && !s.promoted(key) {
 		// Only a promoted template may serve it, and this node has none.
 		s.metrics.claim("unknown_template", "", time.Since(start))
 		return errorf(http.StatusNotFound, "%s", errUnknownTemplate)
@@ -171,8 +171,10 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// What this node cannot serve at all is refused before anything is
 	// proposed (no claim, no pool left behind), unless a node with warm
 	// capacity for the key takes it (the redirect).
-	// A promoted template's clones need its golden only, not a template dir.
-	if err := s.checkPool(key, s.pools != nil && s.pooled(key)); err != nil && !promoted {
+	// A promoted template's clones need its golden only, not a template dir:
+	// asked only once checkPool refuses, so a claim of a pool this node
+	// serves reads the state no more than it did before templates.
+	if err := s.checkPool(key, s.pools != nil && s.pooled(key)); err != nil && !s.promoted(key) {
 		if redirect && s.redirectClaim(w, key, start) {
 			return nil
 		}
@@ -414,8 +416,11 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, id auth.Ident
 }
 
 // handleList answers GET /v1/sandboxes[?claim_ref=&metadata=k=v&state=]:
-// live claims (and, with state=, ended ones still retained) the caller may
-// see, sorted by id.
+// live claims (and, with state=, ended ones still retained; state=all:
+// every one retained, live or ended) the caller may see, sorted by id.
+// stateAll is the list filter of every retained claim, live or ended.
+const stateAll = "all"
+
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	q := r.URL.Query()
 	ref := q.Get("claim_ref")
@@ -428,8 +433,8 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 		tenant, byTenant = t, true
 	}
 	want := q.Get("state")
-	if want != "" && !validClaimState(want) {
-		return errorf(http.StatusBadRequest, "unknown state %q: want pending, running, hibernating, hibernated, archived, waking, released, expired or failed", want)
+	if want != "" && want != stateAll && !validClaimState(want) {
+		return errorf(http.StatusBadRequest, "unknown state %q: want %s, pending, running, hibernating, hibernated, archived, waking, released, expired or failed", want, stateAll)
 	}
 	out := []Sandbox{}
 	s.eng.View(func(st *fsm.State) {
@@ -441,7 +446,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 			switch {
 			case byTenant && c.Tenant != tenant:
 			case want == "" && !c.Status.Live():
-			case want != "" && sb.State != want:
+			case want != "" && want != stateAll && sb.State != want:
 			case ref != "" && c.ClaimRef != ref:
 			case !metadataMatches(c.Metadata, meta):
 			default:

@@ -155,8 +155,32 @@ var (
 		"AggregateJSON":      {AggregateJSON{}, false},
 		"VM":                 {VM{}, false},
 		"VMChange":           {VMChange{}, false},
+
+		// Checkpoints and forks (checkpoints.go), promoted templates and the store (templates.go).
+		"CheckpointRequest":      {CheckpointRequest{}, true},
+		"CheckpointRecord":       {CheckpointRecord{}, false},
+		"CheckpointResponse":     {CheckpointResponse{}, false},
+		"CheckpointList":         {CheckpointList{}, false},
+		"CheckpointClaimRequest": {CheckpointClaimRequest{}, true},
+		"ForkRequest":            {ForkRequest{}, true},
+		"ForkResponse":           {ForkResponse{}, false},
+		"PromoteRequest":         {PromoteRequest{}, true},
+		"PromoteResponse":        {PromoteResponse{}, false},
+		"TemplateKey":            {TemplateKey{}, false},
+		"TemplateInfo":           {TemplateInfo{}, false},
+		"LabelsRequest":          {LabelsRequest{}, true},
+		"RebuildRequest":         {RebuildRequest{}, true},
+		"StoreSnapshot":          {StoreSnapshot{}, false},
+		"StoreResponse":          {StoreResponse{}, false},
+
+		// Volumes (volumes.go); VolumeJSON is both sent and answered.
+		"VolumeJSON":           {VolumeJSON{}, false},
+		"VolumeInfo":           {VolumeInfo{}, false},
+		"AttachVolumesRequest": {AttachVolumesRequest{}, true},
+		"DetachVolumesRequest": {DetachVolumesRequest{}, true},
+		"SandboxVolumes":       {SandboxVolumes{}, false},
 	}
-	shapeOnly = []string{"Error", "SandboxList", "Deadline", "Owner", "Accepted", "EnvPatch", "Peers"}
+	shapeOnly = []string{"Error", "SandboxList", "Deadline", "Owner", "Accepted", "EnvPatch", "Peers", "VolumeList"}
 )
 
 // TestOpenAPIFields: every component schema describes its Go type's JSON:

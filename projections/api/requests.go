@@ -55,12 +55,8 @@ type ClaimRequest struct {
 // (0, MaxTTL] (0 or less: the default) and validates; the old fields this
 // node cannot honour are refused here, before anything is proposed.
 func (c *ClaimRequest) normalize(archive bool) error {
-	if c.Net == "" {
-		c.Net = "none"
-	}
-	if c.Size == "" {
-		c.Size = "small"
-	}
+	k := keyWithDefaults(c.Template, c.Net, c.Size)
+	c.Net, c.Size = k.Net, k.Size
 	if err := validPoolKey(c.Template, c.Net, c.Size); err != nil {
 		return err
 	}
@@ -164,12 +160,8 @@ func (p *PoolsRequest) validate(archive bool) error {
 	seen := map[[3]string]bool{}
 	for i := range p.Pools {
 		s := &p.Pools[i]
-		if s.Net == "" {
-			s.Net = "none"
-		}
-		if s.Size == "" {
-			s.Size = "small"
-		}
+		dk := keyWithDefaults(s.Template, s.Net, s.Size)
+		s.Net, s.Size = dk.Net, dk.Size
 		if err := validPoolKey(s.Template, s.Net, s.Size); err != nil {
 			return err
 		}

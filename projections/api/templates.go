@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"net/http"
 	"time"
 
@@ -77,13 +78,7 @@ func (s *Server) handleRebuild(w http.ResponseWriter, r *http.Request, id auth.I
 	if err := decodeBody(r, &req, false); err != nil {
 		return err
 	}
-	k := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
-	if k.Net == "" {
-		k.Net = "none"
-	}
-	if k.Size == "" {
-		k.Size = "small"
-	}
+	k := keyWithDefaults(req.Template, req.Net, req.Size)
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return fsm.RebuildGolden{Meta: m, Key: k} }, engine.Hooks{}); err != nil {
 		return err
 	}
@@ -154,11 +149,7 @@ func (s *Server) handlePromote(w http.ResponseWriter, r *http.Request, id auth.I
 		err = s.durableAt(ctx, ev.Seq)
 	}
 	if err != nil {
-		if r.Context().Err() == nil {
-			return &httpError{status: http.StatusServiceUnavailable, id: c.ID,
-				msg: "sandbox " + c.ID + ": promote not finished within " + s.cfg.LifecycleWait.String() + "; it continues"}
-		}
-		return err
+		return s.unfinishedErr(r, c.ID, "promote", err)
 	}
 	p, err := ev.Decode()
 	if err != nil {
@@ -186,17 +177,17 @@ func (s *Server) promoted(key fsm.PoolKey) bool {
 // claim's) and the optional digest from the query.
 func templateQuery(r *http.Request) (fsm.PoolKey, string, error) {
 	q := r.URL.Query()
-	k := fsm.PoolKey{Template: q.Get("template"), Net: q.Get("net"), Size: q.Get("size")}
+	k := keyWithDefaults(q.Get("template"), q.Get("net"), q.Get("size"))
 	if k.Template == "" {
 		return k, "", errorf(http.StatusBadRequest, "template is required")
 	}
-	if k.Net == "" {
-		k.Net = "none"
-	}
-	if k.Size == "" {
-		k.Size = "small"
-	}
 	return k, q.Get("digest"), nil
+}
+
+// keyWithDefaults is a pool key with net and size defaulted as a claim's
+// (ClaimRequest.normalize): none and small.
+func keyWithDefaults(template, net, size string) fsm.PoolKey {
+	return fsm.PoolKey{Template: template, Net: cmp.Or(net, "none"), Size: cmp.Or(size, "small")}
 }
 
 func (s *Server) handleDeleteTemplate(w http.ResponseWriter, r *http.Request, id auth.Identity) error {

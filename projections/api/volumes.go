@@ -202,7 +202,7 @@ func (s *Server) handleDetachVolumes(w http.ResponseWriter, r *http.Request, id 
 // changeVolumes proposes an attach or detach and answers the sandbox's
 // volumes once the operations on names settled: 500 with what failed.
 func (s *Server) changeVolumes(w http.ResponseWriter, r *http.Request, id auth.Identity, names []string, failMsg string, cmd func(fsm.Meta, string) fsm.Command) error {
-	c, err := s.target(r, id, true)
+	c, err := s.liveTarget(r, id)
 	if err != nil {
 		return err
 	}
@@ -261,7 +261,7 @@ func (s *Server) handleInstanceMetadata(w http.ResponseWriter, r *http.Request, 
 	case len(doc) == 0 || doc[0] != '{' || !json.Valid(doc):
 		return errorf(http.StatusBadRequest, "%s: instance metadata must be a JSON object", errInvalidBody)
 	}
-	c, err := s.target(r, id, true)
+	c, err := s.liveTarget(r, id)
 	if err != nil {
 		return err
 	}

@@ -5,11 +5,12 @@
 // The document is kept as fragments in spec/*.json, embedded at build time
 // and merged in file-name order: spec/base.json carries everything but the
 // routes (openapi, info, security, the shared Error answer and PoolKey);
-// every other fragment holds only "paths" and "components", one area of
-// the API each (sandboxes, dataplane, pools, tenants, egress, node). A new
-// area's routes are one new fragment file, so areas added in parallel
-// merge without touching each other. A path+method or a component defined
-// by two fragments is an error, never a silent override.
+// every other fragment holds only "paths" and "components", one area of the
+// API each (sandboxes, dataplane, pools, tenants, egress, node,
+// checkpoints, store, volumes). A new area's routes are one new fragment
+// file, so areas added in parallel merge without touching each other. A
+// path+method or a component defined by two fragments is an error, never a
+// silent override.
 //
 // The contract: the merged document lists exactly the routes the server
 // registers, with each route's auth (x-sbx-auth, as the route table says

@@ -220,11 +220,18 @@ type campaign struct {
 	probes  *prober
 	bVMMs   map[int]string
 	bClaims []string
+	outMu   sync.Mutex // serialises logf's writes to out
 }
 
+// logf writes one line to the campaign's output; the workers, the killer
+// and the probes all log, and the output need not be safe for concurrent
+// writes (a test's bytes.Buffer is not).
 func (c *campaign) logf(format string, args ...any) {
 	if c.out != nil {
-		fmt.Fprintf(c.out, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+		line := fmt.Sprintf("%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+		c.outMu.Lock()
+		defer c.outMu.Unlock()
+		_, _ = io.WriteString(c.out, line)
 	}
 }
 

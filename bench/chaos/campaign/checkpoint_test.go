@@ -3,9 +3,7 @@ package campaign
 import (
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 )
@@ -18,13 +16,7 @@ func TestCrashAtCheckpoint(t *testing.T) {
 	for _, step := range []string{"snapshot", "resume", "sync_files", "rename", "sync_tree"} {
 		t.Run(step, func(t *testing.T) {
 			t.Parallel()
-			n := newNode(t, onePool)
-			n.start()
-			n.waitFor("warm", n.warm(1))
-			cr := n.claim()
-			if err := n.d.Signal(syscall.SIGTERM, 30*time.Second); err != nil {
-				t.Fatal(err)
-			}
+			n, cr := claimedThenStopped(t)
 			n.start("SBX_CRASH_AT=checkpoint:" + step)
 			// The crash lands while the call waits: a dropped connection.
 			if _, err := n.c.Checkpoint(n.ctx, cr.ID, api.CheckpointRequest{}); err == nil || !droppedByCrash(err) {

@@ -104,7 +104,7 @@ func (c *campaign) readLocks(ctx context.Context) (lockView, error) {
 		if v.tables, err = owner.Tables(); err != nil {
 			return err
 		}
-		links, err := netlink.LinkList()
+		links, err := nft.Dumped(netlink.LinkList)
 		if err != nil {
 			return err
 		}

@@ -228,12 +228,7 @@ func startUpstream(lane *netnstest.Lane) (u *upstream, stop func(), err error) {
 		_, _ = io.WriteString(w, upstreamBody(ap.Addr().Unmap()))
 	})}
 	release, err := held(func(r *netnstest.Runner) {
-		inet := netnstest.New(r, "internet")
-		netnstest.Veth(r, lane.Host, "wan0", inet, "eth0")
-		lane.Host.AddrAdd(r, "wan0", wanHost)
-		for _, a := range []netip.Addr{upAllowed, upDenied} {
-			inet.AddrAdd(r, "eth0", netip.PrefixFrom(a, wanHost.Bits()))
-		}
+		inet := lane.Internet(r, wanHost, netip.PrefixFrom(upAllowed, wanHost.Bits()), netip.PrefixFrom(upDenied, wanHost.Bits()))
 		inet.RouteDefault(r, wanHost.Addr())
 		lane.Host.MustDo(r, func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644) })
 		for _, a := range []netip.Addr{upAllowed, upDenied} {
@@ -510,7 +505,7 @@ func (c *campaign) probeRound(ctx context.Context, when string) {
 		c.checked("egress probe rounds void (probe VM changing)", 1)
 		return
 	}
-	if g := c.probes.guest; g != nil && (g.vm != vm || !sameLock(g.lock, st.Lock)) {
+	if g := c.probes.guest; g != nil && (g.vm != vm || !g.lock.Equal(st.Lock)) {
 		c.dropGuest()
 	}
 	if c.probes.guest == nil {
@@ -543,7 +538,7 @@ func (c *campaign) probeRound(ctx context.Context, when string) {
 			return false
 		}
 		now, ok := c.lockOf(vm)
-		return ok && sameLock(now.Lock, st.Lock) && c.vmClaimed(ctx, vm)
+		return ok && now.Lock.Equal(st.Lock) && c.vmClaimed(ctx, vm)
 	}
 	var voided bool
 	for _, a := range got {
@@ -586,10 +581,6 @@ func (c *campaign) vmClaimed(ctx context.Context, vm string) bool {
 		}
 	}
 	return false
-}
-
-func sameLock(a, b nft.Lock) bool {
-	return a.Tap == b.Tap && a.GuestIP == b.GuestIP && a.Door == b.Door && a.GuestMAC.String() == b.GuestMAC.String()
 }
 
 // Phases of the daemon during the across-kill loop.

@@ -4,9 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 )
@@ -52,13 +50,7 @@ func TestCrashAtPromote(t *testing.T) {
 	run := func(crashAt string) func(t *testing.T) {
 		return func(t *testing.T) {
 			t.Parallel()
-			n := newNode(t, onePool)
-			n.start()
-			n.waitFor("warm", n.warm(1))
-			cr := n.claim()
-			if err := n.d.Signal(syscall.SIGTERM, 30*time.Second); err != nil {
-				t.Fatal(err)
-			}
+			n, cr := claimedThenStopped(t)
 			key := api.TemplateKey{Template: "promoted", Net: "none", Size: "small"}
 			templates := func() []api.TemplateInfo {
 				in, err := n.c.Info(n.ctx)
@@ -72,9 +64,7 @@ func TestCrashAtPromote(t *testing.T) {
 				if _, err := n.c.Promote(n.ctx, cr.ID, cr.Token, key.Template); err != nil {
 					t.Fatal(err)
 				}
-				if err := n.d.Signal(syscall.SIGTERM, 30*time.Second); err != nil {
-					t.Fatal(err)
-				}
+				n.stop()
 				n.start("SBX_CRASH_AT=" + crashAt)
 				if err := n.c.DeleteTemplate(n.ctx, key, ""); err != nil && !droppedByCrash(err) {
 					t.Fatal(err)

@@ -1,10 +1,7 @@
 package agent
 
 import (
-	"bytes"
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -57,23 +54,13 @@ func EncodeVolumeMount(m VolumeMount) (string, error) {
 	if err := m.Validate(); err != nil {
 		return "", err
 	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		return "", err
-	}
-	return base64.RawURLEncoding.EncodeToString(b), nil
+	return encodeArg(m)
 }
 
 // DecodeVolumeMount reads and validates a mount or umount argument.
 func DecodeVolumeMount(arg string) (VolumeMount, error) {
 	var m VolumeMount
-	b, err := base64.RawURLEncoding.DecodeString(arg)
-	if err != nil {
-		return m, fmt.Errorf("volume mount: %w", err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&m); err != nil {
+	if err := decodeArg(arg, &m, true); err != nil {
 		return m, fmt.Errorf("volume mount: %w", err)
 	}
 	return m, m.Validate()

@@ -121,8 +121,8 @@ func (f *FakeDriver) CheckPool(k fsm.PoolKey, _ bool) error {
 
 var _ api.PoolSupport = (*FakeDriver)(nil)
 
-// ErrFakeFailure is the error of a hibernate or wake the fake was told to
-// fail (FailHibernates, FailWakes).
+// ErrFakeFailure is the error of a call the fake was told to fail
+// (FailHibernates, FailWakes, FailCheckpoints, FailPromotes, FailAttaches).
 const ErrFakeFailure = "nodetest: failed as asked"
 
 // SetDelay makes every later hibernate (kind fsm.KindHibernate) or wake
@@ -210,6 +210,20 @@ func (f *FakeDriver) held(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// answer is the start of every call of a kind that does nothing else: it
+// waits while the fake holds intents (held), counts the call in calls, and
+// fails it for good (ErrFakeFailure) when fail (nil: never) is set.
+func (f *FakeDriver) answer(ctx context.Context, calls *atomic.Int64, fail *atomic.Bool) error {
+	if err := f.held(ctx); err != nil {
+		return err
+	}
+	calls.Add(1)
+	if fail != nil && fail.Load() {
+		return executors.Unrecoverablef("%s", ErrFakeFailure)
+	}
+	return nil
+}
+
 // BuildGolden implements executors.Driver: the golden "exists" at once.
 func (f *FakeDriver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors.Result, error) {
 	if err := f.held(ctx); err != nil {
@@ -269,44 +283,28 @@ func (f *FakeDriver) Wake(ctx context.Context, _ fsm.WakeVM) (executors.Result, 
 
 // Destroy implements executors.Driver.
 func (f *FakeDriver) Destroy(ctx context.Context, _ fsm.DestroyVM) (executors.Result, error) {
-	if err := f.held(ctx); err != nil {
-		return executors.Result{}, err
-	}
-	f.destroys.Add(1)
-	return executors.Result{}, nil
+	return executors.Result{}, f.answer(ctx, &f.destroys, nil)
 }
 
 // Checkpoint implements executors.Checkpointer: the checkpoint "exists" at
 // once, named as the real drivers name it.
 func (f *FakeDriver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (executors.Result, error) {
-	if err := f.held(ctx); err != nil {
+	if err := f.answer(ctx, &f.checkpoints, &f.FailCheckpoints); err != nil {
 		return executors.Result{}, err
-	}
-	f.checkpoints.Add(1)
-	if f.FailCheckpoints.Load() {
-		return executors.Result{}, executors.Unrecoverablef("%s", ErrFakeFailure)
 	}
 	return executors.Result{SnapshotDir: layout.CheckpointRel(in.Checkpoint)}, nil
 }
 
 // RemoveCheckpoint implements executors.Checkpointer.
 func (f *FakeDriver) RemoveCheckpoint(ctx context.Context, _ fsm.RemoveCheckpoint) (executors.Result, error) {
-	if err := f.held(ctx); err != nil {
-		return executors.Result{}, err
-	}
-	f.ckRemovals.Add(1)
-	return executors.Result{}, nil
+	return executors.Result{}, f.answer(ctx, &f.ckRemovals, nil)
 }
 
 // Promote implements executors.Driver: the template's golden "exists" at
 // once, named like a real driver names it.
 func (f *FakeDriver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.Result, error) {
-	if err := f.held(ctx); err != nil {
+	if err := f.answer(ctx, &f.promotes, &f.FailPromotes); err != nil {
 		return executors.Result{}, err
-	}
-	f.promotes.Add(1)
-	if f.FailPromotes.Load() {
-		return executors.Result{}, executors.Unrecoverablef("%s", ErrFakeFailure)
 	}
 	rel := layout.GoldenRel(in.Target, in.OpID)
 	return executors.Result{SnapshotDir: rel, Digest: fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(rel)))}, nil
@@ -314,11 +312,7 @@ func (f *FakeDriver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.R
 
 // CollectSnapshot implements executors.Driver: there is nothing to remove.
 func (f *FakeDriver) CollectSnapshot(ctx context.Context, _ fsm.CollectSnapshot) (executors.Result, error) {
-	if err := f.held(ctx); err != nil {
-		return executors.Result{}, err
-	}
-	f.collects.Add(1)
-	return executors.Result{}, nil
+	return executors.Result{}, f.answer(ctx, &f.collects, nil)
 }
 
 // Calls returns how many calls of each kind the fake answered.
