@@ -306,11 +306,13 @@ func (s *State) archivesAtExpiry(c *ClaimRec) bool {
 
 // ttlTimer is the lease timer of a live, served claim. An archived claim's
 // deadline (also while it is copied back) is its archive's retention (none
-// when 0). A claim whose expiry
-// archives has the timer only while the Tick can act on it (running with a
-// claimed VM: hibernate; hibernated with a local snapshot: archive), and
-// not before a failed attempt's retry time; in flight it has none, and the
-// result re-arms it.
+// when 0). A claim whose expiry archives has the timer only while the Tick
+// can act on it: the claim is settled (settledVM: running with a claimed
+// VM, to hibernate, or hibernated with a local snapshot, to archive; no
+// volume operation in flight), and not before a failed attempt's retry
+// time. Unsettled it has none, and what settles it re-arms it (the result
+// of the side effect in flight through setVMStatus, a volume's through
+// setClaimVolumes).
 func (s *State) ttlTimer(c *ClaimRec) (int64, bool) {
 	v := s.vms[c.VM]
 	if v != nil && (v.Status == VMArchived || v.Status == VMUnarchiving) {
@@ -319,23 +321,24 @@ func (s *State) ttlTimer(c *ClaimRec) (int64, bool) {
 	if !s.archivesAtExpiry(c) {
 		return c.Deadline, true
 	}
-	switch {
-	case v == nil:
+	if _, ok := s.settledVM(c); !ok {
 		return 0, false
-	case c.Status == ClaimRunning && v.Status == VMClaimed, c.Status == ClaimHibernated && v.Status == VMHibernated:
-		return max(c.Deadline, c.ArchiveRetryAt), true
 	}
-	return 0, false
+	return max(c.Deadline, c.ArchiveRetryAt), true
 }
 
 // archiveTimer is the pool's archive_after_seconds timer of a hibernated
-// claim whose snapshot is still local.
+// claim whose snapshot is still local, armed while the claim is settled
+// (settledVM), as ttlTimer's.
 func (s *State) archiveTimer(c *ClaimRec) (int64, bool) {
 	if c.Status != ClaimHibernated {
 		return 0, false
 	}
-	v, p := s.vms[c.VM], s.pools[c.Key]
-	if v == nil || v.Status != VMHibernated || p == nil || p.Spec.ArchiveAfterSeconds <= 0 {
+	p := s.pools[c.Key]
+	if p == nil || p.Spec.ArchiveAfterSeconds <= 0 {
+		return 0, false
+	}
+	if _, ok := s.settledVM(c); !ok {
 		return 0, false
 	}
 	return max(c.LastActivity+p.Spec.ArchiveAfterSeconds*second, c.ArchiveRetryAt), true
@@ -343,7 +346,8 @@ func (s *State) archiveTimer(c *ClaimRec) (int64, bool) {
 
 // expireArchives is the Tick's lease expiry of a claim whose expiry
 // archives: a running claim hibernates (its archive follows once it is
-// hibernated, the timer being due), a hibernated one archives. It reports
+// hibernated, the timer being due), a hibernated one archives; an
+// unsettled one waits (its timer is re-armed once it settles). It reports
 // false for a claim whose expiry ends it (an archived claim's retention
 // included).
 func (d *decider) expireArchives(c *ClaimRec) bool {
@@ -351,17 +355,21 @@ func (d *decider) expireArchives(c *ClaimRec) bool {
 	if v == nil || v.Status == VMArchived || !d.s.archivesAtExpiry(c) {
 		return false
 	}
-	switch {
-	case c.Status == ClaimRunning && v.Status == VMClaimed:
+	if _, ok := d.s.settledVM(c); !ok {
+		return true
+	}
+	switch c.Status {
+	case ClaimRunning:
 		d.closeRelays(c.ID, "expired")
 		d.emit(event.HibernateRequested{Claim: c.ID, VM: c.VM, Reason: "expire"}, c.ID)
-	case c.Status == ClaimHibernated && v.Status == VMHibernated:
+	case ClaimHibernated:
 		d.emit(event.ArchiveRequested{Claim: c.ID, VM: c.VM, Reason: "expire"}, c.ID)
 	}
 	return true
 }
 
-// archiveDue is the Tick's pool archive timer of claim c.
+// archiveDue is the Tick's pool archive timer of claim c: armed only while
+// c is settled (archiveTimer), so it acts.
 func (d *decider) archiveDue(c *ClaimRec) bool {
 	if _, on := d.s.archiveTimer(c); !on {
 		return false
@@ -455,7 +463,7 @@ func (a *applier) applyArchive(p event.Payload) (ok bool, err error) {
 	return true, nil
 }
 
-// --- encoding (StateFormatV6) --------------------------------------------------
+// --- encoding (StateFormatV7) --------------------------------------------------
 
 func (e *encoder) archive(s *State) {
 	var pools []PoolKey

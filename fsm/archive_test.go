@@ -221,3 +221,88 @@ func TestArchiveTransitions(t *testing.T) {
 		t.Run(c.name, c.run)
 	}
 }
+
+// An archiving expiry never starts a hibernate (nor an archive) while a
+// volume operation of the claim is in flight: it waits for the claim to be
+// settled (settledVM, as checkpoint, promote and the idle hibernate do),
+// holds no due timer meanwhile, and acts at the first Tick after the
+// operation's result, whatever it was. The randomized test found an
+// archiving expiry hibernating a claim whose live attach was running.
+func TestArchiveWaitsForSettledClaim(t *testing.T) {
+	cases := []struct {
+		name string
+		// start begins the volume operation on running claim 1 (its
+		// volume "imagenet" attached or not, as attached says).
+		attached bool
+		start    func(h *harness)
+		// settle ends it, done or failed.
+		settle func(h *harness, in Intent)
+	}{
+		{"attach done", false,
+			func(h *harness) {
+				h.do(AttachVolumes{Meta: h.meta(), Claim: claimID(1), Volumes: []VolumeRequest{{Name: "imagenet"}}}, event.TypeVolumeAttachRequested)
+			},
+			func(h *harness, in Intent) {
+				h.do(in.Succeeded(h.res(in), Outcome{}), event.TypeVolumeAttached)
+			}},
+		{"attach failed", false,
+			func(h *harness) {
+				h.do(AttachVolumes{Meta: h.meta(), Claim: claimID(1), Volumes: []VolumeRequest{{Name: "imagenet"}}}, event.TypeVolumeAttachRequested)
+			},
+			func(h *harness, in Intent) {
+				h.do(in.Failed(h.res(in), "device busy", false), event.TypeVolumeAttachFailed)
+			}},
+		{"detach done", true,
+			func(h *harness) {
+				h.do(DetachVolumes{Meta: h.meta(), Claim: claimID(1), Names: []string{"imagenet"}}, event.TypeVolumeDetachRequested)
+			},
+			func(h *harness, in Intent) {
+				h.do(in.Succeeded(h.res(in), Outcome{}), event.TypeVolumeDetached)
+			}},
+		{"detach failed", true,
+			func(h *harness) {
+				h.do(DetachVolumes{Meta: h.meta(), Claim: claimID(1), Names: []string{"imagenet"}}, event.TypeVolumeDetachRequested)
+			},
+			func(h *harness, in Intent) {
+				h.do(in.Failed(h.res(in), "target is busy", false), event.TypeVolumeDetachFailed)
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.node()
+			h.volumes()
+			h.pools(PoolSpec{PoolKey: kA, Warm: 1})
+			h.goldenReady(kA)
+			h.fill(kA)
+			var vols []VolumeRequest
+			if tc.attached {
+				vols = []VolumeRequest{{Name: "imagenet"}}
+			}
+			h.do(Claim{Meta: h.meta(), ID: claimID(1), Key: kA, TTLSeconds: 60, OnExpire: event.OnExpireArchive, Volumes: vols}, event.TypeClaimCreated)
+			vm := h.claim(claimID(1)).VM
+			if tc.attached {
+				in := h.volumeIntent(claimID(1), "imagenet")
+				h.do(in.Succeeded(h.res(in), Outcome{}), event.TypeVolumeAttached)
+			}
+			tc.start(h)
+			in := h.volumeIntent(claimID(1), "imagenet")
+			// The lease ends with the operation in flight: nothing starts,
+			// and no timer stays due (a Tick would find it again and again).
+			h.tick(60 * second)
+			if v := h.vm(vm); v.Status != VMClaimed {
+				t.Fatalf("the expiry acted on an unsettled claim: VM %+v", v)
+			}
+			if at, ok := h.s.NextTimer(); ok && at <= h.now {
+				t.Fatalf("a timer is due at %d (now %d) with nothing to do", at, h.now)
+			}
+			h.rejects(Checkpoint{Meta: h.meta(), Claim: claimID(1), ID: "ck_0000000000000001"}, InvalidTransition)
+			tc.settle(h, in)
+			// Settled: the next Tick hibernates it, and the archive follows.
+			h.tick(0, event.TypeHibernateRequested)
+			h.do(HibernateDone{Meta: h.res(h.intentFor(vm, kA)), VM: vm, SnapshotDir: "hibernate/x"}, event.TypeHibernated)
+			h.tick(0, event.TypeArchiveRequested)
+			h.archive(vm, "i1/vm-x")
+		})
+	}
+}

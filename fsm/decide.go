@@ -448,7 +448,8 @@ func (d *decider) liveClaim(id string) (*ClaimRec, error) {
 // effect on the claim is in flight: its VM is claimed (running claim) or
 // hibernated (hibernated claim) and no volume attach or detach runs.
 // Everything that starts a side effect on a claim's VM (hibernate, idle or
-// asked; checkpoint and fork; promote; volume changes) asks it, so none
+// asked; checkpoint and fork; promote; volume changes; the archive, at an
+// archiving expiry or by the pool's timer: archive.go) asks it, so none
 // overlaps another (a snapshot never races a hot-plug).
 func (s *State) settledVM(c *ClaimRec) (*VMRec, bool) {
 	v := s.vms[c.VM]
