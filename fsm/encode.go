@@ -30,11 +30,12 @@ const (
 	// goldens, retired snapshot dirs, promoted templates and promotes in
 	// flight.
 	// And volumes: the catalog and the claims' volumes.
-	// And the archive: the pools' archive settings, the archived VMs'
-	// archive names, the claims' on_expire and archive retry.
 	StateFormatV6 = 6
+	// StateFormatV7 adds the archive: the pools' archive settings, the
+	// archived VMs' archive names, the claims' on_expire and archive retry.
+	StateFormatV7 = 7
 	// StateFormatCurrent is the newest format this build writes and reads.
-	StateFormatCurrent = StateFormatV6
+	StateFormatCurrent = StateFormatV7
 )
 
 // ErrStateFormat means an encoded State is of a format this build cannot
@@ -69,7 +70,7 @@ var (
 //	     n promotes × (vm, target key, tenant)
 //	     n volumes × (name, path, writable, n tenants × tenant),
 //	     n claims with volumes × (id, n × (name, mount, rw, path, status, live, op, req, req seq))
-//	     n pools with archive settings × (key, archive after, archive delete after (varints)),
+//	[V7] n pools with archive settings × (key, archive after, archive delete after (varints)),
 //	     n VMs with an archive × (id, archive),
 //	     n claims with archive fields × (id, on_expire archive, archive retry at (varint))
 //	policy: n rules × (host, n methods × method, n ports × port, secret, intercept), socks5
@@ -461,6 +462,8 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 		d.checkpoints(s)
 		d.store(s)
 		d.volumes(s)
+	}
+	if format >= StateFormatV7 {
 		d.archive(s)
 	}
 	if d.err == nil && len(d.b) != 0 {
