@@ -1,15 +1,10 @@
 package archive
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -375,64 +370,14 @@ func copySparse(dst, src string, beforeSync func() error) (size int64, sum strin
 			err = cerr
 		}
 	}()
-	h := sha256.New()
-	var word [8]byte
-	binary.LittleEndian.PutUint64(word[:], uint64(size))
-	h.Write(word[:])
-	fd := int(in.Fd())
-	buf := make([]byte, 1<<20)
-	var zero [4096]byte
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		}
-		if err != nil {
-			return 0, "", err
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return 0, "", err
-		}
-		for pos := data &^ 4095; pos < hole; {
-			n, err := in.ReadAt(buf[:min(int64(len(buf)), hole-pos)], pos)
-			if n == 0 && err != nil && err != io.EOF {
-				return 0, "", err
-			}
-			if n == 0 {
-				break
-			}
-			// Runs of non-zero pages are written with one call each.
-			run := -1
-			flush := func(end int) error {
-				if run < 0 {
-					return nil
-				}
-				_, err := out.WriteAt(buf[run:end], pos+int64(run))
-				run = -1
-				return err
-			}
-			for p := 0; p < n; p += 4096 {
-				page := buf[p:min(p+4096, n)]
-				if bytes.Equal(page, zero[:len(page)]) {
-					if err := flush(p); err != nil {
-						return 0, "", err
-					}
-					continue
-				}
-				binary.LittleEndian.PutUint64(word[:], uint64(pos)+uint64(p))
-				h.Write(word[:])
-				h.Write(page)
-				if run < 0 {
-					run = p
-				}
-			}
-			if err := flush(n); err != nil {
-				return 0, "", err
-			}
-			pos += int64(n)
-		}
-		off = hole
+	h := fsx.NewContentHash(size)
+	// Runs of non-zero pages are written with one call each.
+	if err := fsx.DataRuns(in, size, func(off int64, run []byte) error {
+		h.Add(off, run)
+		_, err := out.WriteAt(run, off)
+		return err
+	}); err != nil {
+		return 0, "", err
 	}
 	if err := out.Truncate(size); err != nil {
 		return 0, "", err
@@ -445,7 +390,7 @@ func copySparse(dst, src string, beforeSync func() error) (size int64, sum strin
 	if err := out.Sync(); err != nil {
 		return 0, "", err
 	}
-	return size, hex.EncodeToString(h.Sum(nil)), nil
+	return size, h.Sum(), nil
 }
 
 func syncPath(p string) error {
