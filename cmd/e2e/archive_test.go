@@ -38,6 +38,27 @@ func archives(t *testing.T, dir string) []string {
 	return found
 }
 
+// archivingClaim starts a chsim node with archive store adir (wrapped by
+// wrap, as startChsimNodeWith), gives it a pool of "e2e" and claims a
+// sandbox with on_expire "archive" and a lease of ttl seconds, retrying
+// until the pool's golden is ready.
+func archivingClaim(ctx context.Context, t *testing.T, root, adir string, ttl int64, wrap ...string) (*chsimNode, *api.ClaimResponse) {
+	t.Helper()
+	n := startChsimNodeWith(t, root, map[string]any{"archive_dir": adir}, wrap...)
+	if _, err := n.c.SetPools(ctx, api.PoolsRequest{Pools: []api.PoolSpec{{Template: "e2e", Warm: 1}}}); err != nil {
+		t.Fatalf("PUT pools: %v", err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		cr, err := n.c.Claim(ctx, api.ClaimRequest{Template: "e2e", TTLSeconds: ttl, OnExpire: "archive"})
+		if err == nil {
+			return n, cr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claim: %v", err)
+		}
+	}
+}
+
 // TestArchiveOnExpireEndToEnd: against the built sandboxd on chsim with an
 // archive_dir, a claim with on_expire "archive" is hibernated and archived
 // at the end of its lease (its local snapshot gone, the archive complete,
@@ -48,23 +69,10 @@ func archives(t *testing.T, dir string) []string {
 func TestArchiveOnExpireEndToEnd(t *testing.T) {
 	const root = "e2e-root-token"
 	adir := archiveDir(t)
-	n := startChsimNodeWith(t, root, map[string]any{"archive_dir": adir})
-	c := n.c
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if _, err := c.SetPools(ctx, api.PoolsRequest{Pools: []api.PoolSpec{{Template: "e2e", Warm: 1}}}); err != nil {
-		t.Fatalf("PUT pools: %v", err)
-	}
-	var cr *api.ClaimResponse
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		var err error
-		if cr, err = c.Claim(ctx, api.ClaimRequest{Template: "e2e", TTLSeconds: 3, OnExpire: "archive"}); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("claim: %v", err)
-		}
-	}
+	n, cr := archivingClaim(ctx, t, root, adir, 3)
+	c := n.c
 	content := strings.Repeat("kept through the archive\n", 1000)
 	g, err := agentConn(ctx, n.addr, cr.ID, cr.Token)
 	if err != nil {
@@ -137,23 +145,10 @@ func TestArchiveCrashAtEachStep(t *testing.T) {
 		t.Run(strconv.Itoa(i), func(t *testing.T) {
 			t.Logf("SBX_CRASH_AT=%s", spec)
 			adir := archiveDir(t)
-			n := startChsimNodeWith(t, root, map[string]any{"archive_dir": adir}, "env", "SBX_CRASH_AT="+spec)
-			c := n.c
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			if _, err := c.SetPools(ctx, api.PoolsRequest{Pools: []api.PoolSpec{{Template: "e2e", Warm: 1}}}); err != nil {
-				t.Fatalf("PUT pools: %v", err)
-			}
-			var cr *api.ClaimResponse
-			for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-				var err error
-				if cr, err = c.Claim(ctx, api.ClaimRequest{Template: "e2e", TTLSeconds: 4, OnExpire: "archive"}); err == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("claim: %v", err)
-				}
-			}
+			n, cr := archivingClaim(ctx, t, root, adir, 4, "env", "SBX_CRASH_AT="+spec)
+			c := n.c
 			g, err := agentConn(ctx, n.addr, cr.ID, cr.Token)
 			if err != nil {
 				t.Fatal(err)
