@@ -20,6 +20,7 @@ import (
 	"github.com/sbxlog/sbxlog/bench/agentbench"
 	"github.com/sbxlog/sbxlog/bench/apibench"
 	"github.com/sbxlog/sbxlog/bench/chbench"
+	"github.com/sbxlog/sbxlog/bench/diskbench"
 	"github.com/sbxlog/sbxlog/bench/egressbench"
 	"github.com/sbxlog/sbxlog/bench/execbench"
 	"github.com/sbxlog/sbxlog/bench/fsmbench"
@@ -55,6 +56,8 @@ var sections = []section{
 	{"tarbench", tarbench.Run},
 	{"agentbench", agentbench.Run},
 	{"egressqemubench", egressbench.RunQEMU},
+	{"genbench", diskbench.Run},
+	{"archivebench", diskbench.RunArchive},
 }
 
 func main() {

@@ -3,7 +3,8 @@
 //
 //   - Driver is what a hypervisor backend implements: one method per intent
 //     kind (BuildGolden, Clone, Hibernate, Wake, Destroy; Restart through the
-//     optional Restarter interface). Each method is a recipe of named,
+//     optional Restarter interface; Archive, Unarchive, DeleteArchive through
+//     Archiver, which package executors/archive implements for every driver). Each method is a recipe of named,
 //     idempotent steps keyed by the intent's op id, so a call repeated after
 //     a crash at any step either completes the operation or rolls it back;
 //     see the Driver doc for the per-method contract. The Cloud Hypervisor

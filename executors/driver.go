@@ -81,6 +81,19 @@ type Checkpointer interface {
 	RemoveCheckpoint(ctx context.Context, in fsm.RemoveCheckpoint) (Result, error)
 }
 
+// Archiver is implemented by drivers that have an archive store (package
+// executors/archive performs these for every driver): Archive moves a
+// hibernated VM's snapshot there (fsm.ArchiveVM), Unarchive brings it back
+// (fsm.UnarchiveVM), DeleteArchive is the destroy of an archived VM
+// (fsm.DeleteArchiveVM). Each is idempotent under the op id like every
+// Driver method. The dispatch table fails them for good on a driver
+// without an archive store.
+type Archiver interface {
+	Archive(ctx context.Context, in fsm.ArchiveVM) (Result, error)
+	Unarchive(ctx context.Context, in fsm.UnarchiveVM) (Result, error)
+	DeleteArchive(ctx context.Context, in fsm.DeleteArchiveVM) (Result, error)
+}
+
 // Result is what a successful Driver call reports.
 type Result struct {
 	// Report goes into the result event: per-step timings and the copy mode.
@@ -124,6 +137,10 @@ var methods = map[fsm.IntentKind]Method{
 	// volumes.go: an optional interface, like Restarter.
 	fsm.KindAttachVolume: method(attachVolume, time.Minute),
 	fsm.KindDetachVolume: method(detachVolume, time.Minute),
+	// The archive's kinds (Archiver): archive.go.
+	fsm.KindArchive:       method(archiveCall(Archiver.Archive), time.Hour),
+	fsm.KindUnarchive:     method(archiveCall(Archiver.Unarchive), time.Hour),
+	fsm.KindArchiveDelete: method(archiveCall(Archiver.DeleteArchive), 10*time.Minute),
 }
 
 // MethodFor returns the Driver method performing intents of kind k; false

@@ -43,7 +43,14 @@ func (r *recorder) DetachVolume(context.Context, fsm.DetachVolume) (Result, erro
 // noVolumes is a Driver that cannot attach volumes.
 type noVolumes struct{ plain }
 
-func (noVolumes) AttachVolume() {} // not a VolumeAttacher: another signature
+func (noVolumes) AttachVolume()                                            {} // not a VolumeAttacher: another signature
+func (r *recorder) Archive(context.Context, fsm.ArchiveVM) (Result, error) { return r.note("Archive") }
+func (r *recorder) Unarchive(context.Context, fsm.UnarchiveVM) (Result, error) {
+	return r.note("Unarchive")
+}
+func (r *recorder) DeleteArchive(context.Context, fsm.DeleteArchiveVM) (Result, error) {
+	return r.note("DeleteArchive")
+}
 
 // plain is a Driver without Restart.
 type plain struct{ recorder }
@@ -85,6 +92,9 @@ func TestDispatchTable(t *testing.T) {
 		{fsm.CollectSnapshot{OpID: op, Dir: "golden/x"}, "CollectSnapshot"},
 		{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, "AttachVolume"},
 		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, "DetachVolume"},
+		{fsm.ArchiveVM{OpID: op, VM: "vm-1"}, "Archive"},
+		{fsm.UnarchiveVM{OpID: op, VM: "vm-1"}, "Unarchive"},
+		{fsm.DeleteArchiveVM{OpID: op, VM: "vm-1"}, "DeleteArchive"},
 	}
 	for _, c := range cases {
 		t.Run(string(c.in.Kind()), func(t *testing.T) {
@@ -129,6 +139,13 @@ func TestDispatchTable(t *testing.T) {
 		var bare noVolumes
 		if _, err := m.Call(context.Background(), &bare, in); !IsUnrecoverable(err) || bare.called != "" {
 			t.Fatalf("%s on a driver that cannot: %v, called %q", in.Kind(), err, bare.called)
+		}
+	}
+	// A driver without an archive store fails the archive kinds for good.
+	for _, in := range []fsm.Intent{fsm.ArchiveVM{OpID: op, VM: "vm-1"}, fsm.UnarchiveVM{OpID: op, VM: "vm-1"}, fsm.DeleteArchiveVM{OpID: op, VM: "vm-1"}} {
+		m, _ := MethodFor(in.Kind())
+		if _, err := m.Call(context.Background(), &b, in); !IsUnrecoverable(err) {
+			t.Fatalf("%s on a driver without an archive store: %v", in.Kind(), err)
 		}
 	}
 }

@@ -211,7 +211,7 @@ func (a *applier) apply(p event.Payload) error {
 		s.dropVM(v)
 
 	case event.VMDestroyRequested:
-		v, err := a.vm(p.VM, VMWarm, VMClaimed, VMHibernated)
+		v, err := a.vm(p.VM, VMWarm, VMClaimed, VMHibernated, VMArchived)
 		if err != nil {
 			return err
 		}
@@ -231,7 +231,7 @@ func (a *applier) apply(p event.Payload) error {
 		s.dropVM(v)
 
 	case event.VMExited:
-		if _, err := a.vm(p.VM, VMWarm, VMClaimed, VMCloning, VMHibernating, VMHibernated, VMWaking, VMDestroying, VMRestarting); err != nil {
+		if _, err := a.vm(p.VM, VMWarm, VMClaimed, VMCloning, VMHibernating, VMHibernated, VMWaking, VMDestroying, VMRestarting, VMArchiving, VMArchived, VMUnarchiving); err != nil {
 			return err
 		}
 
@@ -250,6 +250,8 @@ func (a *applier) apply(p event.Payload) error {
 		s.setVMStatus(v, VMRestarting)
 		// Its VMM died: the restart boots cold from its own disk.
 		s.unmapVM(v)
+		// An archiving expiry waits for the VM to be claimed again.
+		s.syncClaimTimers(s.claims[p.Claim])
 
 	case event.VMRestarted:
 		v, err := a.vm(p.VM, VMRestarting)
@@ -301,6 +303,9 @@ func (a *applier) apply(p event.Payload) error {
 			return err
 		}
 		c.TTLSeconds, c.Deadline = p.TTLSeconds, p.DeadlineNS
+		if p.OnExpire != "" {
+			c.OnExpireArchive = p.OnExpire == event.OnExpireArchive
+		}
 		if c.Status == ClaimRunning {
 			c.LastActivity = max(c.LastActivity, now)
 		}
@@ -365,8 +370,12 @@ func (a *applier) apply(p event.Payload) error {
 		if c := a.claimIf(v, ClaimHibernating); c != nil {
 			// The idle timer restarts from now, so a failing idle
 			// hibernate is retried after another idle period, not at
-			// every Tick.
+			// every Tick; a failing hibernate at an archiving expiry
+			// after ArchiveRetryNS.
 			c.LastActivity = max(c.LastActivity, now)
+			if c.Deadline <= now {
+				c.ArchiveRetryAt = now + ArchiveRetryNS
+			}
 			s.setClaimStatus(c, ClaimRunning, now)
 		}
 
@@ -392,6 +401,11 @@ func (a *applier) apply(p event.Payload) error {
 		s.setVMStatus(v, VMClaimed)
 		if c := a.claimIf(v, ClaimWaking); c != nil {
 			c.LastActivity = max(c.LastActivity, now)
+			if c.OnExpireArchive && c.Deadline <= now {
+				// Woken between an archiving expiry's hibernate and its
+				// archive: a fresh lease, as a wake from the archive.
+				c.Deadline = now + c.TTLSeconds*second
+			}
 			s.setClaimStatus(c, ClaimRunning, now)
 		}
 
@@ -514,6 +528,9 @@ func (a *applier) apply(p event.Payload) error {
 		return a.volumeSettled(p.Claim, p.Volume, VolumeDetaching, true, VolumeAttached)
 
 	default:
+		if ok, err := a.applyArchive(p); ok {
+			return err
+		}
 		return inconsistent("no state transition for %T", p)
 	}
 	return nil
@@ -556,7 +573,7 @@ func (a *applier) poolsConfigured(p event.PoolsConfigured) error {
 			s.pools[sp.PoolKey] = &PoolRec{Spec: sp}
 			continue
 		}
-		if pool.Spec.IdleHibernateSeconds != sp.IdleHibernateSeconds {
+		if pool.Spec.IdleHibernateSeconds != sp.IdleHibernateSeconds || pool.Spec.ArchiveAfterSeconds != sp.ArchiveAfterSeconds {
 			idleChanged[sp.PoolKey] = true
 		}
 		pool.Spec, pool.Draining = sp, false
@@ -599,7 +616,8 @@ func (a *applier) claimCreated(p event.ClaimCreated) error {
 	c := &ClaimRec{ID: p.Claim, Key: pool.Spec.PoolKey, VM: p.VM, Tenant: p.Tenant, ClaimRef: p.ClaimRef, Metadata: maps.Clone(p.Metadata),
 		Tier: tier, Status: ClaimPending, TTLSeconds: p.TTLSeconds, Deadline: p.DeadlineNS, ServeBy: p.ServeByNS,
 		TokenGen: p.TokenGen, Created: now,
-		EgressClass: p.EgressClass, NoEgress: p.NoEgress, Unpooled: p.PolicyLayer == PolicyUnpooled, Env: p.Env}
+		EgressClass: p.EgressClass, NoEgress: p.NoEgress, Unpooled: p.PolicyLayer == PolicyUnpooled, Env: p.Env,
+		OnExpireArchive: p.OnExpire == event.OnExpireArchive}
 	if len(c.Metadata) == 0 {
 		c.Metadata = nil
 	}

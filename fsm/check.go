@@ -28,6 +28,7 @@ func (s *State) Check() error {
 	// Running and hibernated claims whose VM is being checkpointed, or
 	// promoted.
 	var checkpointing, promoting [numClaimStatus]int
+	archiveHibernated := 0 // hibernated claims whose VM archives or is archived
 	tenantLive := map[string]int{}
 	poolVMs, poolRefill, poolLive := map[PoolKey]int{}, map[PoolKey]int{}, map[PoolKey]int{}
 	// Expected timers are checked in place against the heap's index, and
@@ -101,6 +102,14 @@ func (s *State) Check() error {
 			want = VMRestarting
 			restartingRunning++
 		}
+		if v != nil && archiveVMStatus(c.Status, v.Status) {
+			// A hibernated claim's snapshot may be in the archive's
+			// hands, a waking one's on its way back.
+			want = v.Status
+			if c.Status == ClaimHibernated {
+				archiveHibernated++
+			}
+		}
 		if v != nil && (c.Status == ClaimRunning || c.Status == ClaimHibernated) && v.Status == VMCheckpointing {
 			want = VMCheckpointing
 			checkpointing[c.Status]++
@@ -122,10 +131,10 @@ func (s *State) Check() error {
 	// one into such VMs; equal counts make it onto, so no claimed or
 	// hibernated VM is without its claim.
 	if claimCount[ClaimRunning] != vmCount[VMClaimed]+restartingRunning+checkpointing[ClaimRunning]+promoting[ClaimRunning] ||
-		claimCount[ClaimHibernated] != vmCount[VMHibernated]+checkpointing[ClaimHibernated]+promoting[ClaimHibernated] {
-		fail("%d running claims for %d claimed VMs (and %d restarting, %d checkpointing, %d promoting), %d hibernated claims for %d hibernated VMs (and %d checkpointing, %d promoting)",
+		claimCount[ClaimHibernated] != vmCount[VMHibernated]+checkpointing[ClaimHibernated]+promoting[ClaimHibernated]+archiveHibernated {
+		fail("%d running claims for %d claimed VMs (and %d restarting, %d checkpointing, %d promoting), %d hibernated claims for %d hibernated VMs (and %d checkpointing, %d promoting, %d archiving or archived)",
 			claimCount[ClaimRunning], vmCount[VMClaimed], restartingRunning, checkpointing[ClaimRunning], promoting[ClaimRunning],
-			claimCount[ClaimHibernated], vmCount[VMHibernated], checkpointing[ClaimHibernated], promoting[ClaimHibernated])
+			claimCount[ClaimHibernated], vmCount[VMHibernated], checkpointing[ClaimHibernated], promoting[ClaimHibernated], archiveHibernated)
 	}
 	if claimCount != s.claimCount || live != s.live {
 		fail("claim counters %v/%d, records say %v/%d", s.claimCount, s.live, claimCount, live)
@@ -228,4 +237,10 @@ func (s *State) vmCountWithIntent() int {
 		}
 	}
 	return n
+}
+
+// archiveVMStatus reports whether a claim in status c may have its VM in
+// the archive's status v.
+func archiveVMStatus(c ClaimStatus, v VMStatus) bool {
+	return c == ClaimHibernated && (v == VMArchiving || v == VMArchived) || c == ClaimWaking && v == VMUnarchiving
 }

@@ -87,6 +87,9 @@ type Claim struct {
 	// (volumes.go); VolumesAttachOnly: mount none of them.
 	Volumes           []VolumeRequest
 	VolumesAttachOnly bool
+	// OnExpire is the action at the lease's end: "archive", or "destroy"
+	// (or empty), the default.
+	OnExpire string
 }
 
 // Refill requests clones to bring pool Key (every pool short of its target
@@ -121,6 +124,10 @@ type Renew struct {
 	Meta
 	Claim      string
 	TTLSeconds int64
+	// OnExpire, when set, switches the action at the lease's end
+	// ("archive" or "destroy"); empty keeps it. An archived claim is
+	// refused: its deadline is its archive's retention.
+	OnExpire string
 }
 
 // Touch records activity on a running claim, postponing idle hibernation.

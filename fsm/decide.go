@@ -138,7 +138,7 @@ func (d *decider) destroy(vm, reason string) {
 // handlers: a VM whose claim ended is destroyed when it settles).
 func (d *decider) destroySettled(vm, reason string) {
 	v := d.s.vms[vm]
-	if v != nil && (v.Status == VMClaimed || v.Status == VMHibernated || v.Status == VMWarm) {
+	if v != nil && (v.Status == VMClaimed || v.Status == VMHibernated || v.Status == VMWarm || v.Status == VMArchived) {
 		d.destroy(vm, reason)
 	}
 }
@@ -351,6 +351,9 @@ func (c Claim) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
+	if err := validOnExpire(c.OnExpire); err != nil {
+		return err
+	}
 	vols, err := c.claimVolumes(d)
 	if err != nil {
 		return err
@@ -363,6 +366,9 @@ func (c Claim) decide(d *decider) error {
 	ev := event.ClaimCreated{Claim: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
 		TTLSeconds: ttl, DeadlineNS: deadline, ServeByNS: min(deadline, d.m.Now+serve*second), TokenGen: gen,
 		NoEgress: c.NoEgress, Env: env, Volumes: vols}
+	if c.OnExpire == event.OnExpireArchive {
+		ev.OnExpire = c.OnExpire
+	}
 	if len(ev.Metadata) == 0 {
 		ev.Metadata = nil
 	}
@@ -442,7 +448,8 @@ func (d *decider) liveClaim(id string) (*ClaimRec, error) {
 // effect on the claim is in flight: its VM is claimed (running claim) or
 // hibernated (hibernated claim) and no volume attach or detach runs.
 // Everything that starts a side effect on a claim's VM (hibernate, idle or
-// asked; checkpoint and fork; promote; volume changes) asks it, so none
+// asked; checkpoint and fork; promote; volume changes; the archive, at an
+// archiving expiry or by the pool's timer: archive.go) asks it, so none
 // overlaps another (a snapshot never races a hot-plug).
 func (s *State) settledVM(c *ClaimRec) (*VMRec, bool) {
 	v := s.vms[c.VM]
@@ -498,6 +505,11 @@ func (cmd Wake) decide(d *decider) error {
 		return nil
 	case ClaimHibernated:
 		v := d.s.vms[c.VM]
+		if v != nil {
+			if handled, err := d.wakeArchive(c, v); handled {
+				return err
+			}
+		}
 		if v == nil || v.Status != VMHibernated {
 			return reject(InvalidTransition, "sandbox %s: its VM is not hibernated", id)
 		}
@@ -530,11 +542,17 @@ func (r Renew) decide(d *decider) error {
 	if !c.Status.Live() {
 		return reject(InvalidTransition, "sandbox %s is %s, cannot renew", r.Claim, c.Status)
 	}
+	if d.s.archivedClaim(c) {
+		return reject(InvalidTransition, "sandbox %s is archived: wake it first", r.Claim)
+	}
+	if err := validOnExpire(r.OnExpire); err != nil {
+		return err
+	}
 	ttl, err := ttlSeconds(r.TTLSeconds)
 	if err != nil {
 		return err
 	}
-	d.emit(event.ClaimRenewed{Claim: r.Claim, TTLSeconds: ttl, DeadlineNS: d.m.Now + ttl*second}, r.Claim)
+	d.emit(event.ClaimRenewed{Claim: r.Claim, TTLSeconds: ttl, DeadlineNS: d.m.Now + ttl*second, OnExpire: r.OnExpire}, r.Claim)
 	return nil
 }
 
@@ -577,6 +595,10 @@ func (Tick) decide(d *decider) error {
 				}
 			}
 		case t.key.kind == tTTL && c.Status.Live() && c.Status != ClaimPending:
+			if d.expireArchives(c) {
+				// Not ended; no idle hibernate or archive of it below.
+				break
+			}
 			d.closeRelays(c.ID, "expired")
 			d.emit(event.ClaimExpired{Claim: c.ID, VM: c.VM}, c.ID)
 			d.destroySettled(c.VM, "expire")
@@ -596,6 +618,10 @@ func (Tick) decide(d *decider) error {
 				if _, ok := s.settledVM(c); ok {
 					d.emit(event.HibernateRequested{Claim: c.ID, VM: c.VM, Reason: "idle"}, c.ID)
 				}
+			}
+		case tArchive:
+			if c := s.claims[t.key.id]; c != nil && !ended[c.ID] {
+				d.archiveDue(c)
 			}
 		case tGolden:
 			k, err := event.ParsePoolKey(t.key.id)

@@ -20,8 +20,9 @@
 //     unchanged.
 //   - Intents(s) lists the side effects the state asks for (BuildGolden,
 //     CloneVM, HibernateVM, WakeVM, DestroyVM, RestartVM, PromoteVM,
-//     CollectSnapshot, and a claim's AttachVolume and DetachVolume:
-//     volumes.go), each with the op id its
+//     CollectSnapshot, a claim's AttachVolume and DetachVolume: volumes.go,
+//     and the archive's ArchiveVM, UnarchiveVM, DeleteArchiveVM: archive.go),
+//     each with the op id its
 //     executor keys its idempotent steps by (derived from the request
 //     event's op id, see IntentOp), computed from state alone, so a restarted
 //     daemon recomputes the same intents with the same op ids. Intents costs
@@ -40,8 +41,8 @@
 //     Refills are commands rather than side effects of every decision so a
 //     claim's decision stays one event.
 //   - s.NextTimer() says when to send the next Tick. Timers (a pending
-//     claim's serve deadline, a lease, idle hibernation, a failed golden's
-//     retry, parked refills) live in an indexed min-heap, so a Tick costs
+//     claim's serve deadline, a lease, idle hibernation, a pool's archive
+//     after idle, a failed golden's retry, parked refills) live in an indexed min-heap, so a Tick costs
 //     O(due timers), and a Tick with nothing due decides nothing.
 //
 // Each command carries its own decision (an unexported decide method next to

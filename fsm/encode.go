@@ -31,8 +31,11 @@ const (
 	// flight.
 	// And volumes: the catalog and the claims' volumes.
 	StateFormatV6 = 6
+	// StateFormatV7 adds the archive: the pools' archive settings, the
+	// archived VMs' archive names, the claims' on_expire and archive retry.
+	StateFormatV7 = 7
 	// StateFormatCurrent is the newest format this build writes and reads.
-	StateFormatCurrent = StateFormatV6
+	StateFormatCurrent = StateFormatV7
 )
 
 // ErrStateFormat means an encoded State is of a format this build cannot
@@ -67,6 +70,9 @@ var (
 //	     n promotes × (vm, target key, tenant)
 //	     n volumes × (name, path, writable, n tenants × tenant),
 //	     n claims with volumes × (id, n × (name, mount, rw, path, status, live, op, req, req seq))
+//	[V7] n pools with archive settings × (key, archive after, archive delete after (varints)),
+//	     n VMs with an archive × (id, archive),
+//	     n claims with archive fields × (id, on_expire archive, archive retry at (varint))
 //	policy: n rules × (host, n methods × method, n ports × port, secret, intercept), socks5
 //	entry:  name, sealed, size (varint), host only, has inject, [n hosts × host, header, query, body, placeholder]
 //
@@ -202,6 +208,7 @@ func Encode(s *State) []byte {
 	e.checkpoints(s)
 	e.store(s)
 	e.volumes(s)
+	e.archive(s)
 	return e.b
 }
 
@@ -455,6 +462,9 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 		d.checkpoints(s)
 		d.store(s)
 		d.volumes(s)
+	}
+	if format >= StateFormatV7 {
+		d.archive(s)
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrStateCorrupt, len(d.b))

@@ -19,6 +19,8 @@ import (
 // status (one restarting, with a restart history), claims in each status
 // (with pinned egress and env), tenants (set over the API), egress
 // classes, the node draining, and open relays of each kind.
+// testdata/state_v6.bin is its encoding by the last StateFormatV6 build:
+// before changing it, freeze this version as richStateV6 for that file.
 func richState(t *testing.T) *harness {
 	h := richStateV4(t)
 	h.do(SetEgressClasses{Meta: h.meta(), FromConfig: true, Classes: []EgressClassSpec{
@@ -162,7 +164,8 @@ func TestEncodeKeepsLIFOOrder(t *testing.T) {
 }
 
 // Snapshots written in an earlier format (V1 before restart histories, V2
-// before drain and tenants, V3 before relays, V4 before guarded egress)
+// before drain and tenants, V3 before relays, V4 before guarded egress,
+// V6 before the archive)
 // still decode, to the same state the same events give today, and
 // re-encode as the current format.
 func TestDecodeOldFormats(t *testing.T) {
@@ -175,6 +178,9 @@ func TestDecodeOldFormats(t *testing.T) {
 		{"state_v2.bin", StateFormatV2, richStateV2},
 		{"state_v3.bin", StateFormatV3, richStateV3},
 		{"state_v4.bin", StateFormatV4, richStateV4},
+		// Written by the build before the archive (StateFormatV7): a V6
+		// snapshot has no archive section.
+		{"state_v6.bin", StateFormatV6, richState},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			old, err := os.ReadFile(filepath.Join("testdata", tc.file))

@@ -57,8 +57,9 @@ const (
 // Outcome is what a side effect that succeeded reports into its result
 // command.
 type Outcome struct {
-	// SnapshotDir is the snapshot made (golden build, hibernate, promote),
-	// relative to the store; empty for the other kinds.
+	// SnapshotDir is the snapshot made (golden build, hibernate, promote,
+	// unarchive), relative to the store, or the archive made (archive);
+	// empty for the other kinds.
 	SnapshotDir string
 	// Digest is a promoted template's content digest ("sha256:...").
 	Digest string
@@ -390,14 +391,19 @@ var vmIntents = [numVMStatus]func(s *State, v *VMRec) Intent{
 		return WakeVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq,
 			Volumes: s.attachedDisks(v.Claim)}
 	},
-	VMDestroying: func(_ *State, v *VMRec) Intent {
+	VMDestroying: func(s *State, v *VMRec) Intent {
+		if v.Archive != "" {
+			return archiveIntent(s, v)
+		}
 		return DestroyVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
 	},
 	VMRestarting: func(s *State, v *VMRec) Intent {
 		return RestartVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ReqSeq: v.ReqSeq,
 			Volumes: s.attachedDisks(v.Claim)}
 	},
-	VMPromoting: promoteIntent,
+	VMPromoting:   promoteIntent,
+	VMArchiving:   archiveIntent,
+	VMUnarchiving: archiveIntent,
 }
 
 // hasIntent reports whether a VM in status st has a side effect in flight.

@@ -61,6 +61,15 @@ func TestIntentMethods(t *testing.T) {
 		{DetachVolume{VolumeIntent{OpID: op, VM: "vm-8", Claim: claimID(8), Disk: VolumeDisk{Name: "data"}}}, KindDetachVolume, "vm-8/data", false,
 			VolumeDetachDone{Meta: m, Claim: claimID(8), VM: "vm-8", Volume: "data"},
 			VolumeDetachError{Meta: m, Claim: claimID(8), VM: "vm-8", Volume: "data", Error: "boom"}},
+		{ArchiveVM{OpID: op, VM: "vm-7", Claim: claimID(7)}, KindArchive, "vm-7", false,
+			ArchiveDone{Meta: m, VM: "vm-7", Archive: out.SnapshotDir, Report: rep},
+			ArchiveFailed{Meta: m, VM: "vm-7", Error: "boom", Lost: true}},
+		{UnarchiveVM{OpID: op, VM: "vm-8", Claim: claimID(8)}, KindUnarchive, "vm-8", false,
+			UnarchiveDone{Meta: m, VM: "vm-8", SnapshotDir: out.SnapshotDir, Report: rep},
+			UnarchiveFailed{Meta: m, VM: "vm-8", Error: "boom", Lost: true}},
+		{DeleteArchiveVM{OpID: op, VM: "vm-9"}, KindArchiveDelete, "vm-9", false,
+			VMDestroyed{Meta: m, VM: "vm-9", Report: rep},
+			nil},
 	}
 	for _, c := range cases {
 		t.Run(string(c.kind)+"/"+c.subject, func(t *testing.T) {

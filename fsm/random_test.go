@@ -379,6 +379,12 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 				return fmt.Errorf("intent %+v: retired record %+v (%v), %d mappers", in, r, ok, s.Mappers(in.Dir))
 			}
 			continue
+		case fsm.ArchiveVM:
+			vm, want = in.VM, fsm.VMArchiving
+		case fsm.UnarchiveVM:
+			vm, want = in.VM, fsm.VMUnarchiving
+		case fsm.DeleteArchiveVM:
+			vm, want = in.VM, fsm.VMDestroying
 		case fsm.BuildGolden:
 			if g, ok := s.Golden(in.Key); !ok || g.Status != fsm.GoldenBuilding || g.Op != in.OpID {
 				return fmt.Errorf("intent %+v: golden is %+v", in, g)
@@ -421,7 +427,10 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 			if c.Status == fsm.ClaimPending && c.ServeBy <= now {
 				return fmt.Errorf("claim %s still pending %d ns after its serve deadline", id, now-c.ServeBy)
 			}
-			if c.Status.Live() && c.Status != fsm.ClaimPending && c.Deadline <= now {
+			// A claim whose expiry archives outlives its lease until it is
+			// archived; an archived one's deadline is its retention (0:
+			// none), which ends it.
+			if c.Status.Live() && c.Status != fsm.ClaimPending && c.Deadline != 0 && c.Deadline <= now && !(s.ExpiryArchives(&c) && !s.Archived(&c)) {
 				return fmt.Errorf("claim %s live %d ns after its deadline", id, now-c.Deadline)
 			}
 		}

@@ -286,7 +286,7 @@ func (s *State) dropClaim(c *ClaimRec) {
 }
 
 // claimTimerKinds are the timers a claim may have armed.
-var claimTimerKinds = [...]timerKind{tServe, tTTL, tIdle}
+var claimTimerKinds = [...]timerKind{tServe, tTTL, tIdle, tArchive}
 
 // claimTimer returns when c's timer of kind k should fire, and false when
 // c's status arms no such timer. It is the single definition used by Apply,
@@ -296,7 +296,12 @@ func (s *State) claimTimer(c *ClaimRec, k timerKind) (int64, bool) {
 	case tServe:
 		return c.ServeBy, c.Status == ClaimPending
 	case tTTL:
-		return c.Deadline, c.Status.Live() && c.Status != ClaimPending
+		if !c.Status.Live() || c.Status == ClaimPending {
+			return 0, false
+		}
+		return s.ttlTimer(c)
+	case tArchive:
+		return s.archiveTimer(c)
 	case tIdle:
 		// An open relay holds the idle clock.
 		if c.Status != ClaimRunning || s.hasRelays(c.ID) {
@@ -361,6 +366,13 @@ func (s *State) setVMStatus(v *VMRec, st VMStatus) {
 		p.refilling++
 	}
 	s.syncRefill(v.Key)
+	// A claim's lease and archive timers depend on its VM's status (an
+	// archiving expiry acts only on a claimed or hibernated VM), so every
+	// status change re-arms them; a checkpoint or promote in flight holds
+	// them until the VM is back.
+	if c := s.claims[v.Claim]; c != nil && c.VM == v.ID {
+		s.syncClaimTimers(c)
+	}
 }
 
 func (s *State) dropVM(v *VMRec) {

@@ -19,6 +19,8 @@ const (
 
 	// A checkpoint's TTL ends (id = checkpoint).
 	tCheckpoint
+	// A hibernated claim archives (id = claim; pool archive_after_seconds).
+	tArchive
 )
 
 // timerKey names a timer: at most one per (kind, entity). Pool timers use

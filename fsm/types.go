@@ -104,15 +104,21 @@ const (
 	// snapshotted into a promoted template (templates.go); its claim keeps
 	// its status.
 	VMPromoting
+	// VMArchiving, VMArchived, VMUnarchiving: a hibernated VM's snapshot
+	// goes to the archive store, stays there, and comes back for a wake
+	// (archive.go). Appended like VMRestarting.
+	VMArchiving
+	VMArchived
+	VMUnarchiving
 	numVMStatus
 )
 
-var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed", "restarting", "checkpointing", "promoting"}
+var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed", "restarting", "checkpointing", "promoting", "archiving", "archived", "unarchiving"}
 
 // inState reports whether VMs of status v are kept in State (gone and
 // failed ones are not).
 func (v VMStatus) inState() bool {
-	return v >= VMCloning && v < VMGone || v == VMRestarting || v == VMCheckpointing || v == VMPromoting
+	return v >= VMCloning && v < VMGone || v >= VMRestarting && v < numVMStatus
 }
 
 func (v VMStatus) String() string { return enumName(vmNames[:], int(v)) }
@@ -249,6 +255,9 @@ type VMRec struct {
 	// Restarts are the times of the VM's most recent restart requests,
 	// oldest first, at most MaxRestartHistory (read-only).
 	Restarts []int64
+	// Archive names the VM's snapshot in the archive store while it is
+	// archived (SnapshotDir is then empty).
+	Archive string
 }
 
 // ClaimRec is a claim's record.
@@ -284,6 +293,11 @@ type ClaimRec struct {
 	// Volumes are the claim's volumes (volumes.go), in the order asked
 	// (read-only); dropped once the claim ended and its VM is gone.
 	Volumes []ClaimVolume
+	// OnExpireArchive: the lease's end archives the claim instead of
+	// ending it (on_expire "archive"). ArchiveRetryAt holds back the next
+	// archive attempt after a failed one.
+	OnExpireArchive bool
+	ArchiveRetryAt  int64
 }
 
 // Limits are the claim limits; 0 means unlimited. TenantCaps are the caps

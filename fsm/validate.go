@@ -217,6 +217,9 @@ func normSpecs(in []PoolSpec) ([]PoolSpec, error) {
 		case p.IdleHibernateSeconds < 0 || p.IdleHibernateSeconds > MaxIdleSeconds:
 			return nil, reject(Invalid, "pool %s: idle_hibernate_seconds %d out of [0, %d]", p.PoolKey, p.IdleHibernateSeconds, MaxIdleSeconds)
 		}
+		if err := archiveSettingsValid(p); err != nil {
+			return nil, err
+		}
 		if p.WarmMax == 0 {
 			p.WarmMax = p.Warm
 		}

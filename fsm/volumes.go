@@ -686,6 +686,9 @@ func (s *State) setClaimVolumes(c *ClaimRec, vs []ClaimVolume) {
 	}
 	c.Volumes = vs
 	s.indexVolumes(c, 1)
+	// An archiving expiry's and the archive timer wait for a settled
+	// claim (settledVM): a volume operation starting or ending changes it.
+	s.syncClaimTimers(c)
 }
 
 // indexVolumes adds (d = 1) or removes (d = -1) c's volumes from the holds

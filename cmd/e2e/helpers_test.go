@@ -203,14 +203,24 @@ type chsimNode struct {
 // sandboxd is run by it (see startWrappedDaemon).
 func startChsimNode(t *testing.T, root string, wrap ...string) *chsimNode {
 	t.Helper()
+	return startChsimNodeWith(t, root, nil, wrap...)
+}
+
+// startChsimNodeWith is startChsimNode with extra config keys.
+func startChsimNodeWith(t *testing.T, root string, extra map[string]any, wrap ...string) *chsimNode {
+	t.Helper()
 	n := &chsimNode{dir: t.TempDir()}
 	n.data = filepath.Join(n.dir, "data")
 	addr := freeAddr(t)
 	cfg := filepath.Join(n.dir, "sandboxd.json")
-	writeJSON(t, cfg, map[string]any{
+	conf := map[string]any{
 		"listen": addr, "data_dir": n.data, "node_id": "e2e", "api_token": root, "hypervisor": "chsim",
 		"pools": []any{}, "nats": map[string]any{"disabled": true},
-	})
+	}
+	for k, v := range extra {
+		conf[k] = v
+	}
+	writeJSON(t, cfg, conf)
 	n.daemon = startWrappedDaemon(t, n.dir, n.data, addr, wrap, "-config", cfg)
 	// Every exchange of the node's client is checked against the OpenAPI
 	// document.

@@ -16,6 +16,7 @@ import (
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsauth"
 	"github.com/sbxlog/sbxlog/eventlog/replication/stream"
+	"github.com/sbxlog/sbxlog/executors/archive"
 	"github.com/sbxlog/sbxlog/executors/netguard"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/egress"
@@ -41,6 +42,13 @@ type Config struct {
 	// DataDir holds the op log, snapshots, the node secret, run dirs and the
 	// snapshot store.
 	DataDir string `json:"data_dir"`
+	// ArchiveDir is the archive store (archive.go): a directory, meant to
+	// be on another filesystem than DataDir, where hibernated sandboxes
+	// are archived (on_expire "archive", pools' archive_after_seconds).
+	// Empty: no archive; such claims and pools are refused.
+	ArchiveDir string `json:"archive_dir,omitempty"`
+	// archive is ArchiveDir opened at start (openArchive).
+	archive archive.Store
 	// NodeID names this node's log; any printable id of at most 128 bytes
 	// (its JetStream subject carries the id's subject token, see
 	// stream.Token). Default: the host name with every character other
@@ -294,7 +302,8 @@ func (c *Config) finishPools() error {
 func (c *Config) poolSpecs() []fsm.PoolSpec {
 	specs := make([]fsm.PoolSpec, len(c.Pools))
 	for i, p := range c.Pools {
-		specs[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds}
+		specs[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds,
+			ArchiveAfterSeconds: p.ArchiveAfterSeconds, ArchiveDeleteAfterSeconds: p.ArchiveDeleteAfterSeconds}
 	}
 	return specs
 }
@@ -309,13 +318,17 @@ const (
 // Egress is the pool's egress policy (applied with the pool on a first
 // start; PUT /v1/pools changes it afterwards).
 type PoolConfig struct {
-	Template             string         `json:"template"`
-	Net                  string         `json:"net"`
-	Size                 string         `json:"size"`
-	Warm                 int            `json:"warm"`
-	WarmMax              int            `json:"warm_max,omitempty"`
-	IdleHibernateSeconds int64          `json:"idle_hibernate_seconds,omitempty"`
-	Egress               *egress.Policy `json:"egress,omitempty"`
+	Template             string `json:"template"`
+	Net                  string `json:"net"`
+	Size                 string `json:"size"`
+	Warm                 int    `json:"warm"`
+	WarmMax              int    `json:"warm_max,omitempty"`
+	IdleHibernateSeconds int64  `json:"idle_hibernate_seconds,omitempty"`
+	// ArchiveAfterSeconds and ArchiveDeleteAfterSeconds are the pool's
+	// archive settings (they need archive_dir).
+	ArchiveAfterSeconds       int64          `json:"archive_after_seconds,omitempty"`
+	ArchiveDeleteAfterSeconds int64          `json:"archive_delete_after_seconds,omitempty"`
+	Egress                    *egress.Policy `json:"egress,omitempty"`
 }
 
 // NATSConfig selects embedded NATS (default) or an existing cluster.

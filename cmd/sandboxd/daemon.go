@@ -71,6 +71,9 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 	if rootToken == "" {
 		zl.Warn().Msg("no api_token configured: root-only routes answer 401 (/metrics is open, as the old daemon's)")
 	}
+	if err := cfg.openArchive(zl); err != nil {
+		return nil, zl, err
+	}
 	hv, err := resolveHypervisor(cfg, zl)
 	if err != nil {
 		return nil, zl, err
@@ -81,7 +84,7 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 		RestartPolicy: cfg.restartPolicy(), Concurrency: cfg.RefillConcurrency,
 		ReadHeaderTimeout: ms(cfg.HTTP.ReadHeaderTimeoutMS), IdleTimeout: ms(cfg.HTTP.IdleTimeoutMS),
 		API: api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth, NoDashboard: cfg.noDashboard(),
-			CheckpointTTL: time.Duration(cfg.CheckpointTTLHours) * time.Hour, MaxForkCount: cfg.MaxForkCount},
+			CheckpointTTL: time.Duration(cfg.CheckpointTTLHours) * time.Hour, MaxForkCount: cfg.MaxForkCount, Archive: cfg.archive != nil},
 		Egress:        cfg.egressConfig(),
 		PreviewListen: cfg.PreviewListen,
 		DataPlane: api.DataPlane{

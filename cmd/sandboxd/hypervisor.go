@@ -57,7 +57,7 @@ func (h chHV) openWith(roots layout.Roots, instance string, with func(*chdriver.
 	c := chdriver.Config{
 		Roots: roots, Instance: instance, VMM: h.bin, Hypervisor: chdriver.Hypervisor(h.name),
 		CgroupSlice: vmm.DefaultCgroupSlice(), RestoreMode: ch.MemoryRestoreMode(h.cfg.RestoreMode),
-		Bridge: h.cfg.Bridge, Log: h.zl, StepHook: crashHook(h.zl),
+		Bridge: h.cfg.Bridge, Log: h.zl, StepHook: crashHook(h.zl), Archive: h.cfg.archive,
 	}
 	with(&c)
 	d, err := chdriver.New(c)

@@ -68,7 +68,7 @@ func newQEMUDriver(cfg Config, bin string, roots layout.Roots, instance string, 
 	}
 	return qemu.New(qemu.Config{
 		Roots: roots, Instance: instance, QEMU: bin, Accel: qemu.Accel(cfg.QEMU.Accel),
-		Templates: templates, Egress: egress, Log: zl,
+		Templates: templates, Egress: egress, Log: zl, Archive: cfg.archive,
 	})
 }
 

@@ -185,7 +185,7 @@ func lsFlags(fs *flag.FlagSet) remoteBody {
 	ref := fs.String("ref", "", "only sandboxes with this claim_ref")
 	var meta kvFlag
 	fs.Var(&meta, "meta", "only sandboxes with metadata key=value (repeatable: all must match)")
-	state := fs.String("state", "", "only sandboxes in this state (e.g. running, hibernated, released, expired), or all (ended ones are kept an hour); default: the live ones")
+	state := fs.String("state", "", "only sandboxes in this state (e.g. running, hibernated, archived, released, expired), or all (ended ones are kept an hour); default: the live ones")
 	tenant := fs.String("tenant", "", "only this tenant's sandboxes (root token)")
 	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
 		out, err := c.Sandboxes(ctx, apiclient.ListOptions{ClaimRef: *ref, Metadata: meta.m, State: *state, Tenant: *tenant})

@@ -68,6 +68,11 @@ type PoolSpec struct {
 	// IdleHibernateSeconds hibernates a running claim after that long
 	// without activity; 0 disables.
 	IdleHibernateSeconds int64 `json:"idle_hibernate_seconds"`
+	// ArchiveAfterSeconds (v2) archives a hibernated claim that long after
+	// its last activity; 0 disables. ArchiveDeleteAfterSeconds is how long
+	// an archive is kept; 0 keeps it until the claim is released.
+	ArchiveAfterSeconds       int64 `json:"archive_after_seconds,omitempty"`
+	ArchiveDeleteAfterSeconds int64 `json:"archive_delete_after_seconds,omitempty"`
 }
 
 // Key returns the spec's pool key.
@@ -239,6 +244,9 @@ type ClaimCreated struct {
 	Fork           string `json:"fork,omitempty"`
 	// Volumes are the claim's volumes (volumes.go), attached once it runs.
 	Volumes []ClaimVolume `json:"volumes,omitempty"`
+	// OnExpire (v3) is the action at the lease's end: OnExpireArchive, or
+	// empty for a destroy.
+	OnExpire string `json:"on_expire,omitempty"`
 }
 
 // ClaimServed: a pending claim's VM is ready; the claim runs.
@@ -262,6 +270,9 @@ type ClaimRenewed struct {
 	Claim      string `json:"claim"`
 	TTLSeconds int64  `json:"ttl_seconds"`
 	DeadlineNS int64  `json:"deadline_ns"`
+	// OnExpire (v2), when set, switches the action at the lease's end:
+	// OnExpireArchive or OnExpireDestroy; empty keeps it.
+	OnExpire string `json:"on_expire,omitempty"`
 }
 
 // ClaimTouched records activity on a running claim (it resets the idle timer).
@@ -454,6 +465,7 @@ func (RelayClosed) EventType() Type          { return TypeRelayClosed }
 func init() {
 	registerJSON[NodeConfigured](1)
 	registerJSON[PoolsConfigured](1)
+	registerJSON[PoolsConfigured](2)
 	registerJSON[LimitsConfigured](1)
 	registerJSON[GoldenBuildRequested](1)
 	registerJSON[GoldenBuilt](1)
@@ -466,9 +478,11 @@ func init() {
 	registerJSON[VMExited](1)
 	registerJSON[ClaimCreated](1)
 	registerJSON[ClaimCreated](2)
+	registerJSON[ClaimCreated](3)
 	registerJSON[ClaimServed](1)
 	registerJSON[ClaimFailed](1)
 	registerJSON[ClaimRenewed](1)
+	registerJSON[ClaimRenewed](2)
 	registerJSON[ClaimTouched](1)
 	registerJSON[ClaimReleased](1)
 	registerJSON[ClaimExpired](1)

@@ -16,7 +16,7 @@ func samplePayloads() []Payload {
 	rep := &ExecReport{Steps: []Step{{Name: "restore", NS: 26_000_000}, {Name: "resume", NS: 1_500_000}}, CopyMode: "reflink"}
 	return []Payload{
 		NodeConfigured{Node: "node-a", Instance: "i7f3a"},
-		PoolsConfigured{Pools: []PoolSpec{{PoolKey: key, Warm: 4, WarmMax: 8, IdleHibernateSeconds: 300}}},
+		PoolsConfigured{Pools: []PoolSpec{{PoolKey: key, Warm: 4, WarmMax: 8, IdleHibernateSeconds: 300, ArchiveAfterSeconds: 3600, ArchiveDeleteAfterSeconds: 86400}}},
 		LimitsConfigured{MaxClaims: 1000, DefaultTenantCap: 50, TenantCaps: []TenantCap{{Tenant: "acme", Cap: 200}}},
 		GoldenBuildRequested{Key: key, Reason: "new"},
 		GoldenBuilt{Key: key, SnapshotDir: "goldens/py:3.12/base/egress/small", Report: rep},
@@ -29,10 +29,10 @@ func samplePayloads() []Payload {
 		VMExited{VM: "vm-0011223344556677", Detail: "signal: killed"},
 		ClaimCreated{Claim: "sb_00112233445566ff", Key: key, VM: "vm-0011223344556677", Tier: "warm", Tenant: "acme", ClaimRef: "job-17",
 			Metadata: map[string]string{"a": "1", "b": "2"}, TTLSeconds: 300, DeadlineNS: 1_790_000_300_000_000_000, ServeByNS: 1_790_000_060_000_000_000, TokenGen: 1,
-			EgressClass: "desk", PolicyLayer: "pooled", Env: sampleEnv()},
+			EgressClass: "desk", PolicyLayer: "pooled", Env: sampleEnv(), OnExpire: OnExpireArchive},
 		ClaimServed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677"},
 		ClaimFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Reason: "clone_failed", Error: "vm.restore: 500"},
-		ClaimRenewed{Claim: "sb_00112233445566ff", TTLSeconds: 600, DeadlineNS: 1_790_000_600_000_000_000},
+		ClaimRenewed{Claim: "sb_00112233445566ff", TTLSeconds: 600, DeadlineNS: 1_790_000_600_000_000_000, OnExpire: OnExpireArchive},
 		ClaimTouched{Claim: "sb_00112233445566ff"},
 		ClaimReleased{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677"},
 		ClaimExpired{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677"},
@@ -85,6 +85,12 @@ func samplePayloads() []Payload {
 		VolumeDetachRequested{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volumes: []string{"weights"}},
 		VolumeDetached{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volume: "weights"},
 		VolumeDetachFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Volume: "weights", Error: "target is busy"},
+		ArchiveRequested{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Reason: "expire"},
+		Archived{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Archive: "i7f3a/vm-0011223344556677-01J0000000000000000000000", RetainUntilNS: 1_790_086_400_000_000_000, Report: rep},
+		ArchiveFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Error: "put: ENOSPC", Lost: true, RetryAtNS: 1_790_000_030_000_000_000},
+		UnarchiveRequested{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Archive: "i7f3a/vm-0011223344556677-01J0000000000000000000000"},
+		Unarchived{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", SnapshotDir: "hibernate/vm-0011223344556677-01J0000000000000000000001", DeadlineNS: 1_790_000_300_000_000_000, Report: rep},
+		UnarchiveFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Error: "memory-ranges: sha256 mismatch", Lost: true},
 	}
 }
 

@@ -139,7 +139,7 @@ type typeInfo struct {
 // typeInfos is the registry of every type this build can read. A retired type
 // keeps its entry so old logs stay readable.
 var typeInfos = map[Type]typeInfo{
-	TypePoolsConfigured:      {"pools_configured", 1, AggNode},
+	TypePoolsConfigured:      {"pools_configured", 2, AggNode},
 	TypeLimitsConfigured:     {"limits_configured", 1, AggNode},
 	TypeGoldenBuildRequested: {"golden_build_requested", 1, AggGolden},
 	TypeGoldenBuilt:          {"golden_built", 1, AggGolden},
@@ -150,10 +150,10 @@ var typeInfos = map[Type]typeInfo{
 	TypeVMDestroyRequested:   {"vm_destroy_requested", 1, AggVM},
 	TypeVMDestroyed:          {"vm_destroyed", 1, AggVM},
 	TypeVMExited:             {"vm_exited", 1, AggVM},
-	TypeClaimCreated:         {"claim_created", 2, AggClaim},
+	TypeClaimCreated:         {"claim_created", 3, AggClaim},
 	TypeClaimServed:          {"claim_served", 1, AggClaim},
 	TypeClaimFailed:          {"claim_failed", 1, AggClaim},
-	TypeClaimRenewed:         {"claim_renewed", 1, AggClaim},
+	TypeClaimRenewed:         {"claim_renewed", 2, AggClaim},
 	TypeClaimReleased:        {"claim_released", 1, AggClaim},
 	TypeHibernateRequested:   {"hibernate_requested", 1, AggClaim},
 	TypeHibernated:           {"hibernated", 1, AggClaim},

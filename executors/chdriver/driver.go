@@ -10,7 +10,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/archive"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
@@ -104,6 +106,13 @@ type Config struct {
 	// Warmup, if set, runs in a golden build after readiness and before the
 	// balloon settles (e.g. to fill the page cache through the agent).
 	Warmup func(ctx context.Context, vsockSocket string) error
+	// DiskExtentBound is the extent count past which a hibernate snapshot's
+	// disk is rewritten densely after the hibernate (rewrite.go; default
+	// fsx.DefaultExtentBound, negative: never).
+	DiskExtentBound int
+	// Archive, when set, is the node's archive store: the driver performs
+	// the archive intents (executors.Archiver, package archive) with it.
+	Archive archive.Store
 	// StepHook, if set, is called before every step and every rollback
 	// action; an error fails the step (or skips the action) as if the step
 	// itself had failed. Tests use it to crash recipes at chosen steps.
@@ -138,8 +147,11 @@ type Driver struct {
 	grace    time.Duration
 	balloon  Balloon
 	warmup   func(context.Context, string) error
+	extents  int
 	hook     func(context.Context, StepCall) error
 	log      zerolog.Logger
+
+	archive.Delegate // the archive intents (executors.Archiver)
 
 	mu    sync.Mutex
 	procs map[string]*vmm.Process // by run dir: VMMs this driver launched or adopted
@@ -183,7 +195,7 @@ func New(cfg Config) (*Driver, error) {
 		port: cfg.AgentPort, silkd: cfg.SilkdPort, sizes: cfg.Sizes, synth: cfg.Synth, bridge: cfg.Bridge,
 		taps: cfg.Taps, egress: cfg.Egress, doors: cfg.Doors, fs: cfg.FS, newAPI: cfg.NewAPI, now: cfg.Now,
 		readyTO: cfg.ReadyTimeout, bootTO: cfg.BootTimeout, launchTO: cfg.LaunchTimeout,
-		grace: cfg.StopGrace, balloon: cfg.Balloon, warmup: cfg.Warmup, hook: cfg.StepHook,
+		grace: cfg.StopGrace, balloon: cfg.Balloon, warmup: cfg.Warmup, hook: cfg.StepHook, extents: cfg.DiskExtentBound,
 		log:   cfg.Log.With().Str("component", "chdriver").Logger(),
 		procs: make(map[string]*vmm.Process),
 	}
@@ -226,6 +238,20 @@ func New(cfg Config) (*Driver, error) {
 	if d.balloon.Max <= 0 {
 		d.balloon.Max = 60 * time.Second
 	}
+	if d.extents == 0 {
+		d.extents = fsx.DefaultExtentBound
+	}
+	var err error
+	d.Delegate, err = archive.NewDelegate(archive.Config{Store: cfg.Archive, Roots: d.roots, Instance: d.instance, FS: d.fs, Now: d.now, Log: d.log,
+		Hook: func(ctx context.Context, recipe, step string, op event.OpID) error {
+			if d.hook == nil {
+				return nil
+			}
+			return d.hook(ctx, StepCall{Recipe: recipe, Step: step, Op: op})
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("chdriver: %w", err)
+	}
 	return d, nil
 }
 
@@ -262,6 +288,11 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 		if err != nil {
 			return rep, err
 		}
+	}
+	swept, err := d.PrepareArchive()
+	rep.Swept = append(rep.Swept, swept...)
+	if err != nil {
+		return rep, err
 	}
 	for _, p := range rep.Swept {
 		d.log.Info().Str("path", p).Msg("removed a temp dir left by an interrupted recipe")

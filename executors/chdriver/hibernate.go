@@ -50,6 +50,7 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	}
 	res := r.result(rel)
 	res.Report.CopyMode = copyMode
+	res.AfterCommit = d.rewriteDisk(final)
 	return res, nil
 }
 
@@ -320,5 +321,6 @@ func (d *Driver) finishStored(r *run, rel, vm, runDir string, egress bool) (res 
 	}
 	res = r.result(rel)
 	res.Report.CopyMode = m.CopyMode
+	res.AfterCommit = d.rewriteDisk(final)
 	return res, true, nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
+	"github.com/sbxlog/sbxlog/executors/archive"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/tap"
@@ -112,7 +113,10 @@ type Config struct {
 	// the lane that locks taps, the proxy doors and the node CA. Nil:
 	// egress pools are refused (Unrecoverable).
 	Egress *Egress
-	Log    zerolog.Logger
+	// Archive, when set, is the node's archive store: the driver performs
+	// the archive intents (executors.Archiver, package archive) with it.
+	Archive archive.Store
+	Log     zerolog.Logger
 }
 
 // Driver is the QEMU executors.Driver.
@@ -124,11 +128,12 @@ type Driver struct {
 	tcgMax    int
 	fs        fsx.FS
 	now       func() time.Time
-	resumeTO  time.Duration
-	log       zerolog.Logger
-	qemuBin   string
-	q         *Recipes
-	egress    *Egress
+	archive.Delegate
+	resumeTO time.Duration
+	log      zerolog.Logger
+	qemuBin  string
+	q        *Recipes
+	egress   *Egress
 
 	copyMode atomic.Int64 // fsx.Method detected by Prepare
 	capped   sync.Map     // size name -> struct{}: the TCG cap was logged
@@ -209,10 +214,14 @@ func New(cfg Config) (*Driver, error) {
 		}
 		eg = &c
 	}
+	arch, err := archive.NewDelegate(archive.Config{Store: cfg.Archive, Roots: cfg.Roots, Instance: cfg.Instance, FS: cfg.FS, Now: cfg.Now, Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
 	return &Driver{
 		roots: cfg.Roots, instance: cfg.Instance, templates: templates,
 		sizes: cfg.Sizes, tcgMax: cfg.TCGMaxMemoryMiB, fs: cfg.FS, now: cfg.Now,
-		resumeTO: cfg.ResumeTimeout, log: log, qemuBin: cfg.QEMU, q: q, egress: eg,
+		resumeTO: cfg.ResumeTimeout, log: log, qemuBin: cfg.QEMU, q: q, egress: eg, Delegate: arch,
 	}, nil
 }
 
@@ -260,6 +269,11 @@ func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 			return rep, fmt.Errorf("qemu: removing KVM probe %s: %w", dir, err)
 		}
 		rep.Swept = append(rep.Swept, dir)
+	}
+	swept, err := d.PrepareArchive()
+	rep.Swept = append(rep.Swept, swept...)
+	if err != nil {
+		return rep, err
 	}
 	for _, p := range rep.Swept {
 		d.log.Info().Str("path", p).Msg("removed a temp dir left by an interrupted recipe")

@@ -413,9 +413,13 @@ func sweepSnapshots(ctx context.Context, sw SnapshotSweeper, vms []vmInfo, inst 
 			continue
 		}
 		switch v.status {
-		case fsm.VMHibernated, fsm.VMWaking, fsm.VMDestroying:
+		case fsm.VMHibernated, fsm.VMWaking, fsm.VMDestroying, fsm.VMArchiving:
+			// An archiving VM's snapshot is the only copy until its
+			// archive is verified.
 			keep[v.id] = []string{v.snapshotDir}
-		case fsm.VMHibernating:
+		case fsm.VMHibernating, fsm.VMUnarchiving:
+			// The snapshot the op in flight makes (a hibernate's, or an
+			// unarchive's copy back) may stand already.
 			keep[v.id] = []string{v.snapshotDir, sw.HibernateSnapshotDir(v.id, v.op)}
 		default:
 			keep[v.id] = nil

@@ -48,6 +48,17 @@ func (f *fakeDriver) do(ctx context.Context, in fsm.Intent) (executors.Result, e
 func (f *fakeDriver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors.Result, error) {
 	return f.do(ctx, in)
 }
+
+// The fake is an executors.Archiver too.
+func (f *fakeDriver) Archive(ctx context.Context, in fsm.ArchiveVM) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) Unarchive(ctx context.Context, in fsm.UnarchiveVM) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) DeleteArchive(ctx context.Context, in fsm.DeleteArchiveVM) (executors.Result, error) {
+	return f.do(ctx, in)
+}
 func (f *fakeDriver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, error) {
 	return f.do(ctx, in)
 }
@@ -264,6 +275,11 @@ func TestSchedulerResultCommands(t *testing.T) {
 		{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, executors.Unrecoverablef("no such file"), "fsm.VolumeAttachError", "no such file"},
 		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, nil, "fsm.VolumeDetachDone", ""},
 		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, executors.Unrecoverablef("target is busy"), "fsm.VolumeDetachError", "target is busy"},
+		{fsm.ArchiveVM{OpID: nextOp(), VM: "vm-a"}, nil, "fsm.ArchiveDone", ""},
+		{fsm.ArchiveVM{OpID: nextOp(), VM: "vm-a"}, executors.Unrecoverablef("put"), "fsm.ArchiveFailed", "put"},
+		{fsm.UnarchiveVM{OpID: nextOp(), VM: "vm-u"}, nil, "fsm.UnarchiveDone", ""},
+		{fsm.UnarchiveVM{OpID: nextOp(), VM: "vm-u"}, &executors.Unrecoverable{Err: lost, Lost: true}, "fsm.UnarchiveFailed lost", "gone"},
+		{fsm.DeleteArchiveVM{OpID: nextOp(), VM: "vm-x"}, nil, "fsm.VMDestroyed", ""},
 	}
 	for _, c := range cases {
 		d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
@@ -291,6 +307,21 @@ func TestSchedulerResultCommands(t *testing.T) {
 			msg = x.Error
 		case fsm.VolumeDetachError:
 			msg = x.Error
+		case fsm.ArchiveFailed:
+			msg = x.Error
+		case fsm.UnarchiveFailed:
+			msg = x.Error
+			if x.Lost {
+				got += " lost"
+			}
+		case fsm.ArchiveDone:
+			if x.Archive != "hibernate/x" {
+				t.Errorf("ArchiveDone archive %q", x.Archive)
+			}
+		case fsm.UnarchiveDone:
+			if x.SnapshotDir != "hibernate/x" {
+				t.Errorf("UnarchiveDone snapshot dir %q", x.SnapshotDir)
+			}
 		case fsm.HibernateDone:
 			if x.SnapshotDir != "hibernate/x" {
 				t.Errorf("HibernateDone snapshot dir %q", x.SnapshotDir)

@@ -144,7 +144,8 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 	case r < 790:
 		return fsm.Release{Meta: s.meta(), Claim: s.someClaim(st)}
 	case r < 820:
-		return fsm.Renew{Meta: s.meta(), Claim: s.someClaim(st), TTLSeconds: int64(s.rng.intn(600))}
+		return fsm.Renew{Meta: s.meta(), Claim: s.someClaim(st), TTLSeconds: int64(s.rng.intn(600)),
+			OnExpire: []string{"", "", event.OnExpireArchive, event.OnExpireDestroy}[s.rng.intn(4)]}
 	case r < 828:
 		return fsm.Touch{Meta: s.meta(), Claim: s.someClaim(st)}
 	case r < 840:
@@ -261,6 +262,12 @@ func (s *Sim) pools() fsm.Command {
 		if s.rng.intn(2) == 0 {
 			sp.IdleHibernateSeconds = int64(5 + s.rng.intn(120))
 		}
+		if s.rng.intn(3) == 0 {
+			// Archiving pools: archive after idle, keep the archive a
+			// while or until released.
+			sp.ArchiveAfterSeconds = sp.IdleHibernateSeconds + int64(1+s.rng.intn(300))
+			sp.ArchiveDeleteAfterSeconds = int64(s.rng.intn(2) * (60 + s.rng.intn(3600)))
+		}
 		c.Pools = append(c.Pools, sp)
 		if s.rng.intn(3) == 0 {
 			if c.Egress == nil {
@@ -308,6 +315,9 @@ func (s *Sim) claim(st *fsm.State) fsm.Command {
 	}
 	if s.rng.intn(8) == 0 {
 		c.Env = s.env(1 + s.rng.intn(3))
+	}
+	if s.rng.intn(4) == 0 {
+		c.OnExpire = event.OnExpireArchive
 	}
 	if s.rng.intn(6) == 0 {
 		s.claimVolumes(&c)
@@ -425,6 +435,18 @@ func (s *Sim) result(st *fsm.State) fsm.Command {
 		return fsm.SnapshotCollected{Meta: m, Dir: in.Dir}
 	case fsm.AttachVolume, fsm.DetachVolume:
 		return s.volumeResult(in, m, fail)
+	case fsm.ArchiveVM:
+		if fail {
+			return fsm.ArchiveFailed{Meta: m, VM: in.VM, Error: "archive put: ENOSPC", Lost: s.rng.intn(4) == 0}
+		}
+		return fsm.ArchiveDone{Meta: m, VM: in.VM, Archive: fmt.Sprintf("isim/%s-%d", in.VM, s.ops), Report: rep}
+	case fsm.UnarchiveVM:
+		if fail {
+			return fsm.UnarchiveFailed{Meta: m, VM: in.VM, Error: "memory-ranges: sha256 mismatch", Lost: s.rng.intn(3) == 0}
+		}
+		return fsm.UnarchiveDone{Meta: m, VM: in.VM, SnapshotDir: fmt.Sprintf("snapshots/%s/%d", in.VM, s.ops), Report: rep}
+	case fsm.DeleteArchiveVM:
+		return fsm.VMDestroyed{Meta: m, VM: in.VM}
 	}
 	return nil
 }
@@ -496,6 +518,10 @@ func (s *Sim) invalid(st *fsm.State) fsm.Command {
 				return fsm.PromoteDone{Meta: m, VM: in.VM, SnapshotDir: "template/stale"}
 			case fsm.CollectSnapshot:
 				return fsm.SnapshotCollected{Meta: m, Dir: in.Dir}
+			case fsm.ArchiveVM:
+				return fsm.ArchiveDone{Meta: m, VM: in.VM, Archive: "isim/stale"}
+			case fsm.UnarchiveVM:
+				return fsm.UnarchiveDone{Meta: m, VM: in.VM, SnapshotDir: "snapshots/stale"}
 			}
 		}
 		return fsm.VMDestroyed{Meta: s.meta(), VM: "vm-0000000000000000"}

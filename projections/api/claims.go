@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/egress"
 	"github.com/sbxlog/sbxlog/fsm/engine"
@@ -64,8 +65,12 @@ type Sandbox struct {
 	CPUCount      int               `json:"cpu_count,omitempty"`
 	MemTotalBytes int64             `json:"mem_total_bytes,omitempty"`
 	Hibernated    bool              `json:"hibernated"`
-	// Archived is always false: this node has no archive store.
+	// Archived: the sandbox's snapshot is in the archive store (fsm's
+	// State.Archived: not while on its way there or back); Hibernated is
+	// then false and State "archived".
 	Archived bool `json:"archived,omitempty"`
+	// OnExpire is "archive" for a claim whose lease's end archives it.
+	OnExpire string `json:"on_expire,omitempty"`
 	// Failed is the reason of a failed claim.
 	Failed    string `json:"failed,omitempty"`
 	ClaimedAt string `json:"claimed_at,omitempty"`
@@ -89,7 +94,13 @@ func rfc3339(ns int64) string {
 	return time.Unix(0, ns).UTC().Format(time.RFC3339Nano)
 }
 
-func (s *Server) sandboxOf(c *fsm.ClaimRec) Sandbox {
+// stateArchived is the row state of a hibernated claim whose snapshot is
+// in the archive store.
+const stateArchived = "archived"
+
+// sandboxOf is c's row; archived says its snapshot is in the archive store
+// (fsm.State.Archived).
+func (s *Server) sandboxOf(c *fsm.ClaimRec, archived bool) Sandbox {
 	sb := Sandbox{
 		ID: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
 		Hibernated: c.Status == fsm.ClaimHibernated, ClaimedAt: rfc3339(c.Created), Deadline: rfc3339(c.Deadline),
@@ -101,6 +112,12 @@ func (s *Server) sandboxOf(c *fsm.ClaimRec) Sandbox {
 	}
 	if c.Status == fsm.ClaimFailed {
 		sb.Failed = cmp.Or(c.Reason, "failed")
+	}
+	if archived && c.Status == fsm.ClaimHibernated {
+		sb.Archived, sb.Hibernated, sb.State = true, false, stateArchived
+	}
+	if c.OnExpireArchive {
+		sb.OnExpire = event.OnExpireArchive
 	}
 	return sb
 }
@@ -141,7 +158,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	if err := decodeBody(r, &req, false); err != nil {
 		return err
 	}
-	if err := req.normalize(); err != nil {
+	if err := req.normalize(s.cfg.Archive); err != nil {
 		return err
 	}
 	key := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
@@ -210,6 +227,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 			Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
 			Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1, NoEgress: noEgress, Env: env,
 			Volumes: volumeRequests(req.Volumes), VolumesAttachOnly: req.VolumesAttachOnly,
+			OnExpire: req.OnExpire,
 		}
 	}, engine.Hooks{
 		Prepare: func() {
@@ -385,7 +403,9 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, id auth.Ident
 	if err != nil {
 		return err
 	}
-	sb := s.sandboxOf(&c)
+	var archived bool
+	s.eng.View(func(st *fsm.State) { archived = st.Archived(&c) })
+	sb := s.sandboxOf(&c, archived)
 	if id.Kind == auth.Root {
 		// The old daemon hands root the sandbox token here (its operator
 		// client acts as the sandbox with it).
@@ -414,20 +434,23 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 	}
 	want := q.Get("state")
 	if want != "" && want != stateAll && !validClaimState(want) {
-		return errorf(http.StatusBadRequest, "unknown state %q: want %s, pending, running, hibernating, hibernated, waking, released, expired or failed", want, stateAll)
+		return errorf(http.StatusBadRequest, "unknown state %q: want %s, pending, running, hibernating, hibernated, archived, waking, released, expired or failed", want, stateAll)
 	}
 	out := []Sandbox{}
 	s.eng.View(func(st *fsm.State) {
 		for _, cid := range st.ClaimIDs() {
 			c, _ := st.Claim(cid)
+			// The row's state: an archived claim's is "archived", not
+			// "hibernated", for the filter as in the row.
+			sb := s.sandboxOf(&c, st.Archived(&c))
 			switch {
 			case byTenant && c.Tenant != tenant:
 			case want == "" && !c.Status.Live():
-			case want != "" && want != stateAll && c.Status.String() != want:
+			case want != "" && want != stateAll && sb.State != want:
 			case ref != "" && c.ClaimRef != ref:
 			case !metadataMatches(c.Metadata, meta):
 			default:
-				out = append(out, s.sandboxOf(&c))
+				out = append(out, sb)
 			}
 		}
 	})
@@ -471,6 +494,9 @@ func metadataMatches(m, want map[string]string) bool {
 
 // validClaimState reports whether name is a claim status's name.
 func validClaimState(name string) bool {
+	if name == stateArchived {
+		return true
+	}
 	for st := fsm.ClaimPending; st <= fsm.ClaimFailed; st++ {
 		if st.String() == name {
 			return true

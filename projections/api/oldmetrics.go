@@ -17,7 +17,7 @@ import (
 // old daemon's, they start at zero when the daemon starts (a restart's
 // replay is not counted again). Families of what sbxlog does not do (forks,
 // checkpoints, promotes, archives, the mesh's config digest) are not
-// served; sandboxd_archived is, always 0, since sbxlog never archives.
+// served; sandboxd_archived is, the claims whose snapshot is archived.
 
 var (
 	oldClaimed      = prometheus.NewDesc("sandboxd_claimed", "live claims on this node", nil, nil)
@@ -78,7 +78,7 @@ func (o *oldMetrics) Collect(ch chan<- prometheus.Metric) {
 	// The old daemon counted every claim it held, hibernated ones included.
 	gauge(oldClaimed, float64(in.Live))
 	gauge(oldHibernated, float64(in.Count(fsm.ClaimHibernated)))
-	gauge(oldArchived, 0)
+	gauge(oldArchived, float64(in.CountVMs(fsm.VMArchived)))
 	// sbxlog ends a claim whose VMM died once its restarts are spent: the
 	// failed claims the state still retains are the old daemon's failed.
 	gauge(oldFailed, float64(in.Count(fsm.ClaimFailed)))

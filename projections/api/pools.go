@@ -25,9 +25,12 @@ type PoolInfo struct {
 	GoldenState          string `json:"golden_state"`
 	WarmMax              int    `json:"warm_max"`
 	IdleHibernateSeconds int64  `json:"idle_hibernate_seconds"`
-	Draining             bool   `json:"draining,omitempty"`
-	AtCapacity           bool   `json:"at_capacity,omitempty"`
-	Live                 int    `json:"live"`
+	// The pool's archive settings (0: none).
+	ArchiveAfterSeconds       int64 `json:"archive_after_seconds,omitempty"`
+	ArchiveDeleteAfterSeconds int64 `json:"archive_delete_after_seconds,omitempty"`
+	Draining                  bool  `json:"draining,omitempty"`
+	AtCapacity                bool  `json:"at_capacity,omitempty"`
+	Live                      int   `json:"live"`
 }
 
 // Info is GET /v1/info's body (and PUT /v1/pools's answer): the old
@@ -40,9 +43,10 @@ type Info struct {
 	// waking); Hibernated those hibernated.
 	Claimed    int `json:"claimed"`
 	Hibernated int `json:"hibernated"`
-	// Archived and Failed are always 0: there is no archive store, and a
-	// claim whose VM cannot be restarted ends (state failed) instead of
-	// staying live with its VMM down.
+	// Archived counts claims whose snapshot is in the archive store
+	// (Hibernated does not count them). Failed is always 0: a claim whose
+	// VM cannot be restarted ends (state failed) instead of staying live
+	// with its VMM down.
 	Archived int `json:"archived"`
 	Failed   int `json:"failed,omitempty"`
 	// Draining: the node refuses new claims (POST /v1/drain).
@@ -82,14 +86,16 @@ func (s *Server) info(id auth.Identity) Info {
 				Key: p.Key, Warm: p.Warm, Refilling: p.Refilling, Target: p.Target,
 				Golden: p.Golden == fsm.GoldenReady, GoldenState: p.Golden.String(), WarmMax: p.WarmMax,
 				IdleHibernateSeconds: spec.Spec.IdleHibernateSeconds,
-				Draining:             p.Draining, AtCapacity: p.AtCapacity, Live: p.Live,
+				ArchiveAfterSeconds:  spec.Spec.ArchiveAfterSeconds, ArchiveDeleteAfterSeconds: spec.Spec.ArchiveDeleteAfterSeconds,
+				Draining: p.Draining, AtCapacity: p.AtCapacity, Live: p.Live,
 			})
 		}
 		// "claimed" counts claims holding a running VM; hibernating and
 		// waking ones are in transit.
 		out.Claimed = in.Count(fsm.ClaimRunning) + in.Count(fsm.ClaimHibernating) + in.Count(fsm.ClaimWaking)
 		out.Pending = in.Count(fsm.ClaimPending)
-		out.Hibernated = in.Count(fsm.ClaimHibernated)
+		out.Archived = in.CountVMs(fsm.VMArchived)
+		out.Hibernated = in.Count(fsm.ClaimHibernated) - out.Archived
 		out.Live = in.Live
 		out.AtCapacity = in.AtCapacity
 		if in.AtCapacity {
@@ -135,6 +141,7 @@ func (s *Server) handleGetPools(w http.ResponseWriter, r *http.Request, _ auth.I
 			out.Pools = append(out.Pools, PoolSpec{
 				Template: p.Spec.Template, Net: p.Spec.Net, Size: p.Spec.Size,
 				Warm: p.Spec.Warm, WarmMax: p.Spec.WarmMax, IdleHibernateSeconds: p.Spec.IdleHibernateSeconds,
+				ArchiveAfterSeconds: p.Spec.ArchiveAfterSeconds, ArchiveDeleteAfterSeconds: p.Spec.ArchiveDeleteAfterSeconds,
 				Egress: policyJSON(p.Egress),
 			})
 		}
@@ -149,7 +156,7 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, id auth.
 	if err := decodeBody(r, &req, false); err != nil {
 		return err
 	}
-	if err := req.validate(); err != nil {
+	if err := req.validate(s.cfg.Archive); err != nil {
 		return err
 	}
 	specs := make([]fsm.PoolSpec, len(req.Pools))
@@ -158,6 +165,7 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, id auth.
 		specs[i] = fsm.PoolSpec{
 			PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size},
 			Warm:    p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds,
+			ArchiveAfterSeconds: p.ArchiveAfterSeconds, ArchiveDeleteAfterSeconds: p.ArchiveDeleteAfterSeconds,
 		}
 		// A pool this node cannot serve is refused with the whole change.
 		if err := s.checkPool(specs[i].PoolKey, true); err != nil {

@@ -18,7 +18,7 @@ const (
 // every field the old daemon's SDKs send: what this node can honour is
 // honoured or ignored (engine; on_expire "destroy"; egress; env; volumes),
 // what it cannot is refused with a 400 naming the feature, but only when it
-// is asked for (on_expire "archive").
+// is asked for (on_expire "archive" on a node without an archive store).
 type ClaimRequest struct {
 	Template   string            `json:"template"`
 	Net        string            `json:"net,omitempty"`
@@ -36,8 +36,8 @@ type ClaimRequest struct {
 	RequirePromoted bool `json:"require_promoted,omitempty"`
 	// Engine is the old operator's engine hint; ignored.
 	Engine string `json:"engine,omitempty"`
-	// OnExpire: "destroy" (or empty) is what every claim does; "archive"
-	// is refused (no archive store).
+	// OnExpire: "destroy" (or empty), or "archive": the lease's end
+	// archives the sandbox (needs the node's archive store).
 	OnExpire string `json:"on_expire,omitempty"`
 	// Egress false asks for no egress policy (absent or true: the
 	// pool's, or the tenant's class's).
@@ -54,7 +54,7 @@ type ClaimRequest struct {
 // normalize fills defaults (net none, size small), clamps the TTL into
 // (0, MaxTTL] (0 or less: the default) and validates; the old fields this
 // node cannot honour are refused here, before anything is proposed.
-func (c *ClaimRequest) normalize() error {
+func (c *ClaimRequest) normalize(archive bool) error {
 	k := keyWithDefaults(c.Template, c.Net, c.Size)
 	c.Net, c.Size = k.Net, k.Size
 	if err := validPoolKey(c.Template, c.Net, c.Size); err != nil {
@@ -67,21 +67,24 @@ func (c *ClaimRequest) normalize() error {
 	if err := validMetadata(c.Metadata); err != nil {
 		return err
 	}
-	if err := validOnExpire(c.OnExpire); err != nil {
+	if err := validOnExpire(c.OnExpire, archive); err != nil {
 		return err
 	}
 	return checkVolumes(c.Volumes, c.VolumesAttachOnly)
 }
 
 // validOnExpire checks the old daemon's action at a lease's deadline (a
-// claim's or a renew's): "destroy" (or none) is what sbxlog does; "archive"
-// needs an archive store, which sbxlog does not have, and is refused rather
-// than ignored.
-func validOnExpire(v string) error {
+// claim's or a renew's): "destroy" (or none), or "archive", which needs
+// the node's archive store (archive_dir) and is refused, not ignored,
+// without one.
+func validOnExpire(v string, archive bool) error {
 	switch v {
 	case "", "destroy":
 		return nil
 	case "archive":
+		if archive {
+			return nil
+		}
 		return errorf(http.StatusBadRequest, "on_expire \"archive\" is not supported on this node (no archive store): use \"destroy\" or leave it out")
 	}
 	return errorf(http.StatusBadRequest, "on_expire %q must be destroy or archive", v)
@@ -132,8 +135,8 @@ type PoolsRequest struct {
 }
 
 // PoolSpec is one pool in PUT /v1/pools, with the old daemon's fields: the
-// archive settings are accepted at 0 and refused otherwise (no archive
-// store). Egress is the pool's egress policy (the old config's per-pool
+// archive settings need the node's archive store (refused otherwise, unless
+// 0). Egress is the pool's egress policy (the old config's per-pool
 // field; absent: none), changed at runtime.
 type PoolSpec struct {
 	Template                  string      `json:"template"`
@@ -147,7 +150,7 @@ type PoolSpec struct {
 	Egress                    *PolicyJSON `json:"egress,omitempty"`
 }
 
-func (p *PoolsRequest) validate() error {
+func (p *PoolsRequest) validate(archive bool) error {
 	if p.Pools == nil {
 		return errorf(http.StatusBadRequest, "%s: missing pools", errInvalidBody)
 	}
@@ -176,9 +179,9 @@ func (p *PoolsRequest) validate() error {
 			return errorf(http.StatusBadRequest, "pool %s: warm_max %d over 10000", s.Template, s.WarmMax)
 		case s.IdleHibernateSeconds < 0:
 			return errorf(http.StatusBadRequest, "pool %s: idle_hibernate_seconds is negative", s.Template)
-		case s.ArchiveAfterSeconds != 0:
+		case s.ArchiveAfterSeconds != 0 && !archive:
 			return errorf(http.StatusBadRequest, "pool %s: archive_after_seconds is not supported on this node (no archive store): use 0", s.Template)
-		case s.ArchiveDeleteAfterSeconds != 0:
+		case s.ArchiveDeleteAfterSeconds != 0 && !archive:
 			return errorf(http.StatusBadRequest, "pool %s: archive_delete_after_seconds is not supported on this node (no archive store): use 0", s.Template)
 		}
 	}

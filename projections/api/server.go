@@ -106,6 +106,9 @@ type Config struct {
 	// MaxForkCount bounds a fork's children (default
 	// fsm.DefaultMaxForkCount, the old max_fork_count).
 	MaxForkCount int
+	// Archive: the node has an archive store (archive_dir), so claims may
+	// ask for on_expire "archive" and pools for archive settings.
+	Archive bool
 }
 
 // DefaultLifecycleWait is Config.LifecycleWait's default: far beyond a

@@ -38,9 +38,10 @@ type transitionOp struct {
 	// from is the status the command starts from, during the status while
 	// it runs, to the status it ends in.
 	from, during, to fsm.ClaimStatus
-	// done and failed are the events that end it.
-	done, failed event.Type
-	command      func(m fsm.Meta, claim string) fsm.Command
+	// done and failed are the events that end it; failedToo, when set, is
+	// another failure (a wake's copy back from the archive).
+	done, failed, failedToo event.Type
+	command                 func(m fsm.Meta, claim string) fsm.Command
 }
 
 var (
@@ -51,7 +52,7 @@ var (
 	}
 	wakeOp = transitionOp{
 		verb: "wake", from: fsm.ClaimHibernated, during: fsm.ClaimWaking, to: fsm.ClaimRunning,
-		done: event.TypeWoken, failed: event.TypeWakeFailed,
+		done: event.TypeWoken, failed: event.TypeWakeFailed, failedToo: event.TypeUnarchiveFailed,
 		command: func(m fsm.Meta, c string) fsm.Command { return fsm.Wake{Meta: m, Claim: c} },
 	}
 )
@@ -62,6 +63,7 @@ var statusEvents = []event.Type{
 	event.TypeClaimServed, event.TypeClaimFailed, event.TypeClaimReleased, event.TypeClaimExpired,
 	event.TypeHibernateRequested, event.TypeHibernated, event.TypeHibernateFailed,
 	event.TypeWakeRequested, event.TypeWoken, event.TypeWakeFailed,
+	event.TypeUnarchiveRequested, event.TypeUnarchived, event.TypeUnarchiveFailed,
 }
 
 func (s *Server) handleHibernate(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
@@ -168,7 +170,7 @@ func (s *Server) runTransition(ctx context.Context, r *http.Request, id string, 
 // the old daemon's 500 "<verb> failed" with the reason when it failed, its
 // 404 when the claim ended first (released during a hibernate, say).
 func (s *Server) outcome(ctx context.Context, r *http.Request, wt *watch, seq uint64, id string, op *transitionOp) error {
-	ev, err := s.next(ctx, wt, seq, op.done, op.failed, event.TypeClaimFailed, event.TypeClaimReleased, event.TypeClaimExpired)
+	ev, err := s.next(ctx, wt, seq, op.done, op.failed, op.failedToo, event.TypeClaimFailed, event.TypeClaimReleased, event.TypeClaimExpired)
 	if err == nil {
 		// The answer reports ev: it goes out once the log is durable up to
 		// it (OnCommit saw it durable here; with synchronous replication
@@ -180,7 +182,7 @@ func (s *Server) outcome(ctx context.Context, r *http.Request, wt *watch, seq ui
 		return s.waitErr(r, id, op, "", err)
 	case ev.Type == op.done:
 		return nil
-	case ev.Type == op.failed:
+	case ev.Type == op.failed || ev.Type == op.failedToo && ev.Type != event.TypeInvalid:
 		reason := failureReason(ev, op)
 		s.zl.Warn().Str("sandbox", id).Str("reason", reason).Msgf("api: %s failed", op.verb)
 		return &httpError{status: http.StatusInternalServerError, id: id, msg: op.verb + " failed: " + reason}
@@ -202,6 +204,8 @@ func failureReason(ev event.Event, op *transitionOp) string {
 		msg, lost = p.Error, p.Lost
 	case event.WakeFailed:
 		msg, lost = p.Error, p.Lost
+	case event.UnarchiveFailed:
+		msg, lost = "from the archive: "+p.Error, p.Lost
 	}
 	switch {
 	case lost && op == &hibernateOp:
@@ -210,6 +214,9 @@ func failureReason(ev event.Event, op *transitionOp) string {
 		return msg + " (its snapshot is lost: the sandbox failed)"
 	case op == &hibernateOp:
 		return msg + " (the sandbox runs on)"
+	}
+	if ev.Type == event.TypeUnarchiveFailed {
+		return msg + " (the sandbox stays archived; a retry restores it)"
 	}
 	return msg + " (the sandbox stays hibernated; a retry restores it)"
 }

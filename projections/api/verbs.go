@@ -22,8 +22,8 @@ type RenewRequest struct {
 }
 
 // normalize validates on_expire and clamps the ttl (clampTTL).
-func (r *RenewRequest) normalize() error {
-	if err := validOnExpire(r.OnExpire); err != nil {
+func (r *RenewRequest) normalize(archive bool) error {
+	if err := validOnExpire(r.OnExpire, archive); err != nil {
 		return err
 	}
 	r.TTLSeconds = clampTTL(r.TTLSeconds)
@@ -171,7 +171,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Ide
 	if err := decodeBody(r, &req, true); err != nil {
 		return err
 	}
-	if err := req.normalize(); err != nil {
+	if err := req.normalize(s.cfg.Archive); err != nil {
 		return err
 	}
 	c, err := s.liveTarget(r, id)
@@ -179,7 +179,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return err
 	}
 	res, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
-		return fsm.Renew{Meta: m, Claim: c.ID, TTLSeconds: req.TTLSeconds}
+		return fsm.Renew{Meta: m, Claim: c.ID, TTLSeconds: req.TTLSeconds, OnExpire: req.OnExpire}
 	}, engine.Hooks{})
 	if err != nil {
 		return s.settledLive(err, c.ID)

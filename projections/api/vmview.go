@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -49,9 +50,14 @@ type vmView struct {
 
 func newVMView() *vmView { return &vmView{vms: map[string]VM{}, subs: map[*vmSub]struct{}{}} }
 
+// vmWithoutVMM are the VM statuses in which no VMM runs: the view's
+// live is false (hibernated, also while its snapshot goes to the archive,
+// stays there or comes back).
+var vmWithoutVMM = []fsm.VMStatus{fsm.VMGone, fsm.VMFailed, fsm.VMHibernated, fsm.VMArchiving, fsm.VMArchived, fsm.VMUnarchiving}
+
 func vmOf(v *fsm.VMRec) VM {
 	return VM{
-		Name: v.ID, Live: v.Status != fsm.VMGone && v.Status != fsm.VMFailed && v.Status != fsm.VMHibernated,
+		Name: v.ID, Live: !slices.Contains(vmWithoutVMM, v.Status),
 		State: v.Status.String(), Pool: v.Key.String(), Claim: v.Claim, RunDir: v.RunDir,
 	}
 }

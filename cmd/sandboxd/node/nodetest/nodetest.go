@@ -67,7 +67,8 @@ type FakeDriver struct {
 	FailPromotes       atomic.Bool
 	attaches, detaches atomic.Int64
 	// FailAttaches makes every volume attach fail for good.
-	FailAttaches atomic.Bool
+	FailAttaches         atomic.Bool
+	archives, unarchives atomic.Int64 // archive.go
 	// FailClones makes every clone fail for good (an unrecoverable error).
 	FailClones atomic.Bool
 	// FailHibernates and FailWakes make every hibernate and wake fail for
