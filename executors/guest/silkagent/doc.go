@@ -129,7 +129,7 @@
 //     Limits.GitStatusFiles (truncated set). A missing path is not_found, a
 //     malformed request bad_request, a failed git operation internal
 //     ("git <verb>: ..."). A clone, push or pull that must reach another
-//     machine on a guest without egress (no default route: the none lane)
+//     machine on a guest without egress (no IPv4 default route: the none lane)
 //     is unimplemented naming fs_push, as the old agent answered
 //     (egress.go); a local repository is served on every lane.
 //   - lsp_start finds the language's server (the manifest LSPDir/<language>

@@ -24,9 +24,11 @@ import (
 const noEgressMessage = "no network on this sandbox; use fs_push to move a repository in"
 
 // egress reports whether the guest can reach a network: s.Egress, else
-// hasDefaultRoute. A none-lane guest may have a NIC (QEMU's user network
-// without a route): only a default route, which the egress lane's
-// network verb installs, says the guest can leave.
+// hasDefaultRoute. A none-lane guest has a NIC (QEMU's restricted user
+// network, which carries the data plane and even advertises an IPv6
+// default route that leads nowhere): only the IPv4 default route that the
+// egress lane's network verb installs (agent.NetConfig is IPv4) says the
+// guest can leave.
 func (s *Server) egress() bool {
 	if s.Egress != nil {
 		return s.Egress()
@@ -60,34 +62,20 @@ func remoteURL(r *git.Repository, name string) string {
 	return rem.Config().URLs[0]
 }
 
-// Route tables of the kernel, read for a default route.
-var (
-	ipv4Routes = "/proc/net/route"
-	ipv6Routes = "/proc/net/ipv6_route"
-)
+// ipv4Routes is the kernel's IPv4 route table, read for a default route.
+var ipv4Routes = "/proc/net/route"
 
-// hasDefaultRoute reports whether the kernel routes anywhere: an IPv4
-// route to 00000000 or an IPv6 route to ::/0 whose device is not lo (the
-// kernel keeps an unreachable ::/0 on lo).
+// hasDefaultRoute reports whether the kernel has an IPv4 route to
+// 00000000; an unreadable table has none.
 func hasDefaultRoute() bool {
-	return scanRoutes(ipv4Routes, func(f []string) bool {
-		return len(f) > 1 && f[0] != "Iface" && f[1] == "00000000"
-	}) || scanRoutes(ipv6Routes, func(f []string) bool {
-		return len(f) == 10 && f[0] == strings.Repeat("0", 32) && f[1] == "00" && f[9] != "lo"
-	})
-}
-
-// scanRoutes reports whether a line of the route table at path, split in
-// fields, satisfies match; an unreadable table has no route.
-func scanRoutes(path string, match func([]string) bool) bool {
-	f, err := os.Open(path)
+	f, err := os.Open(ipv4Routes)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if match(strings.Fields(sc.Text())) {
+		if fields := strings.Fields(sc.Text()); len(fields) > 1 && fields[1] == "00000000" {
 			return true
 		}
 	}
