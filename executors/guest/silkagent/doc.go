@@ -128,7 +128,10 @@
 //     differs from git(1)); status files are capped at
 //     Limits.GitStatusFiles (truncated set). A missing path is not_found, a
 //     malformed request bad_request, a failed git operation internal
-//     ("git <verb>: ...").
+//     ("git <verb>: ..."). A clone, push or pull that must reach another
+//     machine on a guest without egress (no IPv4 default route: the none lane)
+//     is unimplemented naming fs_push, as the old agent answered
+//     (egress.go); a local repository is served on every lane.
 //   - lsp_start finds the language's server (the manifest LSPDir/<language>
 //     naming its argv, else a well-known server on PATH; none is not_found),
 //     starts it in root and answers lsp_started; lsp_request relays its

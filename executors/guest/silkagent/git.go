@@ -80,7 +80,7 @@ func (s *Server) gitOp(req silkd.Request) (silkd.Response, error) {
 	})
 	switch v := req.(type) {
 	case *silkd.GitClone:
-		return gitClone(v)
+		return s.gitClone(v)
 	case *silkd.GitStatus:
 		return s.gitStatus(v)
 	case *silkd.GitAdd:
@@ -88,18 +88,21 @@ func (s *Server) gitOp(req silkd.Request) (silkd.Response, error) {
 	case *silkd.GitCommit:
 		return s.gitCommit(v)
 	case *silkd.GitPush:
-		return gitPush(v)
+		return s.gitPush(v)
 	case *silkd.GitPull:
-		return gitPull(v)
+		return s.gitPull(v)
 	case *silkd.GitBranch:
 		return gitBranch(v)
 	}
 	return nil, fmt.Errorf("%s is not a git op", req.Op())
 }
 
-func gitClone(req *silkd.GitClone) (silkd.Response, error) {
+func (s *Server) gitClone(req *silkd.GitClone) (silkd.Response, error) {
 	if req.URL == "" || req.Path == "" {
 		return nil, badRequest("git_clone: url and path must not be empty")
+	}
+	if err := s.needEgress(req.URL); err != nil {
+		return nil, err
 	}
 	opts := &git.CloneOptions{URL: req.URL, Depth: int(req.Depth), Auth: gitAuth(req.Auth)}
 	if req.Branch != "" {
@@ -314,12 +317,15 @@ func onBranch(op, verb, p string) (*git.Repository, string, error) {
 	return r, branch, nil
 }
 
-func gitPush(req *silkd.GitPush) (silkd.Response, error) {
+func (s *Server) gitPush(req *silkd.GitPush) (silkd.Response, error) {
 	r, branch, err := onBranch(silkd.OpGitPush, "push", req.Path)
 	if err != nil {
 		return nil, err
 	}
 	remote, merge := upstream(r, branch)
+	if err := s.needEgress(remoteURL(r, remote)); err != nil {
+		return nil, err
+	}
 	spec := config.RefSpec(plumbing.NewBranchReferenceName(branch).String() + ":" + merge.String())
 	err = r.Push(&git.PushOptions{RemoteName: remote, RefSpecs: []config.RefSpec{spec}, Auth: gitAuth(req.Auth)})
 	if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
@@ -328,16 +334,19 @@ func gitPush(req *silkd.GitPush) (silkd.Response, error) {
 	return silkd.Done{}, nil
 }
 
-func gitPull(req *silkd.GitPull) (silkd.Response, error) {
+func (s *Server) gitPull(req *silkd.GitPull) (silkd.Response, error) {
 	r, branch, err := onBranch(silkd.OpGitPull, "pull", req.Path)
 	if err != nil {
+		return nil, err
+	}
+	remote, merge := upstream(r, branch)
+	if err := s.needEgress(remoteURL(r, remote)); err != nil {
 		return nil, err
 	}
 	wt, err := r.Worktree()
 	if err != nil {
 		return nil, gitFail("pull", err)
 	}
-	remote, merge := upstream(r, branch)
 	err = wt.Pull(&git.PullOptions{RemoteName: remote, ReferenceName: merge, Auth: gitAuth(req.Auth)})
 	if errors.Is(err, git.ErrNonFastForwardUpdate) {
 		return nil, silkd.Errorf(silkd.KindInternal, "git pull: the branches have diverged; this agent pulls fast-forward only")

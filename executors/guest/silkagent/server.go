@@ -56,6 +56,9 @@ type Server struct {
 	// Git serves the git ops (go-git on the machine's own files: a real
 	// guest's); false leaves them unimplemented.
 	Git bool
+	// Egress says whether the guest can reach a network, for the git ops
+	// that need one (default: the kernel has a default route; egress.go).
+	Egress func() bool
 	// Now is the wall clock of git commits, ps's start times and idle
 	// sessions (default time.Now).
 	Now func() time.Time
