@@ -272,6 +272,9 @@ func (c ConfigureLimits) decide(d *decider) error {
 
 // --- claims ------------------------------------------------------------------
 
+// NoWarmMsg is the rejection of a WarmOnly claim that found no warm VM.
+const NoWarmMsg = "no warm VM for the pool"
+
 func (c Claim) decide(d *decider) error {
 	s := d.s
 	if !ValidClaimID(c.ID) {
@@ -350,6 +353,9 @@ func (c Claim) decide(d *decider) error {
 		ev.Tier, ev.VM = TierWarm.String(), p.warm[n-1]
 		d.emit(ev, c.ID)
 		return nil
+	}
+	if c.WarmOnly {
+		return reject(TooMany, NoWarmMsg)
 	}
 	if err := d.needInstance(); err != nil {
 		return err

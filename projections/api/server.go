@@ -418,6 +418,9 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var he *httpError
 	var ae *engine.AppendError
 	var oe *ownedElsewhere
+	if away, ok := ownerAwayError(err); ok {
+		err = away
+	}
 	switch rej, isRej := fsm.AsRejection(err); {
 	case errors.As(err, &he):
 		writeError(w, err)

@@ -144,7 +144,12 @@ type Options struct {
 	// MinBackoff and MaxBackoff bound the pause between retries (defaults
 	// 50 ms and 2 s).
 	MinBackoff, MaxBackoff time.Duration
-	Logger                 zerolog.Logger
+	// Heartbeat, when set (at least 500 ms), is the idle heartbeat asked
+	// of the server for each pull: two missed ones end the session and the
+	// consumer is re-created, so a consumer lost with its server is noticed
+	// within 2*Heartbeat (default: the client's, about 30 s to notice).
+	Heartbeat time.Duration
+	Logger    zerolog.Logger
 }
 
 // Feed runs one durable consumer into one Handler.
@@ -177,8 +182,10 @@ type ackedEvent struct {
 
 // Status is a snapshot for status pages.
 type Status struct {
-	Durable   string            `json:"durable"`
-	State     string            `json:"state"` // idle, running, retrying, failed, stopped
+	Durable string `json:"durable"`
+	State   string `json:"state"` // idle, running, retrying, failed, stopped
+	// Since is when State was entered (local time).
+	Since     time.Time         `json:"since"`
 	Positions map[string]uint64 `json:"positions"`
 	LastError string            `json:"last_error,omitempty"`
 }
@@ -200,6 +207,9 @@ func New(opts Options, h Handler) (*Feed, error) {
 	opts.Stream = layout.StreamName()
 	if opts.Batch <= 0 {
 		opts.Batch = 256
+	}
+	if opts.Heartbeat != 0 && opts.Heartbeat < 500*time.Millisecond {
+		return nil, fmt.Errorf("feed: heartbeat %s below 500ms", opts.Heartbeat)
 	}
 	if opts.MinBackoff <= 0 {
 		opts.MinBackoff = 50 * time.Millisecond
@@ -250,7 +260,9 @@ func (f *Feed) Status() Status {
 func (f *Feed) setState(state string, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.status.State = state
+	if f.status.State != state {
+		f.status.State, f.status.Since = state, time.Now()
+	}
 	if err != nil {
 		f.status.LastError = err.Error()
 	}
@@ -263,7 +275,7 @@ var errResetConsumer = errors.New("feed: rebuild consumer")
 func (f *Feed) Run(ctx context.Context) error {
 	backoff := f.opts.MinBackoff
 	for {
-		f.setState("running", nil)
+		f.setState("attaching", nil)
 		progressed, err := f.session(ctx)
 		if ctx.Err() != nil {
 			f.setState("stopped", nil)
@@ -341,10 +353,16 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 		return false, fmt.Errorf("consumer %s: %w", cmp.Or(f.opts.Durable, "(ephemeral)"), err)
 	}
 	f.attachOnce.Do(func() { close(f.attached) })
-	it, err := cons.Messages(jetstream.PullMaxMessages(2 * f.opts.Batch))
+	mopts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(2 * f.opts.Batch)}
+	if hb := f.opts.Heartbeat; hb > 0 {
+		mopts = append(mopts, jetstream.PullHeartbeat(hb), jetstream.PullExpiry(max(10*hb, 5*time.Second)),
+			jetstream.WithMessagesErrOnMissingHeartbeat(true))
+	}
+	it, err := cons.Messages(mopts...)
 	if err != nil {
 		return false, fmt.Errorf("consumer %s: %w", f.opts.Durable, err)
 	}
+	f.setState("running", nil)
 	defer it.Stop()
 	msgs := make([]jetstream.Msg, 0, f.opts.Batch)
 	evs := make([]event.Event, 0, f.opts.Batch)
