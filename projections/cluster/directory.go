@@ -33,6 +33,10 @@ type NodeInfo struct {
 	// Addr is the node's owner_addr: where clients and other nodes reach
 	// its HTTP API (host:port).
 	Addr string `json:"addr"`
+	// Seq is the node's log position at the heartbeat: a view that has
+	// folded less of the node's log knows it is behind, even while the
+	// node's events cannot reach the stream.
+	Seq uint64 `json:"seq,omitempty"`
 }
 
 // DirectoryOptions configure Announce and WatchDirectory.
@@ -45,6 +49,9 @@ type DirectoryOptions struct {
 	// TTL: a node whose last heartbeat is older is left out (default
 	// DefaultTTL). Announce beats every TTL/4.
 	TTL time.Duration
+	// Seq, when set, is the announcing node's log position, sent with
+	// every heartbeat (NodeInfo.Seq).
+	Seq func() uint64
 	// Now is the clock liveness is judged by (default time.Now). Only the
 	// watcher's own clock is used: heartbeats are timed on arrival, so
 	// clock skew between nodes does not matter.
@@ -110,12 +117,13 @@ func Announce(ctx context.Context, o DirectoryOptions, node, addr string) error 
 	if addr == "" {
 		return errors.New("cluster: empty node address")
 	}
-	val, err := json.Marshal(NodeInfo{Node: node, Addr: addr})
-	if err != nil {
+	info := NodeInfo{Node: node, Addr: addr}
+	if _, err := json.Marshal(info); err != nil {
 		return err
 	}
 	log := o.Logger.With().Str("component", "announce").Str("node", node).Logger()
 	var kv jetstream.KeyValue
+	var err error
 	failing := false
 	tick := time.NewTicker(o.beat())
 	defer tick.Stop()
@@ -124,6 +132,10 @@ func Announce(ctx context.Context, o DirectoryOptions, node, addr string) error 
 			kv, err = o.bucket(ctx)
 		}
 		if kv != nil {
+			if o.Seq != nil {
+				info.Seq = o.Seq()
+			}
+			val, _ := json.Marshal(info)
 			pctx, cancel := context.WithTimeout(ctx, o.beat())
 			_, err = kv.Put(pctx, stream.Token(node), val)
 			cancel()

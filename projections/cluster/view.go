@@ -410,22 +410,30 @@ func NewestTenants(sets []TenantSet) (TenantSet, bool) {
 	return best, !best.Version.IsZero()
 }
 
-// Behind reports whether the view's feed is not delivering (interrupted,
-// re-creating its consumer): its answers may then miss recent events, so
-// "no node holds this sandbox" is not to be trusted. It says since when
-// (zero when not behind).
-func (v *View) Behind() (bool, time.Time) {
+// Behind reports whether the view may miss recent events of a node other
+// than self, so that "no node holds this sandbox" is not to be trusted:
+// its feed is not delivering (interrupted, re-creating its consumer,
+// catching up), or a live node announced a log position beyond what the
+// view folded of it (its events not in the stream yet, or not delivered).
+// It says since when (zero when not behind).
+func (v *View) Behind(self string) (bool, time.Time) {
 	v.mu.RLock()
 	f := v.feed
 	v.mu.RUnlock()
-	if f == nil {
+	if f != nil {
+		if st := f.Status(); st.State != "running" {
+			return true, st.Since
+		}
+	}
+	if v.dir == nil {
 		return false, time.Time{}
 	}
-	st := f.Status()
-	if st.State == "running" {
-		return false, time.Time{}
+	for _, e := range v.dir.Entries() {
+		if e.Live && e.Node != self && e.Seq > v.Position(e.Node) {
+			return true, e.LastSeen
+		}
 	}
-	return true, st.Since
+	return false, time.Time{}
 }
 
 // ViewHeartbeat is the idle heartbeat of the view's consumer: two missed
@@ -443,6 +451,9 @@ func (v *View) Follow(ctx context.Context, fo feed.Options) error {
 	// about a second, not the client's default of tens of seconds.
 	if fo.Heartbeat == 0 {
 		fo.Heartbeat = ViewHeartbeat
+	}
+	if fo.MaxBackoff == 0 {
+		fo.MaxBackoff = 2 * fo.Heartbeat
 	}
 	f, err := feed.New(fo, v)
 	if err != nil {

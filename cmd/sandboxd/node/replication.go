@@ -150,7 +150,7 @@ func (r redirector) LocateOwner(id string) api.OwnerLocation {
 	if o, ok := r.svc.View.OwnerOf(id); ok && o.Node != r.self {
 		loc = api.OwnerLocation{Node: o.Node, Addr: o.Addr, LastSeen: o.LastSeen, Withdrawn: o.Withdrawn}
 	}
-	loc.ViewBehind, loc.ViewSince = r.svc.View.Behind()
+	loc.ViewBehind, loc.ViewSince = r.svc.View.Behind(r.self)
 	return loc
 }
 

@@ -184,7 +184,8 @@ type ackedEvent struct {
 type Status struct {
 	Durable string `json:"durable"`
 	State   string `json:"state"` // idle, running, retrying, failed, stopped
-	// Since is when State was entered (local time).
+	// Since is when the feed entered running, or when it last left it
+	// (local time).
 	Since     time.Time         `json:"since"`
 	Positions map[string]uint64 `json:"positions"`
 	LastError string            `json:"last_error,omitempty"`
@@ -260,9 +261,12 @@ func (f *Feed) Status() Status {
 func (f *Feed) setState(state string, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.status.State != state {
-		f.status.State, f.status.Since = state, time.Now()
+	// Since counts from entering running, or from leaving it: the states
+	// on the way back (retrying, attaching, catching_up) keep it.
+	if (state == "running") != (f.status.State == "running") || f.status.Since.IsZero() {
+		f.status.Since = time.Now()
 	}
+	f.status.State = state
 	if err != nil {
 		f.status.LastError = err.Error()
 	}
@@ -362,7 +366,14 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("consumer %s: %w", f.opts.Durable, err)
 	}
-	f.setState("running", nil)
+	// Running once the consumer has delivered what the stream held when it
+	// was made (catching up until then: a reader of the output must not
+	// take "not there" for an answer yet).
+	if info := cons.CachedInfo(); info != nil && info.NumPending > 0 {
+		f.setState("catching_up", nil)
+	} else {
+		f.setState("running", nil)
+	}
 	defer it.Stop()
 	msgs := make([]jetstream.Msg, 0, f.opts.Batch)
 	evs := make([]event.Event, 0, f.opts.Batch)
@@ -409,6 +420,9 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 		if md, err := msgs[len(msgs)-1].Metadata(); err == nil {
 			f.mu.Lock()
 			f.lastSeq = md.Sequence.Stream
+			if md.NumPending == 0 && f.status.State == "catching_up" {
+				f.status.State, f.status.Since = "running", time.Now()
+			}
 			f.mu.Unlock()
 		}
 		// AckAll: acknowledging the last message covers the batch.
@@ -437,6 +451,14 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	cfg := f.consumerConfig()
 	if f.opts.Durable == "" {
+		if hb := f.opts.Heartbeat; hb > 0 {
+			// A feed that must notice losses fast does not wait out the
+			// client's request timeout on a server that just died (a
+			// meta or stream leader election): it tries again.
+			cctx, cancel := context.WithTimeout(ctx, 4*hb)
+			defer cancel()
+			ctx = cctx
+		}
 		return f.opts.JS.CreateConsumer(ctx, f.opts.Stream, cfg)
 	}
 	cons, err := f.opts.JS.Consumer(ctx, f.opts.Stream, f.opts.Durable)

@@ -190,7 +190,11 @@ func Start(o Options) (*Service, error) {
 		url = s.URL
 	}
 	nopts := append(auth, o.NATSOptions...)
-	rep, err := replicator.New(replicator.Options{Log: o.Log, URL: url, NATSOptions: nopts, Stream: scfg, Logger: o.Logger})
+	// A publish that waits for a stream leader lost with its server is
+	// retried after PublishTimeout: short, so the fleet hears of this
+	// node's changes within seconds of the new leader's election.
+	rep, err := replicator.New(replicator.Options{Log: o.Log, URL: url, NATSOptions: nopts, Stream: scfg, Logger: o.Logger,
+		PublishTimeout: 2 * time.Second, MaxBackoff: time.Second})
 	if err == nil {
 		s.Replicator = rep
 		copts := append([]nats.Option{nats.Name("sbxlog-consumers-" + node), nats.MaxReconnects(-1),
@@ -231,7 +235,7 @@ func Start(o Options) (*Service, error) {
 	if !o.NoUsage {
 		s.run("usage", func() error { return usage.Run(ctx, filepath.Join(o.DataDir, "usage.jsonl"), own("usage")) })
 	}
-	s.dopts = cluster.DirectoryOptions{JS: js, Replicas: o.Replicas, TTL: o.TTL, Logger: o.Logger}
+	s.dopts = cluster.DirectoryOptions{JS: js, Replicas: o.Replicas, TTL: o.TTL, Logger: o.Logger, Seq: o.Log.LastSeq}
 	actx, stopAnnounce := context.WithCancel(ctx)
 	s.stopAnnounce, s.announced = stopAnnounce, make(chan struct{})
 	s.run("announce", func() error {
