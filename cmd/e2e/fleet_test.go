@@ -76,28 +76,37 @@ type natsd struct {
 
 func (n *natsd) start(t *testing.T) {
 	t.Helper()
+	if err := n.tryStart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tryStart starts the server process and waits for its "ready".
+func (n *natsd) tryStart() error {
 	b, _ := json.Marshal(n.spec)
 	self, err := os.Executable()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	n.cmd = exec.Command(self)
 	n.cmd.Env = append(cleanEnv(), natsdEnv+"="+string(b))
 	out, err := n.cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	n.cmd.Stderr = os.Stderr
 	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	n.done = make(chan struct{})
 	go func() { _ = n.cmd.Wait(); close(n.done) }()
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil || strings.TrimSpace(line) != "ready" {
-		t.Fatalf("nats server %s: %q, %v", n.spec.Name, line, err)
+		n.kill()
+		return fmt.Errorf("nats server %s: %q, %v", n.spec.Name, line, err)
 	}
 	go func() { _, _ = io.Copy(io.Discard, out) }()
+	return nil
 }
 
 func (n *natsd) kill() {
@@ -107,12 +116,27 @@ func (n *natsd) kill() {
 
 func (n *natsd) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.spec.Port) }
 
-// startNatsds starts a three-server cluster; stopped at cleanup.
+// startNatsds starts a three-server cluster; stopped at cleanup. Free
+// ports may be taken by another process before a server binds them: the
+// cluster is then started again on other ports.
 func startNatsds(t *testing.T) ([]*natsd, string) {
 	t.Helper()
+	var last error
+	for range 3 {
+		ns, urls, err := tryNatsds(t)
+		if err == nil {
+			return ns, urls
+		}
+		last = err
+	}
+	t.Fatal(last)
+	return nil, ""
+}
+
+func tryNatsds(t *testing.T) ([]*natsd, string, error) {
 	ports, err := natsembed.FreePorts(6)
 	if err != nil {
-		t.Fatal(err)
+		return nil, "", err
 	}
 	dir := t.TempDir()
 	var routes, urls []string
@@ -123,12 +147,19 @@ func startNatsds(t *testing.T) ([]*natsd, string) {
 	for i := range 3 {
 		n := &natsd{spec: natsdSpec{Store: filepath.Join(dir, fmt.Sprintf("s%d", i)), Name: fmt.Sprintf("f%d", i),
 			Port: ports[i], ClusterPort: ports[3+i], Routes: routes}}
-		n.start(t)
-		t.Cleanup(n.kill)
+		if err := n.tryStart(); err != nil {
+			for _, m := range ns {
+				m.kill()
+			}
+			return nil, "", err
+		}
 		ns = append(ns, n)
 		urls = append(urls, n.url())
 	}
-	return ns, strings.Join(urls, ",")
+	for _, n := range ns {
+		t.Cleanup(n.kill)
+	}
+	return ns, strings.Join(urls, ","), nil
 }
 
 // fleetNode starts sandboxd node id on the cluster with pools (template
@@ -352,6 +383,16 @@ func TestFleetFaults(t *testing.T) {
 		}
 	}
 
+	// A sandbox on b, known to c before b dies.
+	onB, err := b.c.Claim(ctx, api.ClaimRequest{Template: "r", NoRedirect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, "c naming b as the owner", func() bool {
+		owner, err := c.c.Owner(ctx, onB.ID)
+		return err == nil && owner == b.addr
+	})
+
 	_ = b.d.cmd.Process.Signal(syscall.SIGKILL)
 	<-b.d.exited
 	killed := time.Now()
@@ -375,7 +416,12 @@ func TestFleetFaults(t *testing.T) {
 	}
 
 	// A sandbox of the dead b answers 503 naming it, not 404.
-	// (Its claims live in its log: any of b's warm claims made above.)
+	st, body, err := rawCall(ctx, "GET", c.addr, "/v1/sandboxes/"+onB.ID, replRoot, "")
+	var away map[string]string
+	if err != nil || st != http.StatusServiceUnavailable || json.Unmarshal(body, &away) != nil ||
+		away["owner_addr"] != b.addr || away["owner"] != "b" || away["last_seen"] == "" {
+		t.Errorf("GET of dead b's sandbox on c: %d %s %v, want 503 naming b and its last_seen", st, body, err)
+	}
 
 	termed := make(chan time.Time, 1)
 	go func() { _ = a.d.cmd.Process.Signal(syscall.SIGTERM); termed <- time.Now() }()

@@ -190,11 +190,7 @@ func Start(o Options) (*Service, error) {
 		url = s.URL
 	}
 	nopts := append(auth, o.NATSOptions...)
-	// A publish that waits for a stream leader lost with its server is
-	// retried after PublishTimeout: short, so the fleet hears of this
-	// node's changes within seconds of the new leader's election.
-	rep, err := replicator.New(replicator.Options{Log: o.Log, URL: url, NATSOptions: nopts, Stream: scfg, Logger: o.Logger,
-		PublishTimeout: 2 * time.Second, MaxBackoff: time.Second})
+	rep, err := replicator.New(replicator.Options{Log: o.Log, URL: url, NATSOptions: nopts, Stream: scfg, Logger: o.Logger})
 	if err == nil {
 		s.Replicator = rep
 		copts := append([]nats.Option{nats.Name("sbxlog-consumers-" + node), nats.MaxReconnects(-1),
