@@ -17,7 +17,7 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -buildvcs=auto -o $(BIN)/ ./cmd/...
 
 test:
 	$(GO) vet $(PKGS)
@@ -92,5 +92,17 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet $(PKGS)
 
+# clean removes the binaries (bin/). clean-data removes what `make run` made
+# besides them: ./data (the op log, snapshots, the root token, the VMs' run
+# dirs), refused while a sandboxd holds it (data/sandboxd.lock). Run
+# `bin/sbxctl down` before stopping sandboxd: its VMs outlive it (a restart
+# adopts them), and a removed data dir leaves them nothing to be adopted by.
 clean:
 	rm -rf $(BIN)
+
+.PHONY: clean-data
+clean-data:
+	@if [ -e data/sandboxd.lock ] && ! flock -n data/sandboxd.lock true; then \
+		echo "make clean-data: a sandboxd holds ./data (pid $$(cat data/sandboxd.lock)): stop it first (bin/sbxctl down, then Ctrl-C)"; exit 1; \
+	fi
+	rm -rf data

@@ -48,6 +48,16 @@ type Driver interface {
 	// removes its run dir and, when in.SnapshotDir is set, its snapshot. A VM
 	// of another instance is never touched (Unrecoverable).
 	Destroy(ctx context.Context, in fsm.DestroyVM) (Result, error)
+	// Promote snapshots in.VM into a new golden of in.Target in the store
+	// (Result.SnapshotDir, Result.Digest): a running VM in a pause window,
+	// after which it runs on; a hibernated one from its image
+	// in.SnapshotDir, without waking. On error nothing is left in the
+	// store and the VM is as it was (Lost: its VMM died).
+	Promote(ctx context.Context, in fsm.PromoteVM) (Result, error)
+	// CollectSnapshot removes in.Dir, a snapshot dir nothing references or
+	// maps, from the store crash-safely (renamed to a trash name first); a
+	// dir already gone is success.
+	CollectSnapshot(ctx context.Context, in fsm.CollectSnapshot) (Result, error)
 }
 
 // Restarter is implemented by drivers that can boot a claimed VM again,
@@ -59,13 +69,27 @@ type Restarter interface {
 	Restart(ctx context.Context, in fsm.RestartVM) (Result, error)
 }
 
+// Checkpointer is implemented by drivers that capture a claim's VM into a
+// checkpoint (fsm.CaptureCheckpoint: a running VM paused only for its
+// snapshot, a hibernated one exported from its image) and remove one
+// (fsm.RemoveCheckpoint). Both are idempotent under the op id like every
+// Driver method; a failed capture leaves nothing in the store and the VM
+// running (Lost: its VMM died). The dispatch table fails the captures of a
+// driver without it.
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (Result, error)
+	RemoveCheckpoint(ctx context.Context, in fsm.RemoveCheckpoint) (Result, error)
+}
+
 // Result is what a successful Driver call reports.
 type Result struct {
 	// Report goes into the result event: per-step timings and the copy mode.
 	Report event.ExecReport
-	// SnapshotDir is the snapshot made (golden, hibernate), relative to the
-	// store root.
+	// SnapshotDir is the snapshot made (golden, hibernate, promote),
+	// relative to the store root.
 	SnapshotDir string
+	// Digest is a promoted template's content digest (fsx.ContentDigest).
+	Digest string
 	// AfterCommit, if set, is work that may only run once the result is
 	// durable in the log (Wake: drop the snapshot it restored from). The
 	// scheduler runs it in the background after a successful Propose, and
@@ -92,6 +116,14 @@ var methods = map[fsm.IntentKind]Method{
 	fsm.KindWake:      method(Driver.Wake, 2*time.Minute),
 	fsm.KindDestroy:   method(Driver.Destroy, time.Minute),
 	fsm.KindRestart:   method(restart, 2*time.Minute),
+	// Checkpoints (Checkpointer).
+	fsm.KindCheckpoint:       method(checkpoint, 10*time.Minute),
+	fsm.KindCheckpointDelete: method(removeCheckpoint, time.Minute),
+	fsm.KindPromote:          method(Driver.Promote, 10*time.Minute),
+	fsm.KindCollect:          method(Driver.CollectSnapshot, time.Minute),
+	// volumes.go: an optional interface, like Restarter.
+	fsm.KindAttachVolume: method(attachVolume, time.Minute),
+	fsm.KindDetachVolume: method(detachVolume, time.Minute),
 }
 
 // MethodFor returns the Driver method performing intents of kind k; false
@@ -119,4 +151,22 @@ func restart(d Driver, ctx context.Context, in fsm.RestartVM) (Result, error) {
 		return r.Restart(ctx, in)
 	}
 	return Result{}, Unrecoverablef("restart %s: this hypervisor driver cannot restart VMs", in.VM)
+}
+
+// checkpoint runs a Checkpointer's Checkpoint; a driver without one fails
+// the capture at once (the checkpoint or fork then fails).
+func checkpoint(d Driver, ctx context.Context, in fsm.CaptureCheckpoint) (Result, error) {
+	if c, ok := d.(Checkpointer); ok {
+		return c.Checkpoint(ctx, in)
+	}
+	return Result{}, Unrecoverablef("checkpoint %s: this hypervisor driver cannot capture VMs", in.VM)
+}
+
+// removeCheckpoint runs a Checkpointer's RemoveCheckpoint; a driver without
+// one never made a checkpoint, so there is nothing to remove.
+func removeCheckpoint(d Driver, ctx context.Context, in fsm.RemoveCheckpoint) (Result, error) {
+	if c, ok := d.(Checkpointer); ok {
+		return c.RemoveCheckpoint(ctx, in)
+	}
+	return Result{}, nil
 }

@@ -23,11 +23,47 @@ func (r *recorder) Hibernate(context.Context, fsm.HibernateVM) (Result, error) {
 func (r *recorder) Wake(context.Context, fsm.WakeVM) (Result, error)       { return r.note("Wake") }
 func (r *recorder) Destroy(context.Context, fsm.DestroyVM) (Result, error) { return r.note("Destroy") }
 func (r *recorder) Restart(context.Context, fsm.RestartVM) (Result, error) { return r.note("Restart") }
+func (r *recorder) Checkpoint(context.Context, fsm.CaptureCheckpoint) (Result, error) {
+	return r.note("Checkpoint")
+}
+func (r *recorder) RemoveCheckpoint(context.Context, fsm.RemoveCheckpoint) (Result, error) {
+	return r.note("RemoveCheckpoint")
+}
+func (r *recorder) Promote(context.Context, fsm.PromoteVM) (Result, error) { return r.note("Promote") }
+func (r *recorder) CollectSnapshot(context.Context, fsm.CollectSnapshot) (Result, error) {
+	return r.note("CollectSnapshot")
+}
+func (r *recorder) AttachVolume(context.Context, fsm.AttachVolume) (Result, error) {
+	return r.note("AttachVolume")
+}
+func (r *recorder) DetachVolume(context.Context, fsm.DetachVolume) (Result, error) {
+	return r.note("DetachVolume")
+}
+
+// noVolumes is a Driver that cannot attach volumes.
+type noVolumes struct{ plain }
+
+func (noVolumes) AttachVolume() {} // not a VolumeAttacher: another signature
 
 // plain is a Driver without Restart.
 type plain struct{ recorder }
 
 func (p *plain) Restart() {} // not a Restarter: another signature
+
+// bare is a Driver with only the Driver methods.
+type bare struct{}
+
+func (b *bare) BuildGolden(context.Context, fsm.BuildGolden) (Result, error) {
+	return Result{}, nil
+}
+func (b *bare) Clone(context.Context, fsm.CloneVM) (Result, error)         { return Result{}, nil }
+func (b *bare) Hibernate(context.Context, fsm.HibernateVM) (Result, error) { return Result{}, nil }
+func (b *bare) Wake(context.Context, fsm.WakeVM) (Result, error)           { return Result{}, nil }
+func (b *bare) Destroy(context.Context, fsm.DestroyVM) (Result, error)     { return Result{}, nil }
+func (b *bare) Promote(context.Context, fsm.PromoteVM) (Result, error)     { return Result{}, nil }
+func (b *bare) CollectSnapshot(context.Context, fsm.CollectSnapshot) (Result, error) {
+	return Result{}, nil
+}
 
 // The dispatch table sends every intent kind to its Driver method, with a
 // default timeout; a driver without Restart fails restarts as unrecoverable.
@@ -43,6 +79,12 @@ func TestDispatchTable(t *testing.T) {
 		{fsm.WakeVM{OpID: op, VM: "vm-1"}, "Wake"},
 		{fsm.DestroyVM{OpID: op, VM: "vm-1"}, "Destroy"},
 		{fsm.RestartVM{OpID: op, VM: "vm-1"}, "Restart"},
+		{fsm.CaptureCheckpoint{OpID: op, VM: "vm-1", Checkpoint: "ck_1"}, "Checkpoint"},
+		{fsm.RemoveCheckpoint{OpID: op, Checkpoint: "ck_1"}, "RemoveCheckpoint"},
+		{fsm.PromoteVM{OpID: op, VM: "vm-1"}, "Promote"},
+		{fsm.CollectSnapshot{OpID: op, Dir: "golden/x"}, "CollectSnapshot"},
+		{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, "AttachVolume"},
+		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, "DetachVolume"},
 	}
 	for _, c := range cases {
 		t.Run(string(c.in.Kind()), func(t *testing.T) {
@@ -70,5 +112,23 @@ func TestDispatchTable(t *testing.T) {
 	var p plain
 	if _, err := m.Call(context.Background(), &p, fsm.RestartVM{OpID: op, VM: "vm-1"}); !IsUnrecoverable(err) || p.called != "" {
 		t.Fatalf("restart on a driver that cannot: %v, called %q", err, p.called)
+	}
+	// A driver without checkpoints fails a capture and has nothing to remove.
+	var b bare
+	m, _ = MethodFor(fsm.KindCheckpoint)
+	if _, err := m.Call(context.Background(), &b, fsm.CaptureCheckpoint{OpID: op, VM: "vm-1"}); !IsUnrecoverable(err) {
+		t.Fatalf("capture on a driver that cannot: %v", err)
+	}
+	m, _ = MethodFor(fsm.KindCheckpointDelete)
+	if _, err := m.Call(context.Background(), &b, fsm.RemoveCheckpoint{OpID: op}); err != nil {
+		t.Fatalf("removal on a driver without checkpoints: %v", err)
+	}
+	// Volumes likewise: a driver that cannot attach fails the intents.
+	for _, in := range []fsm.Intent{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}} {
+		m, _ := MethodFor(in.Kind())
+		var bare noVolumes
+		if _, err := m.Call(context.Background(), &bare, in); !IsUnrecoverable(err) || bare.called != "" {
+			t.Fatalf("%s on a driver that cannot: %v, called %q", in.Kind(), err, bare.called)
+		}
 	}
 }

@@ -34,6 +34,7 @@ func ApplyDecoded(s *State, ev *event.Event, p event.Payload) error {
 		return &ApplyError{Seq: ev.Seq, Type: ev.Type.String(), Err: fmt.Errorf("payload %T does not belong to a %s event", p, ev.Type)}
 	}
 	a := applier{s: s, ev: ev, seq: s.applied + 1}
+	s.applyOp, s.applySeq = ev.OpID, a.seq
 	if err := a.apply(p); err != nil {
 		return &ApplyError{Seq: ev.Seq, Type: ev.Type.String(), Err: err}
 	}
@@ -122,7 +123,9 @@ func (a *applier) apply(p event.Payload) error {
 
 	case event.GoldenBuildRequested:
 		g := s.goldens[p.Key]
-		if g != nil && (g.Status == GoldenBuilding || g.Status == GoldenReady) {
+		// A ready golden is rebuilt (RebuildGolden): its dir stays its own
+		// until the new one is built.
+		if g != nil && (g.Status == GoldenBuilding || g.Status == GoldenReady && p.Reason != "rebuild") {
 			return inconsistent("golden %s is %s", p.Key, g.Status)
 		}
 		if g == nil {
@@ -139,9 +142,14 @@ func (a *applier) apply(p event.Payload) error {
 		if err != nil {
 			return err
 		}
+		old := g.SnapshotDir
 		g.Status, g.Op, g.SnapshotDir = GoldenReady, event.ZeroOpID, p.SnapshotDir
 		delete(s.pendingGoldens, p.Key)
+		if old != p.SnapshotDir {
+			s.retire(old, "golden "+p.Key.String())
+		}
 		s.syncRefill(p.Key)
+		s.syncGoldenOwner(p.Key)
 
 	case event.GoldenFailed:
 		g, err := a.building(p.Key)
@@ -151,6 +159,7 @@ func (a *applier) apply(p event.Payload) error {
 		g.Status, g.Op, g.Error, g.RetryAt = GoldenBroken, event.ZeroOpID, p.Error, p.RetryAtNS
 		delete(s.pendingGoldens, p.Key)
 		s.syncGoldenTimer(p.Key)
+		s.syncGoldenOwner(p.Key)
 
 	case event.VMCloneRequested:
 		if _, dup := s.vms[p.VM]; dup || p.VM == "" {
@@ -168,13 +177,21 @@ func (a *applier) apply(p event.Payload) error {
 		if c := s.claims[p.Claim]; c != nil && c.VM == p.VM {
 			v.ID, v.Claim = c.VM, c.ID
 		}
+		if err := a.cloneSource(v, p.Checkpoint); err != nil {
+			return err
+		}
 		s.addVM(v)
+		// A clone maps its golden's memory for its VMM's life.
+		if g := s.goldens[p.Key]; g != nil && g.Status == GoldenReady && !p.Cold {
+			s.mapVM(v, g.SnapshotDir)
+		}
 
 	case event.VMCloned:
 		v, err := a.vm(p.VM, VMCloning)
 		if err != nil {
 			return err
 		}
+		s.cloneSettled(v)
 		v.Op = event.ZeroOpID
 		if v.Claim != "" {
 			s.setVMStatus(v, VMClaimed)
@@ -190,6 +207,7 @@ func (a *applier) apply(p event.Payload) error {
 		if err != nil {
 			return err
 		}
+		s.cloneSettled(v)
 		s.dropVM(v)
 
 	case event.VMDestroyRequested:
@@ -230,6 +248,8 @@ func (a *applier) apply(p event.Payload) error {
 		v.Restarts = append(append(make([]int64, 0, len(keep)+1), keep...), now)
 		v.Op, v.ReqSeq = a.intentOp(), a.seq
 		s.setVMStatus(v, VMRestarting)
+		// Its VMM died: the restart boots cold from its own disk.
+		s.unmapVM(v)
 
 	case event.VMRestarted:
 		v, err := a.vm(p.VM, VMRestarting)
@@ -265,6 +285,7 @@ func (a *applier) apply(p event.Payload) error {
 		}
 		c.LastActivity = now
 		s.setClaimStatus(c, ClaimRunning, now)
+		a.startVolumes(c)
 
 	case event.ClaimFailed:
 		c, err := a.liveClaim(p.Claim)
@@ -329,6 +350,7 @@ func (a *applier) apply(p event.Payload) error {
 		}
 		v.Op, v.SnapshotDir = event.ZeroOpID, p.SnapshotDir
 		s.setVMStatus(v, VMHibernated)
+		s.unmapVM(v) // its VMM is stopped
 		if c := a.claimIf(v, ClaimHibernating); c != nil {
 			s.setClaimStatus(c, ClaimHibernated, now)
 		}
@@ -445,6 +467,52 @@ func (a *applier) apply(p event.Payload) error {
 	case event.RelayClosed:
 		return a.relayClosed(p)
 
+	case event.CheckpointRequested:
+		return a.checkpointRequested(p)
+
+	case event.CheckpointTaken:
+		return a.checkpointTaken(p)
+
+	case event.CheckpointFailed:
+		return a.checkpointFailed(p)
+
+	case event.CheckpointDeleteRequested:
+		return a.checkpointDeleteRequested(p)
+
+	case event.CheckpointDeleted:
+		return a.checkpointDeleted(p)
+	case event.PromoteRequested:
+		return a.promoteRequested(p)
+
+	case event.Promoted:
+		return a.promoted(p)
+
+	case event.PromoteFailed:
+		return a.promoteFailed(p)
+
+	case event.TemplateDeleted:
+		return a.templateDeleted(p)
+
+	case event.TemplateLabelsSet:
+		return a.templateLabelsSet(p)
+
+	case event.SnapshotCollected:
+		return a.snapshotCollected(p)
+	case event.VolumesConfigured:
+		return a.volumesConfigured(p)
+	case event.VolumeAttachRequested:
+		return a.volumeAttachRequested(p)
+	case event.VolumeAttached:
+		return a.volumeSettled(p.Claim, p.Volume, VolumeAttaching, true, VolumeAttached)
+	case event.VolumeAttachFailed:
+		return a.volumeSettled(p.Claim, p.Volume, VolumeAttaching, false, 0)
+	case event.VolumeDetachRequested:
+		return a.volumeDetachRequested(p)
+	case event.VolumeDetached:
+		return a.volumeSettled(p.Claim, p.Volume, VolumeDetaching, false, 0)
+	case event.VolumeDetachFailed:
+		return a.volumeSettled(p.Claim, p.Volume, VolumeDetaching, true, VolumeAttached)
+
 	default:
 		return inconsistent("no state transition for %T", p)
 	}
@@ -551,6 +619,14 @@ func (a *applier) claimCreated(p event.ClaimCreated) error {
 	} else if _, used := s.vms[p.VM]; used {
 		return inconsistent("claim %s: new VM id %s already in use", p.Claim, p.VM)
 	}
+	if err := a.forkChild(c, p.Fork); err != nil {
+		return err
+	}
+	c.FromCheckpoint = p.FromCheckpoint
 	s.addClaim(c)
+	s.setClaimVolumes(c, claimVolumesOf(p.Volumes))
+	if c.Status == ClaimRunning {
+		a.startVolumes(c)
+	}
 	return nil
 }

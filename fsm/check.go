@@ -25,6 +25,9 @@ func (s *State) Check() error {
 	var vmCount [numVMStatus]int
 	live := 0
 	restartingRunning := 0 // running claims whose VM is restarting
+	// Running and hibernated claims whose VM is being checkpointed, or
+	// promoted.
+	var checkpointing, promoting [numClaimStatus]int
 	tenantLive := map[string]int{}
 	poolVMs, poolRefill, poolLive := map[PoolKey]int{}, map[PoolKey]int{}, map[PoolKey]int{}
 	// Expected timers are checked in place against the heap's index, and
@@ -98,6 +101,18 @@ func (s *State) Check() error {
 			want = VMRestarting
 			restartingRunning++
 		}
+		if v != nil && (c.Status == ClaimRunning || c.Status == ClaimHibernated) && v.Status == VMCheckpointing {
+			want = VMCheckpointing
+			checkpointing[c.Status]++
+		}
+		if v != nil && (c.Status == ClaimRunning || c.Status == ClaimHibernated) && v.Status == VMPromoting {
+			want = VMPromoting
+			promoting[c.Status]++
+		}
+		if v == nil && s.forkChildWaiting(c) {
+			// A fork's child gets its VM once the fork's checkpoint is taken.
+			continue
+		}
 		if v == nil || v.Status != want || v.Claim != id {
 			fail("claim %s (%s): VM %s is not %s for it", id, c.Status, c.VM, want)
 		}
@@ -106,9 +121,11 @@ func (s *State) Check() error {
 	// (hibernated) with v.Claim naming it, which maps those claims one to
 	// one into such VMs; equal counts make it onto, so no claimed or
 	// hibernated VM is without its claim.
-	if claimCount[ClaimRunning] != vmCount[VMClaimed]+restartingRunning || claimCount[ClaimHibernated] != vmCount[VMHibernated] {
-		fail("%d running claims for %d claimed VMs (and %d restarting), %d hibernated claims for %d hibernated VMs",
-			claimCount[ClaimRunning], vmCount[VMClaimed], restartingRunning, claimCount[ClaimHibernated], vmCount[VMHibernated])
+	if claimCount[ClaimRunning] != vmCount[VMClaimed]+restartingRunning+checkpointing[ClaimRunning]+promoting[ClaimRunning] ||
+		claimCount[ClaimHibernated] != vmCount[VMHibernated]+checkpointing[ClaimHibernated]+promoting[ClaimHibernated] {
+		fail("%d running claims for %d claimed VMs (and %d restarting, %d checkpointing, %d promoting), %d hibernated claims for %d hibernated VMs (and %d checkpointing, %d promoting)",
+			claimCount[ClaimRunning], vmCount[VMClaimed], restartingRunning, checkpointing[ClaimRunning], promoting[ClaimRunning],
+			claimCount[ClaimHibernated], vmCount[VMHibernated], checkpointing[ClaimHibernated], promoting[ClaimHibernated])
 	}
 	if claimCount != s.claimCount || live != s.live {
 		fail("claim counters %v/%d, records say %v/%d", s.claimCount, s.live, claimCount, live)
@@ -191,8 +208,11 @@ func (s *State) Check() error {
 	s.checkTenants(fail)
 	s.checkRelays(fail)
 	s.checkEgress(fail)
+	nTimers += s.checkCheckpoints(fail, checkTimer)
+	s.checkStore(fail)
 	checkHeap("timers", &s.timers, nTimers)
 	checkHeap("purge", &s.purge, nPurge)
+	s.checkVolumes(fail)
 	return errors.Join(errs...)
 }
 
@@ -201,5 +221,11 @@ var claimVMStatus = [numClaimStatus]VMStatus{ClaimPending: VMCloning, ClaimRunni
 	ClaimHibernated: VMHibernated, ClaimWaking: VMWaking}
 
 func (s *State) vmCountWithIntent() int {
-	return s.vmCount[VMCloning] + s.vmCount[VMHibernating] + s.vmCount[VMWaking] + s.vmCount[VMDestroying] + s.vmCount[VMRestarting]
+	n := 0
+	for st := range numVMStatus {
+		if hasIntent(st) {
+			n += s.vmCount[st]
+		}
+	}
+	return n
 }

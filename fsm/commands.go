@@ -86,6 +86,13 @@ type Claim struct {
 	// this, so two claims racing for its last warm VM do not end in a
 	// clone here.
 	WarmOnly bool
+	// Checkpoint, when set, branches the claim from that checkpoint (POST
+	// /v1/checkpoints/{id}/claim): its key replaces Key.
+	Checkpoint string
+	// Volumes are catalog volumes to attach once the claim runs
+	// (volumes.go); VolumesAttachOnly: mount none of them.
+	Volumes           []VolumeRequest
+	VolumesAttachOnly bool
 }
 
 // Refill requests clones to bring pool Key (every pool short of its target

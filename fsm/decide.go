@@ -121,9 +121,12 @@ func (d *decider) newVMID() string {
 	}
 }
 
-func (d *decider) cloneRequest(vm string, k PoolKey, claim string, cold bool) {
+// cloneRequest requests VM vm of key k for claim ("" for a refill): cloned
+// from checkpoint ck when set, else from k's golden, or cold-booted when
+// cold.
+func (d *decider) cloneRequest(vm string, k PoolKey, claim string, cold bool, ck string) {
 	d.emit(event.VMCloneRequested{VM: vm, Key: k, Node: d.s.node, Instance: d.s.instance,
-		RunDir: runDir(d.s.instance, vm), Claim: claim, Cold: cold}, vm)
+		RunDir: runDir(d.s.instance, vm), Claim: claim, Cold: cold, Checkpoint: ck}, vm)
 }
 
 func (d *decider) destroy(vm, reason string) {
@@ -275,6 +278,33 @@ func (c ConfigureLimits) decide(d *decider) error {
 // NoWarmMsg is the rejection of a WarmOnly claim that found no warm VM.
 const NoWarmMsg = "no warm VM for the pool"
 
+// serveSeconds is a pending claim's serve timeout: 0 means the default.
+func serveSeconds(serve int64) (int64, error) {
+	switch {
+	case serve < 0 || serve > MaxServeTimeout:
+		return 0, reject(Invalid, "serve timeout %d s out of [0, %d]", serve, MaxServeTimeout)
+	case serve == 0:
+		return DefaultServeTimeoutSeconds, nil
+	}
+	return serve, nil
+}
+
+// admit refuses n new claims of tenant the node cannot take now: it
+// drains, or they would pass max_claims or the tenant's cap.
+func (d *decider) admit(tenant string, n int) error {
+	s := d.s
+	if s.draining {
+		return reject(TooMany, DrainingMsg)
+	}
+	if l := s.limits.MaxClaims; l > 0 && s.live+n > l {
+		return reject(TooMany, "max_claims %d reached", l)
+	}
+	if l := s.TenantCap(tenant); l > 0 && s.tenantLive[tenant]+n > l {
+		return reject(TooMany, "tenant %q is at its cap of %d claims", tenant, l)
+	}
+	return nil
+}
+
 func (c Claim) decide(d *decider) error {
 	s := d.s
 	if !ValidClaimID(c.ID) {
@@ -282,6 +312,15 @@ func (c Claim) decide(d *decider) error {
 	}
 	if _, used := s.claims[c.ID]; used {
 		return reject(Invalid, "claim id %s is already in use", c.ID)
+	}
+	var ck *CheckpointRec
+	if c.Checkpoint != "" {
+		// A claim from a checkpoint: the checkpoint's key applies.
+		var err error
+		if ck, err = d.claimableCheckpoint(c.Checkpoint); err != nil {
+			return err
+		}
+		c.Key = ck.Key
 	}
 	// A pool's key was validated when it was configured (or claimed); only
 	// a key without a pool record needs the (regexp) check.
@@ -304,23 +343,18 @@ func (c Claim) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
-	serve := c.ServeTimeoutSeconds
-	switch {
-	case serve < 0 || serve > MaxServeTimeout:
-		return reject(Invalid, "serve timeout %d s out of [0, %d]", serve, MaxServeTimeout)
-	case serve == 0:
-		serve = DefaultServeTimeoutSeconds
+	serve, err := serveSeconds(c.ServeTimeoutSeconds)
+	if err != nil {
+		return err
 	}
-	if s.draining {
-		return reject(TooMany, DrainingMsg)
-	}
-	if l := s.limits.MaxClaims; l > 0 && s.live >= l {
-		return reject(TooMany, "max_claims %d reached", l)
-	}
-	if l := s.TenantCap(c.Tenant); l > 0 && s.tenantLive[c.Tenant] >= l {
-		return reject(TooMany, "tenant %q is at its cap of %d claims", c.Tenant, l)
+	if err := d.admit(c.Tenant, 1); err != nil {
+		return err
 	}
 	env, err := envOf(c.Env)
+	if err != nil {
+		return err
+	}
+	vols, err := c.claimVolumes(d)
 	if err != nil {
 		return err
 	}
@@ -331,7 +365,7 @@ func (c Claim) decide(d *decider) error {
 	deadline := d.m.Now + ttl*second
 	ev := event.ClaimCreated{Claim: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
 		TTLSeconds: ttl, DeadlineNS: deadline, ServeByNS: min(deadline, d.m.Now+serve*second), TokenGen: gen,
-		NoEgress: c.NoEgress, Env: env}
+		NoEgress: c.NoEgress, Env: env, Volumes: vols}
 	if len(ev.Metadata) == 0 {
 		ev.Metadata = nil
 	}
@@ -349,7 +383,7 @@ func (c Claim) decide(d *decider) error {
 	// the claim is served from the key's golden if one is ready, else by a
 	// cold boot of the template, which fails when there is no such
 	// template. Apply keeps such claims under a draining pool record.
-	if n := len(p.warmStack()); n > 0 {
+	if n := len(p.warmStack()); n > 0 && ck == nil {
 		ev.Tier, ev.VM = TierWarm.String(), p.warm[n-1]
 		d.emit(ev, c.ID)
 		return nil
@@ -361,12 +395,15 @@ func (c Claim) decide(d *decider) error {
 		return err
 	}
 	tier := TierCold
-	if g := s.goldens[c.Key]; g != nil && g.Status == GoldenReady {
+	if g := s.goldens[c.Key]; g != nil && g.Status == GoldenReady || ck != nil {
 		tier = TierClone
 	}
 	ev.Tier, ev.VM = tier.String(), d.newVMID()
+	if ck != nil {
+		ev.FromCheckpoint = ck.ID
+	}
 	d.emit(ev, c.ID)
-	d.cloneRequest(ev.VM, c.Key, c.ID, tier == TierCold)
+	d.cloneRequest(ev.VM, c.Key, c.ID, tier == TierCold, ev.FromCheckpoint)
 	return nil
 }
 
@@ -392,7 +429,7 @@ func (c Refill) decide(d *decider) error {
 	budget := MaxRefillBatch
 	for _, k := range keys {
 		for range min(refillDeficit(s.pools[k]), budget) {
-			d.cloneRequest(d.newVMID(), k, "", false)
+			d.cloneRequest(d.newVMID(), k, "", false, "")
 			budget--
 		}
 	}
@@ -407,6 +444,35 @@ func (d *decider) liveClaim(id string) (*ClaimRec, error) {
 	return c, nil
 }
 
+// settledVM returns the VM of running or hibernated claim c when no side
+// effect on the claim is in flight: its VM is claimed (running claim) or
+// hibernated (hibernated claim) and no volume attach or detach runs.
+// Everything that starts a side effect on a claim's VM (hibernate, idle or
+// asked; checkpoint and fork; promote; volume changes) asks it, so none
+// overlaps another (a snapshot never races a hot-plug).
+func (s *State) settledVM(c *ClaimRec) (*VMRec, bool) {
+	v := s.vms[c.VM]
+	if c.Status != ClaimRunning && c.Status != ClaimHibernated || v == nil || v.Status != claimVMStatus[c.Status] || c.VolumeOpInFlight() {
+		return nil, false
+	}
+	return v, true
+}
+
+// settled is settledVM for a command: a conflict saying what is in flight.
+// The caller has checked that c is running or hibernated.
+func (d *decider) settled(c *ClaimRec) (*VMRec, error) {
+	if v, ok := d.s.settledVM(c); ok {
+		return v, nil
+	}
+	if c.VolumeOpInFlight() {
+		return nil, reject(InvalidTransition, "sandbox %s: a volume operation is in flight; retry", c.ID)
+	}
+	if v := d.s.vms[c.VM]; v != nil {
+		return nil, reject(InvalidTransition, "sandbox %s is busy (its VM is %s)", c.ID, v.Status)
+	}
+	return nil, reject(InvalidTransition, "sandbox %s: its VM is gone", c.ID)
+}
+
 func (cmd Hibernate) decide(d *decider) error {
 	id := cmd.Claim
 	c, err := d.liveClaim(id)
@@ -417,8 +483,8 @@ func (cmd Hibernate) decide(d *decider) error {
 	case ClaimHibernating, ClaimHibernated:
 		return nil
 	case ClaimRunning:
-		if v := d.s.vms[c.VM]; v == nil || v.Status != VMClaimed {
-			return reject(InvalidTransition, "sandbox %s: its VM is not running", id)
+		if _, err := d.settled(c); err != nil {
+			return err
 		}
 		d.closeRelays(id, "hibernate")
 		d.emit(event.HibernateRequested{Claim: id, VM: c.VM, Reason: "user"}, id)
@@ -503,10 +569,19 @@ func (Tick) decide(d *decider) error {
 	for _, t := range due {
 		c := s.claims[t.key.id]
 		switch {
-		case c == nil:
+		case c == nil || ended[c.ID]:
 			continue
 		case t.key.kind == tServe && c.Status == ClaimPending:
 			d.emit(event.ClaimFailed{Claim: c.ID, VM: c.VM, Reason: "deadline", Error: "not served before its serve deadline"}, c.ID)
+			if c.Fork != "" {
+				// A fork's children live or fail together.
+				if ended == nil {
+					ended = map[string]bool{}
+				}
+				for _, id := range d.failFork(c.Fork, c.ID, "a sibling was not served before its serve deadline") {
+					ended[id] = true
+				}
+			}
 		case t.key.kind == tTTL && c.Status.Live() && c.Status != ClaimPending:
 			d.closeRelays(c.ID, "expired")
 			d.emit(event.ClaimExpired{Claim: c.ID, VM: c.VM}, c.ID)
@@ -524,7 +599,7 @@ func (Tick) decide(d *decider) error {
 		case tIdle:
 			c := s.claims[t.key.id]
 			if c != nil && c.Status == ClaimRunning && !ended[c.ID] {
-				if v := s.vms[c.VM]; v != nil && v.Status == VMClaimed {
+				if _, ok := s.settledVM(c); ok {
 					d.emit(event.HibernateRequested{Claim: c.ID, VM: c.VM, Reason: "idle"}, c.ID)
 				}
 			}
@@ -546,6 +621,8 @@ func (Tick) decide(d *decider) error {
 				k = &pk
 			}
 			d.emit(event.PoolUnparked{Key: k}, event.ParkAggID(k))
+		case tCheckpoint:
+			d.expireCheckpoint(t.key.id)
 		}
 	}
 	return nil
@@ -598,7 +675,7 @@ func (c GoldenBuilt) decide(d *decider) error {
 	if _, err := d.building(c.Key); err != nil {
 		return err
 	}
-	if err := checkDir(c.SnapshotDir); err != nil {
+	if err := d.freshDir(c.SnapshotDir); err != nil {
 		return err
 	}
 	d.emit(event.GoldenBuilt{Key: c.Key, SnapshotDir: c.SnapshotDir, Report: c.Report}, c.Key.String())
@@ -629,6 +706,7 @@ func (c VMCloned) decide(d *decider) error {
 		return err
 	}
 	d.emit(event.VMCloned{VM: v.ID, Report: c.Report}, v.ID)
+	d.clonedFrom(v)
 	if v.Claim != "" {
 		if cl := d.claimWaiting(v, ClaimPending); cl != nil {
 			d.emit(event.ClaimServed{Claim: cl.ID, VM: v.ID}, cl.ID)
@@ -652,6 +730,7 @@ func (c VMCloneFailed) decide(d *decider) error {
 		return err
 	}
 	d.emit(event.VMCloneFailed{VM: v.ID, Error: errText(c.Error)}, v.ID)
+	d.clonedFrom(v)
 	if v.Claim != "" {
 		if cl := d.claimWaiting(v, ClaimPending); cl != nil {
 			reason := "clone_failed"
@@ -659,6 +738,9 @@ func (c VMCloneFailed) decide(d *decider) error {
 				reason = "cold_boot_failed"
 			}
 			d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: reason, Error: errText(c.Error)}, cl.ID)
+			if cl.Fork != "" {
+				d.failFork(cl.Fork, cl.ID, "a sibling's clone failed: "+c.Error)
+			}
 		}
 		return nil
 	}
@@ -674,7 +756,7 @@ func (c HibernateDone) decide(d *decider) error {
 	if err != nil {
 		return err
 	}
-	if err := checkDir(c.SnapshotDir); err != nil {
+	if err := d.freshDir(c.SnapshotDir); err != nil {
 		return err
 	}
 	d.emit(event.Hibernated{Claim: v.Claim, VM: v.ID, SnapshotDir: c.SnapshotDir, Report: c.Report}, v.Claim)
@@ -716,14 +798,18 @@ func (c WakeFailed) decide(d *decider) error {
 	return nil
 }
 
-// settleFailure follows a failed hibernate or wake: a VM whose claim ended
-// meanwhile is destroyed; a lost VM fails its claim and is destroyed.
+// settleFailure follows the result of a side effect on a claim's VM (a
+// failed hibernate or wake; a checkpoint's capture, a promote, either way)
+// that left its claim in status want: a VM whose claim ended meanwhile is
+// destroyed; a lost VM fails its claim, closing its relays (a running
+// claim's stay open through a capture or promote), and is destroyed.
 func (d *decider) settleFailure(v *VMRec, want ClaimStatus, lost bool, reason, msg string) {
 	cl := d.claimWaiting(v, want)
 	switch {
 	case cl == nil:
 		d.destroy(v.ID, "claim_ended")
 	case lost:
+		d.closeRelays(cl.ID, "failed")
 		d.emit(event.ClaimFailed{Claim: cl.ID, VM: v.ID, Reason: reason, Error: errText(msg)}, cl.ID)
 		d.destroy(v.ID, "failed")
 	}

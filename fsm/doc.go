@@ -19,7 +19,9 @@
 //     undecodable or inconsistent events (*ApplyError), and then leaves s
 //     unchanged.
 //   - Intents(s) lists the side effects the state asks for (BuildGolden,
-//     CloneVM, HibernateVM, WakeVM, DestroyVM, RestartVM), each with the op id its
+//     CloneVM, HibernateVM, WakeVM, DestroyVM, RestartVM, PromoteVM,
+//     CollectSnapshot, and a claim's AttachVolume and DetachVolume:
+//     volumes.go), each with the op id its
 //     executor keys its idempotent steps by (derived from the request
 //     event's op id, see IntentOp), computed from state alone, so a restarted
 //     daemon recomputes the same intents with the same op ids. Intents costs
@@ -82,6 +84,11 @@
 // values the caller seals (the state never holds a secret in the clear);
 // State.Egress is a claim's effective policy (fsm/egress, pure), read by
 // the proxy per connection, so a change applies to the next one.
+//
+// The snapshot store (store.go, templates.go): every snapshot dir has an
+// owner here (SnapshotRefs), VMs record the golden they map, a dir no owner
+// holds is retired and collected once nothing maps it; promoted templates
+// are goldens of new keys with their owner tenant, digest and labels.
 //
 // Relays (relays.go) are the data plane's facts: OpenRelay records a client
 // connection spliced to a running claim's guest, CloseRelay its end. An open

@@ -9,8 +9,10 @@ import "github.com/sbxlog/sbxlog/eventlog/event"
 // Live claims run on: hibernate, wake, renew and release work as before.
 
 // DrainingMsg is the message of a claim refused by a draining node: the old
-// daemon's text (its quota error, "node claim quota reached", wrapped).
-const DrainingMsg = "node claim quota reached: node draining"
+// daemon's text (its quota error, "node claim quota reached", wrapped),
+// then the way out, since a drain used as teardown outlives the restart
+// and the claims after it would otherwise not say why they fail.
+const DrainingMsg = "node claim quota reached: node draining (a drain is kept across restarts; sbxctl uncordon or DELETE /v1/drain ends it)"
 
 // Drain starts draining the node (POST /v1/drain); draining a draining node
 // is a no-op.

@@ -25,8 +25,14 @@ const (
 	// StateFormatV5 adds guarded egress: the egress classes and their
 	// owner, the pools' policies, and the claims' pinned egress and env.
 	StateFormatV5 = 5
+	// StateFormatV6 adds the checkpoints, the VMs' source checkpoints and
+	// the claims' checkpoint and fork; and the store: the VMs' mapped
+	// goldens, retired snapshot dirs, promoted templates and promotes in
+	// flight.
+	// And volumes: the catalog and the claims' volumes.
+	StateFormatV6 = 6
 	// StateFormatCurrent is the newest format this build writes and reads.
-	StateFormatCurrent = StateFormatV5
+	StateFormatCurrent = StateFormatV6
 )
 
 // ErrStateFormat means an encoded State is of a format this build cannot
@@ -54,6 +60,13 @@ var (
 //	[V5] classes owned by the API, n classes × (name, policy),
 //	     n pools with a policy × (key, policy),
 //	     n claims with egress × (id, class, no egress, unpooled, n env × entry)
+//	[V6] checkpoints (encoder.checkpoints in checkpoint.go),
+//	     n VMs mapping a dir × (id, dir),
+//	     n retired × (dir, owner, due by, op, req seq),
+//	     n templates × (key, tenant, digest, created (varint), n labels × (k, v)),
+//	     n promotes × (vm, target key, tenant)
+//	     n volumes × (name, path, writable, n tenants × tenant),
+//	     n claims with volumes × (id, n × (name, mount, rw, path, status, live, op, req, req seq))
 //	policy: n rules × (host, n methods × method, n ports × port, secret, intercept), socks5
 //	entry:  name, sealed, size (varint), host only, has inject, [n hosts × host, header, query, body, placeholder]
 //
@@ -186,6 +199,9 @@ func Encode(s *State) []byte {
 		e.i(r.Opened)
 	}
 	e.egress(s, withEgress)
+	e.checkpoints(s)
+	e.store(s)
+	e.volumes(s)
 	return e.b
 }
 
@@ -435,6 +451,11 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 	if format >= StateFormatV5 {
 		d.egress(s)
 	}
+	if format >= StateFormatV6 {
+		d.checkpoints(s)
+		d.store(s)
+		d.volumes(s)
+	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrStateCorrupt, len(d.b))
 	}
@@ -443,6 +464,9 @@ func DecodeWith(b []byte, o DecodeOptions) (*State, error) {
 	}
 	if err := s.rebuild(); err != nil {
 		return nil, err
+	}
+	if format < StateFormatV6 {
+		s.upgradeStore()
 	}
 	// A snapshot that decodes but breaks an invariant (a flipped bit in a
 	// key, say) must not become the daemon's state.
@@ -517,6 +541,8 @@ func (s *State) rebuild() error {
 	if s.nodeParkUntil != 0 {
 		s.timers.push(timerKey{kind: tPark, id: "*"}, s.nodeParkUntil)
 	}
+	s.rebuildCheckpoints()
+	s.rebuildStore()
 	s.timers.heapify()
 	s.purge.heapify()
 	return nil

@@ -47,14 +47,21 @@ const (
 	KindWake      IntentKind = "wake"
 	KindDestroy   IntentKind = "destroy"
 	KindRestart   IntentKind = "restart"
+	// Checkpoints (checkpoint.go): capture a VM, remove a checkpoint.
+	KindCheckpoint       IntentKind = "checkpoint"
+	KindCheckpointDelete IntentKind = "checkpoint_delete"
+	KindPromote          IntentKind = "promote"
+	KindCollect          IntentKind = "collect"
 )
 
 // Outcome is what a side effect that succeeded reports into its result
 // command.
 type Outcome struct {
-	// SnapshotDir is the snapshot made (golden build, hibernate), relative
-	// to the store; empty for the other kinds.
+	// SnapshotDir is the snapshot made (golden build, hibernate, promote),
+	// relative to the store; empty for the other kinds.
 	SnapshotDir string
+	// Digest is a promoted template's content digest ("sha256:...").
+	Digest string
 	// Report carries the per-step timings and the copy mode.
 	Report event.ExecReport
 }
@@ -74,6 +81,7 @@ const (
 	classWake
 	classHibernate
 	classDestroy
+	classCollect
 	classGolden
 	classRefill
 )
@@ -98,7 +106,8 @@ func (i BuildGolden) Failed(m Meta, msg string, _ bool) Command {
 	return GoldenFailed{Meta: m, Key: i.Key, Error: msg}
 }
 
-// CloneVM: create VM from Key's golden (GoldenDir), or by a cold boot of the
+// CloneVM: create VM from Key's golden or a checkpoint of a VM of Key
+// (GoldenDir, the snapshot to restore either way), or by a cold boot of the
 // template when Cold. ForClaim names the pending claim it serves (empty for a
 // refill). RunDir is relative to the runs root and led by Instance.
 type CloneVM struct {
@@ -169,6 +178,9 @@ type WakeVM struct {
 	RunDir      string
 	SnapshotDir string
 	ReqSeq      uint64
+	// Volumes are the claim's attached volumes: the restored machine has
+	// the same disks.
+	Volumes []VolumeDisk
 }
 
 func (i WakeVM) Kind() IntentKind             { return KindWake }
@@ -220,6 +232,8 @@ type RestartVM struct {
 	Instance string
 	RunDir   string
 	ReqSeq   uint64
+	// Volumes are the claim's attached volumes, attached and mounted again.
+	Volumes []VolumeDisk
 }
 
 func (i RestartVM) Kind() IntentKind     { return KindRestart }
@@ -252,6 +266,11 @@ func Intents(s *State) []Intent {
 	for k := range s.pendingGoldens { //fsm:unordered sorted below
 		out = append(out, s.goldenIntent(s.goldens[k]))
 	}
+	for id := range s.pendingCks { //fsm:unordered sorted below
+		out = append(out, s.checkpointIntent(s.checkpoints[id]))
+	}
+	out = s.collectIntents(out)
+	out = append(out, s.pendingVolumeIntents()...)
 	sortIntents(out)
 	return out
 }
@@ -281,10 +300,13 @@ func NewIntents(s *State, evs []event.Event) []Intent {
 	var out []Intent
 	for i := range evs {
 		ev := &evs[i]
-		if in := s.requested(ev.AggID, IntentOp(ev.OpID, ev.Type, ev.AggID)); in != nil {
+		op := IntentOp(ev.OpID, ev.Type, ev.AggID)
+		if in := s.requested(ev.AggID, op); in != nil {
 			out = append(out, in)
 		}
+		out = append(out, s.volumeIntents(ev.AggID, op)...)
 	}
+	out = s.newCollectIntents(evs, out)
 	sortIntents(out)
 	return out
 }
@@ -311,6 +333,12 @@ func (s *State) requested(agg string, op event.OpID) Intent {
 			return nil
 		}
 		return s.vmIntent(v)
+	}
+	if ck := s.checkpoints[agg]; ck != nil {
+		if ck.Op != op { // zero unless being taken or deleted
+			return nil
+		}
+		return s.checkpointIntent(ck)
 	}
 	k, err := event.ParsePoolKey(agg)
 	if err != nil {
@@ -340,8 +368,15 @@ func (s *State) goldenIntent(g *GoldenRec) Intent {
 var vmIntents = [numVMStatus]func(s *State, v *VMRec) Intent{
 	VMCloning: func(s *State, v *VMRec) Intent {
 		in := CloneVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ForClaim: v.Claim, Cold: v.Cold, ReqSeq: v.ReqSeq}
-		if g := s.goldens[v.Key]; g != nil && !v.Cold {
+		// The golden the clone request pinned (Maps), so a rebuild
+		// meanwhile does not change what the clone restores.
+		in.GoldenDir = v.Maps
+		if g := s.goldens[v.Key]; g != nil && !v.Cold && in.GoldenDir == "" {
 			in.GoldenDir = g.SnapshotDir
+		}
+		if ck := s.checkpoints[v.SourceCk]; ck != nil {
+			// A clone from a checkpoint: the same recipe from its snapshot.
+			in.GoldenDir = ck.SnapshotDir
 		}
 		if p := s.pools[v.Key]; p != nil && !p.Draining {
 			in.Pooled = true
@@ -351,15 +386,18 @@ var vmIntents = [numVMStatus]func(s *State, v *VMRec) Intent{
 	VMHibernating: func(_ *State, v *VMRec) Intent {
 		return HibernateVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, ReqSeq: v.ReqSeq}
 	},
-	VMWaking: func(_ *State, v *VMRec) Intent {
-		return WakeVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
+	VMWaking: func(s *State, v *VMRec) Intent {
+		return WakeVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq,
+			Volumes: s.attachedDisks(v.Claim)}
 	},
 	VMDestroying: func(_ *State, v *VMRec) Intent {
 		return DestroyVM{OpID: v.Op, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, SnapshotDir: v.SnapshotDir, ReqSeq: v.ReqSeq}
 	},
-	VMRestarting: func(_ *State, v *VMRec) Intent {
-		return RestartVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ReqSeq: v.ReqSeq}
+	VMRestarting: func(s *State, v *VMRec) Intent {
+		return RestartVM{OpID: v.Op, Claim: v.Claim, VM: v.ID, Key: v.Key, Instance: v.Instance, RunDir: v.RunDir, ReqSeq: v.ReqSeq,
+			Volumes: s.attachedDisks(v.Claim)}
 	},
+	VMPromoting: promoteIntent,
 }
 
 // hasIntent reports whether a VM in status st has a side effect in flight.

@@ -12,7 +12,7 @@ import (
 func TestIntentMethods(t *testing.T) {
 	op := event.OpIDFromUint(1, 1)
 	m := Meta{Op: event.OpIDFromUint(1, 2), Cause: op, Now: 5}
-	out := Outcome{SnapshotDir: "golden/x", Report: event.ExecReport{CopyMode: "reflink", Steps: []event.Step{{Name: "boot", NS: 7}}}}
+	out := Outcome{SnapshotDir: "golden/x", Digest: "sha256:ab", Report: event.ExecReport{CopyMode: "reflink", Steps: []event.Step{{Name: "boot", NS: 7}}}}
 	rep := &out.Report
 	cases := []struct {
 		in      Intent
@@ -43,6 +43,24 @@ func TestIntentMethods(t *testing.T) {
 		{RestartVM{OpID: op, VM: "vm-6", Claim: claimID(6)}, KindRestart, "vm-6", false,
 			VMRestarted{Meta: m, VM: "vm-6", Report: rep},
 			VMRestartFailed{Meta: m, VM: "vm-6", Error: "boom"}},
+		{CaptureCheckpoint{OpID: op, Checkpoint: "ck_7", VM: "vm-7", Claim: claimID(7)}, KindCheckpoint, "ck_7", false,
+			CheckpointTaken{Meta: m, Checkpoint: "ck_7", SnapshotDir: out.SnapshotDir, Report: rep},
+			CheckpointFailed{Meta: m, Checkpoint: "ck_7", Error: "boom", Lost: true}},
+		{RemoveCheckpoint{OpID: op, Checkpoint: "ck_8", SnapshotDir: "checkpoint/ck_8"}, KindCheckpointDelete, "ck_8", false,
+			CheckpointRemoved{Meta: m, Checkpoint: "ck_8", Report: rep},
+			nil},
+		{PromoteVM{OpID: op, VM: "vm-7", Claim: claimID(7), Target: kB}, KindPromote, "vm-7", false,
+			PromoteDone{Meta: m, VM: "vm-7", SnapshotDir: out.SnapshotDir, Digest: out.Digest, Report: rep},
+			PromoteFailed{Meta: m, VM: "vm-7", Error: "boom", Lost: true}},
+		{CollectSnapshot{OpID: op, Dir: "golden/old"}, KindCollect, "golden/old", false,
+			SnapshotCollected{Meta: m, Dir: "golden/old"},
+			nil},
+		{AttachVolume{VolumeIntent{OpID: op, VM: "vm-7", Claim: claimID(7), Disk: VolumeDisk{Name: "data"}}}, KindAttachVolume, "vm-7/data", false,
+			VolumeAttachDone{Meta: m, Claim: claimID(7), VM: "vm-7", Volume: "data"},
+			VolumeAttachError{Meta: m, Claim: claimID(7), VM: "vm-7", Volume: "data", Error: "boom"}},
+		{DetachVolume{VolumeIntent{OpID: op, VM: "vm-8", Claim: claimID(8), Disk: VolumeDisk{Name: "data"}}}, KindDetachVolume, "vm-8/data", false,
+			VolumeDetachDone{Meta: m, Claim: claimID(8), VM: "vm-8", Volume: "data"},
+			VolumeDetachError{Meta: m, Claim: claimID(8), VM: "vm-8", Volume: "data", Error: "boom"}},
 	}
 	for _, c := range cases {
 		t.Run(string(c.kind)+"/"+c.subject, func(t *testing.T) {

@@ -372,9 +372,37 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 			vm, want = in.VM, fsm.VMDestroying
 		case fsm.RestartVM:
 			vm, want = in.VM, fsm.VMRestarting
+		case fsm.PromoteVM:
+			vm, want = in.VM, fsm.VMPromoting
+		case fsm.CollectSnapshot:
+			if r, ok := retired(s, in.Dir); !ok || r.Op != in.OpID || s.Mappers(in.Dir) != 0 {
+				return fmt.Errorf("intent %+v: retired record %+v (%v), %d mappers", in, r, ok, s.Mappers(in.Dir))
+			}
+			continue
 		case fsm.BuildGolden:
 			if g, ok := s.Golden(in.Key); !ok || g.Status != fsm.GoldenBuilding || g.Op != in.OpID {
 				return fmt.Errorf("intent %+v: golden is %+v", in, g)
+			}
+			continue
+		case fsm.CaptureCheckpoint:
+			ck, ok := s.Checkpoint(in.Checkpoint)
+			if v, _ := s.VM(in.VM); !ok || ck.Status != fsm.CheckpointTaking || ck.Op != in.OpID || v.Status != fsm.VMCheckpointing {
+				return fmt.Errorf("intent %+v: checkpoint is %+v, VM %s", in, ck, v.Status)
+			}
+			continue
+		case fsm.RemoveCheckpoint:
+			if ck, ok := s.Checkpoint(in.Checkpoint); !ok || ck.Status != fsm.CheckpointDeleting || ck.Op != in.OpID || ck.SnapshotDir == "" {
+				return fmt.Errorf("intent %+v: checkpoint is %+v", in, ck)
+			}
+			continue
+		case fsm.AttachVolume, fsm.DetachVolume:
+			// A volume operation runs on its claim's VM, which is
+			// claimed (or, its VMM having died meanwhile, restarting or
+			// being destroyed).
+			vi := volumeIntentOf(in)
+			v, ok := s.VM(vi.VM)
+			if !ok || v.Claim != vi.Claim || (v.Status != fsm.VMClaimed && v.Status != fsm.VMRestarting && v.Status != fsm.VMDestroying) {
+				return fmt.Errorf("intent %T for VM %s: VM is %+v (exists %v)", in, vi.VM, v, ok)
 			}
 			continue
 		}
@@ -456,4 +484,21 @@ func (r *run) replayCheck(full bool) error {
 		}
 	}
 	return nil
+}
+
+// retired returns the retired record of dir.
+func retired(s *fsm.State, dir string) (fsm.RetiredRec, bool) {
+	for _, r := range s.Retired() {
+		if r.Dir == dir {
+			return r, true
+		}
+	}
+	return fsm.RetiredRec{}, false
+}
+
+func volumeIntentOf(in fsm.Intent) fsm.VolumeIntent {
+	if a, ok := in.(fsm.AttachVolume); ok {
+		return a.VolumeIntent
+	}
+	return in.(fsm.DetachVolume).VolumeIntent
 }

@@ -26,9 +26,12 @@ const (
 	// it now (a claim of a removed pool's key is served as one of a key
 	// without a pool); the code keeps its number and name.
 	Draining
+	// PreconditionFailed: the request's precondition does not hold (a
+	// template's digest is not the one named). 412.
+	PreconditionFailed
 )
 
-var codeNames = [...]string{"", "invalid", "not_found", "unknown_pool", "invalid_transition", "too_many", "draining"}
+var codeNames = [...]string{"", "invalid", "not_found", "unknown_pool", "invalid_transition", "too_many", "draining", "precondition_failed"}
 
 func (c Code) String() string { return enumName(codeNames[:], int(c)) }
 
@@ -41,6 +44,8 @@ func (c Code) HTTPStatus() int {
 		return 409
 	case TooMany:
 		return 429
+	case PreconditionFailed:
+		return 412
 	default:
 		return 400
 	}
@@ -71,6 +76,7 @@ var (
 	ErrInvalidTransition = &Rejection{Code: InvalidTransition}
 	ErrTooMany           = &Rejection{Code: TooMany}
 	ErrDraining          = &Rejection{Code: Draining}
+	ErrPrecondition      = &Rejection{Code: PreconditionFailed}
 )
 
 // AsRejection returns err's rejection, if it is one.

@@ -158,7 +158,7 @@ func (cmd OpenRelay) decide(d *decider) error {
 	if c.Status != ClaimRunning {
 		return reject(InvalidTransition, "sandbox %s is %s, not running", c.ID, c.Status)
 	}
-	if v := d.s.vms[c.VM]; v == nil || v.Status != VMClaimed {
+	if !runsGuest(d.s.vms[c.VM]) {
 		return reject(InvalidTransition, "sandbox %s: its VM is not running", c.ID)
 	}
 	if n := len(d.s.relaysOf[c.ID]); n >= MaxRelaysPerClaim {
@@ -248,7 +248,7 @@ func (s *State) checkRelays(fail func(format string, args ...any)) {
 			fail("relay %s: record %+v", id, *r)
 		case c == nil || c.Status != ClaimRunning:
 			fail("relay %s: claim %s is not running", id, r.Claim)
-		case s.vms[c.VM] == nil || s.vms[c.VM].Status != VMClaimed:
+		case !runsGuest(s.vms[c.VM]):
 			fail("relay %s: the VM of claim %s is not claimed", id, r.Claim)
 		}
 		if _, found := slices.BinarySearch(s.relaysOf[r.Claim], id); !found {

@@ -3,6 +3,8 @@ package fsm
 import (
 	"slices"
 	"strings"
+
+	"github.com/sbxlog/sbxlog/eventlog/event"
 )
 
 // State is the state machine's state. The zero value is not usable; call New.
@@ -25,6 +27,14 @@ type State struct {
 	classesAPI bool
 	draining   bool
 	relays     map[string]*RelayRec // open relays by id
+	// checkpoints by id (checkpoint.go).
+	checkpoints map[string]*CheckpointRec
+	// The store (store.go, templates.go): promoted templates, promotes in
+	// flight by VM, retired snapshot dirs.
+	templates map[PoolKey]*TemplateRec
+	promotes  map[string]*PromoteRec
+	retired   map[string]*RetiredRec
+	volumes   map[string]*VolumeSpec // the volume catalog
 	// applied counts events applied so far; it orders intents (ReqSeq).
 	applied uint64
 
@@ -33,13 +43,22 @@ type State struct {
 	purge          timerHeap // forgetting ended claims
 	pendingVMs     map[string]struct{}
 	pendingGoldens map[PoolKey]struct{}
+	pendingCks     map[string]struct{} // checkpoints being taken or deleted
 	needRefill     map[PoolKey]struct{}
 	claimCount     [numClaimStatus]int
 	vmCount        [numVMStatus]int
 	live           int
 	tenantLive     map[string]int
-	tenantByHash   map[[32]byte]string // token hash -> tenant name
-	relaysOf       map[string][]string // claim -> its open relay ids, sorted
+	tenantByHash   map[[32]byte]string     // token hash -> tenant name
+	relaysOf       map[string][]string     // claim -> its open relay ids, sorted
+	mapped         map[string]int          // store dir -> VMs mapping it
+	collectBy      map[event.OpID][]string // due collections by the op that made them due
+	// applyOp and applySeq are the op and sequence of the event Apply is
+	// folding in (transient): a collection made due stamps them.
+	applyOp     event.OpID
+	applySeq    uint64
+	volHolds    map[string]volumeHold // volume -> the claims holding it
+	pendingVols map[string]struct{}   // claims with a volume attach or detach in flight
 }
 
 // New returns an empty state.
@@ -53,11 +72,21 @@ func New() *State {
 		relaysOf:       map[string][]string{},
 		pendingVMs:     map[string]struct{}{},
 		pendingGoldens: map[PoolKey]struct{}{},
+		pendingCks:     map[string]struct{}{},
+		checkpoints:    map[string]*CheckpointRec{},
 		needRefill:     map[PoolKey]struct{}{},
 		tenantLive:     map[string]int{},
 		tenants:        map[string]*TenantRec{},
 		tenantByHash:   map[[32]byte]string{},
 		egressClasses:  map[string]*EgressClassRec{},
+		templates:      map[PoolKey]*TemplateRec{},
+		promotes:       map[string]*PromoteRec{},
+		retired:        map[string]*RetiredRec{},
+		mapped:         map[string]int{},
+		collectBy:      map[event.OpID][]string{},
+		volumes:        map[string]*VolumeSpec{},
+		volHolds:       map[string]volumeHold{},
+		pendingVols:    map[string]struct{}{},
 	}
 }
 
@@ -224,6 +253,7 @@ func (s *State) setClaimStatus(c *ClaimRec, st ClaimStatus, now int64) {
 		c.Env = nil
 		s.purge.set(timerKey{kind: tPurge, id: c.ID}, now+ClaimRetentionNS)
 		s.syncClaimTimers(c)
+		s.releaseVolumes(c)
 		s.maybeDropPool(c.Key)
 		return
 	}
@@ -251,6 +281,7 @@ func (s *State) dropClaim(c *ClaimRec) {
 		s.timers.remove(timerKey{kind: k, id: c.ID})
 	}
 	s.purge.remove(timerKey{kind: tPurge, id: c.ID})
+	s.setClaimVolumes(c, nil)
 	delete(s.claims, c.ID)
 }
 
@@ -343,6 +374,10 @@ func (s *State) dropVM(v *VMRec) {
 	s.vmCount[v.Status]--
 	delete(s.pendingVMs, v.ID)
 	delete(s.vms, v.ID)
+	s.unmapVM(v)
+	if v.Claim != "" {
+		s.releaseVolumes(s.claims[v.Claim])
+	}
 	s.syncRefill(v.Key)
 	s.maybeDropPool(v.Key)
 }
@@ -357,6 +392,7 @@ func (s *State) maybeDropPool(k PoolKey) {
 	delete(s.needRefill, k)
 	s.timers.remove(poolTimer(tPark, k))
 	s.syncGoldenTimer(k)
+	s.syncGoldenOwner(k)
 }
 
 // refillDeficit is how many refill clones pool k lacks, ignoring parking

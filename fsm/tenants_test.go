@@ -216,7 +216,7 @@ func TestDrain(t *testing.T) {
 	}
 	h.do(Drain{Meta: h.meta()}) // idempotent
 	r := h.rejects(Claim{Meta: h.meta(), ID: claimID(2), Key: kA}, TooMany)
-	if r.Msg != "node claim quota reached: node draining" || r.Code.HTTPStatus() != 429 {
+	if r.Msg != DrainingMsg || !strings.Contains(r.Msg, "sbxctl uncordon") || r.Code.HTTPStatus() != 429 {
 		t.Fatalf("rejection %+v", r)
 	}
 	// Live claims run on: hibernate, wake, renew, release.

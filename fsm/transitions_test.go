@@ -478,11 +478,19 @@ func TestTransitions(t *testing.T) {
 			if _, ok := h.s.Pool(kA); ok {
 				t.Fatal("empty drained pool kept")
 			}
-			// Once the record is gone, a claim of the key is one of a key
-			// without a pool: still served, from the key's golden.
+			// Once the record is gone nothing owns the golden: it is
+			// retired and collected (the store never keeps a drained
+			// pool's golden), and a claim of the key is one of a key
+			// without a pool, served cold.
+			if _, ok := h.s.Golden(kA); ok {
+				t.Fatal("a dropped pool's golden is kept")
+			}
+			if col := collects(h.s); len(col) != 1 {
+				t.Fatalf("collections after the drain: %+v", col)
+			}
 			evs = h.do(Claim{Meta: h.meta(), ID: claimID(3), Key: kA}, event.TypeClaimCreated, event.TypeVMCloneRequested)
-			if payload[event.ClaimCreated](t, evs, 0).Tier != TierClone.String() {
-				t.Fatal("claim of a dropped pool's key is not served from its golden")
+			if payload[event.ClaimCreated](t, evs, 0).Tier != TierCold.String() {
+				t.Fatal("claim of a dropped pool's key is served from a retired golden")
 			}
 		}},
 		{"a claim of a key without a pool is a cold claim; its failure ends it and drops the record", func(t *testing.T, h *harness) {

@@ -95,14 +95,25 @@ const (
 	// its own disk; its claim stays running. Appended after the others so
 	// that no status changes its number.
 	VMRestarting
+	// VMCheckpointing: the VM's memory and disk are being captured into a
+	// checkpoint (a running VM paused only for the snapshot, a hibernated
+	// one not touched); it returns to claimed or hibernated after. Its
+	// side effect is the checkpoint record's intent.
+	VMCheckpointing
+	// VMPromoting: the VM of a running or hibernated claim is being
+	// snapshotted into a promoted template (templates.go); its claim keeps
+	// its status.
+	VMPromoting
 	numVMStatus
 )
 
-var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed", "restarting"}
+var vmNames = [...]string{"", "cloning", "warm", "claimed", "hibernating", "hibernated", "waking", "destroying", "gone", "failed", "restarting", "checkpointing", "promoting"}
 
 // inState reports whether VMs of status v are kept in State (gone and
 // failed ones are not).
-func (v VMStatus) inState() bool { return v >= VMCloning && v < VMGone || v == VMRestarting }
+func (v VMStatus) inState() bool {
+	return v >= VMCloning && v < VMGone || v == VMRestarting || v == VMCheckpointing || v == VMPromoting
+}
 
 func (v VMStatus) String() string { return enumName(vmNames[:], int(v)) }
 
@@ -228,7 +239,13 @@ type VMRec struct {
 	// ReqSeq orders intents: the state's event count when it was requested.
 	ReqSeq      uint64
 	SnapshotDir string
-	Created     int64
+	// Maps is the store dir whose memory-ranges the VM's VMM maps (the
+	// golden it was cloned from), until the VMM is gone (store.go).
+	Maps    string
+	Created int64
+	// SourceCk is the checkpoint the VM is cloned from (empty: its pool's
+	// golden, or a cold boot).
+	SourceCk string
 	// Restarts are the times of the VM's most recent restart requests,
 	// oldest first, at most MaxRestartHistory (read-only).
 	Restarts []int64
@@ -260,6 +277,13 @@ type ClaimRec struct {
 	// Env is the claim's env, sorted by name, values sealed (read-only);
 	// dropped when the claim ends.
 	Env []egress.EnvEntry
+	// FromCheckpoint: the checkpoint it was branched from; Fork: the
+	// source checkpoint of the fork that made it.
+	FromCheckpoint string
+	Fork           string
+	// Volumes are the claim's volumes (volumes.go), in the order asked
+	// (read-only); dropped once the claim ended and its VM is gone.
+	Volumes []ClaimVolume
 }
 
 // Limits are the claim limits; 0 means unlimited. TenantCaps are the caps

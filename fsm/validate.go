@@ -213,3 +213,12 @@ func normSpecs(in []PoolSpec) ([]PoolSpec, error) {
 	sortSpecs(out)
 	return out, nil
 }
+
+// ValidatePools checks a pool set as ConfigurePools does, for callers that
+// must refuse it before anything is written (sandboxd's config on a first
+// start: a refusal after the node's identity is recorded would make the
+// next start no first start, and the fixed pools be ignored).
+func ValidatePools(in []PoolSpec) error {
+	_, err := normSpecs(in)
+	return err
+}

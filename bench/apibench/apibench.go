@@ -173,7 +173,11 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	if err != nil {
 		return nil, err
 	}
-	systems = append(systems, httpFloor, throughStd(httpFloor, noopStdName, std))
+	guardFloor, err := startNoopGuarded()
+	if err != nil {
+		return nil, err
+	}
+	systems = append(systems, httpFloor, throughStd(httpFloor, noopStdName, std), guardFloor)
 	fsyncFloor, err := newSyncFloor(filepath.Join(dir, "fsync-floor"))
 	if err != nil {
 		return nil, err
@@ -205,7 +209,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	var group []*system
 	var runs []func() error
 	for _, s := range systems {
-		if s.name == sbxName || s.name == sbxStdName || s.name == noopName || s.name == noopStdName {
+		if s.name == sbxName || s.name == sbxStdName || isNoop(s.name) {
 			group = append(group, s)
 			continue
 		}
@@ -271,7 +275,7 @@ func buildSection(cfg config, systems []*system, fsyncs, appends report.Duration
 			"measured interleaved in blocks of %d claims (so the levels are compared at nearly the same moments), the other rows one run "+
 			"each, in an order rotated per round, the disk written back and garbage collected before each run (untimed); "+
 			"the claims of a run are released after it, so the live count stays within a run's claims of the level. Concurrent: %d clients with their own connections, %d claims each (the comparator "+
-			"stops after %s). Floors, measured in the same rounds: an HTTP no-op, a raw append+fdatasync, a 1-event op log append.",
+			"stops after %s). Floors, measured in the same rounds: an HTTP no-op (bare, and behind the API's body guard), a raw append+fdatasync, a 1-event op log append.",
 			cfg.warm, engine.DefaultRefillDelay, cfg.rounds, interleaveBlock, cfg.clients, cfg.perClient, cfg.jsonConcMax),
 		Header: []string{"claim served by", "fsync", "live claims", "samples", "p50", "p99", "p50 vs sbxlog", "claims/s @64", "p50 @64", "p99 @64"},
 	}
@@ -281,7 +285,7 @@ func buildSection(cfg config, systems []*system, fsyncs, appends report.Duration
 			sbx[s.live] = s
 		}
 	}
-	var noop, noopStd, sbxStd *system
+	var noop, noopStd, noopGuard, sbxStd *system
 	for _, s := range systems {
 		switch s.name {
 		case noopName:
@@ -289,6 +293,9 @@ func buildSection(cfg config, systems []*system, fsyncs, appends report.Duration
 			continue
 		case noopStdName:
 			noopStd = s
+			continue
+		case noopGuardName:
+			noopGuard = s
 			continue
 		case sbxStdName:
 			sbxStd = s
@@ -304,7 +311,8 @@ func buildSection(cfg config, systems []*system, fsyncs, appends report.Duration
 	for _, f := range []struct {
 		label string
 		s     *system
-	}{{"floor: HTTP round trip, no-op handler", noop}, {"floor: HTTP round trip, no-op handler, Go net/http client", noopStd}} {
+	}{{"floor: HTTP round trip, no-op handler", noop}, {"floor: HTTP round trip, no-op handler, Go net/http client", noopStd},
+		{"floor: HTTP round trip, no-op handler behind the API's body guard", noopGuard}} {
 		sec.AddRow(f.label, "no", "-", len(f.s.seq), report.Fmt(f.s.seq.Quantile(0.5)), report.Fmt(f.s.seq.Quantile(0.99)),
 			"-", fmt.Sprintf("%.0f", f.s.concRate), report.Fmt(f.s.conc.Quantile(0.5)), report.Fmt(f.s.conc.Quantile(0.99)))
 	}
@@ -331,11 +339,13 @@ func buildSection(cfg config, systems []*system, fsyncs, appends report.Duration
 		report.Fmt(sbxStd.seq.Quantile(0.5)), sbxStd.live, report.Fmt(noopStd.seq.Quantile(0.5)),
 		report.Fmt(noopStd.seq.Quantile(0.5)-noop.seq.Quantile(0.5)),
 		report.Fmt(noop.seq.Quantile(0.5)), report.Fmt(appends.Quantile(0.5)), report.Fmt(noop.seq.Quantile(0.5)+appends.Quantile(0.5)))
+	sec.Notes = append(sec.Notes, fmt.Sprintf("the body guard (every request declaring a body, claims included) adds %s at p50 to a no-op round trip (%s vs %s), measured in the same blocks",
+		report.Fmt(noopGuard.seq.Quantile(0.5)-noop.seq.Quantile(0.5)), report.Fmt(noopGuard.seq.Quantile(0.5)), report.Fmt(noop.seq.Quantile(0.5))))
 	r := float64(last.seq.Quantile(0.5)) / float64(first.seq.Quantile(0.5))
 	sec.Verdict(r <= cfg.ratioTarget, "p50 at %d live claims is %.2fx p50 at %d (%s vs %s; target <= %.1fx)",
 		last.live, r, first.live, report.Fmt(last.seq.Quantile(0.5)), report.Fmt(first.seq.Quantile(0.5)), cfg.ratioTarget)
 	for _, s := range systems {
-		if s.name != jsonName && s.name != noopName && s.name != noopStdName && (len(s.tiers) != 1 || s.tiers["warm"] == 0) {
+		if s.name != jsonName && !isNoop(s.name) && (len(s.tiers) != 1 || s.tiers["warm"] == 0) {
 			sec.Notes = append(sec.Notes, fmt.Sprintf("%s at %d live claims served tiers %v (expected warm only)", s.name, s.live, s.tiers))
 		}
 		if s.name == jsonName && s.concN == 0 {
@@ -643,28 +653,45 @@ func listen(h http.Handler) (url string, closeFn func() error, err error) {
 
 // System names.
 const (
-	noopName     = "floor: HTTP no-op"
-	noopStdName  = "floor: HTTP no-op, Go net/http client"
-	jsonName     = "claims.json"
-	sbxName      = "sbxlog"
-	sbxStdName   = "sbxlog, Go net/http client"
-	sbxRefilling = "sbxlog, refills running"
+	noopName    = "floor: HTTP no-op"
+	noopStdName = "floor: HTTP no-op, Go net/http client"
+	// noopGuardName is the no-op behind the API server's body guard, so
+	// the guard's price is read against the bare no-op in the same blocks.
+	noopGuardName = "floor: HTTP no-op, body guard"
+	jsonName      = "claims.json"
+	sbxName       = "sbxlog"
+	sbxStdName    = "sbxlog, Go net/http client"
+	sbxRefilling  = "sbxlog, refills running"
 )
+
+// isNoop reports whether name is one of the HTTP floors.
+func isNoop(name string) bool {
+	return name == noopName || name == noopStdName || name == noopGuardName
+}
+
+// startNoopGuarded is startNoop's handler behind the API's body guard.
+func startNoopGuarded() (*system, error) {
+	return startNoopWith(noopGuardName, func(h http.Handler) http.Handler { return api.BodyGuard(h, time.Minute) })
+}
 
 // startNoop serves a fixed claim reply: the HTTP floor of a claim.
 func startNoop() (*system, error) {
+	return startNoopWith(noopName, func(h http.Handler) http.Handler { return h })
+}
+
+func startNoopWith(name string, wrap func(http.Handler) http.Handler) (*system, error) {
 	reply, _ := json.Marshal(api.ClaimResponse{ID: "sb_0123456789abcdef", Token: "sbt_" + strings.Repeat("0", 64),
 		Deadline: time.Now().UTC().Format(time.RFC3339Nano), OwnerAddr: "127.0.0.1:7777", Template: "default",
 		Net: "none", Size: "small", Tier: "warm", VM: "vm-0123456789abcdef"})
-	url, closeFn, err := listen(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	url, closeFn, err := listen(wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(reply)
-	}))
+	})))
 	if err != nil {
 		return nil, err
 	}
-	return &system{name: noopName, fsync: "no", url: url, close: closeFn,
+	return &system{name: name, fsync: "no", url: url, close: closeFn,
 		release: func(context.Context, []string) error { return nil }}, nil
 }
 

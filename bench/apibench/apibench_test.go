@@ -25,7 +25,7 @@ func TestRun(t *testing.T) {
 	sec.Text(&b)
 	t.Log(b.String())
 	cfg := configFor(!full)
-	if len(sec.Rows) != 3*len(cfg.levels)+6 || len(sec.Verdicts) != 2 {
+	if len(sec.Rows) != 3*len(cfg.levels)+7 || len(sec.Verdicts) != 2 {
 		t.Fatalf("section has %d rows and %d verdicts", len(sec.Rows), len(sec.Verdicts))
 	}
 	for _, r := range sec.Rows {

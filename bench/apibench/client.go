@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -33,7 +34,11 @@ type claimClient interface {
 // hand-offs per round trip, which the HTTP no-op floor measured through
 // both clients prices on this host; this client bills the server's latency
 // with as little of the client's as a real HTTP client allows. It redials
-// when the server closes the connection or a round trip fails.
+// when the server closes the connection or a round trip fails, and, as
+// net/http's Transport does, retries once on a fresh connection when a
+// reused one fails before any reply arrived: the server closed it while it
+// sat idle (its IdleTimeout), which on a loaded host happens between the
+// interleaved blocks of a long run.
 type connClient struct {
 	addr string
 	req  []byte
@@ -59,6 +64,25 @@ func newConnClient(url string) *connClient {
 const roundTripBound = time.Minute
 
 func (c *connClient) claim(ctx context.Context) (time.Duration, api.ClaimResponse, error) {
+	reused := c.conn != nil
+	d, cr, err := c.roundTrip(ctx)
+	var stale *staleConnError
+	if reused && errors.As(err, &stale) && ctx.Err() == nil {
+		d, cr, err = c.roundTrip(ctx)
+	}
+	if errors.As(err, &stale) {
+		err = stale.err
+	}
+	return d, cr, err
+}
+
+// staleConnError is a round trip that failed before any byte of the reply
+// arrived: the request may not have reached the server.
+type staleConnError struct{ err error }
+
+func (e *staleConnError) Error() string { return e.err.Error() }
+
+func (c *connClient) roundTrip(ctx context.Context) (time.Duration, api.ClaimResponse, error) {
 	var cr api.ClaimResponse
 	if err := ctx.Err(); err != nil {
 		return 0, cr, err
@@ -80,7 +104,11 @@ func (c *connClient) claim(ctx context.Context) (time.Duration, api.ClaimRespons
 	start := time.Now()
 	if _, err := c.conn.Write(c.req); err != nil {
 		c.close()
-		return 0, cr, err
+		return 0, cr, &staleConnError{err}
+	}
+	if _, err := c.br.Peek(1); err != nil {
+		c.close()
+		return 0, cr, &staleConnError{err}
 	}
 	resp, err := http.ReadResponse(c.br, nil)
 	if err != nil {

@@ -6,7 +6,9 @@
 // is orphaned, no other instance's VM was touched, every woken sandbox
 // restored exactly what its hibernate stored and (as root, with its egress
 // pool) every running egress VM's tap is locked after each restart and no
-// lock outlives its VM. It prints the operations,
+// lock outlives its VM, and a netns guest on a probe claim's tap meets the
+// pool's policy after each restart and never leaks across a kill. It
+// prints the operations,
 // kills, faults and violations, and exits 1 on any violation (2 when the
 // campaign could not run). See package bench/chaos/campaign.
 package main
@@ -32,7 +34,7 @@ func main() {
 	faults := flag.Bool("faults", true, "turn on chsim faults for some incarnations")
 	crashSteps := flag.Bool("crash-steps", true, "crash sandboxd at random recipe steps (SBX_CRASH_AT) too")
 	nats := flag.Bool("nats", true, "run sandboxd with replication (embedded NATS), so usage.jsonl is checked against the log")
-	egress := flag.Bool("egress", true, "add an egress pool (sandboxd in a network namespace with a bridge; needs root) and check its taps' locks")
+	egress := flag.Bool("egress", true, "add an egress pool (sandboxd in a network namespace with a bridge; needs root), check its taps' locks and probe its egress from a netns guest")
 	dir := flag.String("dir", "", "scratch dir (default: a temp dir, removed unless -keep)")
 	keep := flag.Bool("keep", false, "keep the scratch dir (data dirs, daemon logs)")
 	bin := flag.String("bin", "", "directory holding prebuilt sandboxd and chsim (default: build them)")

@@ -66,10 +66,7 @@ func RunQEMU(ctx context.Context, opts report.Options) (*report.Section, error) 
 func guestRounds(ctx context.Context, r *netnstest.Runner, c *apiclient.Client, hc *http.Client, lane *netnstest.Lane, addr string, n int, sec *report.Section) error {
 	// The upstream in a namespace of its own beside the host's: the
 	// proxy's guard refuses the host's own addresses.
-	inet := netnstest.New(r, "internet")
-	netnstest.Veth(r, lane.Host, "wan0", inet, "eth0")
-	lane.Host.AddrAdd(r, "wan0", netip.PrefixFrom(netip.MustParseAddr("93.184.0.1"), 24))
-	inet.AddrAdd(r, "eth0", netip.PrefixFrom(upstreamIP, 24))
+	inet := lane.Internet(r, netip.MustParsePrefix("93.184.0.1/24"), netip.PrefixFrom(upstreamIP, 24))
 	ln, err := inet.Listen("tcp", upstreamIP.String()+":80")
 	if err != nil {
 		return err

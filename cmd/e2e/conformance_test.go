@@ -34,6 +34,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/sbxlog/sbxlog/projections/openapi/openapitest"
 )
 
 // The old wire shapes.
@@ -179,7 +181,7 @@ const (
 	errUnknownTenant    = "unknown tenant"
 	errUnknownTemplate  = "unknown template"
 	errNotOwnedHere     = "not owned here"
-	errDraining         = "node claim quota reached: node draining"
+	errDraining         = "node claim quota reached: node draining*"
 	errBadBody          = "invalid request body" // a prefix: the decoder's reason may follow
 )
 
@@ -425,7 +427,7 @@ func TestConformance(t *testing.T) {
 		"nats":    map[string]any{"disabled": true},
 	})
 	startDaemon(t, dir, data, addr, "-config", cfg)
-	n := &oldNode{base: "http://" + addr, addr: addr, hc: &http.Client{Timeout: 60 * time.Second}}
+	n := &oldNode{base: "http://" + addr, addr: addr, hc: openapitest.Client(t, &http.Client{Timeout: 60 * time.Second})}
 	n.warmPools(t, 1)
 
 	t.Run("healthz", func(t *testing.T) { conformHealthz(t, n) })

@@ -10,8 +10,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -68,35 +66,11 @@ func (c *readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 // sandbox within the call and sees the file.
 func TestDataPlaneQEMU(t *testing.T) {
 	g := guesttest.Require(t)
-	dir, err := os.MkdirTemp("", "dpq") // short: socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	data := filepath.Join(dir, "data")
-	addr := freeAddr(t)
-	cfg := filepath.Join(dir, "sandboxd.json")
-	writeJSON(t, cfg, map[string]any{
-		"listen": addr, "data_dir": data, "node_id": "e2e", "api_token": dpRoot, "hypervisor": "qemu",
-		"qemu":  map[string]any{"accel": "tcg", "kernel": g.Kernel, "initrd": g.Initrd},
-		"pools": []any{map[string]any{"template": "default", "warm": 1}}, "nats": map[string]any{"disabled": true},
-	})
-	t.Cleanup(func() { killQEMUs(t, dir) }) // after sandboxd's stop
-	startDaemon(t, dir, data, addr, "-config", cfg)
+	n := startQEMUNode(t, shortTempDir(t, "dpq"), g, nil)
+	addr, root := n.addr, n.root
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	root, _ := apiclient.New(addr, dpRoot, nil)
-	var cl *api.ClaimResponse
-	for deadline := time.Now().Add(5 * time.Minute); ; {
-		cl, err = root.Claim(ctx, api.ClaimRequest{Template: "default"})
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Second) // the golden is still being built
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := n.claim(t, ctx, api.ClaimRequest{Template: "default"})
 
 	// exec, its first frame pipelined behind the upgrade request.
 	sh := silkd.Exec{Argv: []string{"sh", "-c", "echo $((6*7)); echo err >&2; exit 3"}}
@@ -207,10 +181,4 @@ func execAfterFirstFrame(ctx context.Context, c *silkd.Conn, stdout, stderr io.W
 			return res, ctx.Err()
 		}
 	}
-}
-
-// killQEMUs kills the QEMU processes whose command line names dir: like
-// chsim's, they outlive sandboxd by design.
-func killQEMUs(t *testing.T, dir string) {
-	killProcesses(t, dir, func(bin string) bool { return strings.HasPrefix(bin, "qemu-system") })
 }

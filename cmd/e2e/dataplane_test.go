@@ -154,7 +154,7 @@ func TestDataPlaneEndToEnd(t *testing.T) {
 		{"its tenant's token", x.ID, dpTenantA, 404},
 		{"another tenant's token", x.ID, dpTenantB, 404},
 		{"root's token", x.ID, dpRoot, 404},
-		{"a released sandbox's token", gone.ID, gone.Token, 404},
+		{"a released sandbox's token", gone.ID, gone.Token, 410},
 		{"no token", x.ID, "", 401},
 	} {
 		if _, err := agentConn(ctx, addr, tc.id, tc.token); apiclient.StatusOf(err) != tc.want {

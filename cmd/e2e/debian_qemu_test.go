@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	neturl "net/url"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -38,38 +37,12 @@ import (
 // reached through /p/{token}/ on the preview listener, 404 after release.
 func TestDebianQEMU(t *testing.T) {
 	g := guesttest.RequireDebian(t)
-	dir, err := os.MkdirTemp("", "dbq") // short: socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	data := filepath.Join(dir, "data")
-	addr, paddr := freeAddr(t), freeAddr(t)
-	cfg := filepath.Join(dir, "sandboxd.json")
-	writeJSON(t, cfg, map[string]any{
-		"listen": addr, "data_dir": data, "node_id": "e2e", "api_token": dpRoot, "hypervisor": "qemu",
-		"preview_listen": paddr,
-		"qemu": map[string]any{"accel": "tcg", "templates": map[string]any{
-			"default": map[string]any{"kernel": g.Kernel, "initrd": g.Initrd, "disk": g.Disk},
-		}},
-		"pools": []any{map[string]any{"template": "default", "warm": 1}}, "nats": map[string]any{"disabled": true},
-	})
-	t.Cleanup(func() { killQEMUs(t, dir) }) // after sandboxd's stop
-	startDaemon(t, dir, data, addr, "-config", cfg)
+	paddr := freeAddr(t)
+	n := startQEMUNode(t, shortTempDir(t, "dbq"), g, map[string]any{"preview_listen": paddr})
+	addr, root := n.addr, n.root
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	root, _ := apiclient.New(addr, dpRoot, nil)
-	var cl *api.ClaimResponse
-	for deadline := time.Now().Add(5 * time.Minute); ; {
-		cl, err = root.Claim(ctx, api.ClaimRequest{Template: "default"})
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Second) // the golden is still being built
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := n.claim(t, ctx, api.ClaimRequest{Template: "default"})
 	sb, err := apiclient.New(addr, cl.Token, nil)
 	if err != nil {
 		t.Fatal(err)

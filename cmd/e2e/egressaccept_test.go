@@ -223,10 +223,7 @@ func startAcceptanceWorld(t *testing.T, o egressNodeOpts) acceptWorld {
 	o.wrap = []string{"unshare", "--mount", "--propagation", "private", "--",
 		"sh", "-c", `mount --bind "$0" /etc/hosts && exec "$@"`, hostsFile}
 	n := startEgressNodeWith(t, o)
-	inet := netnstest.New(t, "internet")
-	netnstest.Veth(t, n.lane.Host, "wan0", inet, "eth0")
-	n.lane.Host.AddrAdd(t, "wan0", inetHost)
-	inet.AddrAdd(t, "eth0", upstreamAddr)
+	inet := n.lane.Internet(t, inetHost, upstreamAddr)
 	up := &origin{}
 	for _, port := range []string{"80", "443"} {
 		ln, err := inet.Listen("tcp", net.JoinHostPort(upstreamAddr.Addr().String(), port))

@@ -138,7 +138,7 @@ func (n *egressNode) taps(t *testing.T) []string {
 	t.Helper()
 	var out []string
 	n.lane.Host.MustDo(t, func() error {
-		ls, err := netlink.LinkList()
+		ls, err := nft.Dumped(netlink.LinkList)
 		if err != nil {
 			return err
 		}
@@ -162,13 +162,8 @@ func (n *egressNode) guest(t *testing.T, vm string, i byte) (*netnstest.NS, nft.
 	if !ok || !st.OK {
 		t.Fatalf("VM %s's tap %s: lock %+v", vm, n.tapOf(t, vm), st)
 	}
-	g := netnstest.New(t, "guest-"+vm)
-	gtap := netnstest.OpenTap(t, g, "eth0")
-	g.SetMAC(t, "eth0", st.Lock.GuestMAC)
-	g.AddrAdd(t, "eth0", netip.PrefixFrom(st.Lock.GuestIP, n.lane.Subnet.Bits()))
-	g.RouteDefault(t, n.lane.HostAddr)
-	netnstest.Relay(t, gtap, netnstest.OpenTap(t, n.lane.Host, n.tapOf(t, vm)))
-	return g, st
+	g := n.lane.AttachGuest(t, "guest-"+vm, n.tapOf(t, vm), st.Lock.GuestMAC, st.Lock.GuestIP)
+	return g.NS, st
 }
 
 // TestEgressSurvivesSIGKILL is acceptance 2: while egress VMs run, a probe

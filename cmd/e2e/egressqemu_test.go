@@ -126,11 +126,7 @@ func TestEgressAcceptanceQEMU(t *testing.T) {
 	g := guesttest.RequireDebian(t)
 	const claimTok = "claim-egress-token-q7d1e0a4c2"
 	t.Setenv("E2E_EGRESS_TOKEN", "node-egress-token-q3b8f6e1d9")
-	dir, err := os.MkdirTemp("", "egq") // short: socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := shortTempDir(t, "egq")
 	t.Cleanup(func() { killQEMUs(t, dir) }) // after sandboxd's stop
 	rule := func(host string, kv ...any) map[string]any {
 		r := map[string]any{"host": host}

@@ -20,7 +20,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
+	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
+	"github.com/sbxlog/sbxlog/projections/openapi/openapitest"
 )
 
 // binDir holds sandboxd, chsim and sbxctl, built once by TestMain.
@@ -213,12 +216,90 @@ func startChsimNode(t *testing.T, root string, wrap ...string) *chsimNode {
 		"pools": []any{}, "nats": map[string]any{"disabled": true},
 	})
 	n.daemon = startWrappedDaemon(t, n.dir, n.data, addr, wrap, "-config", cfg)
-	c, err := apiclient.New(addr, root, nil)
+	// Every exchange of the node's client is checked against the OpenAPI
+	// document.
+	c, err := apiclient.New(addr, root, openapitest.Client(t, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	n.c = c
 	return n
+}
+
+// shortTempDir makes a temp dir named from prefix, removed at the end of
+// the test: short, unlike t.TempDir's, so the socket paths of the VMs run
+// under it fit.
+func shortTempDir(t *testing.T, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// qemuNode is a sandboxd on QEMU started by startQEMUNode.
+type qemuNode struct {
+	*daemon
+	data string            // its data dir
+	root *apiclient.Client // a client with the root token dpRoot
+}
+
+// startQEMUNode starts sandboxd in dir (shortTempDir's) as node "e2e" on
+// the QEMU driver (TCG) with guest g (as the "default" template, with its
+// disk when g is the Debian one), the root token dpRoot, one warm default
+// pool and no NATS; extra's keys are added to the config (replacing the
+// defaults'). Its QEMU processes, which outlive it by design, are killed
+// once it has stopped.
+func startQEMUNode(t *testing.T, dir string, g guesttest.Guest, extra map[string]any) *qemuNode {
+	t.Helper()
+	n := &qemuNode{data: filepath.Join(dir, "data")}
+	addr := freeAddr(t)
+	qemu := map[string]any{"accel": "tcg", "kernel": g.Kernel, "initrd": g.Initrd}
+	if g.Disk != "" {
+		qemu = map[string]any{"accel": "tcg", "templates": map[string]any{
+			"default": map[string]any{"kernel": g.Kernel, "initrd": g.Initrd, "disk": g.Disk},
+		}}
+	}
+	conf := map[string]any{
+		"listen": addr, "data_dir": n.data, "node_id": "e2e", "api_token": dpRoot, "hypervisor": "qemu", "qemu": qemu,
+		"pools": []any{map[string]any{"template": "default", "warm": 1}}, "nats": map[string]any{"disabled": true},
+	}
+	for k, v := range extra {
+		conf[k] = v
+	}
+	cfg := filepath.Join(dir, "sandboxd.json")
+	writeJSON(t, cfg, conf)
+	t.Cleanup(func() { killQEMUs(t, dir) }) // after sandboxd's stop
+	n.daemon = startDaemon(t, dir, n.data, addr, "-config", cfg)
+	n.root, _ = apiclient.New(addr, dpRoot, nil)
+	return n
+}
+
+// claim claims req, retried for up to 5 minutes while the golden is still
+// being built (a claim before is refused), and logs how long the claim
+// that succeeded took.
+func (n *qemuNode) claim(t *testing.T, ctx context.Context, req api.ClaimRequest) *api.ClaimResponse {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Minute); ; {
+		start := time.Now()
+		cl, err := n.root.Claim(ctx, req)
+		if err == nil {
+			t.Logf("claim (tier %s): %v", cl.Tier, time.Since(start))
+			return cl
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second) // the golden is still being built
+	}
+}
+
+// killQEMUs kills the QEMU processes whose command line names dir: like
+// chsim's, they outlive sandboxd by design.
+func killQEMUs(t *testing.T, dir string) {
+	killProcesses(t, dir, func(bin string) bool { return strings.HasPrefix(bin, "qemu-system") })
 }
 
 // stop sends SIGTERM and waits for the exit (SIGKILL after 15 s).

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"errors"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -35,11 +34,7 @@ func TestUnservableKeysRefusedAtOnce(t *testing.T) {
 				}
 				cfg["qemu"] = map[string]any{"accel": "tcg"}
 			}
-			dir, err := os.MkdirTemp("", "pc") // short: socket paths
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(dir) })
+			dir := shortTempDir(t, "pc")
 			data := filepath.Join(dir, "data")
 			addr := freeAddr(t)
 			cfg["listen"], cfg["data_dir"], cfg["node_id"], cfg["api_token"] = addr, data, "e2e", "pc-root"

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,11 +19,7 @@ import (
 // guest's HTTP server (port 80) through the agent's port_forward with no
 // other credential, and is 404 once the claim is released.
 func TestPreviewChsim(t *testing.T) {
-	dir, err := os.MkdirTemp("", "pv") // short: socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := shortTempDir(t, "pv")
 	data := filepath.Join(dir, "data")
 	addr, paddr := freeAddr(t), freeAddr(t)
 	cfg := filepath.Join(dir, "sandboxd.json")

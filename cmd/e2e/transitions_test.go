@@ -152,14 +152,15 @@ func TestHibernateWakeWaitEndToEnd(t *testing.T) {
 	(<-h2).check(t, "second of two hibernates", "hibernated")
 
 	// A release during a hibernate ends the claim at once; the hibernate
-	// then answers the old daemon's 404.
+	// then says it ended (410 was released; the old daemon answered 404
+	// unknown sandbox, and its clients fail the call on either).
 	e := claim()
 	ids = append(ids, e)
 	he := cl.run(e, "hibernate")
 	awaitState(t, ctx, c, e, "hibernating")
 	(<-cl.run(e, "release")).check(t, "release during a hibernate", "released")
-	if o := <-he; apiclient.StatusOf(o.err) != 404 || !strings.Contains(o.err.Error(), "unknown sandbox") || o.state != "released" {
-		t.Errorf("hibernate overtaken by a release: %v (then %q), want 404 unknown sandbox", o.err, o.state)
+	if o := <-he; apiclient.StatusOf(o.err) != 410 || !strings.Contains(o.err.Error(), "was released") || o.state != "released" {
+		t.Errorf("hibernate overtaken by a release: %v (then %q), want 410 was released", o.err, o.state)
 	}
 
 	for _, id := range ids[:3] {

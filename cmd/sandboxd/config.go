@@ -9,6 +9,8 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
@@ -47,12 +49,11 @@ type Config struct {
 	// nodeIDFrom is the host name NodeID was derived from ("" when it was
 	// configured), for the start-up log.
 	nodeIDFrom string
-	// APIToken is the root token. Empty disables root access, unless
-	// APITokenFile is set.
+	// APIToken is the root token. Empty: APITokenFile's.
 	APIToken string `json:"api_token,omitempty"`
 	// APITokenFile, used when APIToken is empty, holds the root token (its
 	// first line); sandboxd creates it with a random token if it does not
-	// exist. Started without -config and without a token, sandboxd uses
+	// exist. With neither set (config file or not) sandboxd uses
 	// <data_dir>/api.token, which is how `make run` gets a root token.
 	APITokenFile string `json:"api_token_file,omitempty"`
 	// Tenants seed the tenant set: {name, token_sha256 (hex SHA-256 of the
@@ -64,6 +65,11 @@ type Config struct {
 	Tenants []auth.TenantConfig `json:"tenants,omitempty"`
 	// MaxClaims caps live claims on this node (0 = no cap).
 	MaxClaims int `json:"max_claims,omitempty"`
+	// Volumes is the node's volume catalog, as the old daemon's config had
+	// it: {name, path (the host's disk image, a filesystem sandboxes mount),
+	// writable, tenants}. The config owns it: every start applies it
+	// (docs/operations.md, "Volumes").
+	Volumes []fsm.VolumeSpec `json:"volumes,omitempty"`
 	// RelayMemoryBytes is the node's relay memory budget: every data-plane
 	// relay (agent, ports, exec) reserves its worst-case buffers from it
 	// before it opens, and a relay that does not fit is refused with 503
@@ -100,6 +106,15 @@ type Config struct {
 	// daemon: the root token; anyone when there is no root token) or
 	// "none" (anyone, for a scraper without the token).
 	MetricsAuth string `json:"metrics_auth,omitempty"`
+	// Dashboard serves the web dashboard at / (default true); false turns
+	// it off (/ and /dashboard/{file} are then 404).
+	Dashboard *bool `json:"dashboard,omitempty"`
+	// CheckpointTTLHours deletes a checkpoint that long after it is taken
+	// (the old daemon's checkpoint_ttl_hours; 0 keeps it until deleted).
+	CheckpointTTLHours int `json:"checkpoint_ttl_hours,omitempty"`
+	// MaxForkCount bounds a fork's children (the old max_fork_count;
+	// default 16).
+	MaxForkCount int `json:"max_fork_count,omitempty"`
 	// LogLevel: debug, info, warn, error.
 	LogLevel string `json:"log_level,omitempty"`
 	// VMRestart is the policy for claimed VMs whose VMM dies: cold restarts
@@ -253,6 +268,43 @@ func (c *Config) restartPolicy() fsm.RestartPolicy {
 	return fsm.RestartPolicy{Max: c.VMRestart.Max, WindowNS: c.VMRestart.WindowSeconds * int64(time.Second)}
 }
 
+// finishPools gives each pool without net or size the defaults claims and
+// PUT /v1/pools use (net none, size small; the start-up log names every
+// pool's whole key) and checks the set as the log will: a pool set the log
+// would refuse is refused here, before anything is written, so a first
+// start that fails on it leaves nothing that changes the next one.
+func (c *Config) finishPools() error {
+	for i := range c.Pools {
+		p := &c.Pools[i]
+		if p.Net == "" {
+			p.Net = defaultPoolNet
+		}
+		if p.Size == "" {
+			p.Size = defaultPoolSize
+		}
+	}
+	if err := fsm.ValidatePools(c.poolSpecs()); err != nil {
+		return fmt.Errorf("pools: %w", err)
+	}
+	return nil
+}
+
+// poolSpecs are the config's pools as the log records them (their egress
+// policies go separately, with the node's egress config).
+func (c *Config) poolSpecs() []fsm.PoolSpec {
+	specs := make([]fsm.PoolSpec, len(c.Pools))
+	for i, p := range c.Pools {
+		specs[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds}
+	}
+	return specs
+}
+
+// The pool fields' defaults, as a claim's and PUT /v1/pools'.
+const (
+	defaultPoolNet  = "none"
+	defaultPoolSize = "small"
+)
+
 // PoolConfig is one pool as written in config and in PUT /v1/pools.
 // Egress is the pool's egress policy (applied with the pool on a first
 // start; PUT /v1/pools changes it afterwards).
@@ -395,8 +447,15 @@ func loadConfig(path string) (Config, error) {
 // finish fills derived defaults and validates.
 func (c *Config) finish() error {
 	var errs []error
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+	if _, port, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("listen %q: %v", c.Listen, err))
+	} else if n, err := strconv.ParseUint(port, 10, 16); err != nil && port != "" {
+		errs = append(errs, fmt.Errorf("listen %q: port %q: want 0-65535", c.Listen, port))
+	} else if n == 0 && port != "0" {
+		errs = append(errs, fmt.Errorf("listen %q: no port", c.Listen))
+	}
+	if err := c.finishPools(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.OwnerAddr == "" {
 		c.OwnerAddr = c.Listen
@@ -439,6 +498,12 @@ func (c *Config) finish() error {
 	if _, err := c.EgressProxy.ports(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.CheckpointTTLHours < 0 {
+		errs = append(errs, fmt.Errorf("checkpoint_ttl_hours must not be negative, got %d", c.CheckpointTTLHours))
+	}
+	if c.MaxForkCount < 0 {
+		errs = append(errs, fmt.Errorf("max_fork_count must be at least 1, got %d", c.MaxForkCount))
+	}
 	switch c.MetricsAuth {
 	case "", api.MetricsAuthRoot, api.MetricsAuthNone:
 	default:
@@ -455,11 +520,22 @@ func (c *Config) finish() error {
 			errs = append(errs, fmt.Errorf("tenants[%d]: %w", i, err))
 		}
 	}
+	if c.LogLevel != "" && !slices.Contains(logLevels, c.LogLevel) {
+		errs = append(errs, fmt.Errorf("log_level %q: want %s", c.LogLevel, strings.Join(logLevels, ", ")))
+	}
 	if c.MaxClaims < 0 {
 		errs = append(errs, fmt.Errorf("max_claims %d is negative", c.MaxClaims))
+	}
+	if err := fsm.ValidVolumeSpecs(c.Volumes); err != nil {
+		rej, _ := fsm.AsRejection(err)
+		errs = append(errs, fmt.Errorf("volumes: %s", rej.Msg))
 	}
 	if err := c.validateEgress(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
+
+// noDashboard: the config turns the dashboard off ("dashboard": false; absent
+// is on).
+func (c *Config) noDashboard() bool { return c.Dashboard != nil && !*c.Dashboard }

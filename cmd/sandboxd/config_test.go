@@ -92,3 +92,33 @@ func TestConfigRelayMemory(t *testing.T) {
 		}
 	}
 }
+
+// The config's volume catalog, with the old daemon's fields; a bad entry
+// fails the load with what is wrong.
+func TestConfigVolumes(t *testing.T) {
+	write := configWriter(t)
+	cfg, err := loadConfig(write(`{"volumes":[{"name":"imagenet","path":"/srv/imagenet.img"},{"name":"scratch","path":"/srv/s.img","writable":true,"tenants":["acme"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.finish(); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Volumes) != 2 || !cfg.Volumes[1].Writable || cfg.Volumes[1].Tenants[0] != "acme" {
+		t.Fatalf("volumes %+v", cfg.Volumes)
+	}
+	for _, bad := range []string{
+		`{"volumes":[{"name":"Bad","path":"/x"}]}`,
+		`{"volumes":[{"name":"a","path":"relative.img"}]}`,
+		`{"volumes":[{"name":"a","path":"/x"},{"name":"a","path":"/y"}]}`,
+		`{"volumes":[{"name":"a","path":"/x","size":1}]}`,
+	} {
+		cfg, err := loadConfig(write(bad))
+		if err == nil {
+			err = cfg.finish()
+		}
+		if err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}

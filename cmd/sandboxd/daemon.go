@@ -4,29 +4,50 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
-	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
 )
 
-func newLogger(level string) zerolog.Logger {
+// logLevels are the levels log_level, --log-level and $SBX_LOG_LEVEL take.
+var logLevels = []string{"debug", "info", "warn", "error"}
+
+// newLogger is sandboxd's logger at level (validated by Config.finish;
+// "" is info): on a terminal zerolog's console format, for a person;
+// anywhere else JSON lines, for a collector. Durations are written with
+// their unit ("1.5s"). Lines carry no component of their own: the parts
+// that have one (replication, nats, pebble) name it, once.
+func newLogger(level string, w *os.File) zerolog.Logger {
+	zerolog.DurationFieldFormat = zerolog.DurationFormatString
 	lvl, err := zerolog.ParseLevel(level)
 	if err != nil || level == "" {
 		lvl = zerolog.InfoLevel
 	}
-	return zerolog.New(os.Stderr).Level(lvl).With().Timestamp().Str("component", "sandboxd").Logger()
+	var out io.Writer = w
+	if isTerminal(w) {
+		out = zerolog.ConsoleWriter{Out: w, TimeFormat: time.RFC3339}
+	}
+	return zerolog.New(out).Level(lvl).With().Timestamp().Logger()
+}
+
+// isTerminal says whether f is a terminal.
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 // start turns the config into a node (package node owns the start order)
 // and returns once it serves HTTP.
 func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) {
-	zl := newLogger(cfg.LogLevel)
+	zl := newLogger(cfg.LogLevel, os.Stderr)
 	if cfg.nodeIDFrom != "" {
 		zl.Info().Str("node", cfg.NodeID).Str("hostname", cfg.nodeIDFrom).
 			Msgf("node_id not configured: using %q, derived from the host name (letters, digits, '-' and '_' kept, anything else '-'); set node_id to choose it", cfg.NodeID)
@@ -54,16 +75,13 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 	if err != nil {
 		return nil, zl, err
 	}
-	pools := make([]fsm.PoolSpec, len(cfg.Pools))
-	for i, p := range cfg.Pools {
-		pools[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds}
-	}
 	nc := node.Config{
 		DataDir: cfg.DataDir, NodeID: cfg.NodeID, Listen: cfg.Listen, OwnerAddr: cfg.OwnerAddr,
-		RootToken: rootToken, Tenants: cfg.Tenants, MaxClaims: cfg.MaxClaims, Pools: pools,
+		RootToken: rootToken, Tenants: cfg.Tenants, MaxClaims: cfg.MaxClaims, Pools: cfg.poolSpecs(), Volumes: cfg.Volumes,
 		RestartPolicy: cfg.restartPolicy(), Concurrency: cfg.RefillConcurrency,
 		ReadHeaderTimeout: ms(cfg.HTTP.ReadHeaderTimeoutMS), IdleTimeout: ms(cfg.HTTP.IdleTimeoutMS),
-		API:           api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth},
+		API: api.Config{BodyTimeout: ms(cfg.HTTP.BodyTimeoutMS), MetricsAuth: cfg.MetricsAuth, NoDashboard: cfg.noDashboard(),
+			CheckpointTTL: time.Duration(cfg.CheckpointTTLHours) * time.Hour, MaxForkCount: cfg.MaxForkCount},
 		Egress:        cfg.egressConfig(),
 		PreviewListen: cfg.PreviewListen,
 		DataPlane: api.DataPlane{

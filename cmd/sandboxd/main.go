@@ -16,20 +16,34 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
-)
 
-// version is set at build time (-ldflags "-X main.version=...").
-var version = "dev"
+	"github.com/sbxlog/sbxlog/cmd/buildinfo"
+)
 
 func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
+// systemConfig is the config file sandboxd reads when neither -config nor
+// $SBX_CONFIG names one, if it exists.
+const systemConfig = "/etc/sandboxd/config.json"
+
+// defaultConfigPath is -config's default: $SBX_CONFIG, else systemConfig
+// when it exists, else "" (the built-in defaults).
+func defaultConfigPath() string {
+	if p := os.Getenv("SBX_CONFIG"); p != "" {
+		return p
+	}
+	if _, err := os.Stat(systemConfig); err == nil {
+		return systemConfig
+	}
+	return ""
+}
+
 func run(args []string) int {
 	fs := flag.NewFlagSet("sandboxd", flag.ContinueOnError)
-	configPath := fs.String("config", "", "JSON config file (default: built-in defaults, see docs/operations.md)")
+	configPath := fs.String("config", defaultConfigPath(), "JSON config file (default $SBX_CONFIG, else "+systemConfig+" when it exists, else built-in defaults; see docs/operations.md)")
 	listen := fs.String("listen", "", "HTTP listen address (overrides config)")
 	dataDir := fs.String("data", "", "data directory (overrides config)")
 	nodeID := fs.String("node-id", "", "node id (overrides config)")
@@ -38,6 +52,7 @@ func run(args []string) int {
 	noNATS := fs.Bool("no-nats", false, "disable replication")
 	natsPort := fs.Int("nats-port", 0, "embedded NATS port (overrides config; default listen port + 1000, or a free one)")
 	apiToken := fs.String("api-token", "", "root API token (overrides config; also SBX_API_TOKEN)")
+	logLevel := fs.String("log-level", "", "log level: debug, info, warn, error (overrides config and $SBX_LOG_LEVEL)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -46,7 +61,7 @@ func run(args []string) int {
 		return 2
 	}
 	if *showVersion {
-		fmt.Println("sandboxd", version)
+		fmt.Println(buildinfo.Read().Line("sandboxd"))
 		return 0
 	}
 	cfg, err := loadConfig(*configPath)
@@ -66,17 +81,15 @@ func run(args []string) int {
 	set(&cfg.NATS.URL, *natsURL)
 	set(&cfg.APIToken, os.Getenv("SBX_API_TOKEN"))
 	set(&cfg.APIToken, *apiToken)
+	set(&cfg.LogLevel, os.Getenv("SBX_LOG_LEVEL"))
+	set(&cfg.LogLevel, *logLevel)
 	if *natsPort != 0 {
 		cfg.NATS.Port = *natsPort
 	}
 	if *noNATS {
 		cfg.NATS.Disabled = true
 	}
-	if *configPath == "" && cfg.APIToken == "" && cfg.APITokenFile == "" {
-		// Built-in defaults and no token: keep a generated root token in
-		// the data dir, so a first `make run` is usable at once.
-		cfg.APITokenFile = filepath.Join(cfg.DataDir, defaultTokenFile)
-	}
+	cfg.defaultToken()
 	if err := cfg.finish(); err != nil {
 		fmt.Fprintln(os.Stderr, "sandboxd: invalid config:", err)
 		return 2

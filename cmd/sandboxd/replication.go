@@ -5,7 +5,6 @@ package main
 
 import (
 	"net"
-	"os"
 	"strconv"
 
 	"github.com/rs/zerolog"
@@ -39,9 +38,10 @@ func defaultNATSPort(listen string) int {
 // local daemon) falls back to a free one instead of failing; an explicitly
 // configured port must be free.
 func replicationConfig(cfg Config, zl zerolog.Logger) *node.Replication {
-	// The replication packages name their components themselves; the
-	// embedded server's notices (its banner) are debug material.
-	base := zerolog.New(os.Stderr).Level(zl.GetLevel()).With().Timestamp().Logger()
+	// The replication packages name their components themselves (the
+	// node's logger names none); the embedded server's notices (its
+	// banner) are debug material.
+	base := zl
 	server := base
 	if zl.GetLevel() > zerolog.DebugLevel {
 		server = base.Level(max(zl.GetLevel(), zerolog.WarnLevel))

@@ -16,6 +16,16 @@ import (
 // one shell and sbxctl from the same directory in another need no set-up.
 const defaultTokenFile = "api.token"
 
+// defaultToken gives a config that names no root token, with or without a
+// config file, the generated one in the data dir, so the node is usable at
+// once (a config file that named no token used to turn root off: every
+// call 401, a warning at start only).
+func (c *Config) defaultToken() {
+	if c.APIToken == "" && c.APITokenFile == "" {
+		c.APITokenFile = filepath.Join(c.DataDir, defaultTokenFile)
+	}
+}
+
 // loadOrCreateToken returns the root token in path: its first line. When
 // the file does not exist it is created (mode 0600, fsynced, with its
 // directory) holding a fresh random token, and created is true.

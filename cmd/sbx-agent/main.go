@@ -44,6 +44,8 @@ func main() {
 		Rand:     rand.Reader,
 		Uptime:   bootTime,
 		Net:      applyNet,
+		Mount:    mountVolume,
+		Unmount:  unmountVolume,
 	}
 	go func() {
 		for range time.Tick(agent.Tick) {

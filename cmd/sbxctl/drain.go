@@ -10,8 +10,8 @@ import (
 // drain and uncordon take the root token; both print the node's info.
 
 func init() {
-	register("drain", command{summary: "drain the node: refuse new claims, destroy warm VMs (survives restarts)", run: remoteCommand(remoteSpec{name: "drain", flags: drainFlags(true)})})
-	register("uncordon", command{summary: "end a drain: take claims and refill again", run: remoteCommand(remoteSpec{name: "uncordon", flags: drainFlags(false)})})
+	register("drain", command{summary: "drain the node: refuse new claims, destroy warm VMs (survives restarts)", examples: `sbxctl drain                                    # refuse claims; undo with sbxctl uncordon`, run: remoteCommand(remoteSpec{name: "drain", flags: drainFlags(true)})})
+	register("uncordon", command{summary: "end a drain: take claims and refill again", examples: `sbxctl uncordon`, run: remoteCommand(remoteSpec{name: "uncordon", flags: drainFlags(false)})})
 }
 
 func drainFlags(drain bool) func(*flag.FlagSet) remoteBody {

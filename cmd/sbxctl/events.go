@@ -16,7 +16,8 @@ import (
 )
 
 func init() {
-	register("events", command{summary: "print /v1/events up to now (--follow: and then as they happen, resuming after disconnects)",
+	register("events", command{summary: "print /v1/events up to now (--follow: and then as they happen, resuming after disconnects)", examples: `sbxctl events                                   # the log so far
+sbxctl events --follow --from 100`,
 		run: remoteCommand(remoteSpec{name: "events", stream: true, flags: eventsFlags})})
 }
 
@@ -124,7 +125,12 @@ type eventPrinter struct {
 	w    io.Writer
 	json bool
 	vms  bool
+	// headed: the table's header line is out (before the first row).
+	headed bool
 }
+
+// eventHeader heads the log view's table; its columns are print's.
+const eventHeader = "SEQ      TIME                     TYPE                     AGGREGATE"
 
 func (p *eventPrinter) print(ev apiclient.Event) error {
 	if p.json {
@@ -142,6 +148,10 @@ func (p *eventPrinter) print(ev apiclient.Event) error {
 	le, err := ev.LogEvent()
 	if err != nil {
 		return fmt.Errorf("event %s: %w", ev.ID, err)
+	}
+	if !p.headed {
+		p.headed = true
+		fmt.Fprintln(p.w, eventHeader)
 	}
 	_, err = fmt.Fprintf(p.w, "%-8d %-24s %-24s %s/%s\n", le.Seq, shortTime(le.Time), le.Type, le.Aggregate.Kind, le.Aggregate.ID)
 	return err

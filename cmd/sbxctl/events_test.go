@@ -60,8 +60,8 @@ func TestEventsUpToNow(t *testing.T) {
 		t.Fatalf("--from past the end printed %q", out)
 	}
 	table := mustRun(t, "events")
-	if lines := strings.Split(strings.TrimSpace(table), "\n"); uint64(len(lines)) != last ||
-		!strings.Contains(table, "claim_created") || !strings.Contains(table, "claim/"+cl.ID) {
+	if lines := strings.Split(strings.TrimSpace(table), "\n"); uint64(len(lines)) != last+1 || lines[0] != eventHeader ||
+		!strings.HasPrefix(lines[1], "1 ") || !strings.Contains(table, "claim_created") || !strings.Contains(table, "claim/"+cl.ID) {
 		t.Fatalf("events table:\n%s", table)
 	}
 

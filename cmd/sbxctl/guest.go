@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -9,6 +10,8 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,43 +25,45 @@ import (
 // The commands that reach inside a sandbox: exec, cp and port-forward.
 // They go through sandboxd's data plane as the old SDK does (the agent
 // relay and the ports route, with their exact upgrade requests), so they
-// need the sandbox's own token: --sandbox-token, else $SBX_SANDBOX_TOKEN,
-// else --token itself when it is a sandbox token (sbt_...). A hibernated
+// use the sandbox's own token: --sandbox-token; else --token itself when it
+// is a sandbox token (sbt_...); else, holding root, the one root reads with
+// GET /v1/sandboxes/{id} (apiclient.WithSandboxLookup), so an operator
+// needs no second credential; else $SBX_SANDBOX_TOKEN. A hibernated
 // sandbox is woken by the call.
 
 const envSandboxToken = "SBX_SANDBOX_TOKEN"
 
 func init() {
-	register("exec", command{summary: "run a command in a sandbox (-- ARGV; streams its output, exits with its code; -i: stdin; -t: on a terminal; --session: in a shell session)", run: remoteCommand(remoteSpec{
-		name: "exec", args: []string{"ID"}, rest: "-- COMMAND [ARG...]", stream: true, flags: execFlags})})
-	register("cp", command{summary: "copy a file to or from a sandbox (ID:/path on one side; - is stdin or stdout)", run: remoteCommand(remoteSpec{
-		name: "cp", args: []string{"SRC", "DST"}, stream: true, flags: cpFlags})})
-	register("port-forward", command{summary: "forward a local port to a sandbox's TCP port ([LOCAL:]PORT)", run: remoteCommand(remoteSpec{
-		name: "port-forward", args: []string{"ID", "[LOCAL:]PORT"}, stream: true, flags: portForwardFlags})})
+	register("exec", command{summary: "run a command in a sandbox (-- ARGV; streams its output, exits with its code; -i: stdin; -t: on a terminal; --session: in a shell session)", examples: `sbxctl exec sb_0123456789abcdef -- uname -a
+sbxctl exec -t sb_0123456789abcdef -- bash       # an interactive shell
+echo hi | sbxctl exec -i sb_0123456789abcdef -- cat`, run: remoteCommand(remoteSpec{
+		name: "exec", args: []string{"ID"}, rest: "-- COMMAND [ARG...]", stream: true, noJSON: true, flags: execFlags})})
+	register("cp", command{summary: "copy a file, or with -r a directory, to or from a sandbox (ID:/path on one side; - is stdin or stdout)", examples: `sbxctl cp ./main.py sb_0123456789abcdef:/tmp/    # into a directory: /tmp/main.py
+sbxctl cp -r ./src sb_0123456789abcdef:/work/src
+sbxctl cp sb_0123456789abcdef:/etc/os-release -  # to stdout`, run: remoteCommand(remoteSpec{
+		name: "cp", args: []string{"SRC", "DST"}, stream: true, noJSON: true, flags: cpFlags})})
+	register("port-forward", command{summary: "forward a local port to a sandbox's TCP port ([LOCAL:]PORT)", examples: `sbxctl port-forward sb_0123456789abcdef 8080:8000   # localhost:8080 -> guest port 8000`, run: remoteCommand(remoteSpec{
+		name: "port-forward", args: []string{"ID", "[LOCAL:]PORT"}, stream: true, noJSON: true, flags: portForwardFlags})})
 }
 
 // sandboxTokenFlag adds --sandbox-token and returns what picks the
-// sandbox's token: --sandbox-token, $SBX_SANDBOX_TOKEN, else --token or
-// $SBX_API_TOKEN when that is a sandbox token.
+// sandbox's token, in the order the file's comment gives.
 func sandboxTokenFlag(fs *flag.FlagSet) func(c *apiclient.Client) (*apiclient.Client, error) {
-	tok := fs.String("sandbox-token", "", "the sandbox's own token, from its claim (default $"+envSandboxToken+", else --token if it is a sandbox token)")
+	tok := fs.String("sandbox-token", "", "the sandbox's own token, from its claim (default: the one root reads from sandboxd, else $"+envSandboxToken+")")
 	return func(c *apiclient.Client) (*apiclient.Client, error) {
-		if t := cmpOr(*tok, os.Getenv(envSandboxToken)); t != "" {
+		env := os.Getenv(envSandboxToken)
+		switch t := cmp.Or(fs.Lookup("token").Value.String(), os.Getenv(envToken)); {
+		case *tok != "":
+			return c.WithToken(*tok), nil
+		case strings.HasPrefix(t, apiclient.SandboxTokenPrefix):
 			return c.WithToken(t), nil
+		case c.HasToken():
+			return c.WithSandboxLookup(env), nil
+		case env != "":
+			return c.WithToken(env), nil
 		}
-		if t := cmpOr(fs.Lookup("token").Value.String(), os.Getenv(envToken)); strings.HasPrefix(t, "sbt_") {
-			return c.WithToken(t), nil
-		}
-		return nil, usagef("the sandbox's own token is needed (the TOKEN its claim printed): --sandbox-token or $%s", envSandboxToken)
+		return nil, usagef("the sandbox's own token is needed (the TOKEN its claim printed): --sandbox-token or $%s, or the root token (which reads it)", envSandboxToken)
 	}
-}
-
-// cmpOr returns the first of a, b that is not empty.
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func execFlags(fs *flag.FlagSet) remoteBody {
@@ -101,10 +106,37 @@ func execFlags(fs *flag.FlagSet) remoteBody {
 				// Interrupted: the command must not outlive us.
 				killGuest(sc, id, pid)
 			}
+			if pid == 0 {
+				return notStarted(err, argv[0], cl.stderr)
+			}
 			return err
 		}
 		return exitOf(res.Code, cl.stderr)
 	}
+}
+
+// notStarted maps the agent's refusal to start argv0 (a bad_request before
+// any pid) to what a shell answers: 127 for a command that is not there,
+// 126 for one that cannot run, with a message of ours rather than the
+// wire's ("silkd: bad_request: exec: ... $PATH"). Any other error is
+// returned as it is.
+func notStarted(err error, argv0 string, stderr io.Writer) error {
+	var se *silkd.Error
+	if !errors.As(err, &se) || se.Kind != silkd.KindBadRequest {
+		return err
+	}
+	msg := strings.ToLower(se.Message)
+	switch {
+	case strings.Contains(msg, "cwd"):
+		return errors.New(strings.TrimPrefix(se.Message, "exec: "))
+	case strings.Contains(msg, "permission denied"), strings.Contains(msg, "exec format error"):
+		fmt.Fprintf(stderr, "sbxctl exec: %s: cannot run it in the sandbox (permission denied or not executable)\n", argv0)
+		return exitCode(126)
+	case strings.Contains(msg, "not found"), strings.Contains(msg, "no such file"), strings.Contains(msg, "runs no commands"):
+		fmt.Fprintf(stderr, "sbxctl exec: %s: command not found in the sandbox\n", argv0)
+		return exitCode(127)
+	}
+	return err
 }
 
 // killGuest kills pid over a fresh relay, within 5 s.
@@ -129,6 +161,8 @@ func guestPath(arg string) (id, path string, ok bool) {
 }
 
 func cpFlags(fs *flag.FlagSet) remoteBody {
+	recursive := fs.Bool("r", false, "copy a directory and everything under it")
+	quiet := fs.Bool("q", false, "print no summary line")
 	mode := fs.String("mode", "", "permission bits of a file copied in (octal; default: the local file's, or the replaced file's)")
 	sandbox := sandboxTokenFlag(fs)
 	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
@@ -142,89 +176,157 @@ func cpFlags(fs *flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if toGuest {
-			return copyIn(ctx, sc, src, did, dpath, *mode, cl)
+		id := cmp.Or(sid, did)
+		nc, err := sc.DialAgent(ctx, id)
+		if err != nil {
+			return err
 		}
-		return copyOut(ctx, sc, sid, spath, dst, cl)
+		defer nc.Close()
+		conn := silkd.NewConn(nc)
+		t0 := time.Now()
+		var n int64
+		var to string
+		if toGuest {
+			n, to, err = copyIn(ctx, conn, src, dpath, *mode, *recursive)
+			to = id + ":" + to
+		} else {
+			n, to, err = copyOut(ctx, conn, spath, dst, *recursive, cl)
+		}
+		if err == nil && !*quiet && to != "-" {
+			fmt.Fprintf(cl.stderr, "copied %s to %s (%s in %s)\n", src, to, byteCount(n), time.Since(t0).Round(time.Millisecond))
+		}
+		return err
 	}
 }
 
-// copyIn writes local file src (or stdin) to path in sandbox id: fs_write,
-// atomic in the guest.
-func copyIn(ctx context.Context, c *apiclient.Client, src, id, path, mode string, cl *call) error {
-	var r io.Reader
-	req := silkd.FsWrite{Path: path}
-	if src == "-" {
-		r = stdin
-	} else {
-		f, err := os.Open(src)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		st, err := f.Stat()
-		if err != nil {
-			return err
-		}
-		if st.IsDir() {
-			return fmt.Errorf("%s is a directory: cp copies files", src)
-		}
-		perm := uint32(st.Mode().Perm())
-		req.Mode = &perm
-		r = f
+// byteCount renders n bytes for people.
+func byteCount(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
 	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// intoDir says whether guest path p names a directory to copy into: it
+// ends with "/" or is one.
+func intoDir(ctx context.Context, conn *silkd.Conn, p string) bool {
+	if strings.HasSuffix(p, "/") {
+		return true
+	}
+	st, err := conn.Stat(ctx, p)
+	return err == nil && st.Kind == silkd.FileDir
+}
+
+// copyIn copies local src (a file, stdin, or with recursive a directory)
+// to guest path p and returns the bytes sent and the guest path written. A
+// directory p (or one ending with "/") receives src under its base name,
+// as cp does; a directory src otherwise becomes p. A file is written with
+// fs_write, atomic in the guest; a directory as a tar stream (fs_push).
+func copyIn(ctx context.Context, conn *silkd.Conn, src, p, mode string, recursive bool) (int64, string, error) {
+	req := silkd.FsWrite{Path: p}
 	if mode != "" {
 		m, err := strconv.ParseUint(mode, 8, 32)
 		if err != nil || m > 0o7777 {
-			return usagef("--mode %q: want octal permission bits", mode)
+			return 0, "", usagef("--mode %q: want octal permission bits", mode)
 		}
 		perm := uint32(m)
 		req.Mode = &perm
 	}
-	conn, err := c.DialAgent(ctx, id)
-	if err != nil {
-		return err
+	if src == "-" {
+		cr := &countingReader{r: stdin}
+		return cr.n, p, conn.WriteFile(ctx, req, cr)
 	}
-	defer conn.Close()
-	return silkd.NewConn(conn).WriteFile(ctx, req, r)
+	st, err := os.Stat(src)
+	if err != nil {
+		return 0, "", err
+	}
+	if intoDir(ctx, conn, p) {
+		p = strings.TrimSuffix(p, "/") + "/" + filepath.Base(src)
+		req.Path = p
+	}
+	if st.IsDir() {
+		if !recursive {
+			return 0, "", usagef("%s is a directory: cp -r copies directories", src)
+		}
+		n, err := pushTree(ctx, conn, src, p)
+		return n, p, err
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		return 0, "", err
+	}
+	defer f.Close()
+	if req.Mode == nil {
+		perm := uint32(st.Mode().Perm())
+		req.Mode = &perm
+	}
+	cr := &countingReader{r: f}
+	err = conn.WriteFile(ctx, req, cr)
+	return cr.n, p, err
 }
 
-// copyOut reads path in sandbox id into local file dst (or stdout); a
-// local file is written whole under a temporary name, then renamed.
-func copyOut(ctx context.Context, c *apiclient.Client, id, path, dst string, cl *call) error {
-	conn, err := c.DialAgent(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	sc := silkd.NewConn(conn)
+// countingReader counts what is read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n += int64(n)
+	return n, err
+}
+
+// copyOut copies guest path p to local dst (stdout for "-") and returns
+// the bytes received and the local path written. A guest directory (with
+// recursive) lands in directory dst under its base name, as pull does; a
+// file into an existing directory dst under its base name, else as dst,
+// written whole under a temporary name, then renamed.
+func copyOut(ctx context.Context, conn *silkd.Conn, p, dst string, recursive bool, cl *call) (int64, string, error) {
 	if dst == "-" {
-		_, err := sc.ReadFile(ctx, path, cl.stdout)
-		return err
+		n, err := conn.ReadFile(ctx, p, cl.stdout)
+		return n, dst, err
+	}
+	gst, err := conn.Stat(ctx, p)
+	if err != nil {
+		return 0, "", err
+	}
+	if gst.Kind == silkd.FileDir {
+		if !recursive {
+			return 0, "", usagef("%s is a directory in the sandbox: cp -r copies directories", p)
+		}
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return 0, "", err
+		}
+		n, err := pullTree(ctx, conn, p, dst)
+		return n, filepath.Join(dst, path.Base(p)), err
 	}
 	if st, err := os.Stat(dst); err == nil && st.IsDir() {
-		dst = strings.TrimSuffix(dst, "/") + "/" + path[strings.LastIndexByte(path, '/')+1:]
+		dst = filepath.Join(dst, path.Base(p))
 	}
 	tmp, err := os.CreateTemp(dirOf(dst), ".sbxctl-cp-*")
 	if err != nil {
-		return err
+		return 0, "", err
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := sc.ReadFile(ctx, path, tmp); err != nil {
+	n, err := conn.ReadFile(ctx, p, tmp)
+	if err != nil {
 		tmp.Close()
-		return err
+		return n, "", err
 	}
 	if err := tmp.Close(); err != nil {
-		return err
+		return n, "", err
 	}
-	perm := fs.FileMode(0o644)
-	if st, err := sc.Stat(ctx, path); err == nil {
-		perm = fs.FileMode(st.Mode) & fs.ModePerm
+	if err := os.Chmod(tmp.Name(), fs.FileMode(gst.Mode)&fs.ModePerm); err != nil {
+		return n, "", err
 	}
-	if err := os.Chmod(tmp.Name(), perm); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), dst)
+	return n, dst, os.Rename(tmp.Name(), dst)
 }
 
 func dirOf(p string) string {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
+	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 	"github.com/sbxlog/sbxlog/projections/api"
 )
 
@@ -47,10 +49,11 @@ func TestExecCommand(t *testing.T) {
 		{"exit code passed on", []string{"exec", cl.ID, "--sandbox-token", cl.Token, "--", "exit", "3"}, "", 3, "", ""},
 		{"stdin with -i", []string{"exec", "-i", cl.ID, "--sandbox-token", cl.Token, "--", "cat"}, "from stdin", 0, "from stdin", ""},
 		{"the sandbox token as --token", []string{"exec", cl.ID, "--token", cl.Token, "--", "true"}, "", 0, "", ""},
-		{"root is not the sandbox", []string{"exec", cl.ID, "--", "true"}, "", 2, "", "sandbox's own token"},
+		{"root reads the sandbox's token itself", []string{"exec", cl.ID, "--", "echo", "-n", "as root"}, "", 0, "as root", ""},
+		{"a tenant does not see root's sandbox", []string{"exec", cl.ID, "--token", "acme-token", "--", "true"}, "", 1, "", "404"},
 		{"no command", []string{"exec", cl.ID, "--sandbox-token", cl.Token}, "", 2, "", "no command"},
 		{"another token", []string{"exec", cl.ID, "--sandbox-token", "sbt_00", "--", "true"}, "", 1, "", "404"},
-		{"a command the guest cannot start", []string{"exec", cl.ID, "--sandbox-token", cl.Token, "--", "nope"}, "", 1, "", "spawn nope"},
+		{"a command the guest does not have: 127, as a shell", []string{"exec", cl.ID, "--sandbox-token", cl.Token, "--", "nope"}, "", 127, "", "sbxctl exec: nope: command not found in the sandbox\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			setStdin(t, strings.NewReader(tc.in))
@@ -59,6 +62,35 @@ func TestExecCommand(t *testing.T) {
 				t.Fatalf("exit %d, stdout %q, stderr %q; want %d, %q, %q", code, out, errs, tc.code, tc.out, tc.err)
 			}
 		})
+	}
+}
+
+// Holding root, every data-plane command reaches every sandbox without its
+// token, even with $SBX_SANDBOX_TOKEN exported for another one (issue 25
+// item 2: that one answered 404 unknown sandbox).
+func TestRootNeedsNoSandboxToken(t *testing.T) {
+	startNode(t, 2)
+	a, b := claimOne(t), claimOne(t)
+	t.Setenv(envSandboxToken, a.Token)
+	for _, id := range []string{a.ID, b.ID} {
+		if out := mustRun(t, "exec", id, "--", "echo", "-n", id); out != id {
+			t.Fatalf("exec on %s printed %q", id, out)
+		}
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "f")
+	if err := os.WriteFile(src, []byte("root copy"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "cp", src, b.ID+":/work/f")
+	if out := mustRun(t, "cp", b.ID+":/work/f", "-"); out != "root copy" {
+		t.Fatalf("cp back: %q", out)
+	}
+	// No token of any kind: a usage error naming what is needed.
+	t.Setenv(envToken, "")
+	t.Setenv(envSandboxToken, "")
+	if code, _, errs := sbx("exec", a.ID, "--", "true"); code != 2 || !strings.Contains(errs, "sandbox's own token is needed") {
+		t.Fatalf("no token: exit %d, %q", code, errs)
 	}
 }
 
@@ -159,5 +191,29 @@ func TestPortForwardCommand(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("port-forward did not stop")
+	}
+}
+
+// The real agent's refusals (silkagent's texts) map to a shell's codes and
+// a message without the wire's wording.
+func TestNotStarted(t *testing.T) {
+	for _, tc := range []struct {
+		msg  string
+		code int
+	}{
+		{`exec: nope: exec: "nope": executable file not found in $PATH`, 127},
+		{`exec: /bin/nope: no such file or directory`, 127},
+		{`exec: fork/exec /etc/passwd: permission denied`, 126},
+	} {
+		var errb bytes.Buffer
+		err := notStarted(&silkd.Error{Kind: silkd.KindBadRequest, Message: tc.msg}, "nope", &errb)
+		var ec exitCode
+		if !errors.As(err, &ec) || int(ec) != tc.code || strings.Contains(errb.String(), "silkd") || strings.Contains(errb.String(), "$PATH") {
+			t.Errorf("%q: %v, stderr %q; want exit %d", tc.msg, err, errb.String(), tc.code)
+		}
+	}
+	cwd := notStarted(&silkd.Error{Kind: silkd.KindBadRequest, Message: "exec: cwd: stat /x: no such file or directory"}, "ls", io.Discard)
+	if cwd == nil || strings.Contains(cwd.Error(), "silkd") || !strings.Contains(cwd.Error(), "cwd") {
+		t.Errorf("cwd: %v", cwd)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"text/tabwriter"
 	"time"
 
 	"github.com/sbxlog/sbxlog/eventlog"
@@ -30,8 +29,9 @@ func logDirOf(dir string) string {
 }
 
 func init() {
-	register("log dump", command{summary: "print op log events (table or JSON lines)", run: logCommand("log dump", dumpFlags)})
-	register("log verify", command{summary: "check an op log's contiguity, checksums and op index", run: logCommand("log verify", verifyFlags)})
+	register("log dump", command{summary: "print op log events (table or JSON lines)", examples: `sbxctl log dump --data ./data
+sbxctl log dump --data ./data --json | head`, run: logCommand("log dump", dumpFlags)})
+	register("log verify", command{summary: "check an op log's contiguity, checksums and op index", examples: `sbxctl log verify --data ./data`, run: logCommand("log verify", verifyFlags)})
 }
 
 // logBody runs a log command against the opened log; it returns the exit code.
@@ -85,8 +85,7 @@ func dumpFlags(fs *flag.FlagSet) logBody {
 			enc := json.NewEncoder(stdout)
 			write = func(e *event.Event) error { return enc.Encode(dumpJSON(e)) }
 		} else {
-			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SEQ\tTIME\tTYPE\tAGGREGATE\tOP ID")
+			tw := newTable(stdout, "SEQ\tTIME\tTYPE\tAGGREGATE\tOP ID")
 			write = func(e *event.Event) error {
 				_, err := fmt.Fprintf(tw, "%d\t%s\t%s\t%s/%s\t%s\n", e.Seq, formatTime(e.Time), e.Type, e.AggKind, e.AggID, e.OpID)
 				return err

@@ -26,3 +26,42 @@ func TestDispatchTwoWordCommand(t *testing.T) {
 		t.Fatalf("code %d args %v", code, got)
 	}
 }
+
+// Every command answers help NAME and NAME -h alike: its own usage line,
+// its flags, and examples (issue 25 item 10: help claim printed the global
+// help, no -h had examples).
+func TestHelpOfEveryCommand(t *testing.T) {
+	for _, name := range commandNames() {
+		t.Run(name, func(t *testing.T) {
+			for _, args := range [][]string{
+				append([]string{"help"}, strings.Fields(name)...),
+				append(strings.Fields(name), "-h"),
+			} {
+				code, out, errs := sbx(args...)
+				if code != 0 || out != "" || !strings.HasPrefix(errs, "sbxctl "+name+": "+commands[name].summary) ||
+					!strings.Contains(strings.ToLower(errs), "usage") || !strings.Contains(errs, "\nexamples:\n  ") || !strings.Contains(errs, "sbxctl "+name+" ") {
+					t.Fatalf("%q: exit %d, stdout %q, stderr:\n%s", args, code, out, errs)
+				}
+				if strings.Contains(errs, "commands:") {
+					t.Fatalf("%q printed the global help:\n%s", args, errs)
+				}
+			}
+		})
+	}
+	// After "--" a -h is the guest command's.
+	if !asksHelp([]string{"ID", "-h"}) || asksHelp([]string{"ID", "--", "ls", "-h"}) {
+		t.Fatal("asksHelp")
+	}
+	if code, _, errs := sbx("help", "no-such"); code != 2 || !strings.Contains(errs, "unknown command") {
+		t.Fatalf("help no-such: exit %d, %q", code, errs)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"--version", "version"} {
+		code, out, _ := sbx(arg)
+		if code != 0 || !strings.HasPrefix(out, "sbxctl ") || !strings.Contains(out, "revision ") || !strings.Contains(out, "built with go") {
+			t.Fatalf("%s: exit %d, %q", arg, code, out)
+		}
+	}
+}

@@ -18,10 +18,13 @@ import (
 var stdin io.Reader = os.Stdin
 
 func init() {
-	register("info", command{summary: "show the node's pools and claim counts", run: remoteCommand(remoteSpec{name: "info", flags: infoFlags})})
-	register("get", command{summary: "show one sandbox", run: remoteCommand(remoteSpec{name: "get", args: []string{"ID"}, flags: getFlags})})
-	register("pools get", command{summary: "print the pool configuration (--json output is pools set --file input)", run: remoteCommand(remoteSpec{name: "pools get", flags: poolsGetFlags})})
-	register("pools set", command{summary: "replace the pools (--file) or add/change/drain one (--template ...)", run: remoteCommand(remoteSpec{name: "pools set", flags: poolsSetFlags})})
+	register("info", command{summary: "show the node's pools and claim counts", examples: `sbxctl info
+sbxctl info --json`, run: remoteCommand(remoteSpec{name: "info", flags: infoFlags})})
+	register("get", command{summary: "show one sandbox", examples: `sbxctl get sb_0123456789abcdef
+sbxctl get --json sb_0123456789abcdef           # root: includes the sandbox token`, run: remoteCommand(remoteSpec{name: "get", args: []string{"ID"}, flags: getFlags})})
+	register("pools get", command{summary: "print the pool configuration (--json output is pools set --file input)", examples: `sbxctl pools get --json > pools.json`, run: remoteCommand(remoteSpec{name: "pools get", flags: poolsGetFlags})})
+	register("pools set", command{summary: "replace the pools (--file) or add/change/drain one (--template ...)", examples: `sbxctl pools set --template default --warm 4
+sbxctl pools set --file pools.json`, run: remoteCommand(remoteSpec{name: "pools set", flags: poolsSetFlags})})
 }
 
 func infoFlags(*flag.FlagSet) remoteBody {
@@ -58,8 +61,7 @@ func printInfo(cl *call, in *api.Info) error {
 		_, err := fmt.Fprintln(cl.stdout, "no pools (sbxctl pools set --template NAME --warm N)")
 		return err
 	}
-	tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tWARM\tTARGET\tREFILLING\tWARM_MAX\tGOLDEN\tLIVE\tFLAGS")
+	tw := newTable(cl.stdout, "POOL\tWARM\tTARGET\tREFILLING\tWARM_MAX\tGOLDEN\tLIVE\tFLAGS")
 	for _, p := range in.Pools {
 		var flags []string
 		if p.Draining {
@@ -101,19 +103,15 @@ func poolsGetFlags(*flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, p)
-		}
-		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "TEMPLATE\tNET\tSIZE\tWARM\tWARM_MAX\tIDLE_HIBERNATE")
-		for _, s := range p.Pools {
-			idle := "-"
-			if s.IdleHibernateSeconds > 0 {
-				idle = fmt.Sprintf("%ds", s.IdleHibernateSeconds)
+		return printTable(cl, p, "TEMPLATE\tNET\tSIZE\tWARM\tWARM_MAX\tIDLE_HIBERNATE", func(tw io.Writer) {
+			for _, s := range p.Pools {
+				idle := "-"
+				if s.IdleHibernateSeconds > 0 {
+					idle = fmt.Sprintf("%ds", s.IdleHibernateSeconds)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", s.Template, s.Net, s.Size, s.Warm, s.WarmMax, idle)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", s.Template, s.Net, s.Size, s.Warm, s.WarmMax, idle)
-		}
-		return tw.Flush()
+		})
 	}
 }
 

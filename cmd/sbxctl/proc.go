@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -25,11 +24,13 @@ import (
 // Like exec, they need the sandbox's own token.
 
 func init() {
-	register("ps", command{summary: "list the processes a sandbox's agent started (execs, detached ones, terminals)", run: remoteCommand(remoteSpec{
+	register("ps", command{summary: "list the processes a sandbox's agent started (execs, detached ones, terminals)", examples: `sbxctl ps sb_0123456789abcdef`, run: remoteCommand(remoteSpec{
 		name: "ps", args: []string{"ID"}, flags: psFlags})})
-	register("logs", command{summary: "print a process's kept output (-f: then follow it to its exit)", run: remoteCommand(remoteSpec{
+	register("logs", command{summary: "print a process's kept output (-f: then follow it to its exit)", examples: `sbxctl logs sb_0123456789abcdef 42              # what pid 42 printed
+sbxctl logs -f sb_0123456789abcdef 42`, run: remoteCommand(remoteSpec{
 		name: "logs", args: []string{"ID", "PID"}, stream: true, flags: logsFlags})})
-	register("sessions", command{summary: "list a sandbox's shell sessions (--new starts one, --rm SID ends one)", run: remoteCommand(remoteSpec{
+	register("sessions", command{summary: "list a sandbox's shell sessions (--new starts one, --rm SID ends one)", examples: `sbxctl sessions --new sb_0123456789abcdef        # prints the new session's id
+sbxctl exec --session s1 sb_0123456789abcdef -- cd /tmp`, run: remoteCommand(remoteSpec{
 		name: "sessions", args: []string{"ID"}, flags: sessionsFlags})})
 }
 
@@ -64,20 +65,16 @@ func psFlags(fs *flag.FlagSet) remoteBody {
 		if err != nil {
 			return err
 		}
-		if cl.json {
-			return printJSON(cl.stdout, procs)
-		}
-		tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "PID\tSTATE\tEXIT\tDETACHED\tSTARTED\tCOMMAND")
-		for _, p := range procs {
-			exit := "-"
-			if p.ExitCode != nil {
-				exit = strconv.Itoa(int(*p.ExitCode))
+		return printTable(cl, procs, "PID\tSTATE\tEXIT\tDETACHED\tSTARTED\tCOMMAND", func(tw io.Writer) {
+			for _, p := range procs {
+				exit := "-"
+				if p.ExitCode != nil {
+					exit = strconv.Itoa(int(*p.ExitCode))
+				}
+				started := time.Unix(int64(p.StartedAtEpochSecs), 0).UTC().Format(time.RFC3339)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%t\t%s\t%s\n", p.Pid, p.State, exit, p.Detached, started, strings.Join(p.Argv, " "))
 			}
-			started := time.Unix(int64(p.StartedAtEpochSecs), 0).UTC().Format(time.RFC3339)
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%t\t%s\t%s\n", p.Pid, p.State, exit, p.Detached, started, strings.Join(p.Argv, " "))
-		}
-		return tw.Flush()
+		})
 	}
 }
 

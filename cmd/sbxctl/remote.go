@@ -12,6 +12,8 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -69,6 +71,8 @@ type remoteSpec struct {
 	rest string
 	// stream commands get no --timeout (they run until stopped).
 	stream bool
+	// noJSON: the command prints no API answer, so it has no --json.
+	noJSON bool
 	// flags defines the command's own flags and returns its body.
 	flags func(fs *flag.FlagSet) remoteBody
 }
@@ -93,10 +97,13 @@ func remoteCommand(spec remoteSpec) func(args []string, stdout, stderr io.Writer
 		addr := fs.String("addr", envOr(envAddr, apiclient.DefaultAddr), "sandboxd address ($"+envAddr+")")
 		token := fs.String("token", "", "API token (default $"+envToken+", else the first line of --token-file)")
 		tokenFile := fs.String("token-file", envOr(envTokenFile, defaultTokenFile), "file holding the token, read when --token and $"+envToken+" are unset ($"+envTokenFile+")")
-		asJSON := fs.Bool("json", false, "print the API's JSON instead of a table")
+		asJSON := new(bool)
+		if !spec.noJSON {
+			fs.BoolVar(asJSON, "json", false, "print the API's JSON instead of a table")
+		}
 		var timeout *time.Duration
 		if !spec.stream {
-			timeout = fs.Duration("timeout", 3*time.Minute, "give up after this long (clone and cold claims wait for their VM)")
+			timeout = fs.Duration("timeout", 3*time.Minute, "give up on the call after this long")
 		}
 		body := spec.flags(fs)
 		pos, err := parseInterleaved(fs, args)
@@ -142,6 +149,9 @@ func remoteCommand(spec remoteSpec) func(args []string, stdout, stderr io.Writer
 			return 2
 		}
 		fmt.Fprintf(stderr, "sbxctl %s: %v\n", spec.name, err)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			fmt.Fprintf(stderr, "hint: is sandboxd running at %s? (make run starts it; --addr or $%s names another)\n", c.Addr(), envAddr)
+		}
 		if apiclient.StatusOf(err) == 401 && tok == "" && !explicitFile {
 			fmt.Fprintf(stderr, "hint: no token given: set $%s or --token (sandboxd started with its built-in defaults writes its root token to <data>/api.token; %s is read from the current directory)\n", envToken, defaultTokenFile)
 		}
@@ -209,6 +219,24 @@ func printJSON(w io.Writer, v any) error {
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// printTable prints v as indented JSON with --json, else as a table:
+// header, then the lines rows writes (columns separated by tabs).
+func printTable(cl *call, v any, header string, rows func(tw io.Writer)) error {
+	if cl.json {
+		return printJSON(cl.stdout, v)
+	}
+	tw := newTable(cl.stdout, header)
+	rows(tw)
+	return tw.Flush()
+}
+
+// newTable is the commands' table writer on w, header written.
+func newTable(w io.Writer, header string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	return tw
 }
 
 // kvFlag is a repeatable key=value flag.

@@ -22,14 +22,21 @@ var defaultKey = fsm.PoolKey{Template: "default", Net: "none", Size: "small"}
 
 // startNode runs an in-process node (hypervisor faked) with a "default"
 // pool of warm VMs and points the commands at it through the environment.
-func startNode(t *testing.T, warm int) *nodetest.Node {
+func startNode(t *testing.T, warm int) *nodetest.Node { return startNodeWith(t, warm, nil) }
+
+// startNodeWith is startNode with its options changed by mod.
+func startNodeWith(t *testing.T, warm int, mod func(*nodetest.Options)) *nodetest.Node {
 	t.Helper()
-	n, err := nodetest.Start(nodetest.Options{
+	opts := nodetest.Options{
 		Dir:       t.TempDir(),
 		RootToken: rootToken,
 		Tenants:   []auth.TenantConfig{{Name: "acme", TokenSHA256: auth.HashToken("acme-token")}},
 		Pools:     []fsm.PoolSpec{{PoolKey: defaultKey, Warm: warm}},
-	})
+	}
+	if mod != nil {
+		mod(&opts)
+	}
+	n, err := nodetest.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +99,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"claim", "--template", "x", "extra"}, "want 0 argument(s)"},
 		{[]string{"claim", "--template", "x", "--meta", "novalue"}, "want key=value"},
 		{[]string{"claim", "--template", "x", "--ttl", "1.5s"}, "whole seconds"},
-		{[]string{"release"}, "want 1 argument(s) ID"},
+		{[]string{"release"}, "want at least one ID, or --all"},
 		{[]string{"renew", "sb_0000000000000000"}, "--ttl is required"},
 		{[]string{"pools", "set"}, "give --file or --template"},
 		{[]string{"pools", "set", "--template", "x"}, "--warm is required"},

@@ -15,7 +15,7 @@ import (
 )
 
 func init() {
-	register("replay", command{summary: "rebuild the state from an op log (at --until SEQ) and print it with its hash", run: logCommand("replay", replayFlags)})
+	register("replay", command{summary: "rebuild the state from an op log (at --until SEQ) and print it with its hash", examples: `sbxctl replay --data ./data --until 120`, run: logCommand("replay", replayFlags)})
 }
 
 var replayShows = []string{"pools", "claims", "vms", "intents"}

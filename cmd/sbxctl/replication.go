@@ -57,9 +57,9 @@ const (
 )
 
 func init() {
-	register("follow", command{summary: "keep a verified replica of a node's op log from NATS (--node N --data DIR)", run: replFollow})
-	register("usage", command{summary: "write usage.jsonl (billing records, one summary per sandbox) from NATS (--out FILE)", run: replJournal("usage")})
-	register("audit", command{summary: "write audit.jsonl (one record per event) from NATS (--out FILE)", run: replJournal("audit")})
+	register("follow", command{summary: "keep a verified replica of a node's op log from NATS (--node N --data DIR)", examples: `sbxctl follow --node node-1 --data ./replica`, run: replFollow})
+	register("usage", command{summary: "write usage.jsonl (billing records, one summary per sandbox) from NATS (--out FILE)", examples: `sbxctl usage --out usage.jsonl`, run: replJournal("usage")})
+	register("audit", command{summary: "write audit.jsonl (one record per event) from NATS (--out FILE)", examples: `sbxctl audit --out audit.jsonl`, run: replJournal("audit")})
 }
 
 // replFlags are the flags every replication command takes.

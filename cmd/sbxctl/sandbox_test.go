@@ -92,9 +92,9 @@ func TestSandboxCommands(t *testing.T) {
 			t.Fatalf("after release: %v", s)
 		}
 	}
-	// Hibernating a released sandbox is an error the command reports: the
-	// old daemon's 404, since it forgot a claim once it ended.
-	if code, _, errs := sbx("hibernate", cl.ID); code != 1 || !strings.Contains(errs, "404") || !strings.Contains(errs, "unknown sandbox") {
+	// Hibernating a released sandbox is an error the command reports,
+	// saying it was released (410).
+	if code, _, errs := sbx("hibernate", cl.ID); code != 1 || !strings.Contains(errs, "410 Gone: sandbox "+cl.ID+" was released at") {
 		t.Fatalf("hibernate of a released sandbox: exit %d, %q", code, errs)
 	}
 	var body struct {

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -18,12 +17,12 @@ import (
 // one and prints it, the only time it is seen.
 
 func init() {
-	ls := command{summary: "list the tenant set (--after, --limit)", run: remoteCommand(remoteSpec{name: "tenants", flags: tenantsLsFlags})}
+	ls := command{summary: "list the tenant set (--after, --limit)", examples: "sbxctl tenants\nsbxctl tenants ls --json", run: remoteCommand(remoteSpec{name: "tenants", flags: tenantsLsFlags})}
 	register("tenants", ls)
 	register("tenants ls", ls)
-	register("tenants put", command{summary: "create or change a tenant (--tenant-token, --generate, --max-claims)", run: remoteCommand(remoteSpec{name: "tenants put", args: []string{"NAME"}, flags: tenantsPutFlags})})
-	register("tenants set", command{summary: "replace the whole tenant set from --file", run: remoteCommand(remoteSpec{name: "tenants set", flags: tenantsSetFlags})})
-	register("tenants rm", command{summary: "remove a tenant (its token stops at once; its claims run on)", run: remoteCommand(remoteSpec{name: "tenants rm", args: []string{"NAME"}, flags: tenantsRmFlags})})
+	register("tenants put", command{summary: "create or change a tenant (--tenant-token, --generate, --max-claims)", examples: `sbxctl tenants put acme --generate --max-claims 10`, run: remoteCommand(remoteSpec{name: "tenants put", args: []string{"NAME"}, flags: tenantsPutFlags})})
+	register("tenants set", command{summary: "replace the whole tenant set from --file", examples: `sbxctl tenants set --file tenants.json`, run: remoteCommand(remoteSpec{name: "tenants set", flags: tenantsSetFlags})})
+	register("tenants rm", command{summary: "remove a tenant (its token stops at once; its claims run on)", examples: `sbxctl tenants rm acme`, run: remoteCommand(remoteSpec{name: "tenants rm", args: []string{"NAME"}, flags: tenantsRmFlags})})
 }
 
 func tenantsLsFlags(fs *flag.FlagSet) remoteBody {
@@ -42,8 +41,7 @@ func printTenants(cl *call, l *api.TenantList) error {
 	if cl.json {
 		return printJSON(cl.stdout, l)
 	}
-	tw := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMAX_CLAIMS\tEGRESS_CLASS\tCLAIMS\tFLAGS")
+	tw := newTable(cl.stdout, "NAME\tMAX_CLAIMS\tEGRESS_CLASS\tCLAIMS\tFLAGS")
 	for _, t := range l.Tenants {
 		maxClaims, flags := "-", "-"
 		if t.MaxClaims > 0 {

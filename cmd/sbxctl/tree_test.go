@@ -47,3 +47,53 @@ func TestPushPullCommands(t *testing.T) {
 		t.Fatalf("push of a file: exit %d, %q", code, errs)
 	}
 }
+
+// cp -r copies trees both ways; a file copied to a guest directory (with
+// or without its trailing "/") lands under its base name; each copy ends
+// with a summary line on stderr; a directory without -r is a usage error
+// (issue 25 item 10: cp a ID:/tmp/ failed, cp took no directories).
+func TestCpDirectoriesAndDestDirs(t *testing.T) {
+	startNode(t, 1)
+	cl := claimOne(t)
+	src := t.TempDir()
+	files := map[string]string{"top.txt": "top", "sub/leaf.txt": "leaf"}
+	for name, data := range files {
+		p := filepath.Join(src, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustRun(t, "push", cl.ID, t.TempDir(), "/work/dir") // the simulated guest has no mkdir
+	for _, dest := range []string{cl.ID + ":/work/dir/", cl.ID + ":/work/dir"} {
+		code, out, errs := sbx("cp", filepath.Join(src, "top.txt"), dest)
+		if code != 0 || out != "" || !strings.HasPrefix(errs, "copied "+filepath.Join(src, "top.txt")+" to "+cl.ID+":/work/dir/top.txt (3 B in ") {
+			t.Fatalf("cp to %s: exit %d, stdout %q, stderr %q", dest, code, out, errs)
+		}
+	}
+	if out := mustRun(t, "cp", cl.ID+":/work/dir/top.txt", "-"); out != "top" {
+		t.Fatalf("file in the directory reads %q", out)
+	}
+	if code, _, errs := sbx("cp", src, cl.ID+":/work/tree"); code != 2 || !strings.Contains(errs, "cp -r copies directories") {
+		t.Fatalf("directory without -r: exit %d, %q", code, errs)
+	}
+	mustRun(t, "cp", "-r", src, cl.ID+":/work/tree")
+	if out := mustRun(t, "cp", cl.ID+":/work/tree/sub/leaf.txt", "-"); out != "leaf" {
+		t.Fatalf("a copied tree's file reads %q", out)
+	}
+	back := t.TempDir()
+	if code, _, errs := sbx("cp", cl.ID+":/work/tree", back); code != 2 || !strings.Contains(errs, "cp -r copies directories") {
+		t.Fatalf("guest directory without -r: exit %d, %q", code, errs)
+	}
+	code, _, errs := sbx("cp", "-r", "-q", cl.ID+":/work/tree", back)
+	if code != 0 || errs != "" {
+		t.Fatalf("cp -r -q back: exit %d, %q", code, errs)
+	}
+	for name, data := range files {
+		if got, err := os.ReadFile(filepath.Join(back, "tree", name)); err != nil || string(got) != data {
+			t.Fatalf("%s copied back: %q, %v", name, got, err)
+		}
+	}
+}

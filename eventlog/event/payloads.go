@@ -146,6 +146,9 @@ type VMCloneRequested struct {
 	RunDir   string  `json:"run_dir"`
 	Claim    string  `json:"claim,omitempty"`
 	Cold     bool    `json:"cold,omitempty"`
+	// Checkpoint names the checkpoint the VM is cloned from instead of its
+	// pool's golden (a claim from a checkpoint, a fork's child).
+	Checkpoint string `json:"checkpoint,omitempty"`
 }
 
 // VMCloned: the VM is running (restored and ready, or cold booted).
@@ -229,6 +232,13 @@ type ClaimCreated struct {
 	NoEgress    bool              `json:"no_egress,omitempty"`
 	PolicyLayer string            `json:"policy_layer,omitempty"`
 	Env         []EnvEntry        `json:"env,omitempty"`
+	// FromCheckpoint: the claim is branched from that checkpoint; Fork:
+	// it is a child of the fork whose source checkpoint that is (its
+	// siblings live or fail with it). Both optional.
+	FromCheckpoint string `json:"from_checkpoint,omitempty"`
+	Fork           string `json:"fork,omitempty"`
+	// Volumes are the claim's volumes (volumes.go), attached once it runs.
+	Volumes []ClaimVolume `json:"volumes,omitempty"`
 }
 
 // ClaimServed: a pending claim's VM is ready; the claim runs.

@@ -82,6 +82,31 @@ const (
 	TypeEgressClassRemoved Type = 39
 	TypeClaimEnvChanged    Type = 40
 	TypeEgressUsage        Type = 41
+
+	// Checkpoints: a claim's memory and disk captured into the store under
+	// an id (a fork's children are cloned from one), claimable, and
+	// deleted once nothing clones from them.
+	TypeCheckpointRequested       Type = 42
+	TypeCheckpointTaken           Type = 43
+	TypeCheckpointFailed          Type = 44
+	TypeCheckpointDeleteRequested Type = 45
+	TypeCheckpointDeleted         Type = 46
+	// The snapshot store (store.go): promoted templates, their labels and
+	// deletion, and the collection of unreferenced snapshot dirs.
+	TypePromoteRequested  Type = 47
+	TypePromoted          Type = 48
+	TypePromoteFailed     Type = 49
+	TypeTemplateDeleted   Type = 50
+	TypeTemplateLabelsSet Type = 51
+	TypeSnapshotCollected Type = 52
+	// Volumes (volumes.go): the catalog and a claim's attachments.
+	TypeVolumesConfigured     Type = 53
+	TypeVolumeAttachRequested Type = 54
+	TypeVolumeAttached        Type = 55
+	TypeVolumeAttachFailed    Type = 56
+	TypeVolumeDetachRequested Type = 57
+	TypeVolumeDetached        Type = 58
+	TypeVolumeDetachFailed    Type = 59
 )
 
 // AggKind is the kind of aggregate an event belongs to.
@@ -97,6 +122,12 @@ const (
 	AggClaim   AggKind = 5
 	AggTenant  AggKind = 6
 	AggEgress  AggKind = 7 // an egress class
+
+	// A checkpoint (fsm/checkpoint.go).
+	AggCheckpoint AggKind = 8
+	// A snapshot dir in the store (its id is the dir, relative to the
+	// store).
+	AggStore AggKind = 9
 )
 
 type typeInfo struct {
@@ -149,6 +180,30 @@ var typeInfos = map[Type]typeInfo{
 	TypeEgressClassRemoved:   {"egress_class_removed", 1, AggEgress},
 	TypeClaimEnvChanged:      {"claim_env_changed", 1, AggClaim},
 	TypeEgressUsage:          {"egress_usage", 1, AggClaim},
+
+	// Checkpoints.
+	TypeCheckpointRequested:       {"checkpoint_requested", 1, AggCheckpoint},
+	TypeCheckpointTaken:           {"checkpoint_taken", 1, AggCheckpoint},
+	TypeCheckpointFailed:          {"checkpoint_failed", 1, AggCheckpoint},
+	TypeCheckpointDeleteRequested: {"checkpoint_delete_requested", 1, AggCheckpoint},
+	TypeCheckpointDeleted:         {"checkpoint_deleted", 1, AggCheckpoint},
+
+	// The snapshot store.
+	TypePromoteRequested:  {"promote_requested", 1, AggClaim},
+	TypePromoted:          {"promoted", 1, AggClaim},
+	TypePromoteFailed:     {"promote_failed", 1, AggClaim},
+	TypeTemplateDeleted:   {"template_deleted", 1, AggGolden},
+	TypeTemplateLabelsSet: {"template_labels_set", 1, AggGolden},
+	TypeSnapshotCollected: {"snapshot_collected", 1, AggStore},
+
+	// Volumes.
+	TypeVolumesConfigured:     {"volumes_configured", 1, AggNode},
+	TypeVolumeAttachRequested: {"volume_attach_requested", 1, AggClaim},
+	TypeVolumeAttached:        {"volume_attached", 1, AggClaim},
+	TypeVolumeAttachFailed:    {"volume_attach_failed", 1, AggClaim},
+	TypeVolumeDetachRequested: {"volume_detach_requested", 1, AggClaim},
+	TypeVolumeDetached:        {"volume_detached", 1, AggClaim},
+	TypeVolumeDetachFailed:    {"volume_detach_failed", 1, AggClaim},
 }
 
 // Known reports whether this build can read events of type t.
@@ -188,7 +243,7 @@ func Types() []Type {
 	return out
 }
 
-var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant", AggEgress: "egress"}
+var aggNames = [...]string{AggInvalid: "invalid", AggNode: "node", AggPool: "pool", AggGolden: "golden", AggVM: "vm", AggClaim: "claim", AggTenant: "tenant", AggEgress: "egress", AggCheckpoint: "checkpoint", AggStore: "store"}
 
 // String returns the aggregate kind's stable name.
 func (k AggKind) String() string {

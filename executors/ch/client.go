@@ -188,6 +188,20 @@ func (c *Client) AddNet(ctx context.Context, nc NetConfig) (*PciDeviceInfo, erro
 	return &out, nil
 }
 
+// AddDisk calls vm.add-disk: a hot-plug into a booted VM answers the
+// device (a cold add to a created one answers nothing: nil). A duplicate
+// id or path fails with a 409.
+func (c *Client) AddDisk(ctx context.Context, dc DiskConfig) (*PciDeviceInfo, error) {
+	var out PciDeviceInfo
+	if err := c.do(ctx, "vm.add-disk", http.MethodPut, dc, &out, c.timeouts.Call); err != nil {
+		return nil, err
+	}
+	if out.ID == "" {
+		return nil, nil
+	}
+	return &out, nil
+}
+
 // RemoveDevice calls vm.remove-device. An unknown id fails with a 404.
 func (c *Client) RemoveDevice(ctx context.Context, id string) error {
 	body := struct {

@@ -228,6 +228,10 @@ func TestClientAgainstSpec(t *testing.T) {
 	c := ch.New(proxy)
 
 	kernel, disk := guestFiles(t, dir)
+	volume := filepath.Join(dir, "volume.img")
+	if err := os.WriteFile(volume, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cfg := ch.NewConfig(ch.Payload{Kernel: kernel, Cmdline: "console=ttyS0"}, 1, 64<<20)
 	cfg.AddDisk(disk)
 	cfg.SetVsock(3, filepath.Join(dir, "vsock.sock"))
@@ -268,6 +272,20 @@ func TestClientAgainstSpec(t *testing.T) {
 		{"AddNet", func() error { _, err := c.AddNet(ctx, ch.NetConfig{Tap: "sbxtap9", ID: "net9"}); return err }, ch.IsConflict},
 		{"RemoveDevice", func() error { return c.RemoveDevice(ctx, "net9") }, nil},
 		{"RemoveDevice", func() error { return c.RemoveDevice(ctx, "net9") }, ch.IsNotFound},
+		// A volume: hot-plugged read-only with its serial, a second add of
+		// the same id or path refused, then removed.
+		{"AddDisk", func() error {
+			pci, err := c.AddDisk(ctx, ch.DiskConfig{Path: volume, Readonly: true, Serial: "dataset", ID: "vol-dataset"})
+			if err == nil && (pci == nil || pci.ID != "vol-dataset") {
+				return errors.New("hot add answered no PCI info")
+			}
+			return err
+		}, nil},
+		{"AddDisk", func() error {
+			_, err := c.AddDisk(ctx, ch.DiskConfig{Path: volume, Readonly: true, ID: "vol-other"})
+			return err
+		}, ch.IsConflict},
+		{"RemoveDevice", func() error { return c.RemoveDevice(ctx, "vol-dataset") }, nil},
 		{"Resize", func() error { return c.Resize(ctx, ch.ResizeBalloon(8<<20)) }, nil},
 		{"Snapshot", func() error { return c.Snapshot(ctx, snapURL) }, ch.IsInvalidState},
 		{"Pause", func() error { return c.Pause(ctx) }, nil},

@@ -83,6 +83,16 @@ type NetConfig struct {
 	ID        string `json:"id,omitempty"`
 }
 
+// DiskConfig is the body of vm.add-disk (the fields this project sets; CH
+// has more): a volume's backing file, read-only unless a claim asked for
+// it read-write, with its name as the virtio serial the guest finds it by.
+type DiskConfig struct {
+	Path     string `json:"path"`
+	Readonly bool   `json:"readonly,omitempty"`
+	Serial   string `json:"serial,omitempty"`
+	ID       string `json:"id,omitempty"`
+}
+
 // PciDeviceInfo is what a hot-plug answers with.
 type PciDeviceInfo struct {
 	ID  string `json:"id"`

@@ -8,7 +8,6 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
-	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/templates"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -28,7 +27,7 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 	if in.GoldenDir == "" {
 		return executors.Result{}, executors.Unrecoverablef("clone %s: no golden to clone from", in.VM)
 	}
-	src, err := d.roots.SnapshotIn(layout.GoldenStore, in.GoldenDir)
+	src, err := d.roots.CloneSource(in.GoldenDir)
 	if err != nil {
 		return executors.Result{}, err
 	}

@@ -193,7 +193,7 @@ func (h *harness) seed(rel string) string {
 func stepsOf(t *testing.T, run func(h *harness) executors.Result) []string {
 	t.Helper()
 	h := newHarness(t, "")
-	return stepNames(run(h).Report)
+	return recipeSteps(run(h).Report)
 }
 
 // scenarios lists (mode, step) pairs; kill only where a VMM exists.

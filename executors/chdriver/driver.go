@@ -244,7 +244,7 @@ type PrepareReport struct {
 // copy fallback is logged.
 func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	var rep PrepareReport
-	if err := d.roots.Make(d.instance, layout.GoldenStore, layout.HibernateStore); err != nil {
+	if err := d.roots.Make(d.instance, layout.GoldenStore, layout.HibernateStore, layout.CheckpointStore); err != nil {
 		return rep, fmt.Errorf("chdriver: %w", err)
 	}
 	// vsock.sock is longer than vmm's api.sock, and its proxy doors

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
@@ -68,7 +69,7 @@ func (d *Driver) BuildGolden(ctx context.Context, in fsm.BuildGolden) (executors
 		}
 		return fail(err)
 	}
-	mode, err := d.snapshotInto(r, api, proc, runDir, final, Meta{Kind: fsm.KindGolden, Op: in.OpID.String(), Key: in.Key})
+	mode, err := d.snapshotInto(r, api, proc, runDir, final, Meta{Kind: fsm.KindGolden, Op: in.OpID.String(), Key: in.Key}, false, time.Time{})
 	if err != nil {
 		if executors.IsLost(err) {
 			// Lost means nothing for a golden: the build is simply redone.

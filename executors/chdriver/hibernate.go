@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/layout"
@@ -33,38 +34,14 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 		return res, err
 	}
 
-	proc, err := d.attach(ctx, runDir, in.VM)
-	if proc == nil {
-		if err != nil {
-			return executors.Result{}, fmt.Errorf("hibernate %s: %w", in.VM, err)
-		}
-		return executors.Result{}, executors.Lostf("hibernate %s: no VMM runs in %s and no snapshot was taken", in.VM, runDir)
-	}
-	api := d.api(runDir)
-	// gone reports whether the VMM died, which makes the VM lost: its
-	// memory existed nowhere else.
-	gone := func(err error) error {
-		if vmmDied(proc, err) {
-			return &executors.Unrecoverable{Err: err, Lost: true}
-		}
-		return err
-	}
-
-	info, err := r.info(api)
+	proc, api, info, gone, err := d.liveVM(r, "hibernate", in.VM, runDir)
 	if err != nil {
-		return executors.Result{}, gone(err)
-	}
-	if info.State != ch.StateRunning && info.State != ch.StatePaused {
-		return executors.Result{}, executors.Lostf("hibernate %s: VM is %s", in.VM, info.State)
+		return executors.Result{}, err
 	}
 	if err := r.step(StepBalloon, func() error { return d.settleBalloon(r.ctx, api, info, r.log) }); err != nil {
 		return executors.Result{}, gone(err)
 	}
-	if err := r.step(StepPause, func() error { return api.Pause(r.ctx) }); err != nil {
-		return executors.Result{}, d.resumeAfter(r, api, proc, "", gone(err))
-	}
-	k := in.Key
-	copyMode, err := d.snapshotInto(r, api, proc, runDir, final, Meta{Kind: fsm.KindHibernate, Op: in.OpID.String(), VM: in.VM, Key: k})
+	copyMode, err := d.pauseSnapshot(r, api, proc, gone, runDir, final, Meta{Kind: fsm.KindHibernate, Op: in.OpID.String(), VM: in.VM, Key: in.Key}, false)
 	if err != nil {
 		return executors.Result{}, d.afterSnapshot(r, api, proc, rel, err)
 	}
@@ -74,6 +51,34 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	res := r.result(rel)
 	res.Report.CopyMode = copyMode
 	return res, nil
+}
+
+// liveVM attaches to the VMM of vm in runDir for a recipe that snapshots
+// it (verb, for errors) and reads its vm.info, which must say running or
+// paused. gone classifies a later error: a VMM that died makes the VM lost,
+// as its memory existed nowhere else.
+func (d *Driver) liveVM(r *run, verb, vm, runDir string) (proc *vmm.Process, api API, info *ch.VmInfo, gone func(error) error, err error) {
+	proc, err = d.attach(r.ctx, runDir, vm)
+	if proc == nil {
+		if err != nil {
+			return nil, nil, nil, nil, fmt.Errorf("%s %s: %w", verb, vm, err)
+		}
+		return nil, nil, nil, nil, executors.Lostf("%s %s: no VMM runs in %s and no snapshot was taken", verb, vm, runDir)
+	}
+	api = d.api(runDir)
+	gone = func(err error) error {
+		if vmmDied(proc, err) {
+			return &executors.Unrecoverable{Err: err, Lost: true}
+		}
+		return err
+	}
+	if info, err = r.info(api); err != nil {
+		return nil, nil, nil, nil, gone(err)
+	}
+	if info.State != ch.StateRunning && info.State != ch.StatePaused {
+		return nil, nil, nil, nil, executors.Lostf("%s %s: VM is %s", verb, vm, info.State)
+	}
+	return proc, api, info, gone, nil
 }
 
 // afterSnapshot is the rollback of a hibernate that failed once its
@@ -154,24 +159,74 @@ func (d *Driver) resumeAfter(r *run, api API, proc *vmm.Process, tmp string, cau
 	return cause
 }
 
+// pauseSnapshot is the step sequence of every snapshot of a live VM
+// (hibernate, checkpoint, promote): vm.pause, then snapshotInto. gone
+// classifies a failed pause (liveVM's).
+func (d *Driver) pauseSnapshot(r *run, api API, proc *vmm.Process, gone func(error) error, runDir, final string, m Meta, runOn bool) (string, error) {
+	paused := d.now()
+	if err := r.step(StepPause, func() error { return api.Pause(r.ctx) }); err != nil {
+		return "", d.resumeAfter(r, api, proc, "", gone(err))
+	}
+	return d.snapshotInto(r, api, proc, runDir, final, m, runOn, paused)
+}
+
 // snapshotInto snapshots the paused VM into final by way of a temp dir in
-// the store: vm.snapshot, FICLONE cow.raw, SyncTree, meta.json, rename,
-// SyncTree. Before the rename a failure rolls back (temp dir removed, VM
-// resumed); after it the snapshot stands. It returns the copy mode.
-func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final string, m Meta) (string, error) {
+// the store: vm.snapshot, FICLONE cow.raw (captureInto), then SyncTree,
+// meta.json, rename, SyncTree (publish). Before the rename a failure rolls
+// back (temp dir removed, VM resumed); after it the snapshot stands. It
+// returns the copy mode.
+//
+// runOn is for a VM that runs on (checkpoint, promote): it is resumed as
+// soon as its memory and disk are in the temp dir, so the pause window
+// (reported as StepPauseWindow, from paused to the end of vm.resume) holds
+// only what needs the VM still, and the files are made durable while it
+// runs. A failure after the resume rolls back to nothing: the temp dir, or
+// past the rename the snapshot, is removed (the failure is reported, so
+// nothing will reference it).
+func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final string, m Meta, runOn bool, paused time.Time) (string, error) {
 	var tmp string
-	fail := func(err error) (string, error) {
+	fail := func(err error) error {
 		if vmmDied(proc, err) {
 			err = &executors.Unrecoverable{Err: err, Lost: true}
 		}
-		return "", d.resumeAfter(r, api, proc, tmp, err)
+		return d.resumeAfter(r, api, proc, tmp, err)
 	}
+	tmp, mode, err := d.captureInto(r, api, runDir, string(m.Kind))
+	if err != nil {
+		return "", fail(err)
+	}
+	if runOn {
+		// The snapshot's files are complete and the disk cloned: what the VM
+		// does from here on is not in them.
+		if err := r.step(StepResume, func() error { return api.Resume(r.ctx) }); err != nil {
+			return "", fail(err)
+		}
+		r.rep.Steps = append(r.rep.Steps, event.Step{Name: StepPauseWindow, NS: int64(d.now().Sub(paused))})
+		fail = func(err error) error {
+			r.undo("undo_"+StepMkTemp, func(context.Context) error { return d.fs.RemoveAll(tmp) })
+			return err
+		}
+	}
+	if err := d.publish(r, tmp, final, m, mode, fail); err != nil {
+		if got, merr := ReadMeta(final); runOn && merr == nil && got.Op == r.op.String() {
+			r.undo("undo_"+StepRename, func(context.Context) error { return d.fs.RemoveAll(final) })
+		}
+		return "", err
+	}
+	return mode, nil
+}
+
+// captureInto is the part of a snapshot that needs the VM paused: a temp dir
+// in the store, vm.snapshot into it, FICLONE of cow.raw. It returns the temp
+// dir (set once made, even on error, for the caller's rollback) and the
+// copy mode.
+func (d *Driver) captureInto(r *run, api API, runDir, kind string) (tmp, mode string, err error) {
 	if err := r.step(StepMkTemp, func() error {
 		var err error
-		tmp, err = d.fs.MkTempDir(d.roots.Store, string(m.Kind))
+		tmp, err = d.fs.MkTempDir(d.roots.Store, kind)
 		return err
 	}); err != nil {
-		return fail(err)
+		return tmp, "", err
 	}
 	if err := r.step(StepSnapshot, func() error {
 		url, err := ch.FileURL(tmp)
@@ -180,22 +235,28 @@ func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final 
 		}
 		return api.Snapshot(r.ctx, url)
 	}); err != nil {
-		return fail(err)
+		return tmp, "", err
 	}
-	var mode string
-	if err := r.step(StepCloneDisk, func() error {
+	err = r.step(StepCloneDisk, func() error {
 		res, err := d.fs.Clone(filepath.Join(tmp, DiskFile), filepath.Join(runDir, DiskFile))
 		r.noteClone(res.Method)
 		mode = res.Method.String()
 		return err
-	}); err != nil {
-		return fail(err)
-	}
+	})
+	return tmp, mode, err
+}
+
+// publish makes the snapshot assembled in tmp durable under final: SyncTree,
+// meta.json, rename, SyncTree. Before the rename a failure is handed to fail
+// (the caller's rollback, which removes tmp); after it the snapshot stands
+// and the error is returned as is.
+func (d *Driver) publish(r *run, tmp, final string, m Meta, mode string, fail func(error) error) error {
 	if err := r.step(StepSyncFiles, func() error { return d.fs.SyncTree(tmp) }); err != nil {
 		return fail(err)
 	}
 	if err := r.step(StepWriteMeta, func() error {
 		m.CreatedNS = d.now().UnixNano()
+		m.Instance = d.instance
 		m.CopyMode = mode
 		m.Hypervisor = d.hv
 		data, err := buildMeta(tmp, m)
@@ -212,10 +273,7 @@ func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final 
 		r.undo("undo_"+StepRename, func(context.Context) error { return d.fs.RemoveAll(final) })
 		return fail(err)
 	}
-	if err := r.step(StepSyncTree, func() error { return d.fs.SyncTree(final) }); err != nil {
-		return "", err
-	}
-	return mode, nil
+	return r.step(StepSyncTree, func() error { return d.fs.SyncTree(final) })
 }
 
 // vmmDied reports whether err came from a VMM that has exited. A connection

@@ -35,13 +35,16 @@ type Meta struct {
 	Version int `json:"version"`
 	// Kind is the intent kind that made the snapshot: fsm.KindGolden or
 	// fsm.KindHibernate.
-	Kind       fsm.IntentKind `json:"kind"`
-	Op         string         `json:"op"`
-	VM         string         `json:"vm,omitempty"`
-	Key        event.PoolKey  `json:"key"`
-	CreatedNS  int64          `json:"created_ns"`
-	CopyMode   string         `json:"copy_mode"`
-	Hypervisor Hypervisor     `json:"hypervisor"`
+	Kind fsm.IntentKind `json:"kind"`
+	Op   string         `json:"op"`
+	// Instance is the sandboxd instance that made the snapshot: the
+	// start-up sweep removes only its own instance's (layout.ReadOwner).
+	Instance   string        `json:"instance,omitempty"`
+	VM         string        `json:"vm,omitempty"`
+	Key        event.PoolKey `json:"key"`
+	CreatedNS  int64         `json:"created_ns"`
+	CopyMode   string        `json:"copy_mode"`
+	Hypervisor Hypervisor    `json:"hypervisor"`
 	// Files lists the snapshot's files and their sizes, checked on read so
 	// that a damaged snapshot is refused before a VMM is started on it.
 	Files []MetaFileInfo `json:"files"`

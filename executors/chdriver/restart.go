@@ -51,6 +51,9 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 	}
 	if done {
 		d.openDoors(r, in.VM, runDir)
+		if err := d.reattachVolumes(r.ctx, in); err != nil {
+			return executors.Result{}, err
+		}
 		return r.result(""), nil
 	}
 	disk := filepath.Join(runDir, DiskFile)
@@ -85,6 +88,9 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 		return executors.Result{}, fmt.Errorf("restart %s: %w", in.VM, err)
 	}
 	d.openDoors(r, in.VM, runDir)
+	if err := d.reattachVolumes(r.ctx, in); err != nil {
+		return executors.Result{}, err
+	}
 	return r.result(""), nil
 }
 

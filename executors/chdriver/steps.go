@@ -55,6 +55,8 @@ const (
 	StepCreate         = "create"    // vm.create
 	StepBoot           = "boot"      // vm.boot
 	StepWarmup         = "warmup"
+	StepDigest         = "digest"  // a promoted template's content digest
+	StepDiscard        = "discard" // rename a collected snapshot to trash, remove it
 )
 
 // Category groups steps for the benchmark's split of an operation's time.
@@ -79,7 +81,7 @@ func StepCategory(step string) Category {
 		return CatVMM
 	case StepCloneDisk, StepCloneTemplate:
 		return CatClone
-	case StepSyncFiles, StepWriteMeta, StepRename, StepSyncTree:
+	case StepSyncFiles, StepWriteMeta, StepRename, StepSyncTree, StepDiscard:
 		return CatFsync
 	case StepProbe, StepWarmup:
 		return CatGuest

@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/egress/nft"
 	"github.com/sbxlog/sbxlog/executors/tap"
 	"github.com/sbxlog/sbxlog/fsm"
 )
@@ -86,7 +87,7 @@ func (n *nsTaps) links(t *testing.T) (names []string, masters map[string]string)
 	t.Helper()
 	masters = map[string]string{}
 	err := n.do(func() error {
-		ls, err := netlink.LinkList()
+		ls, err := nft.Dumped(netlink.LinkList)
 		if err != nil {
 			return err
 		}

@@ -1,7 +1,7 @@
 // Package layout is the data directory's layout, shared by every driver and
 // the start-up reconcile. Roots names its parts: <data>/run holds one run
 // dir per VM (an intent's RunDir is relative to it and led by the instance
-// id), <data>/store holds golden and hibernate snapshots (same filesystem as
+// id), <data>/store holds golden, hibernate and checkpoint snapshots (same filesystem as
 // the runs, so FICLONE and hard links work between them), <data>/templates
 // holds the templates golden builds and cold boots start from. Snapshot
 // dirs in results and intents are relative to the store.
@@ -43,6 +43,9 @@ const (
 	// kind is ever renamed.
 	GoldenStore    = "golden"
 	HibernateStore = "hibernate"
+	// CheckpointStore holds checkpoints (fsm.CaptureCheckpoint), named by
+	// their ids.
+	CheckpointStore = "checkpoint"
 	// GoldenRunPrefix starts the name of a golden build's run dir; the
 	// other run dirs under an instance are VM ids.
 	GoldenRunPrefix = "golden-"
@@ -57,6 +60,19 @@ func GoldenRel(k fsm.PoolKey, op event.OpID) string {
 // HibernateRel names a hibernate snapshot: the VM and the op id.
 func HibernateRel(vm string, op event.OpID) string {
 	return filepath.Join(HibernateStore, HibernatePrefix(vm)+op.String())
+}
+
+// CheckpointRel names a checkpoint in the store: its id (unique; the
+// capture's op is in its meta).
+func CheckpointRel(id string) string { return filepath.Join(CheckpointStore, slug(id)) }
+
+// CloneSource resolves a clone's snapshot dir: a golden or a checkpoint (a
+// clone never starts from a VM's hibernate snapshot).
+func (r Roots) CloneSource(rel string) (string, error) {
+	if strings.HasPrefix(rel, CheckpointStore+"/") {
+		return r.SnapshotIn(CheckpointStore, rel)
+	}
+	return r.SnapshotIn(GoldenStore, rel)
 }
 
 // HibernatePrefix starts the name (under HibernateStore) of every hibernate

@@ -134,6 +134,9 @@ func (d *Driver) Restart(ctx context.Context, in fsm.RestartVM) (executors.Resul
 	}
 	d.watch(runDir, r.PID)
 	d.openDoors(in.VM)
+	if err := d.reattachVolumes(ctx, runDir, in.Volumes); err != nil {
+		return executors.Result{}, fmt.Errorf("restart %s: %w", in.VM, err)
+	}
 	return executors.Result{Report: d.report(r)}, nil
 }
 

@@ -202,7 +202,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	log := cfg.Log.With().Str("component", "qemu").Logger()
 	q, err := NewRecipes(RecipesConfig{
-		QEMU: cfg.QEMU, Accel: cfg.Accel, FS: cfg.FS, Log: log, Now: cfg.Now,
+		QEMU: cfg.QEMU, Accel: cfg.Accel, FS: cfg.FS, Log: log, Now: cfg.Now, Instance: cfg.Instance,
 		BootTimeout: cfg.BootTimeout, ReadyTimeout: cfg.ReadyTimeout, StopGrace: cfg.StopGrace,
 	})
 	if err != nil {
@@ -241,8 +241,9 @@ type PrepareReport struct {
 // detects whether the store can reflink. A missing guest is only logged: BuildGolden reports it.
 func (d *Driver) Prepare(ctx context.Context) (PrepareReport, error) {
 	var rep PrepareReport
-	stores := []string{d.roots.Store, filepath.Join(d.roots.Store, layout.GoldenStore), filepath.Join(d.roots.Store, layout.HibernateStore)}
-	if err := d.roots.Make(d.instance, layout.GoldenStore, layout.HibernateStore); err != nil {
+	stores := []string{d.roots.Store, filepath.Join(d.roots.Store, layout.GoldenStore), filepath.Join(d.roots.Store, layout.HibernateStore),
+		filepath.Join(d.roots.Store, layout.CheckpointStore)}
+	if err := d.roots.Make(d.instance, layout.GoldenStore, layout.HibernateStore, layout.CheckpointStore); err != nil {
 		return rep, fmt.Errorf("qemu: %w", err)
 	}
 	// agent.sock is the longest socket name.

@@ -156,6 +156,45 @@ func TestSandboxdQEMU(t *testing.T) {
 		e.sameGuest(runDir, sum, before, "killed right after the wake")
 		e.release(c, runDir)
 	})
+
+	// Issue 24: promote a sandbox and claim from its new pool key (a clone
+	// of the promoted golden has the source's files); delete the template,
+	// and its golden is collected from the store.
+	t.Run("promote and delete the template", func(t *testing.T) {
+		e.t = t
+		c := e.claim()
+		runDir := e.runDir(c.VM)
+		sum := guestDo(t, e.ctx(), runDir, func(a *agent.Client) (string, error) { return a.Write(e.ctx(), 8<<20) })
+		pr, err := e.api.Promote(e.ctx(), c.ID, c.Token, "promoted")
+		e.check(err)
+		if pr.Key != (api.TemplateKey{Template: "promoted", Net: "none", Size: "small"}) || !strings.HasPrefix(pr.ContentDigest, "sha256:") {
+			t.Fatalf("promote answer %+v", pr)
+		}
+		if got := guestDo(t, e.ctx(), runDir, func(a *agent.Client) (string, error) { return a.Sha(e.ctx()) }); got != sum {
+			t.Fatalf("the promoted sandbox's data after the promote: %s, want %s", got, sum)
+		}
+		tc, err := e.api.Claim(e.ctx(), api.ClaimRequest{Template: "promoted", TTLSeconds: 3600})
+		e.check(err)
+		if tc.Tier != "clone" {
+			t.Fatalf("claim of the template: %+v, want a clone", tc)
+		}
+		tr := e.runDir(tc.VM)
+		if got := guestDo(t, e.ctx(), tr, func(a *agent.Client) (string, error) { return a.Sha(e.ctx()) }); got != sum {
+			t.Fatalf("the template's clone has %s, want the source's %s", got, sum)
+		}
+		e.release(tc, tr)
+		e.release(c, runDir)
+		e.check(e.api.DeleteTemplate(e.ctx(), pr.Key, pr.ContentDigest))
+		goldens := filepath.Join(data, "store", "golden")
+		if !eventually(60*time.Second, 20*time.Millisecond, func() bool {
+			st, err := e.api.Store(e.ctx())
+			e.check(err)
+			ents, _ := os.ReadDir(goldens)
+			return len(st.Snapshots) == 1 && len(ents) == 1 && filepath.Join("golden", ents[0].Name()) == st.Snapshots[0].Dir
+		}) {
+			t.Fatalf("the template's golden was not collected: %v", dirNames(goldens))
+		}
+	})
 	e.t = t
 	e.stop()
 }

@@ -64,7 +64,13 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 	if err != nil {
 		return executors.Result{}, err
 	}
-	if err := d.CheckPool(in.Key, in.Pooled); err != nil {
+	// A clone from a golden needs no template of its key's name (a
+	// promoted template's key names none), only the net; a cold boot both.
+	check := in.Key
+	if !in.Cold {
+		check.Template = ""
+	}
+	if err := d.checkPool(check); err != nil {
 		return executors.Result{}, executors.AsUnrecoverable(fmt.Errorf("clone %s: pool %s: %w", in.VM, in.Key, err))
 	}
 	var eg *EgressNet
@@ -88,7 +94,7 @@ func (d *Driver) Clone(ctx context.Context, in fsm.CloneVM) (executors.Result, e
 			d.dropEgress(ctx, in.VM)
 			return executors.Result{}, executors.Unrecoverablef("clone %s: no golden to clone from", in.VM)
 		}
-		golden, gerr := d.roots.SnapshotIn(layout.GoldenStore, in.GoldenDir)
+		golden, gerr := d.roots.CloneSource(in.GoldenDir)
 		if gerr != nil {
 			d.dropEgress(ctx, in.VM)
 			return executors.Result{}, gerr

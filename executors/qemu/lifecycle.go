@@ -138,14 +138,7 @@ func (q *Recipes) Golden(ctx context.Context, spec Spec, name string) (RecipeRes
 		return r, fmt.Errorf("qemu: golden: %w", err)
 	}
 	defer c.Close()
-	m, err := launchedMeta(spec.RunDir)
-	if err != nil {
-		q.abandon(pid, spec.RunDir)
-		return r, err
-	}
-	m.Source = sourceGolden
-	m.QEMUVersion = c.Version().String()
-	if err := q.snapshot(ctx, c, spec, name, m, &r); err != nil {
+	if err := q.snapshot(ctx, c, spec, name, sourceGolden, &r, nil); err != nil {
 		q.abandon(pid, spec.RunDir)
 		return r, err
 	}
@@ -172,8 +165,17 @@ func (q *Recipes) finish(ctx context.Context, c *qmp.Client, pid int, runDir str
 // fresh temp dir inside the store; clone RAM and disk next to it; meta.json;
 // SyncTree; rename into place. A failure
 // removes the temp dir, so no half snapshot is ever visible under name; resuming
-// the VM is the caller's decision.
-func (q *Recipes) snapshot(ctx context.Context, c *qmp.Client, spec Spec, name string, m Meta, r *RecipeResult) (err error) {
+// the VM is the caller's decision. cloned, when set, runs once RAM and disk
+// are cloned, before meta.json: what the VM does from then on is not in the
+// snapshot (SnapshotLive resumes it there). The snapshot's meta.json is the
+// VM's launch Meta with source (sourceGolden, ...) and this QEMU's version.
+func (q *Recipes) snapshot(ctx context.Context, c *qmp.Client, spec Spec, name, source string, r *RecipeResult, cloned func(t *timer) error) (err error) {
+	m, err := launchedMeta(spec.RunDir)
+	if err != nil {
+		return err
+	}
+	m.Source = source
+	m.QEMUVersion = c.Version().String()
 	t := q.timer(r)
 	// QEMU refuses to migrate a VM again from postmigrate (where a hibernate cut
 	// short after its migration leaves it); running it for a moment first is as if
@@ -220,8 +222,14 @@ func (q *Recipes) snapshot(ctx context.Context, c *qmp.Client, spec Spec, name s
 		r.addClone(res)
 	}
 	t.mark(StepClone)
+	if cloned != nil {
+		if err := cloned(t); err != nil {
+			return err
+		}
+	}
 
 	m.Created = q.now().UTC()
+	m.Instance = q.instance
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err
@@ -369,14 +377,7 @@ func (q *Recipes) Hibernate(ctx context.Context, spec Spec, name string) (Recipe
 	if err != nil {
 		return r, fmt.Errorf("qemu: hibernate: %w", err)
 	}
-	m, err := launchedMeta(spec.RunDir)
-	if err != nil {
-		return r, err
-	}
-	m.StateBytes, m.Created = 0, time.Time{}
-	m.Source = sourceHibernate
-	m.QEMUVersion = c.Version().String()
-	if err := q.snapshot(ctx, c, spec, name, m, &r); err != nil {
+	if err := q.snapshot(ctx, c, spec, name, sourceHibernate, &r, nil); err != nil {
 		// Postmigrate: an earlier hibernate stopped it, and snapshot ran it again.
 		if st.Running || st.Status == "postmigrate" {
 			rctx, cancel := context.WithTimeout(context.Background(), q.stopGrace)

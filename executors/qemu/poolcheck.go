@@ -11,10 +11,19 @@ import (
 // and an egress net needs the bridge (Config.Egress). pooled changes
 // nothing here: this driver makes no template up.
 func (d *Driver) CheckPool(k fsm.PoolKey, _ bool) error {
+	if k.Template == "" {
+		return d.unknownTemplate(k.Template)
+	}
+	return d.checkPool(k)
+}
+
+// checkPool is CheckPool that checks only the net when k names no
+// template (a clone from a golden).
+func (d *Driver) checkPool(k fsm.PoolKey) error {
 	if k.Net == NetEgress && (d.egress == nil || d.egress.Lane == nil) {
 		return executors.ErrNoBridge
 	}
-	if _, ok := d.templates[k.Template]; !ok {
+	if _, ok := d.templates[k.Template]; !ok && k.Template != "" {
 		return d.unknownTemplate(k.Template)
 	}
 	return nil

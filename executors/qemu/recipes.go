@@ -42,6 +42,10 @@ type RecipesConfig struct {
 	// StopGrace is how long each of quit, SIGTERM and SIGKILL is given (default 5 s).
 	StopGrace time.Duration
 
+	// Instance is recorded in every snapshot's meta.json, so a start-up
+	// sweep removes only its own instance's snapshots.
+	Instance string
+
 	// ProbeTimeout bounds AccelAuto's KVM probe boot (default 10 s). Nested KVM
 	// can hang forever, so the probe must give up fast and fall back to TCG.
 	ProbeTimeout time.Duration
@@ -58,6 +62,7 @@ type RecipesConfig struct {
 // overlap (the state machine serialises them, through Driver).
 type Recipes struct {
 	qemu, machine string
+	instance      string
 	fs            fsx.FS
 	log           zerolog.Logger
 	now           func() time.Time
@@ -92,6 +97,7 @@ func NewRecipes(cfg RecipesConfig) (*Recipes, error) {
 	q := &Recipes{
 		qemu:           or(cfg.QEMU, "qemu-system-x86_64"),
 		machine:        or(cfg.Machine, "pc"),
+		instance:       cfg.Instance,
 		fs:             cfg.FS,
 		log:            cfg.Log,
 		now:            cfg.Now,

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -172,7 +173,7 @@ func TestReadMeta(t *testing.T) {
 			}
 			m, err := ReadMeta(dir)
 			switch {
-			case tc.want == nil && (err != nil || m != good):
+			case tc.want == nil && (err != nil || !reflect.DeepEqual(m, good)):
 				t.Fatalf("ReadMeta = %+v, %v", m, err)
 			case tc.want == errAny && err == nil:
 				t.Fatalf("ReadMeta accepted %s", tc.name)

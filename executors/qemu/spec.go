@@ -168,6 +168,8 @@ func validateName(name string) error {
 const (
 	sourceGolden    = "golden"
 	sourceHibernate = "hibernate"
+	// sourceCheckpoint: checkpoint.go.
+	sourcePromote = "promote"
 )
 
 // MetaFormat is the version of meta.json this package writes and reads.
@@ -175,8 +177,11 @@ const MetaFormat = 1
 
 // Meta is a snapshot's meta.json: what a restore needs to start a matching machine.
 type Meta struct {
-	Format      int    `json:"format"`
-	Source      string `json:"source"` // sourceGolden or sourceHibernate
+	Format int    `json:"format"`
+	Source string `json:"source"` // sourceGolden, sourceHibernate, sourceCheckpoint or sourcePromote
+	// Instance is the sandboxd instance that made the snapshot
+	// (layout.ReadOwner).
+	Instance    string `json:"instance,omitempty"`
 	QEMUVersion string `json:"qemu_version"`
 	Machine     string `json:"machine"`
 	Accel       Accel  `json:"accel"`
@@ -194,6 +199,9 @@ type Meta struct {
 	// PCI slot, so a restore must give it one too (on the VM's tap, or
 	// without a backend).
 	EgressNIC bool `json:"egress_nic,omitempty"`
+	// Volumes are the attached volumes (volumes.go): a restore launches
+	// the machine with the same disks at the same slots.
+	Volumes []MetaVolume `json:"volumes,omitempty"`
 	// StateBytes is the size of the migration stream (device state plus the RAM
 	// that is not in the shared RAM file: firmware and option ROMs).
 	StateBytes int64     `json:"state_bytes"`
@@ -265,6 +273,7 @@ func cmdline(runDir string, m Meta, incoming bool) []string {
 			"-drive", fmt.Sprintf("file=%s,format=qcow2,if=none,id=disk0", escape(filepath.Join(runDir, FileDisk))),
 			"-device", "virtio-blk-pci,drive=disk0")
 	}
+	args = append(args, volumeArgs(m.Volumes)...)
 	if incoming {
 		// -S as well: after the state is loaded the VM stays paused until cont, so
 		// the driver decides when the guest runs again.

@@ -47,6 +47,10 @@
 //     that of a VM lost after its snapshot stood. A hibernated or waking
 //     VM's snapshot and an in-flight hibernate's are kept, and so are the
 //     snapshots of VMs the state gives another instance id.
+//  7. Other entries of the store's snapshot directories (goldens, promoted
+//     templates) that no state record references and no intent in flight is
+//     making are removed, if their meta.json names this instance; those of
+//     other instances, or of none, are kept and reported.
 //
 // Ownership is explicit: only <runs>/<instance>/ is read or changed, and
 // only processes whose socket lies under it are signalled. Run dirs of other
@@ -66,6 +70,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +78,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -195,6 +201,9 @@ type Report struct {
 	// Foreign lists the entries of the runs root that belong to other
 	// instance ids (left alone).
 	Foreign []string
+	// Store is what step 7 found in the store: the entries removed, and
+	// those another instance (or none known) made, kept.
+	Store layout.StoreSweep
 	// Egress is what step 2 found of the egress taps' locks.
 	Egress  EgressReport
 	Elapsed time.Duration
@@ -222,12 +231,19 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 
 	var vms []vmInfo
 	goldens := map[string]bool{}
+	// What the store must keep: every snapshot dir the state references,
+	// and what an intent in flight may have made already (by its op).
+	refs, ops := map[string]bool{}, map[string]bool{}
 	opt.View(func(st *fsm.State) {
+		for _, r := range st.SnapshotRefs() {
+			refs[r.Dir] = true
+		}
 		for _, id := range st.VMIDs() {
 			v, _ := st.VM(id)
 			vms = append(vms, vmInfo{id: v.ID, runDir: v.RunDir, instance: v.Instance, snapshotDir: v.SnapshotDir, key: v.Key, status: v.Status, op: v.Op})
 		}
 		for _, in := range fsm.Intents(st) {
+			ops[in.IntentOp().String()] = true
 			if g, ok := in.(fsm.BuildGolden); ok {
 				goldens[d.GoldenRunDir(g.OpID)] = true
 			}
@@ -348,12 +364,45 @@ func Run(ctx context.Context, opt Options) (Report, error) {
 	if sw, ok := d.(SnapshotSweeper); ok {
 		rep.Snapshots = sweepSnapshots(ctx, sw, vms, inst, log)
 	}
+	// 7. Other store entries of this instance nothing references.
+	if sw, ok := d.(StoreSweeper); ok {
+		rep.Store = sweepStore(ctx, sw, refs, ops, log)
+	}
 	rep.Elapsed = time.Since(start)
 	log.Info().Int("adopted", rep.Adopted).Int("exited", len(rep.Exited)).Int("in_flight", rep.InFlight).
 		Int("removed", len(rep.Removed)).Int("orphans_killed", len(rep.Orphans)).
 		Int("egress_locks_kept", rep.Egress.Kept).Int("egress_locks_repaired", len(rep.Egress.Repaired)).Int("egress_locks_removed", len(rep.Egress.Removed)).Strs("egress_lock_failed", rep.Egress.Failed).Int("stale_snapshots", len(rep.Snapshots)).Strs("foreign_instances", rep.Foreign).
 		Dur("elapsed", rep.Elapsed).Msg("start-up reconcile done")
 	return rep, nil
+}
+
+// StoreSweeper is implemented by drivers that can remove the store
+// entries nothing references (step 7 of Run; skipped otherwise).
+type StoreSweeper interface {
+	// SweepStore discards the entries of this instance keep does not keep
+	// (keep: referenced by the state, or made by an intent in flight, by
+	// its meta.json's op) and reports them with the entries it left to
+	// other instances (layout.UnreferencedSnapshots).
+	SweepStore(ctx context.Context, keep func(rel, op string) bool) (layout.StoreSweep, error)
+}
+
+func sweepStore(ctx context.Context, sw StoreSweeper, refs, ops map[string]bool, log zerolog.Logger) layout.StoreSweep {
+	// Store names end in "-<op>" (layout.GoldenRel), so an in-flight
+	// intent's snapshot is known by its name too, whatever its meta says.
+	rep, err := sw.SweepStore(ctx, func(rel, op string) bool {
+		base := filepath.Base(rel)
+		return refs[rel] || op != "" && ops[op] || ops[base[strings.LastIndexByte(base, '-')+1:]]
+	})
+	if err != nil {
+		log.Error().Err(err).Msg("could not sweep the store")
+	}
+	for _, rel := range rep.Stale {
+		log.Info().Str("snapshot", rel).Msg("removed a store entry no state references")
+	}
+	if len(rep.Foreign)+len(rep.Unknown) > 0 {
+		log.Info().Strs("foreign", rep.Foreign).Strs("unknown_owner", rep.Unknown).Msg("store entries of other instances kept")
+	}
+	return rep
 }
 
 func sweepSnapshots(ctx context.Context, sw SnapshotSweeper, vms []vmInfo, inst string, log zerolog.Logger) []string {

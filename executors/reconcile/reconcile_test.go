@@ -15,6 +15,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors/ch/chsimbin"
+	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -34,12 +35,22 @@ type fakeDriver struct {
 	removed []string
 	keep    map[string][]string
 	foreign map[string]bool
+	// storeKeep is what step 7 asked the driver to keep.
+	storeKeep func(rel, op string) bool
 }
 
 var (
 	_ Driver          = (*fakeDriver)(nil)
 	_ SnapshotSweeper = (*fakeDriver)(nil)
+	_ StoreSweeper    = (*fakeDriver)(nil)
 )
+
+func (f *fakeDriver) SweepStore(_ context.Context, keep func(rel, op string) bool) (layout.StoreSweep, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.storeKeep = keep
+	return layout.StoreSweep{Stale: []string{"golden/stale"}, Foreign: []string{"golden/other"}}, nil
+}
 
 func (f *fakeDriver) Instance() string     { return filepath.Base(f.root) }
 func (f *fakeDriver) VMMBinary() string    { return f.bin }
@@ -282,6 +293,28 @@ func TestRun(t *testing.T) {
 	}
 	if !slices.Equal(rep.Snapshots, []string{"hibernate/stale"}) {
 		t.Fatalf("report snapshots %v", rep.Snapshots)
+	}
+	// Step 7 keeps every dir the state references and what an intent in
+	// flight makes (by its meta.json's op or the op its name ends in);
+	// nothing else.
+	var refs []fsm.SnapshotRef
+	w.e.View(func(st *fsm.State) { refs = st.SnapshotRefs() })
+	if len(refs) == 0 {
+		t.Fatal("the world references no snapshot")
+	}
+	for _, r := range refs {
+		if !d.storeKeep(r.Dir, "") {
+			t.Errorf("step 7 would remove %s (%s %s)", r.Dir, r.Kind, r.Owner)
+		}
+	}
+	if !d.storeKeep("golden/x-"+w.golden.String(), "") || !d.storeKeep("golden/y", hibingOp) {
+		t.Error("step 7 would remove an in-flight intent's snapshot")
+	}
+	if d.storeKeep("golden/unreferenced", "") || d.storeKeep("golden/z", event.OpIDFromUint(7, 7).String()) {
+		t.Error("step 7 keeps what nothing references")
+	}
+	if !slices.Equal(rep.Store.Stale, []string{"golden/stale"}) || !slices.Equal(rep.Store.Foreign, []string{"golden/other"}) {
+		t.Fatalf("report store %+v", rep.Store)
 	}
 	for _, n := range []string{w.warm, w.hibing, w.clon, goldenDir, "../i-other/vm-x"} {
 		if _, err := os.Stat(filepath.Join(root, n)); err != nil {

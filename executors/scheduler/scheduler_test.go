@@ -57,7 +57,25 @@ func (f *fakeDriver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executo
 func (f *fakeDriver) Wake(ctx context.Context, in fsm.WakeVM) (executors.Result, error) {
 	return f.do(ctx, in)
 }
+func (f *fakeDriver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) CollectSnapshot(ctx context.Context, in fsm.CollectSnapshot) (executors.Result, error) {
+	return f.do(ctx, in)
+}
 func (f *fakeDriver) Destroy(ctx context.Context, in fsm.DestroyVM) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) RemoveCheckpoint(ctx context.Context, in fsm.RemoveCheckpoint) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) AttachVolume(ctx context.Context, in fsm.AttachVolume) (executors.Result, error) {
+	return f.do(ctx, in)
+}
+func (f *fakeDriver) DetachVolume(ctx context.Context, in fsm.DetachVolume) (executors.Result, error) {
 	return f.do(ctx, in)
 }
 
@@ -236,10 +254,20 @@ func TestSchedulerResultCommands(t *testing.T) {
 		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, nil, "fsm.WakeDone", ""},
 		{fsm.WakeVM{OpID: nextOp(), VM: "vm-w"}, executors.Unrecoverablef("bad"), "fsm.WakeFailed", "bad"},
 		{fsm.DestroyVM{OpID: nextOp(), VM: "vm-d"}, nil, "fsm.VMDestroyed", ""},
+		{fsm.CaptureCheckpoint{OpID: nextOp(), VM: "vm-k", Checkpoint: "ck_k"}, nil, "fsm.CheckpointTaken", ""},
+		{fsm.CaptureCheckpoint{OpID: nextOp(), VM: "vm-k", Checkpoint: "ck_k"}, &executors.Unrecoverable{Err: lost, Lost: true}, "fsm.CheckpointFailed lost", "gone"},
+		{fsm.RemoveCheckpoint{OpID: nextOp(), Checkpoint: "ck_k"}, nil, "fsm.CheckpointRemoved", ""},
+		{fsm.PromoteVM{OpID: nextOp(), VM: "vm-p"}, nil, "fsm.PromoteDone", ""},
+		{fsm.PromoteVM{OpID: nextOp(), VM: "vm-p"}, &executors.Unrecoverable{Err: lost, Lost: true}, "fsm.PromoteFailed lost", "gone"},
+		{fsm.CollectSnapshot{OpID: nextOp(), Dir: "golden/old"}, nil, "fsm.SnapshotCollected", ""},
+		{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, nil, "fsm.VolumeAttachDone", ""},
+		{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, executors.Unrecoverablef("no such file"), "fsm.VolumeAttachError", "no such file"},
+		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, nil, "fsm.VolumeDetachDone", ""},
+		{fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: nextOp(), VM: "vm-v", Disk: fsm.VolumeDisk{Name: "data"}}}, executors.Unrecoverablef("target is busy"), "fsm.VolumeDetachError", "target is busy"},
 	}
 	for _, c := range cases {
 		d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
-			return executors.Result{SnapshotDir: "hibernate/x"}, c.err
+			return executors.Result{SnapshotDir: "hibernate/x", Digest: "sha256:ab"}, c.err
 		}}
 		p := newProposer()
 		sc := newTestScheduler(t, d, p, Options{})
@@ -259,9 +287,35 @@ func TestSchedulerResultCommands(t *testing.T) {
 			msg = x.Error
 		case fsm.WakeFailed:
 			msg = x.Error
+		case fsm.VolumeAttachError:
+			msg = x.Error
+		case fsm.VolumeDetachError:
+			msg = x.Error
 		case fsm.HibernateDone:
 			if x.SnapshotDir != "hibernate/x" {
 				t.Errorf("HibernateDone snapshot dir %q", x.SnapshotDir)
+			}
+		case fsm.CheckpointTaken:
+			if x.SnapshotDir != "hibernate/x" || x.Checkpoint != "ck_k" {
+				t.Errorf("CheckpointTaken %+v", x)
+			}
+		case fsm.CheckpointFailed:
+			msg = x.Error
+			if x.Lost {
+				got += " lost"
+			}
+		case fsm.PromoteDone:
+			if x.SnapshotDir != "hibernate/x" || x.Digest != "sha256:ab" {
+				t.Errorf("PromoteDone %+v", x)
+			}
+		case fsm.PromoteFailed:
+			msg = x.Error
+			if x.Lost {
+				got += " lost"
+			}
+		case fsm.SnapshotCollected:
+			if x.Dir != "golden/old" {
+				t.Errorf("SnapshotCollected dir %q", x.Dir)
 			}
 		}
 		if got != c.want || !strings.Contains(msg, c.wantErr) {

@@ -102,6 +102,8 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 		return s.limits()
 	case 3:
 		return s.pools()
+	case 4:
+		return s.volumeCatalog()
 	}
 	if s.rng.intn(100) < s.opt.InvalidPercent {
 		return s.invalid(st)
@@ -117,6 +119,12 @@ func (s *Sim) Next(st *fsm.State) fsm.Command {
 		return fsm.Uncordon{Meta: s.meta()}
 	case x >= 970:
 		return s.egress(st)
+	case x >= 940:
+		return s.store(st)
+	case x >= 910:
+		return s.volumeOp(st)
+	case x >= 880:
+		return s.checkpoint(st)
 	}
 	r := s.rng.intn(1000)
 	switch {
@@ -301,6 +309,9 @@ func (s *Sim) claim(st *fsm.State) fsm.Command {
 	if s.rng.intn(8) == 0 {
 		c.Env = s.env(1 + s.rng.intn(3))
 	}
+	if s.rng.intn(6) == 0 {
+		s.claimVolumes(&c)
+	}
 	return c
 }
 
@@ -375,7 +386,7 @@ func (s *Sim) result(st *fsm.State) fsm.Command {
 		if fail || s.rng.intn(4) == 0 {
 			return fsm.GoldenFailed{Meta: m, Key: in.Key, Error: "vm.boot: 500"}
 		}
-		return fsm.GoldenBuilt{Meta: m, Key: in.Key, SnapshotDir: "goldens/" + in.Key.String(), Report: rep}
+		return fsm.GoldenBuilt{Meta: m, Key: in.Key, SnapshotDir: fmt.Sprintf("goldens/%s/%d", in.Key, s.ops), Report: rep}
 	case fsm.CloneVM:
 		if fail {
 			return fsm.VMCloneFailed{Meta: m, VM: in.VM, Error: "vm.restore: 500"}
@@ -398,8 +409,45 @@ func (s *Sim) result(st *fsm.State) fsm.Command {
 			return fsm.VMRestartFailed{Meta: m, VM: in.VM, Error: "vm.boot: 500"}
 		}
 		return fsm.VMRestarted{Meta: m, VM: in.VM, Report: rep}
+	case fsm.CaptureCheckpoint:
+		if fail {
+			return fsm.CheckpointFailed{Meta: m, Checkpoint: in.Checkpoint, Error: "vm.snapshot: 500", Lost: s.rng.intn(3) == 0}
+		}
+		return fsm.CheckpointTaken{Meta: m, Checkpoint: in.Checkpoint, SnapshotDir: "checkpoint/" + in.Checkpoint, Report: rep}
+	case fsm.RemoveCheckpoint:
+		return fsm.CheckpointRemoved{Meta: m, Checkpoint: in.Checkpoint}
+	case fsm.PromoteVM:
+		if fail {
+			return fsm.PromoteFailed{Meta: m, VM: in.VM, Error: "vm.snapshot: 500", Lost: s.rng.intn(3) == 0}
+		}
+		return fsm.PromoteDone{Meta: m, VM: in.VM, SnapshotDir: fmt.Sprintf("template/%s/%d", in.Target, s.ops), Digest: fmt.Sprintf("sha256:%064x", s.ops), Report: rep}
+	case fsm.CollectSnapshot:
+		return fsm.SnapshotCollected{Meta: m, Dir: in.Dir}
+	case fsm.AttachVolume, fsm.DetachVolume:
+		return s.volumeResult(in, m, fail)
 	}
 	return nil
+}
+
+// store promotes a claim into a template, deletes or labels a template, or
+// rebuilds a pool's golden.
+func (s *Sim) store(st *fsm.State) fsm.Command {
+	name := fmt.Sprintf("tpl-p%d", s.rng.intn(3))
+	ts := st.Templates()
+	switch s.rng.intn(6) {
+	case 0, 1, 2:
+		return fsm.Promote{Meta: s.meta(), Claim: s.someClaim(st), Template: name, Tenant: s.tenant()}
+	case 3:
+		if len(ts) > 0 {
+			return fsm.DeleteTemplate{Meta: s.meta(), Key: ts[s.rng.intn(len(ts))].Key, Tenant: s.tenant()}
+		}
+	case 4:
+		if len(ts) > 0 {
+			return fsm.SetTemplateLabels{Meta: s.meta(), Key: ts[s.rng.intn(len(ts))].Key, Tenant: s.tenant(),
+				Labels: map[string]string{"v": fmt.Sprint(s.rng.intn(3))}}
+		}
+	}
+	return fsm.RebuildGolden{Meta: s.meta(), Key: s.keys[s.rng.intn(len(s.keys))]}
 }
 
 // invalid returns a command that should be rejected or ignored: malformed
@@ -444,6 +492,10 @@ func (s *Sim) invalid(st *fsm.State) fsm.Command {
 				return fsm.GoldenBuilt{Meta: m, Key: in.Key, SnapshotDir: "goldens/stale"}
 			case fsm.RestartVM:
 				return fsm.VMRestarted{Meta: m, VM: in.VM}
+			case fsm.PromoteVM:
+				return fsm.PromoteDone{Meta: m, VM: in.VM, SnapshotDir: "template/stale"}
+			case fsm.CollectSnapshot:
+				return fsm.SnapshotCollected{Meta: m, Dir: in.Dir}
 			}
 		}
 		return fsm.VMDestroyed{Meta: s.meta(), VM: "vm-0000000000000000"}

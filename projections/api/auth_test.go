@@ -13,6 +13,7 @@ import (
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/openapi/openapitest"
 )
 
 // Caller kinds of the auth matrix.
@@ -33,34 +34,64 @@ var matrixCallers = []string{cNone, cWrong, cNotBearer, cRoot, cTenantA, cTenant
 // here must still answer 2xx to allowed callers, so a new route is covered
 // by the matrix without editing this table.
 var successStatus = map[string]int{
-	"POST /v1/claim":                    http.StatusOK,
-	"GET /v1/sandboxes":                 http.StatusOK,
-	"GET /v1/sandboxes/{id}":            http.StatusOK,
-	"POST /v1/sandboxes/{id}/release":   http.StatusNoContent,
-	"POST /v1/sandboxes/{id}/hibernate": http.StatusNoContent,
-	"POST /v1/sandboxes/{id}/wake":      http.StatusNoContent,
-	"POST /v1/sandboxes/{id}/renew":     http.StatusOK,
-	"GET /v1/sandboxes/{id}/owner":      http.StatusOK,
-	"GET /v1/pools":                     http.StatusOK,
-	"PUT /v1/pools":                     http.StatusOK,
-	"GET /v1/info":                      http.StatusOK,
-	"GET /v1/events":                    http.StatusOK,
-	"GET /healthz":                      http.StatusOK,
-	"GET /metrics":                      http.StatusOK,
-	"GET /v1/tenants":                   http.StatusOK,
-	"PUT /v1/tenants":                   http.StatusOK,
-	"PUT /v1/tenants/{name}":            http.StatusNoContent,
-	"DELETE /v1/tenants/{name}":         http.StatusNoContent,
-	"POST /v1/drain":                    http.StatusOK,
-	"DELETE /v1/drain":                  http.StatusOK,
-	"GET /v1/sandboxes/{id}/env":        http.StatusOK,
-	"PUT /v1/sandboxes/{id}/env":        http.StatusNoContent,
-	"PATCH /v1/sandboxes/{id}/env":      http.StatusNoContent,
-	"GET /v1/egress/classes":            http.StatusOK,
-	"PUT /v1/egress/classes/{name}":     http.StatusNoContent,
-	"DELETE /v1/egress/classes/{name}":  http.StatusNoContent,
-	"POST /v1/sandboxes/{id}/exec":      http.StatusOK,
-	"POST /v1/sandboxes/{id}/preview":   http.StatusOK,
+	"POST /v1/claim":                           http.StatusOK,
+	"GET /v1/sandboxes":                        http.StatusOK,
+	"GET /v1/sandboxes/{id}":                   http.StatusOK,
+	"POST /v1/sandboxes/{id}/release":          http.StatusNoContent,
+	"POST /v1/sandboxes/{id}/hibernate":        http.StatusNoContent,
+	"POST /v1/sandboxes/{id}/wake":             http.StatusNoContent,
+	"POST /v1/sandboxes/{id}/renew":            http.StatusOK,
+	"GET /v1/sandboxes/{id}/owner":             http.StatusOK,
+	"GET /v1/pools":                            http.StatusOK,
+	"PUT /v1/pools":                            http.StatusOK,
+	"GET /v1/info":                             http.StatusOK,
+	"GET /v1/events":                           http.StatusOK,
+	"GET /healthz":                             http.StatusOK,
+	"GET /metrics":                             http.StatusOK,
+	"GET /v1/tenants":                          http.StatusOK,
+	"PUT /v1/tenants":                          http.StatusOK,
+	"PUT /v1/tenants/{name}":                   http.StatusNoContent,
+	"DELETE /v1/tenants/{name}":                http.StatusNoContent,
+	"POST /v1/drain":                           http.StatusOK,
+	"DELETE /v1/drain":                         http.StatusOK,
+	"GET /v1/sandboxes/{id}/env":               http.StatusOK,
+	"PUT /v1/sandboxes/{id}/env":               http.StatusNoContent,
+	"PATCH /v1/sandboxes/{id}/env":             http.StatusNoContent,
+	"GET /v1/egress/classes":                   http.StatusOK,
+	"PUT /v1/egress/classes/{name}":            http.StatusNoContent,
+	"DELETE /v1/egress/classes/{name}":         http.StatusNoContent,
+	"POST /v1/sandboxes/{id}/exec":             http.StatusOK,
+	"POST /v1/sandboxes/{id}/preview":          http.StatusOK,
+	"PUT /v1/sandboxes/{id}/instance-metadata": http.StatusNoContent,
+
+	// Checkpoints.
+	"POST /v1/sandboxes/{id}/checkpoint": http.StatusOK,
+	"POST /v1/sandboxes/{id}/fork":       http.StatusOK,
+	"GET /v1/checkpoints":                http.StatusOK,
+	// The matrix's {id} is a sandbox's, which names no checkpoint: the
+	// allowed callers get the old daemon's unknown checkpoint (their
+	// successes are TestCheckpointRoutes').
+	"DELETE /v1/checkpoints/{id}":     http.StatusNotFound,
+	"POST /v1/checkpoints/{id}/claim": http.StatusNotFound,
+	"POST /v1/pools/rebuild":          http.StatusNoContent,
+	"GET /v1/store":                   http.StatusOK,
+}
+
+// stateRoutes are routes whose allowed callers get an answer that depends
+// on the state the matrix leaves (a template promoted by one caller is
+// another's 409 or 404): for them the matrix checks the authorisation only
+// (never 401 or 403) and a JSON error body; TestPromoteTemplates checks
+// their answers.
+var stateRoutes = map[string]bool{
+	"POST /v1/sandboxes/{id}/promote": true,
+	"DELETE /v1/templates":            true,
+	"PUT /v1/templates/labels":        true,
+}
+
+// routeQuery is a query per route that needs one.
+var routeQuery = map[string]string{
+	"DELETE /v1/templates":     "?template=matrix-p",
+	"PUT /v1/templates/labels": "?template=matrix-p",
 }
 
 // routeBody is a valid body per route, so that a denied request is denied
@@ -79,6 +110,16 @@ var routeBody = map[string]string{
 	"PATCH /v1/sandboxes/{id}/env":    `{"env":{"A":null}}`,
 	"POST /v1/sandboxes/{id}/exec":    `{"argv":["true"]}`,
 	"POST /v1/sandboxes/{id}/preview": `{"port":80}`,
+
+	// Checkpoints.
+	"POST /v1/sandboxes/{id}/fork":    `{"count":1}`,
+	"POST /v1/sandboxes/{id}/promote": `{"template":"matrix-p"}`,
+	"PUT /v1/templates/labels":        `{"labels":{"k":"v"}}`,
+	"POST /v1/pools/rebuild":          `{"template":"default"}`,
+	// volumes.go: an empty attach and detach change nothing.
+	"POST /v1/sandboxes/{id}/volumes/attach":   `{"volumes":[]}`,
+	"POST /v1/sandboxes/{id}/volumes/detach":   `{"names":[]}`,
+	"PUT /v1/sandboxes/{id}/instance-metadata": `{"region":"local"}`,
 }
 
 // matrixTenant is the tenant the matrix puts in place of {name}.
@@ -216,7 +257,7 @@ func do(t *testing.T, n *nodetest.Node, method, path, header string, body []byte
 	for i := 0; i+1 < len(extra); i += 2 {
 		req.Header.Set(extra[i], extra[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := openapitest.Client(t, nil).Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -260,7 +301,7 @@ func TestAuthMatrix(t *testing.T) {
 			if allowed && strings.Contains(rt.Path, "{id}") {
 				sb = claimAs(t, n, tokA, "")
 			}
-			path := strings.ReplaceAll(strings.ReplaceAll(rt.Path, "{id}", sb.ID), "{name}", matrixTenant)
+			path := strings.NewReplacer("{id}", sb.ID, "{name}", matrixTenant, "{file}", "app.js").Replace(rt.Path) + routeQuery[rt.Method+" "+rt.Path]
 			var body []byte
 			if b, ok := routeBody[rt.Method+" "+rt.Path]; ok {
 				body = []byte(b)
@@ -268,6 +309,10 @@ func TestAuthMatrix(t *testing.T) {
 			st, hdr, resp := do(t, n, rt.Method, path, authHeader(c, sb, other), body)
 			name := rt.Method + " " + rt.Path + " as " + c
 			switch {
+			case allowed && stateRoutes[rt.Method+" "+rt.Path]:
+				if st == http.StatusUnauthorized || st == http.StatusForbidden || st >= 500 {
+					t.Errorf("%s: %d %s, want it past authorisation", name, st, resp)
+				}
 			case want == 0 && allowed:
 				if st < 200 || st > 299 {
 					t.Errorf("%s: %d %s, want 2xx (route not in successStatus)", name, st, resp)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/openapi/openapitest"
 )
 
 // badInput is one row of the bad-input table.
@@ -48,7 +49,10 @@ func claimRows() []badInput {
 		row("net unknown", `{"template":"default","net":"bridge"}`, 400, false, "net"),
 		row("size unknown", `{"template":"default","size":"huge"}`, 400, false, "size"),
 		row("metadata empty key", `{"template":"default","metadata":{"":"v"}}`, 400, false, "metadata"),
-		row("volumes asked for", `{"template":"default","volumes":[{"name":"data"}]}`, 400, false, "volumes are not supported"),
+		row("volume not in the catalog", `{"template":"default","volumes":[{"name":"data"}]}`, 400, false, "unknown or not available"),
+		row("volume bad name", `{"template":"default","volumes":[{"name":"Data"}]}`, 400, false, "invalid volume request"),
+		row("volume mount in the OS tree", `{"template":"default","volumes":[{"name":"data","mount":"/etc/data"}]}`, 400, false, "outside the guest OS tree"),
+		row("volume unknown field", `{"template":"default","volumes":[{"name":"data","path":"/host"}]}`, 400, false, "unknown field"),
 		row("volumes_attach_only", `{"template":"default","volumes_attach_only":true}`, 400, false, "volumes_attach_only"),
 		row("on_expire archive", `{"template":"default","on_expire":"archive"}`, 400, false, "archive"),
 		row("on_expire unknown", `{"template":"default","on_expire":"keep"}`, 400, false, "must be destroy or archive"),
@@ -156,7 +160,7 @@ func TestBadInput(t *testing.T) {
 			for k, v := range r.header {
 				req.Header.Set(k, v)
 			}
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := openapitest.Client(t, nil).Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}

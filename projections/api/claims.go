@@ -32,6 +32,12 @@ type ClaimResponse struct {
 	Size     string `json:"size"`
 	Tier     string `json:"tier"`
 	VM       string `json:"vm"`
+	// FromCheckpoint: the checkpoint a claim was branched from (POST
+	// /v1/checkpoints/{id}/claim), the lineage edge of a checkpoint tree.
+	FromCheckpoint string `json:"from_checkpoint,omitempty"`
+	// Volumes are the claim's volumes (volumes.go), as the old daemon
+	// echoed them.
+	Volumes []VolumeJSON `json:"volumes,omitempty"`
 	// Redirect, in a redirect answer only (which has no other field),
 	// lists nodes with warm capacity for the pool: the client claims
 	// there, with no_redirect.
@@ -72,6 +78,8 @@ type Sandbox struct {
 	OwnerAddr string `json:"owner_addr"`
 	Created   string `json:"created"`
 	Reason    string `json:"reason,omitempty"`
+	// Volumes are the sandbox's attached volumes (volumes.go).
+	Volumes []VolumeJSON `json:"volumes,omitempty"`
 }
 
 func rfc3339(ns int64) string {
@@ -86,7 +94,7 @@ func (s *Server) sandboxOf(c *fsm.ClaimRec) Sandbox {
 		ID: c.ID, Key: c.Key, Tenant: c.Tenant, ClaimRef: c.ClaimRef, Metadata: c.Metadata,
 		Hibernated: c.Status == fsm.ClaimHibernated, ClaimedAt: rfc3339(c.Created), Deadline: rfc3339(c.Deadline),
 		State: c.Status.String(), Tier: c.Tier.String(), VM: c.VM, OwnerAddr: s.cfg.OwnerAddr,
-		Created: rfc3339(c.Created), Reason: c.Reason,
+		Created: rfc3339(c.Created), Reason: c.Reason, Volumes: volumesJSON(c),
 	}
 	if z, ok := fsm.SizeNamed(c.Key.Size); ok {
 		sb.CPUCount, sb.MemTotalBytes = z.VCPUs, int64(z.MemoryMiB)<<20
@@ -138,7 +146,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	}
 	key := fsm.PoolKey{Template: req.Template, Net: req.Net, Size: req.Size}
 	redirect := s.redir != nil && !req.NoRedirect
-	if req.RequirePromoted {
+	if req.RequirePromoted && !s.promoted(key) {
 		// Only a promoted template may serve it, and this node has none.
 		s.metrics.claim("unknown_template", "", time.Since(start))
 		return errorf(http.StatusNotFound, "%s", errUnknownTemplate)
@@ -146,7 +154,10 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// What this node cannot serve at all is refused before anything is
 	// proposed (no claim, no pool left behind), unless a node with warm
 	// capacity for the key takes it (the redirect).
-	if err := s.checkPool(key, s.pools != nil && s.pooled(key)); err != nil {
+	// A promoted template's clones need its golden only, not a template dir:
+	// asked only once checkPool refuses, so a claim of a pool this node
+	// serves reads the state no more than it did before templates.
+	if err := s.checkPool(key, s.pools != nil && s.pooled(key)); err != nil && !s.promoted(key) {
 		if redirect && s.redirectClaim(w, key, start) {
 			return nil
 		}
@@ -187,6 +198,12 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// before Propose returns.
 	served := s.wait(claimID)
 	defer s.unwait(claimID)
+	var volWatch *watch
+	if len(req.Volumes) > 0 {
+		// A claim with volumes answers once they are attached (or failed).
+		volWatch = s.watch(claimID, volumeOutcomes...)
+		defer s.unwatch(volWatch)
+	}
 	// A warm claim is running as soon as it is applied: its answer (token,
 	// JSON) is built while the fsync is in flight, and sent from Durable:
 	// with the local engine before it tells executors and projections about
@@ -199,11 +216,11 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 			return fsm.Claim{
 				Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
 				Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1, NoEgress: noEgress, Env: env,
-				WarmOnly: warmOnly,
+				Volumes: volumeRequests(req.Volumes), VolumesAttachOnly: req.VolumesAttachOnly, WarmOnly: warmOnly,
 			}
 		}, engine.Hooks{
 			Prepare: func() {
-				if c, _ = s.claim(claimID); c.Status == fsm.ClaimRunning {
+				if c, _ = s.claim(claimID); c.Status == fsm.ClaimRunning && volWatch == nil {
 					reply = encodeJSON(s.claimResponse(claimID, &c))
 				}
 			},
@@ -242,13 +259,19 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		}
 		return err
 	}
-	// Not answered from Durable (a warm claim behind an Engine that never
-	// calls it, or a claim still pending): answer from the state. A pending
-	// claim waits for its outcome first. Either way the answer waits for
-	// the log to be durable (with synchronous replication: acknowledged by
-	// JetStream) up to the state it reports: a claim served while
-	// ProposeNew returned may still be in its fsync.
-	if c, _ = s.claim(claimID); c.Status == fsm.ClaimPending {
+	return s.answerClaim(w, r, claimID, served, volWatch, start)
+}
+
+// answerClaim answers a claim proposed and not answered from Durable (a
+// warm claim behind an Engine that never calls it, or a claim still
+// pending): from the state. A pending claim waits for its outcome (served,
+// the channel of s.wait) first. Either way the answer waits for the log to
+// be durable (with synchronous replication: acknowledged by JetStream) up to
+// the state it reports: a claim served while ProposeNew returned may still
+// be in its fsync.
+func (s *Server) answerClaim(w http.ResponseWriter, r *http.Request, claimID string, served <-chan struct{}, volWatch *watch, start time.Time) error {
+	c, _ := s.claim(claimID)
+	if c.Status == fsm.ClaimPending {
 		ctx, cancel := s.waitContext(r.Context(), s.cfg.ClaimWait)
 		defer cancel()
 		select {
@@ -256,7 +279,13 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		case <-ctx.Done():
 		}
 	}
-	if c, _, _, err = s.durableState(r.Context(), claimID); err != nil {
+	if volWatch != nil {
+		ctx, cancel := s.waitContext(r.Context(), s.cfg.ClaimWait)
+		defer cancel()
+		s.awaitVolumes(ctx, claimID, volWatch, nil)
+	}
+	c, _, _, err := s.durableState(r.Context(), claimID)
+	if err != nil {
 		return err
 	}
 	switch {
@@ -304,6 +333,8 @@ func (s *Server) claimResponse(id string, c *fsm.ClaimRec) ClaimResponse {
 		ID: id, Token: s.auth.SandboxToken(id, tokenGenOf(c)),
 		Deadline: rfc3339(c.Deadline), OwnerAddr: s.cfg.OwnerAddr, NetRoute: s.netRoute(id, c),
 		Template: c.Key.Template, Net: c.Key.Net, Size: c.Key.Size, Tier: c.Tier.String(), VM: c.VM,
+		FromCheckpoint: c.FromCheckpoint,
+		Volumes:        volumesJSON(c),
 	}
 }
 
@@ -384,8 +415,11 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, id auth.Ident
 }
 
 // handleList answers GET /v1/sandboxes[?claim_ref=&metadata=k=v&state=]:
-// live claims (and, with state=, ended ones still retained) the caller may
-// see, sorted by id.
+// live claims (and, with state=, ended ones still retained; state=all:
+// every one retained, live or ended) the caller may see, sorted by id.
+// stateAll is the list filter of every retained claim, live or ended.
+const stateAll = "all"
+
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
 	q := r.URL.Query()
 	ref := q.Get("claim_ref")
@@ -398,8 +432,8 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 		tenant, byTenant = t, true
 	}
 	want := q.Get("state")
-	if want != "" && !validClaimState(want) {
-		return errorf(http.StatusBadRequest, "unknown state %q: want pending, running, hibernating, hibernated, waking, released, expired or failed", want)
+	if want != "" && want != stateAll && !validClaimState(want) {
+		return errorf(http.StatusBadRequest, "unknown state %q: want %s, pending, running, hibernating, hibernated, waking, released, expired or failed", want, stateAll)
 	}
 	out := []Sandbox{}
 	s.eng.View(func(st *fsm.State) {
@@ -408,7 +442,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, id auth.Iden
 			switch {
 			case byTenant && c.Tenant != tenant:
 			case want == "" && !c.Status.Live():
-			case want != "" && c.Status.String() != want:
+			case want != "" && want != stateAll && c.Status.String() != want:
 			case ref != "" && c.ClaimRef != ref:
 			case !metadataMatches(c.Metadata, meta):
 			default:

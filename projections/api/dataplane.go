@@ -276,9 +276,12 @@ func (d *dataPlane) guestReady(ctx context.Context, r *http.Request, claim strin
 		wt := d.s.watch(vmID, event.TypeVMRestarted, event.TypeVMRestartFailed)
 		c, v, seq := d.state(claim)
 		switch {
-		case c == nil || !c.Status.Live():
+		case c == nil:
 			d.s.unwatch(wt)
 			return guestVM{}, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+		case !c.Status.Live():
+			d.s.unwatch(wt)
+			return guestVM{}, endedError(c)
 		case c.Status == fsm.ClaimRunning && v != nil && v.Status == fsm.VMClaimed:
 			d.s.unwatch(wt)
 			return guestVM{ID: v.ID, RunDir: v.RunDir}, nil

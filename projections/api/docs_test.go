@@ -171,7 +171,9 @@ func TestDocsEventTypes(t *testing.T) {
 func TestDocsTypes(t *testing.T) {
 	lines := readDoc(t)
 	for _, v := range []any{ClaimRequest{}, ClaimResponse{}, Sandbox{}, RenewRequest{}, PoolSpec{}, Info{}, PoolInfo{}, SandboxStats{}, EventJSON{}, VM{}, VMChange{},
-		TenantList{}, TenantJSON{}, TenantsRequest{}, TenantSpec{}, TenantRequest{}, EnvVar{}, PolicyJSON{}, EgressClassJSON{}, ExecRequest{}, ExecResponse{}, PreviewRequest{}, PreviewResponse{}} {
+		TenantList{}, TenantJSON{}, TenantsRequest{}, TenantSpec{}, TenantRequest{}, EnvVar{}, PolicyJSON{}, EgressClassJSON{}, ExecRequest{}, ExecResponse{}, PreviewRequest{}, PreviewResponse{}, CheckpointRecord{},
+		PromoteRequest{}, PromoteResponse{}, TemplateInfo{}, LabelsRequest{}, RebuildRequest{}, StoreResponse{}, StoreSnapshot{},
+		VolumeJSON{}, VolumeInfo{}, AttachVolumesRequest{}, DetachVolumesRequest{}, SandboxVolumes{}} {
 		typ := reflect.TypeOf(v)
 		var code []string
 		for i := range typ.NumField() {
@@ -202,7 +204,7 @@ func TestDocsTypes(t *testing.T) {
 // authenticated routes and 403 where dispatch refuses a kind of token that
 // can reach the route (404 on hiddenRoutes, whose pre checks count as the
 // handler's code); and every documented status must
-// be one of those, a rejection status (400, 404, 409, 429) or 503 when the
+// be one of those, a rejection status (400, 404, 409, 412, 429) or 503 when the
 // handler proposes a command to the engine, or 500.
 func TestDocsStatuses(t *testing.T) {
 	an := analyse(t)
@@ -240,7 +242,7 @@ func TestDocsStatuses(t *testing.T) {
 			allowed[s] = true
 		}
 		if proposes {
-			for _, s := range []int{400, 404, 409, 429, 503} {
+			for _, s := range []int{400, 404, 409, 412, 429, 503} {
 				allowed[s] = true
 			}
 		}

@@ -133,9 +133,9 @@ func TestEnvRoutes(t *testing.T) {
 			t.Errorf("%s %s: %d %s, want 400 %q", tc.method, tc.body, st, b, tc.want)
 		}
 	}
-	// An ended sandbox has no env.
+	// An ended sandbox has no env: it says it ended.
 	mustStatus(t, n, http.StatusNoContent, "POST", "/v1/sandboxes/"+sb.ID+"/release", tokA, "")
-	mustStatus(t, n, http.StatusNotFound, "GET", path, tokA, "")
+	mustStatus(t, n, http.StatusGone, "GET", path, tokA, "")
 	if _, err := n.Egress.SecretsFor(sb.ID); err == nil {
 		t.Fatal("SecretsFor answers for a released sandbox")
 	}

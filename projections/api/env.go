@@ -149,8 +149,11 @@ func (s *Server) envSandbox(r *http.Request, id auth.Identity) (fsm.ClaimRec, er
 	if errors.As(err, &oe) || errors.As(err, &oa) {
 		return c, err
 	}
-	if err != nil || !c.Status.Live() {
+	if err != nil {
 		return c, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+	}
+	if !c.Status.Live() {
+		return c, endedError(&c)
 	}
 	return c, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/auth"
+	"github.com/sbxlog/sbxlog/projections/openapi/openapitest"
 )
 
 const (
@@ -90,7 +91,7 @@ func call(t testing.TB, n *nodetest.Node, method, path, token string, body []byt
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := openapitest.Client(t, nil).Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -163,7 +164,7 @@ func stream(t testing.TB, n *nodetest.Node, path, token string) <-chan sseEvent 
 		t.Fatal(err)
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := openapitest.Client(t, nil).Do(req)
 	if err != nil {
 		cancel()
 		t.Fatal(err)

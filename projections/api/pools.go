@@ -34,8 +34,8 @@ type PoolInfo struct {
 // daemon's fields, then sbxlog's.
 type Info struct {
 	Pools []PoolInfo `json:"pools"`
-	// Templates are promoted templates: none on this node (always []).
-	Templates []any `json:"templates"`
+	// Templates are the promoted templates the caller may see (templates.go).
+	Templates []TemplateInfo `json:"templates"`
 	// Claimed counts claims holding a running VM (running, hibernating,
 	// waking); Hibernated those hibernated.
 	Claimed    int `json:"claimed"`
@@ -73,7 +73,7 @@ const atCapacityReason = "the hypervisor refused another VM; refills are parked"
 
 func (s *Server) info(id auth.Identity) Info {
 	out := Info{Node: s.cfg.Node, OwnerAddr: s.cfg.OwnerAddr, Hypervisor: s.cfg.Hypervisor,
-		Pools: []PoolInfo{}, Templates: []any{}, AdvertiseAddr: advertised(s.cfg.OwnerAddr), Peers: s.peers()}
+		Pools: []PoolInfo{}, AdvertiseAddr: advertised(s.cfg.OwnerAddr), Peers: s.peers()}
 	s.eng.View(func(st *fsm.State) {
 		in := st.Info()
 		for _, p := range in.Pools {
@@ -98,6 +98,7 @@ func (s *Server) info(id auth.Identity) Info {
 		out.Draining = st.Draining()
 		out.MaxClaims = st.Limits().MaxClaims
 		out.LogSeq = st.Applied()
+		out.Templates = templatesOf(st, id)
 	})
 	if s.replication != nil && id.Kind == auth.Root {
 		out.Replication = s.replication()

@@ -86,8 +86,11 @@ func (s *Server) handlePreview(w http.ResponseWriter, r *http.Request, id auth.I
 		return err
 	}
 	gen := tokenGenOf(&c)
-	if !c.Status.Live() || (req.Token != "" && !s.auth.IsSandboxToken(req.Token, c.ID, gen)) {
+	if req.Token != "" && !s.auth.IsSandboxToken(req.Token, c.ID, gen) {
 		return errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+	}
+	if !c.Status.Live() {
+		return endedError(&c)
 	}
 	// Who may ask is answered first: only then whether this node can.
 	if s.data.opts.Preview.Advertise == "" {

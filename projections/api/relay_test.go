@@ -177,7 +177,7 @@ func TestAgentRelayStatuses(t *testing.T) {
 		{"root's token", a.ID, rootTok, "silkd", http.StatusNotFound},
 		{"a made-up token", a.ID, "sbt_0000", "silkd", http.StatusNotFound},
 		{"unknown sandbox", "sb_0000000000000000", a.Token, "silkd", http.StatusNotFound},
-		{"released sandbox's token", gone.ID, gone.Token, "silkd", http.StatusNotFound},
+		{"released sandbox's token", gone.ID, gone.Token, "silkd", http.StatusGone},
 		{"upgrade in capitals", a.ID, a.Token, "SILKD", http.StatusSwitchingProtocols},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"net/http"
 	"time"
 
@@ -17,9 +16,9 @@ const (
 
 // ClaimRequest is POST /v1/claim's body. Besides sbxlog's fields it takes
 // every field the old daemon's SDKs send: what this node can honour is
-// honoured or ignored (engine; on_expire "destroy"; egress; env), what it
-// cannot is refused with a 400 naming the feature, but only when it is
-// asked for (a volume, volumes_attach_only, on_expire "archive").
+// honoured or ignored (engine; on_expire "destroy"; egress; env; volumes),
+// what it cannot is refused with a 400 naming the feature, but only when it
+// is asked for (on_expire "archive").
 type ClaimRequest struct {
 	Template   string            `json:"template"`
 	Net        string            `json:"net,omitempty"`
@@ -46,21 +45,18 @@ type ClaimRequest struct {
 	// Env is the claim's env ({value, guest?, inject?} per name), as
 	// PUT /v1/sandboxes/{id}/env takes it.
 	Env map[string]*EnvVar `json:"env,omitempty"`
-	// Volumes and VolumesAttachOnly are refused when asked for: no volumes.
-	Volumes           []json.RawMessage `json:"volumes,omitempty"`
-	VolumesAttachOnly bool              `json:"volumes_attach_only,omitempty"`
+	// Volumes are catalog volumes to attach (volumes.go);
+	// VolumesAttachOnly: attach without mounting.
+	Volumes           []VolumeJSON `json:"volumes,omitempty"`
+	VolumesAttachOnly bool         `json:"volumes_attach_only,omitempty"`
 }
 
 // normalize fills defaults (net none, size small), clamps the TTL into
 // (0, MaxTTL] (0 or less: the default) and validates; the old fields this
 // node cannot honour are refused here, before anything is proposed.
 func (c *ClaimRequest) normalize() error {
-	if c.Net == "" {
-		c.Net = "none"
-	}
-	if c.Size == "" {
-		c.Size = "small"
-	}
+	k := keyWithDefaults(c.Template, c.Net, c.Size)
+	c.Net, c.Size = k.Net, k.Size
 	if err := validPoolKey(c.Template, c.Net, c.Size); err != nil {
 		return err
 	}
@@ -74,13 +70,7 @@ func (c *ClaimRequest) normalize() error {
 	if err := validOnExpire(c.OnExpire); err != nil {
 		return err
 	}
-	switch {
-	case len(c.Volumes) > 0:
-		return errorf(http.StatusBadRequest, "invalid volume request: volumes are not supported on this node")
-	case c.VolumesAttachOnly:
-		return errorf(http.StatusBadRequest, "invalid volume request: volumes_attach_only is not supported on this node (it has no volumes)")
-	}
-	return nil
+	return checkVolumes(c.Volumes, c.VolumesAttachOnly)
 }
 
 // validOnExpire checks the old daemon's action at a lease's deadline (a
@@ -167,12 +157,8 @@ func (p *PoolsRequest) validate() error {
 	seen := map[[3]string]bool{}
 	for i := range p.Pools {
 		s := &p.Pools[i]
-		if s.Net == "" {
-			s.Net = "none"
-		}
-		if s.Size == "" {
-			s.Size = "small"
-		}
+		dk := keyWithDefaults(s.Template, s.Net, s.Size)
+		s.Net, s.Size = dk.Net, dk.Size
 		if err := validPoolKey(s.Template, s.Net, s.Size); err != nil {
 			return err
 		}

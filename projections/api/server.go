@@ -97,6 +97,15 @@ type Config struct {
 	// as the old daemon: the root token, or anyone when no root token is
 	// configured) or MetricsAuthNone (anyone).
 	MetricsAuth string
+	// NoDashboard turns the dashboard off: / and /dashboard/{file} are
+	// then not routes (404), as on a node without one.
+	NoDashboard bool
+	// CheckpointTTL deletes a checkpoint that long after it is taken (the
+	// old checkpoint_ttl_hours); 0 keeps it until deleted.
+	CheckpointTTL time.Duration
+	// MaxForkCount bounds a fork's children (default
+	// fsm.DefaultMaxForkCount, the old max_fork_count).
+	MaxForkCount int
 }
 
 // DefaultLifecycleWait is Config.LifecycleWait's default: far beyond a
@@ -266,12 +275,24 @@ func (s *Server) register() {
 	add("GET", "/v1/sandboxes/{id}/ports/{port}", "root|sandbox", s.handlePort, root, sandbox)
 	add("POST", "/v1/sandboxes/{id}/exec", "sandbox", s.handleExec, sandbox)
 	add("POST", "/v1/sandboxes/{id}/preview", "root|tenant|sandbox", s.handlePreview, root, tenant, sandbox)
+	// volumes.go: the old daemon's auth (the catalog for the node's tokens;
+	// a sandbox's volumes for its token or root; its instance metadata
+	// for root).
+	add("GET", "/v1/volumes", "root|tenant", s.handleVolumes, root, tenant)
+	add("POST", "/v1/sandboxes/{id}/volumes/attach", "root|sandbox", s.handleAttachVolumes, root, sandbox)
+	add("POST", "/v1/sandboxes/{id}/volumes/detach", "root|sandbox", s.handleDetachVolumes, root, sandbox)
+	add("PUT", "/v1/sandboxes/{id}/instance-metadata", "root", s.handleInstanceMetadata, root, tenant)
 	add("GET", "/v1/pools", "root|tenant", s.handleGetPools, root, tenant)
 	add("PUT", "/v1/pools", "root", s.handlePutPools, root)
 	add("GET", "/v1/info", "root", s.handleInfo, root)
 	add("GET", "/v1/peers", "root|tenant", s.handlePeers, root, tenant)
 	add("GET", "/v1/events", "root|tenant", s.handleEvents, root, tenant)
 	add("GET", "/healthz", "none", s.handleHealthz)
+	add("GET", "/openapi.json", "none", s.handleOpenAPI)
+	if !s.cfg.NoDashboard {
+		add("GET", "/", "none", s.handleDashboard)
+		add("GET", "/dashboard/{file}", "none", s.handleDashboardFile)
+	}
 	if s.metricsOpen() {
 		add("GET", "/metrics", "none", s.handleMetrics)
 	} else {
@@ -286,11 +307,25 @@ func (s *Server) register() {
 	add("GET", "/v1/egress/classes", "root", s.handleGetEgressClasses, root, tenant)
 	add("PUT", "/v1/egress/classes/{name}", "root", s.handlePutEgressClass, root, tenant)
 	add("DELETE", "/v1/egress/classes/{name}", "root", s.handleDeleteEgressClass, root, tenant)
+	add("POST", "/v1/sandboxes/{id}/checkpoint", "root|tenant", s.handleCheckpoint, root, tenant)
+	add("POST", "/v1/sandboxes/{id}/fork", "root|tenant", s.handleFork, root, tenant)
+	add("GET", "/v1/checkpoints", "root|tenant", s.handleCheckpoints, root, tenant)
+	add("DELETE", "/v1/checkpoints/{id}", "root|tenant", s.handleDeleteCheckpoint, root, tenant)
+	add("POST", "/v1/checkpoints/{id}/claim", "root|tenant", s.handleCheckpointClaim, root, tenant)
+	add("POST", "/v1/sandboxes/{id}/promote", "root|tenant", s.handlePromote, root, tenant)
+	add("DELETE", "/v1/templates", "root|tenant", s.handleDeleteTemplate, root, tenant)
+	add("PUT", "/v1/templates/labels", "root|tenant", s.handleTemplateLabels, root, tenant)
+	add("GET", "/v1/store", "root", s.handleStore, root, tenant)
+	add("POST", "/v1/pools/rebuild", "root", s.handleRebuild, root, tenant)
 	add("POST", "/v1/drain", "root", s.handleDrain, root, tenant)
 	add("DELETE", "/v1/drain", "root", s.handleUncordon, root, tenant)
 
 	for path, table := range paths {
-		s.mux.HandleFunc(path, s.dispatch(path, table))
+		pattern := path
+		if path == "/" {
+			pattern = "/{$}" // the root alone: every other path stays the 404 below
+		}
+		s.mux.HandleFunc(pattern, s.dispatch(path, table))
 	}
 	// Anything else: a JSON 404, not the mux's text one.
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

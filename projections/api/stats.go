@@ -52,7 +52,7 @@ type SandboxStats struct {
 // handleStats answers GET /v1/sandboxes/{id}/stats for a live claim.
 // Reading never wakes, touches or changes the sandbox.
 func (s *Server) handleStats(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	c, err := s.target(r, id, true)
+	c, err := s.liveTarget(r, id)
 	if err != nil {
 		return err
 	}

@@ -67,11 +67,11 @@ func TestSandboxStats(t *testing.T) {
 		t.Fatalf("stats changed the sandbox: %d hibernates", got)
 	}
 
-	// Ended: gone, as the old daemon forgot released claims.
+	// Ended: 410, saying so (ended.go).
 	if st, b := call(t, n, "POST", "/v1/sandboxes/"+cr.ID+"/release", rootTok, nil); st != http.StatusNoContent {
 		t.Fatalf("release: %d %s", st, b)
 	}
-	if st, _, _, b := stats(rootTok); st != http.StatusNotFound || string(b) != `{"error":"unknown sandbox"}`+"\n" {
+	if st, _, _, b := stats(rootTok); st != http.StatusGone || string(b) != goneBody(t, n, cr.ID)+"\n" {
 		t.Fatalf("stats of a released sandbox: %d %s", st, b)
 	}
 }

@@ -293,7 +293,7 @@ func TestDrainRoutes(t *testing.T) {
 		}
 	})
 	for _, tok := range []string{rootTok, tokA} {
-		errorIs(t, mustStatus(t, n, 429, "POST", "/v1/claim", tok, `{"template":"default"}`), "node claim quota reached: node draining")
+		errorIs(t, mustStatus(t, n, 429, "POST", "/v1/claim", tok, `{"template":"default"}`), fsm.DrainingMsg)
 	}
 	mustStatus(t, n, 200, "POST", "/v1/drain", rootTok, "") // idempotent
 	// Live claims run on.

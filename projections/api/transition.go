@@ -82,7 +82,7 @@ func (s *Server) transition(w http.ResponseWriter, r *http.Request, id auth.Iden
 	if err != nil {
 		return err
 	}
-	c, err := s.target(r, id, true)
+	c, err := s.liveTarget(r, id)
 	if err != nil {
 		return err
 	}
@@ -138,8 +138,10 @@ func (s *Server) runTransition(ctx context.Context, r *http.Request, id string, 
 		switch {
 		case err != nil:
 			return s.waitErr(r, id, op, "reading its state", err)
-		case !found || !c.Status.Live():
+		case !found:
 			return errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+		case !c.Status.Live():
+			return endedError(&c)
 		case c.Status == op.to:
 			return nil
 		case c.Status == op.during:
@@ -147,7 +149,7 @@ func (s *Server) runTransition(ctx context.Context, r *http.Request, id string, 
 		case c.Status == op.from:
 			res, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return op.command(m, id) }, engine.Hooks{})
 			if err != nil {
-				return s.settled(err, id)
+				return s.settledLive(err, id)
 			}
 			if len(res.Events) > 0 {
 				// Ours started: every event after it is its outcome's.
@@ -183,7 +185,7 @@ func (s *Server) outcome(ctx context.Context, r *http.Request, wt *watch, seq ui
 		s.zl.Warn().Str("sandbox", id).Str("reason", reason).Msgf("api: %s failed", op.verb)
 		return &httpError{status: http.StatusInternalServerError, id: id, msg: op.verb + " failed: " + reason}
 	}
-	return errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+	return s.goneOrUnknown(id)
 }
 
 // failureReason is what a HibernateFailed or WakeFailed says, and what
@@ -244,7 +246,7 @@ func (s *Server) durableState(ctx context.Context, id string) (c fsm.ClaimRec, f
 // a hibernate) is its 409.
 func (s *Server) transitionAsync(w http.ResponseWriter, r *http.Request, id string, op *transitionOp) error {
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command { return op.command(m, id) }, engine.Hooks{}); err != nil {
-		return s.settled(err, id)
+		return s.settledLive(err, id)
 	}
 	c, _, _, err := s.durableState(r.Context(), id)
 	if err != nil {

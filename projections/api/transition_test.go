@@ -207,8 +207,8 @@ func TestTransitionsQueue(t *testing.T) {
 }
 
 // TestHibernateThenRelease: a release does not queue behind a hibernate in
-// flight; the hibernate then answers the old daemon's 404, once the claim
-// ended, and so does a wake queued behind it. (The release's 204 and the
+// flight; the hibernate then answers 410 (the claim was released), once
+// the claim ended, and so does a wake queued behind it. (The release's 204 and the
 // hibernate's 404 follow the same commit, so their order is not fixed.)
 func TestHibernateThenRelease(t *testing.T) {
 	n := newNode(t, 2, nil)
@@ -221,8 +221,8 @@ func TestHibernateThenRelease(t *testing.T) {
 	rel := get(t, "release", s.send(sb.ID, "release"))
 	rel.want(t, "release", http.StatusNoContent, "", fsm.ClaimReleased)
 	rh, rw := get(t, "hibernate", hib), get(t, "wake", wake)
-	rh.want(t, "hibernate", http.StatusNotFound, `{"error":"unknown sandbox"}`, fsm.ClaimReleased)
-	rw.want(t, "queued wake", http.StatusNotFound, `{"error":"unknown sandbox"}`, fsm.ClaimReleased)
+	rh.want(t, "hibernate", http.StatusGone, goneBody(t, n, sb.ID), fsm.ClaimReleased)
+	rw.want(t, "queued wake", http.StatusGone, goneBody(t, n, sb.ID), fsm.ClaimReleased)
 	if got := n.Driver.Calls()[fsm.KindWake]; got != 0 {
 		t.Errorf("%d wakes ran after the release", got)
 	}

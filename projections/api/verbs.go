@@ -79,11 +79,10 @@ func refuseSandboxCaller(bearer, unknown string) error {
 // target finds the sandbox a verb is about: root names any by id, a tenant
 // its own tenant's (sbxlog's extension: the old daemon took only root and
 // the sandbox's token here), a sandbox token its own. Anything else is the
-// old daemon's 404. With live set, an ended claim is unknown too, as it was
-// to the old daemon, which forgot a claim once it ended; a root caller
-// naming another node's sandbox gets visible's answer (404 naming the
-// owner).
-func (s *Server) target(r *http.Request, id auth.Identity, live bool) (fsm.ClaimRec, error) {
+// old daemon's 404; a root caller naming another node's sandbox gets
+// visible's answer (404 naming the owner). It may have ended (release
+// takes that); liveTarget refuses an ended one.
+func (s *Server) target(r *http.Request, id auth.Identity) (fsm.ClaimRec, error) {
 	c, err := s.visible(r, id)
 	var he *httpError
 	switch {
@@ -91,19 +90,38 @@ func (s *Server) target(r *http.Request, id auth.Identity, live bool) (fsm.Claim
 		return c, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
 	case err != nil:
 		return c, err
-	case live && !c.Status.Live():
-		return c, errorf(http.StatusNotFound, "%s", errUnknownSandbox)
 	}
 	return c, nil
 }
 
-// settled maps a rejection of a verb's command about sandbox id: the claim
-// gone from the state, or ended between target and the proposal, is the
-// old daemon's 404; any other answer is returned as it is.
+// liveTarget is target for the verbs that need the claim live: an ended
+// one says it ended (410, ended.go).
+func (s *Server) liveTarget(r *http.Request, id auth.Identity) (fsm.ClaimRec, error) {
+	c, err := s.target(r, id)
+	if err == nil && !c.Status.Live() {
+		return c, endedError(&c)
+	}
+	return c, err
+}
+
+// settled maps a rejection of release about sandbox id: the claim gone
+// from the state, or ended between target and the proposal, is the old
+// daemon's 404; any other answer is returned as it is.
 func (s *Server) settled(err error, id string) error {
 	if _, isRej := fsm.AsRejection(err); isRej {
 		if c, ok := s.claim(id); !ok || !c.Status.Live() {
 			return errorf(http.StatusNotFound, "%s", errUnknownSandbox)
+		}
+	}
+	return err
+}
+
+// settledLive is settled for the verbs that need the claim live: one that
+// ended meanwhile says so (410, ended.go).
+func (s *Server) settledLive(err error, id string) error {
+	if _, isRej := fsm.AsRejection(err); isRej {
+		if c, ok := s.claim(id); !ok || !c.Status.Live() {
+			return s.goneOrUnknown(id)
 		}
 	}
 	return err
@@ -138,7 +156,7 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, id auth.I
 	if err := decodeBody(r, &struct{}{}, true); err != nil {
 		return err
 	}
-	c, err := s.target(r, id, false)
+	c, err := s.target(r, id)
 	if err != nil {
 		return err
 	}
@@ -159,7 +177,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Ide
 	if err := req.normalize(); err != nil {
 		return err
 	}
-	c, err := s.target(r, id, true)
+	c, err := s.liveTarget(r, id)
 	if err != nil {
 		return err
 	}
@@ -167,7 +185,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, id auth.Ide
 		return fsm.Renew{Meta: m, Claim: c.ID, TTLSeconds: req.TTLSeconds}
 	}, engine.Hooks{})
 	if err != nil {
-		return s.settled(err, c.ID)
+		return s.settledLive(err, c.ID)
 	}
 	// The answer is this renew's own deadline, from its own event: the
 	// state may already hold a concurrent renew's, not yet durable.

@@ -92,10 +92,10 @@ func TestSandboxVerbCallers(t *testing.T) {
 	}
 }
 
-// TestSandboxVerbsOnEndedClaim: the old daemon forgot a claim when it
-// ended, so hibernate, wake and renew of an ended sandbox are its 404 and
-// owner its "not owned here", whoever asks; release stays an idempotent 204
-// (both are success to the old SDKs' Close).
+// TestSandboxVerbsOnEndedClaim: hibernate, wake and renew of an ended
+// sandbox say it ended (410, ended.go) to whoever may see it; owner is the
+// old daemon's "not owned here"; release stays an idempotent 204 (success
+// to the old SDKs' Close).
 func TestSandboxVerbsOnEndedClaim(t *testing.T) {
 	n := newNode(t, 2, nil)
 	sb := claimAs(t, n, tokA, "")
@@ -112,7 +112,7 @@ func TestSandboxVerbsOnEndedClaim(t *testing.T) {
 			case "/owner":
 				exactly(t, "owner of an ended sandbox", st, resp, http.StatusNotFound, `{"error":"not owned here"}`)
 			default:
-				exactly(t, v.suffix+" of an ended sandbox", st, resp, http.StatusNotFound, `{"error":"unknown sandbox"}`)
+				exactly(t, v.suffix+" of an ended sandbox", st, resp, http.StatusGone, goneBody(t, n, sb.ID))
 			}
 		}
 	}

@@ -64,6 +64,9 @@ type Client struct {
 	base  *url.URL
 	token string
 	hc    *http.Client
+	// lookup, when set, makes the data-plane calls use the sandbox's own
+	// token, read with this client's token (WithSandboxLookup).
+	lookup *sandboxLookup
 }
 
 // New returns a client for addr ("http://host:port", or "host:port") sending

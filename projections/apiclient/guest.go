@@ -24,21 +24,33 @@ import (
 // an *Error. ctx bounds the dial and the answer, which waits for a
 // hibernated sandbox to be woken.
 func (c *Client) DialAgent(ctx context.Context, id string) (net.Conn, error) {
-	return c.upgrade(ctx, sandboxPath(id, "agent"), "silkd")
+	sc, err := c.forSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return sc.upgrade(ctx, sandboxPath(id, "agent"), "silkd")
 }
 
 // DialPort opens GET /v1/sandboxes/{id}/ports/{port}: the connection then
 // carries the guest TCP port's bytes; CloseWrite half-closes the guest
 // socket.
 func (c *Client) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
-	return c.upgrade(ctx, sandboxPath(id, "ports/"+strconv.Itoa(port)), "tcp")
+	sc, err := c.forSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return sc.upgrade(ctx, sandboxPath(id, "ports/"+strconv.Itoa(port)), "tcp")
 }
 
 // Exec is POST /v1/sandboxes/{id}/exec: the command's exit code and
 // output, buffered (a non-zero exit is not an error).
 func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest) (*api.ExecResponse, error) {
+	sc, err := c.forSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
 	var out api.ExecResponse
-	if err := c.do(ctx, http.MethodPost, sandboxPath(id, "exec"), nil, req, &out); err != nil {
+	if err := sc.do(ctx, http.MethodPost, sandboxPath(id, "exec"), nil, req, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil

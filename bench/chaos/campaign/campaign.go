@@ -30,7 +30,13 @@
 //   - with Options.Egress (an egress pool, the daemon in a network
 //     namespace with a bridge): after every restart and at the end, every
 //     egress VM whose VMM runs has its tap locked and no lock is left for a
-//     VM the state no longer has (egress.go).
+//     VM the state no longer has (egress.go); and a network namespace
+//     playing the guest of a probe claim of that pool, on its VM's tap,
+//     gets 200 from the allowed upstream and 403 from a denied one through
+//     the proxy, while its direct and spoofed connections are dropped at
+//     the tap, after every restart and at the end; across every kill its
+//     traffic never leaks and fails closed while the daemon is down
+//     (egressprobe.go).
 package campaign
 
 import (
@@ -78,8 +84,9 @@ type Options struct {
 	// the usage journal the end checks compare with the log.
 	NATS bool
 	// Egress adds an egress pool: the daemon runs in a lane's namespace
-	// with a bridge, and its taps' locks are checked after every restart
-	// and at the end (egress.go). It needs root (EgressAvailable).
+	// with a bridge, its taps' locks are checked after every restart and
+	// at the end (egress.go), and a probe guest sends egress traffic
+	// (egressprobe.go). It needs root (EgressAvailable).
 	Egress bool
 	// Out receives progress lines (nil: discarded).
 	Out io.Writer
@@ -208,14 +215,23 @@ type campaign struct {
 	foreign    VMMProc
 	foreignDir string
 	// lane is the egress lane daemon a runs in (nil without Options.Egress).
-	lane    *netnstest.Lane
+	lane *netnstest.Lane
+	// probes is the egress traffic (nil without a lane).
+	probes  *prober
 	bVMMs   map[int]string
 	bClaims []string
+	outMu   sync.Mutex // serialises logf's writes to out
 }
 
+// logf writes one line to the campaign's output; the workers, the killer
+// and the probes all log, and the output need not be safe for concurrent
+// writes (a test's bytes.Buffer is not).
 func (c *campaign) logf(format string, args ...any) {
 	if c.out != nil {
-		fmt.Fprintf(c.out, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+		line := fmt.Sprintf("%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+		c.outMu.Lock()
+		defer c.outMu.Unlock()
+		_, _ = io.WriteString(c.out, line)
 	}
 }
 
@@ -302,6 +318,7 @@ func run(ctx context.Context, opt Options, lane *netnstest.Lane) (*Result, error
 				}
 			}
 		}
+		c.stopProber()
 		if n := KillVMMsUnder(opt.Dir); n > 0 {
 			c.logf("cleanup: killed %d VMM processes under %s", n, opt.Dir)
 		}
@@ -359,7 +376,11 @@ func (c *campaign) setup(ctx context.Context) error {
 		if err := c.inLane(c.a); err != nil {
 			return err
 		}
+		if err := c.startProber(); err != nil {
+			return fmt.Errorf("egress upstream: %w", err)
+		}
 		c.note("egress pool %s/%s/%s on bridge %s in a network namespace; its VMs' tap locks checked after every restart and at the end", poolEgress.Template, poolEgress.Net, poolEgress.Size, c.lane.Bridge)
+		c.note("egress traffic: a netns guest on the probe claim's VM tap (its pinned MAC and address), upstream %s allowed, %s denied; probes after every restart, at the end and across every kill", upAllowed, upDenied)
 	}
 	// Another instance id's VM in the same run root: started by hand, as
 	// another daemon would have.
@@ -400,6 +421,7 @@ func (c *campaign) setup(ctx context.Context) error {
 	c.inst = c.a.Instance("i-foreign0")
 	c.logf("daemon a up on %s (instance %s)", c.a.Addr, c.inst)
 	c.checkLocks(ctx, "first start")
+	c.probeRound(ctx, "first start")
 	return nil
 }
 
@@ -452,26 +474,31 @@ func (c *campaign) killer(ctx context.Context) error {
 	mean := c.opt.Duration / time.Duration(max(c.opt.Kills, 1))
 	for time.Since(start) < c.opt.Duration || c.res.Kills < c.opt.Kills {
 		wait := mean/2 + time.Duration(c.intn(int(mean)+1))
+		// The probe guest's traffic runs through the incarnation and
+		// across its end (egressprobe.go).
+		x := c.startAcross(ctx)
 		select {
 		case <-ctx.Done():
+			x.end("interrupted")
 			return ctx.Err()
 		case <-time.After(wait):
-			if err := c.signalKill(); err != nil {
+			if c.a.Running() {
+				x.killing()
+				if err := c.signalKill(); err != nil {
+					x.end("kill")
+					return err
+				}
+			} else if err := c.crashed(); err != nil {
+				x.end("exit")
 				return err
 			}
+			x.finish(fmt.Sprintf("kill %d", c.res.Kills))
 		case <-c.a.Done():
-			c.mu.Lock()
-			crashed := c.armed
-			c.armed = ""
-			c.mu.Unlock()
-			if crashed == "" {
-				return fmt.Errorf("daemon a exited on its own (%s); see %s", c.a.ExitState(), c.a.Log)
+			if err := c.crashed(); err != nil {
+				x.end("exit")
+				return err
 			}
-			c.mu.Lock()
-			c.res.CrashAt[crashed]++
-			c.mu.Unlock()
-			c.closeWindow()
-			c.logf("daemon a crashed at %s as armed (%s)", crashed, c.a.ExitState())
+			x.finish("crash")
 		}
 		if c.opt.VMMKills && c.intn(4) == 0 {
 			c.killRandomVMM()
@@ -480,6 +507,24 @@ func (c *campaign) killer(ctx context.Context) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// crashed accounts for an incarnation that exited by itself: at its armed
+// step (else an error: the daemon died unasked).
+func (c *campaign) crashed() error {
+	c.mu.Lock()
+	crashed := c.armed
+	c.armed = ""
+	c.mu.Unlock()
+	if crashed == "" {
+		return fmt.Errorf("daemon a exited on its own (%s); see %s", c.a.ExitState(), c.a.Log)
+	}
+	c.mu.Lock()
+	c.res.CrashAt[crashed]++
+	c.mu.Unlock()
+	c.closeWindow()
+	c.logf("daemon a crashed at %s as armed (%s)", crashed, c.a.ExitState())
 	return nil
 }
 
@@ -545,8 +590,10 @@ func (c *campaign) restart(ctx context.Context, chaos bool) error {
 	c.mu.Unlock()
 	c.logf("restarted sandboxd in %s %s", d.Round(time.Millisecond), strings.Join(desc, ", "))
 	// At once: the new incarnation answers only after its reconcile, so
-	// every egress VM it adopted must be locked by now.
+	// every egress VM it adopted must be locked by now, and its probe
+	// guest's traffic must meet the policy.
 	c.checkLocks(ctx, fmt.Sprintf("restart %d", n))
+	c.probeRound(ctx, fmt.Sprintf("restart %d", n))
 	return nil
 }
 

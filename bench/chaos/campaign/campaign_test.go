@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,6 +91,15 @@ func TestShortCampaign(t *testing.T) {
 	}
 	if egress == nil && (res.Checked["egress lock reads (restart)"] == 0 || res.Checked["egress VMs running with their tap locked"] == 0) {
 		t.Fatalf("the campaign checked no egress lock: %v", res.Checked)
+	}
+	if egress == nil {
+		// The probe guest's traffic: every kind answered as the policy
+		// says after restarts, and probes ran across kills and while down.
+		for _, k := range append(slices.Collect(maps.Values(roundCheck)), "egress probes while up and across a kill (no leak)", "egress probes while down (failed closed)") {
+			if res.Checked[k] == 0 {
+				t.Fatalf("the campaign has no %q: %v", k, res.Checked)
+			}
+		}
 	}
 	if dup := res.Ops["duplicate"]; dup["release"]+dup["hibernate"]+dup["wake"]+dup["renew"] == 0 {
 		t.Fatalf("the campaign sent no duplicate requests: %v", res.Ops)
@@ -205,6 +216,26 @@ func (n *node) claim() *api.ClaimResponse {
 
 var onePool = PoolConf{Template: "default", Net: "none", Size: "small", Warm: 1}
 
+// stop ends the incarnation with SIGTERM, so the next can start armed.
+func (n *node) stop() {
+	n.t.Helper()
+	if err := n.d.Signal(syscall.SIGTERM, 30*time.Second); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// claimedThenStopped is the crash tests' start: a one-pool node, warm, one
+// sandbox claimed from it, stopped so the next incarnation can be armed.
+func claimedThenStopped(t *testing.T) (*node, *api.ClaimResponse) {
+	t.Helper()
+	n := newNode(t, onePool)
+	n.start()
+	n.waitFor("warm", n.warm(1))
+	cr := n.claim()
+	n.stop()
+	return n, cr
+}
+
 // TestCrashAt is acceptance 3: sandboxd killed at a named recipe step
 // (the SBX_CRASH_AT seam) recovers as specified after a restart.
 func TestCrashAt(t *testing.T) {
@@ -213,13 +244,7 @@ func TestCrashAt(t *testing.T) {
 	hibernate := func(step string, renamed bool) func(t *testing.T) {
 		return func(t *testing.T) {
 			t.Parallel()
-			n := newNode(t, onePool)
-			n.start()
-			n.waitFor("warm", n.warm(1))
-			cr := n.claim()
-			if err := n.d.Signal(syscall.SIGTERM, 30*time.Second); err != nil {
-				t.Fatal(err)
-			}
+			n, cr := claimedThenStopped(t)
 			n.start("SBX_CRASH_AT=hibernate:" + step)
 			// Answered once durable: a waiting hibernate would see the
 			// crash it arms as a dropped connection. Even so the crash can
@@ -280,9 +305,7 @@ func TestCrashAt(t *testing.T) {
 			n := newNode(t, onePool)
 			n.start()
 			n.waitFor("warm", n.warm(1))
-			if err := n.d.Signal(syscall.SIGTERM, 30*time.Second); err != nil {
-				t.Fatal(err)
-			}
+			n.stop()
 			n.start("SBX_CRASH_AT=clone:" + step)
 			if _, err := n.c.SetPools(n.ctx, api.PoolsRequest{Pools: []api.PoolSpec{{Template: "default", Net: "none", Size: "small", Warm: 2}}}); err != nil {
 				t.Fatal(err)
@@ -382,9 +405,7 @@ func TestDaemonDeathSparesVMMs(t *testing.T) {
 		state string
 	}{
 		{"SIGTERM", nil, func() {
-			if err := n.d.Signal(syscall.SIGTERM, 30*time.Second); err != nil {
-				t.Fatal(err)
-			}
+			n.stop()
 		}, "exit status 0"},
 		{"SIGKILL", nil, func() {
 			if err := n.d.Signal(syscall.SIGKILL, 10*time.Second); err != nil {

@@ -39,6 +39,7 @@ func (c *campaign) finalChecks(ctx context.Context) {
 		c.violate("not quiescent 3 minutes after the workload stopped: %v", err)
 	}
 	c.checkLocks(ctx, "final (quiescent)")
+	c.probeRound(ctx, "final (quiescent)")
 	// Snapshots recorded but not yet compared (a wake whose outcome the
 	// workload did not see) are compared now.
 	c.mu.Lock()

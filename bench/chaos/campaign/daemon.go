@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors/vmm"
+	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
 
@@ -57,6 +58,8 @@ type PoolConf struct {
 	Size     string `json:"size"`
 	Warm     int    `json:"warm"`
 	WarmMax  int    `json:"warm_max,omitempty"`
+	// Egress is the pool's egress policy (net egress).
+	Egress *api.PolicyJSON `json:"egress,omitempty"`
 }
 
 // Daemon supervises one sandboxd: its data dir, config, process and log.
@@ -214,6 +217,16 @@ func (d *Daemon) Done() <-chan struct{} {
 		return c
 	}
 	return d.done
+}
+
+// exits reports whether the incarnation ends (or has ended) within d.
+func (d *Daemon) exits(wait time.Duration) bool {
+	select {
+	case <-d.Done():
+		return true
+	case <-time.After(wait):
+		return false
+	}
 }
 
 // Running reports whether an incarnation runs.

@@ -35,11 +35,16 @@ import (
 // lockReads reads lockGap apart.
 
 // poolEgress is the egress pool of the daemon under test (with Egress).
-var poolEgress = PoolConf{Template: "egress", Net: "egress", Size: "small", Warm: 1, WarmMax: 2}
+// Its policy allows the lane's allowed upstream (egressprobe.go).
+var poolEgress = PoolConf{Template: "egress", Net: "egress", Size: "small", Warm: 1, WarmMax: 2, Egress: egressPolicy}
 
 const (
 	lockReads = 4
 	lockGap   = 250 * time.Millisecond
+	// lockExitWait bounds the wait for an incarnation whose API failed a
+	// read to be reaped: an armed crash cuts the read before the campaign
+	// sees the process end.
+	lockExitWait = 2 * time.Second
 )
 
 // EgressAvailable says why egress pools cannot be added to a campaign on
@@ -99,7 +104,7 @@ func (c *campaign) readLocks(ctx context.Context) (lockView, error) {
 		if v.tables, err = owner.Tables(); err != nil {
 			return err
 		}
-		links, err := netlink.LinkList()
+		links, err := nft.Dumped(netlink.LinkList)
 		if err != nil {
 			return err
 		}
@@ -154,7 +159,7 @@ func (c *campaign) checkLocks(ctx context.Context, when string) {
 	for i := range lockReads {
 		var err error
 		if v, err = c.readLocks(ctx); err != nil {
-			if ctx.Err() == nil && c.a.Running() {
+			if ctx.Err() == nil && !c.a.exits(lockExitWait) {
 				c.violate("%s: read the egress locks: %v", when, err)
 			}
 			return

@@ -497,7 +497,7 @@ func (c *campaign) doPools(ctx context.Context, cl *apiclient.Client) {
 	}
 	req := api.PoolsRequest{}
 	for _, p := range pools {
-		req.Pools = append(req.Pools, api.PoolSpec{Template: p.Template, Net: p.Net, Size: p.Size, Warm: p.Warm, WarmMax: p.WarmMax})
+		req.Pools = append(req.Pools, api.PoolSpec{Template: p.Template, Net: p.Net, Size: p.Size, Warm: p.Warm, WarmMax: p.WarmMax, Egress: p.Egress})
 	}
 	_, err := cl.SetPools(ctx, req)
 	out := outcomeOf(err)

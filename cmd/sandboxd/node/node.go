@@ -62,6 +62,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/rs/zerolog"
 
+	"github.com/sbxlog/sbxlog/cmd/buildinfo"
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
 	"github.com/sbxlog/sbxlog/eventlog"
 	"github.com/sbxlog/sbxlog/executors"
@@ -159,6 +160,8 @@ type Config struct {
 	Tenants []auth.TenantConfig
 	// MaxClaims caps live claims (0 = no cap).
 	MaxClaims int
+	// Volumes is the volume catalog, applied at every start (volumes.go).
+	Volumes []fsm.VolumeSpec
 	// Pools are applied on a first start (an empty log) only; afterwards
 	// PUT /v1/pools owns them.
 	Pools []fsm.PoolSpec
@@ -249,10 +252,12 @@ type Phase struct {
 
 // Node is a running node.
 type Node struct {
-	cfg  Config
-	zl   zerolog.Logger
-	Log  *eventlog.Log
-	Repl *replication.Service // nil: replication off
+	cfg Config
+	zl  zerolog.Logger
+	// dirLock holds the data dir (datadirlock.go) until the node stops.
+	dirLock *os.File
+	Log     *eventlog.Log
+	Repl    *replication.Service // nil: replication off
 	// Engine is the single writer; Server the API; Executors run intents.
 	Engine    *engine.Engine
 	Server    *api.Server
@@ -358,8 +363,18 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		return nil, err
 	}
 	n.cfg.DataDir = dataDir
+	// The HTTP port first: one that is taken or invalid is reported
+	// before anything else starts (NATS, the log); it is served at step 10.
+	if n.ln == nil {
+		if n.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+		}
+	}
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	if n.dirLock, err = lockDataDir(dataDir); err != nil {
+		return nil, err
 	}
 	secret, err := auth.LoadOrCreateSecret(filepath.Join(dataDir, "node.secret"))
 	if err != nil {
@@ -413,6 +428,8 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	})
 	metrics = api.NewMetrics(n.Engine)
 	n.Metrics = metrics
+	bi := buildinfo.Read()
+	metrics.BuildInfo(bi.Version, bi.Revision, bi.Go)
 	if err := n.startEgress(metrics); err != nil {
 		return nil, err
 	}
@@ -503,9 +520,11 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	if n.Repl != nil {
 		fleet = newFleetTenants(n, metrics)
 	}
+	lifecycle := &lifecycleLog{zl: zl, view: n.Engine.View, warm: map[fsm.PoolKey]bool{}}
 	n.Engine.SetOnCommit(func(c engine.Commit) {
 		n.Server.OnCommit(c.Events)
 		metrics.OnCommit(c.Events)
+		lifecycle.onCommit(c.Events)
 		if fleet != nil {
 			fleet.onCommit(c.Events)
 		}
@@ -520,11 +539,6 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 
 	// 10. Ready, then serve.
 	n.Server.SetReady()
-	if n.ln == nil {
-		if n.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-			return nil, err
-		}
-	}
 	streams, endStreams := context.WithCancel(context.Background())
 	n.http = &http.Server{Handler: endStreamsOn(streams, n.Server), ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout}
 	n.http.RegisterOnShutdown(endStreams)
@@ -627,6 +641,9 @@ func (n *Node) configure(ctx context.Context, firstStart bool) error {
 		zl.Info().Msg("pools come from the log (PUT /v1/pools); the config's pools apply only on a first start")
 	}
 	if err := n.applyTenants(ctx); err != nil {
+		return err
+	}
+	if err := n.applyVolumes(ctx); err != nil {
 		return err
 	}
 	if err := n.closeStaleRelays(ctx); err != nil {
@@ -862,9 +879,12 @@ func (n *Node) closeAll() {
 	if n.Log != nil {
 		_ = n.Log.Close()
 	}
-	if n.http == nil && n.ln != nil && n.cfg.Listener != nil {
-		// A listener handed in and never served is still ours to close.
+	if n.http == nil && n.ln != nil {
+		// A listener never served (a failed Start) is still ours to close.
 		_ = n.ln.Close()
+	}
+	if n.dirLock != nil {
+		_ = n.dirLock.Close()
 	}
 	if n.previewHTTP == nil && n.previewLn != nil {
 		_ = n.previewLn.Close()

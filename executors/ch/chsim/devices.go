@@ -31,21 +31,12 @@ func (s *Server) openDevices(cfg *ch.VmConfig, action string) (*devices, *apiErr
 		if v, _ := cfg.Get("disks", idx, "readonly"); v == true {
 			ro = true
 		}
-		flag, lockType := os.O_RDWR, int16(unix.F_WRLCK)
-		if ro {
-			flag, lockType = os.O_RDONLY, unix.F_RDLCK
-		}
 		if path == "" {
 			return fail("Error from device manager", "Disk path missing")
 		}
-		f, err := os.OpenFile(path, flag, 0)
-		if err != nil {
-			return fail("Error from device manager", "Cannot open disk path", osErrText(err))
-		}
-		lk := unix.Flock_t{Type: lockType, Whence: 0, Start: 0, Len: 0}
-		if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
-			f.Close()
-			return fail("Error locking disk images: Another instance likely holds a lock", osErrText(err))
+		f, causes := openDisk(path, ro)
+		if causes != nil {
+			return fail(causes...)
 		}
 		id, _ := cfg.Get("disks", idx, "id")
 		ids, _ := id.(string)
@@ -105,4 +96,25 @@ func (d *devices) close() {
 		f.Close()
 	}
 	d.console = nil
+}
+
+// openDisk opens a disk image as CH does: read-only with a shared lock, or
+// read-write with an exclusive one (an OFD lock, which another process
+// holding the image conflicts with). The causes name a failure in CH's
+// words.
+func openDisk(path string, ro bool) (*os.File, []string) {
+	flag, lockType := os.O_RDWR, int16(unix.F_WRLCK)
+	if ro {
+		flag, lockType = os.O_RDONLY, unix.F_RDLCK
+	}
+	f, err := os.OpenFile(path, flag, 0)
+	if err != nil {
+		return nil, []string{"Error from device manager", "Cannot open disk path", osErrText(err)}
+	}
+	lk := unix.Flock_t{Type: lockType, Whence: 0, Start: 0, Len: 0}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
+		f.Close()
+		return nil, []string{"Error locking disk images: Another instance likely holds a lock", osErrText(err)}
+	}
+	return f, nil
 }

@@ -512,3 +512,51 @@ func (s *Server) resize(body []byte) (any, *apiError) {
 	}
 	return nil, nil
 }
+
+// addDisk is vm.add-disk: the disk is opened (and locked) as CH opens it,
+// added to the config, and, in a booted VM, hot-plugged (its file kept open
+// until remove-device or the VM's end). A duplicate id or path is 409.
+func (s *Server) addDisk(body []byte) (any, *apiError) {
+	const action = "The disk could not be added to the VM"
+	var fields map[string]any
+	if e := decodeBody(body, &fields); e != nil {
+		return nil, e
+	}
+	var dc ch.DiskConfig
+	if e := decodeBody(body, &dc); e != nil {
+		return nil, e
+	}
+	v := s.vm
+	if v == nil {
+		return nil, vmmErr(http.StatusNotFound, action, "VM is not created")
+	}
+	if dc.Path == "" {
+		return nil, vmmErr(http.StatusBadRequest, action, "Disk path missing")
+	}
+	if dc.ID != "" && slices.Contains(s.deviceIDs(v.cfg), dc.ID) {
+		return nil, vmmErr(http.StatusConflict, action, "Error from device manager", fmt.Sprintf("Identifier %s is not unique", dc.ID))
+	}
+	if slices.Contains(v.cfg.DiskPaths(), dc.Path) {
+		return nil, vmmErr(http.StatusConflict, action, "Error from device manager", fmt.Sprintf("Disk path %s is already in use", dc.Path))
+	}
+	if dc.ID == "" {
+		dc.ID = fmt.Sprintf("_disk%d", s.ids)
+		s.ids++
+	}
+	fields["id"] = dc.ID
+	if v.booted() && v.devs != nil {
+		f, causes := openDisk(dc.Path, dc.Readonly)
+		if causes != nil {
+			return nil, vmmErr(http.StatusInternalServerError, action, causes...)
+		}
+		v.devs.disks[dc.ID] = f
+	}
+	l, _ := v.cfg.Get("disks")
+	items, _ := l.([]any)
+	_ = v.cfg.Set(append(items, fields), "disks")
+	if !v.booted() {
+		return nil, nil // cold add: 204
+	}
+	ids := s.deviceIDs(v.cfg)
+	return map[string]string{"id": dc.ID, "bdf": fmt.Sprintf("0000:00:%02x.0", 1+len(ids))}, nil
+}

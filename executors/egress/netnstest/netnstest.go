@@ -299,6 +299,21 @@ func (l *Lane) AddGuest(t TB, i int, tap string, mac net.HardwareAddr) *Guest {
 	return g
 }
 
+// Internet makes the namespace "internet" beside the lane's host one, for
+// upstreams the egress proxy may reach (its guard refuses the host's own
+// addresses): on a veth whose host end, wan0, has address wan, and whose
+// end in it, eth0, has addrs.
+func (l *Lane) Internet(t TB, wan netip.Prefix, addrs ...netip.Prefix) *NS {
+	t.Helper()
+	inet := New(t, "internet")
+	Veth(t, l.Host, "wan0", inet, "eth0")
+	l.Host.AddrAdd(t, "wan0", wan)
+	for _, a := range addrs {
+		inet.AddrAdd(t, "eth0", a)
+	}
+	return inet
+}
+
 // Readdress moves the guest to address p (its old one removed), routed
 // via gw: the address a lane leased it.
 func (g *Guest) Readdress(t TB, p netip.Prefix, gw netip.Addr) {

@@ -2,6 +2,8 @@ package netnstest
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"sync"
 
@@ -66,4 +68,22 @@ func Relay(t TB, a, b *os.File) {
 	go pump(a, b)
 	go pump(b, a)
 	t.Cleanup(func() { a.Close(); b.Close(); wg.Wait() })
+}
+
+// AttachGuest is a guest namespace standing for the guest of a VM whose
+// tap (made, locked and put on the bridge by the node) is tap in the lane's
+// host namespace: its NIC's frames are carried to and from that tap, as the
+// VMM would, and it has the MAC and address the host pinned the VM to
+// (the lock's), routed via the bridge. A VMM that holds the tap itself (a
+// real QEMU) cannot share it: this is for VMs whose VMM does not (chsim).
+// The namespace and the relay end at t's cleanup; the tap stays.
+func (l *Lane) AttachGuest(t TB, name, tap string, mac net.HardwareAddr, addr netip.Addr) *Guest {
+	t.Helper()
+	g := &Guest{NS: New(t, name), Tap: tap, MAC: mac, Addr: addr}
+	gtap := OpenTap(t, g.NS, "eth0")
+	g.SetMAC(t, "eth0", mac)
+	g.AddrAdd(t, "eth0", netip.PrefixFrom(addr, l.Subnet.Bits()))
+	g.RouteDefault(t, l.HostAddr)
+	Relay(t, gtap, OpenTap(t, l.Host, tap))
+	return g
 }

@@ -112,6 +112,25 @@ func KernelOps(o Owner) Ops {
 		Pins: Pins, Pin: Pin, Unpin: Unpin}
 }
 
+// dumpTries bounds the retries of an interrupted dump: a table that changes
+// faster than it can be read for this long is an error worth seeing.
+const dumpTries = 10
+
+// Dumped runs a netlink dump until the kernel answers it whole. A dump that
+// raced a change of the table it reads (a tap joining, a neighbour pinned by
+// another lane) ends with netlink.ErrDumpInterrupted and a partial result,
+// which is neither trusted nor an error: it is read again.
+func Dumped[T any](dump func() (T, error)) (T, error) {
+	var v T
+	var err error
+	for range dumpTries {
+		if v, err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return v, err
+		}
+	}
+	return v, fmt.Errorf("%w (%d reads)", err, dumpTries)
+}
+
 // Pins lists the permanent IPv4 neighbour entries on bridge: the guest
 // addresses pinned by every lane of the bridge (and by the operator).
 func Pins(bridge string) (map[netip.Addr]net.HardwareAddr, error) {
@@ -119,7 +138,7 @@ func Pins(bridge string) (map[netip.Addr]net.HardwareAddr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nft: pins of %s: %w", bridge, err)
 	}
-	ns, err := netlink.NeighList(br.Attrs().Index, netlink.FAMILY_V4)
+	ns, err := Dumped(func() ([]netlink.Neigh, error) { return netlink.NeighList(br.Attrs().Index, netlink.FAMILY_V4) })
 	if err != nil {
 		return nil, fmt.Errorf("nft: pins of %s: %w", bridge, err)
 	}
@@ -284,7 +303,7 @@ func NewLane(cfg LaneConfig) (*Lane, error) {
 			}
 		}
 		if !l.addr.IsValid() {
-			addrs, err := netlink.AddrList(br, netlink.FAMILY_V4)
+			addrs, err := Dumped(func() ([]netlink.Addr, error) { return netlink.AddrList(br, netlink.FAMILY_V4) })
 			if err != nil {
 				return nil, fmt.Errorf("nft: addresses of %q: %w", cfg.Bridge, err)
 			}

@@ -576,3 +576,39 @@ func TestLaneGuestAddrs(t *testing.T) {
 		t.Fatalf("pins after the reconcile: %v, want vm0's and the foreign one", k.pins)
 	}
 }
+
+func TestDumpedRereadsInterruptedDumps(t *testing.T) {
+	other := errors.New("no such device")
+	for _, tc := range []struct {
+		name        string
+		interrupted int // dumps answered ErrDumpInterrupted before a whole one
+		last        error
+		want        error
+		reads       int
+	}{
+		{"whole at once", 0, nil, nil, 1},
+		{"whole at the third read", 2, nil, nil, 3},
+		{"another error is not retried", 0, other, other, 1},
+		{"never whole", dumpTries + 5, nil, netlink.ErrDumpInterrupted, dumpTries},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reads := 0
+			v, err := Dumped(func() (int, error) {
+				reads++
+				if reads <= tc.interrupted {
+					return -reads, netlink.ErrDumpInterrupted
+				}
+				return 7, tc.last
+			})
+			if !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			if reads != tc.reads {
+				t.Fatalf("%d reads, want %d", reads, tc.reads)
+			}
+			if err == nil && v != 7 {
+				t.Fatalf("value %d, want the whole dump's 7", v)
+			}
+		})
+	}
+}

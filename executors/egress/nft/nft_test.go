@@ -58,7 +58,7 @@ func reach(g *netnstest.Guest, addr string, d time.Duration) bool {
 func forgetNeighbours(t *testing.T, g *netnstest.Guest) {
 	t.Helper()
 	g.MustDo(t, func() error {
-		ns, err := netlink.NeighList(0, netlink.FAMILY_V4)
+		ns, err := Dumped(func() ([]netlink.Neigh, error) { return netlink.NeighList(0, netlink.FAMILY_V4) })
 		if err != nil {
 			return err
 		}

@@ -77,6 +77,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/sbxlog/sbxlog/executors/egress/nft"
 	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"net"
 	"net/netip"
@@ -460,7 +461,7 @@ func deviceOf(nl *netlink.Handle, ip netip.Addr) (string, error) {
 	if nl == nil {
 		return "", errors.New("no netlink handle")
 	}
-	addrs, err := nl.AddrList(nil, netlink.FAMILY_ALL)
+	addrs, err := nft.Dumped(func() ([]netlink.Addr, error) { return nl.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		return "", err
 	}

@@ -17,6 +17,8 @@
 //	uptime             -> uptime <ns> <counter> <bootid>
 //	key <hex>          -> key            the data plane's key K (KeyHexLen hex digits) from now on
 //	net <b64>          -> net            the egress network (NetConfig, net.go), applied by Server.Net
+//	mount <b64>        -> mount          mount a volume's disk by its serial (VolumeMount, volume.go)
+//	umount <b64>       -> umount         unmount it
 //	anything else      -> error <verb> <message>
 //
 // The data plane (the silkd protocol, package executors/guest/silkd) runs
@@ -121,6 +123,10 @@ type Server struct {
 	// Net applies a guest's egress network (VerbNet); nil: the verb is
 	// refused, as by an agent that predates it.
 	Net func(NetConfig) error
+	// Mount and Unmount serve VerbMount and VerbUnmount (volume.go); nil:
+	// the verbs are refused.
+	Mount   func(VolumeMount) error
+	Unmount func(VolumeMount) error
 
 	counter atomic.Uint64
 	key     atomic.Pointer[string]
@@ -221,10 +227,14 @@ func (s *Server) handle(verb string, args []string) (string, error) {
 			return "", err
 		}
 		return VerbNet, nil
+	case VerbMount:
+		return handleVolume(verb, args, s.Mount)
+	case VerbUnmount:
+		return handleVolume(verb, args, s.Unmount)
 	case "":
 		return "", errors.New("empty request")
 	}
-	return "", fmt.Errorf("unknown command (want ready, write, sha, uptime, key, net)")
+	return "", fmt.Errorf("unknown command (want ready, write, sha, uptime, key, net, mount, umount)")
 }
 
 // write replaces the data file with n random bytes, through a temp file and a

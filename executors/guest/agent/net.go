@@ -90,25 +90,40 @@ func (c NetConfig) Validate() error {
 
 // EncodeNet is the argument of a net request.
 func EncodeNet(c NetConfig) (string, error) {
-	b, err := json.Marshal(c)
+	return encodeArg(c)
+}
+
+// DecodeNet reads and validates a net request's argument.
+func DecodeNet(arg string) (NetConfig, error) {
+	var c NetConfig
+	if err := decodeArg(arg, &c, false); err != nil {
+		return c, fmt.Errorf("net config: %w", err)
+	}
+	return c, c.Validate()
+}
+
+// encodeArg is a request argument that carries a structure (net, mount):
+// v as base64url JSON, which fits a line.
+func encodeArg(v any) (string, error) {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return "", err
 	}
 	return base64.RawURLEncoding.EncodeToString(b), nil
 }
 
-// DecodeNet reads and validates a net request's argument.
-func DecodeNet(arg string) (NetConfig, error) {
-	var c NetConfig
+// decodeArg reads an encodeArg argument into v. strict refuses fields v
+// does not have.
+func decodeArg(arg string, v any, strict bool) error {
 	b, err := base64.RawURLEncoding.DecodeString(arg)
 	if err != nil {
-		return c, fmt.Errorf("net config: %w", err)
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(&c); err != nil {
-		return c, fmt.Errorf("net config: %w", err)
+	if strict {
+		dec.DisallowUnknownFields()
 	}
-	return c, c.Validate()
+	return dec.Decode(v)
 }
 
 // SetNet gives the guest its egress network (VerbNet).

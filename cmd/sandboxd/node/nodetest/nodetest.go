@@ -23,6 +23,7 @@ package nodetest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -57,6 +58,16 @@ const FakeHypervisor = "in-process-fake"
 // run dir.
 type FakeDriver struct {
 	goldens, clones, hibernates, wakes, destroys atomic.Int64
+	checkpoints, ckRemovals                      atomic.Int64
+	// FailCheckpoints makes every capture fail for good, the VM still
+	// running.
+	FailCheckpoints    atomic.Bool
+	promotes, collects atomic.Int64
+	// FailPromotes makes every promote fail for good, the VM as it was.
+	FailPromotes       atomic.Bool
+	attaches, detaches atomic.Int64
+	// FailAttaches makes every volume attach fail for good.
+	FailAttaches atomic.Bool
 	// FailClones makes every clone fail for good (an unrecoverable error).
 	FailClones atomic.Bool
 	// FailHibernates and FailWakes make every hibernate and wake fail for
@@ -109,8 +120,8 @@ func (f *FakeDriver) CheckPool(k fsm.PoolKey, _ bool) error {
 
 var _ api.PoolSupport = (*FakeDriver)(nil)
 
-// ErrFakeFailure is the error of a hibernate or wake the fake was told to
-// fail (FailHibernates, FailWakes).
+// ErrFakeFailure is the error of a call the fake was told to fail
+// (FailHibernates, FailWakes, FailCheckpoints, FailPromotes, FailAttaches).
 const ErrFakeFailure = "nodetest: failed as asked"
 
 // SetDelay makes every later hibernate (kind fsm.KindHibernate) or wake
@@ -148,6 +159,8 @@ var (
 	_ node.Hypervisor       = (*FakeDriver)(nil)
 	_ reconcile.Driver      = (*FakeDriver)(nil)
 )
+
+var _ executors.Checkpointer = (*FakeDriver)(nil)
 
 // Name implements node.Hypervisor.
 func (f *FakeDriver) Name() string { return FakeHypervisor }
@@ -194,6 +207,20 @@ func (f *FakeDriver) held(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	return ctx.Err()
+}
+
+// answer is the start of every call of a kind that does nothing else: it
+// waits while the fake holds intents (held), counts the call in calls, and
+// fails it for good (ErrFakeFailure) when fail (nil: never) is set.
+func (f *FakeDriver) answer(ctx context.Context, calls *atomic.Int64, fail *atomic.Bool) error {
+	if err := f.held(ctx); err != nil {
+		return err
+	}
+	calls.Add(1)
+	if fail != nil && fail.Load() {
+		return executors.Unrecoverablef("%s", ErrFakeFailure)
+	}
+	return nil
 }
 
 // BuildGolden implements executors.Driver: the golden "exists" at once.
@@ -255,11 +282,36 @@ func (f *FakeDriver) Wake(ctx context.Context, _ fsm.WakeVM) (executors.Result, 
 
 // Destroy implements executors.Driver.
 func (f *FakeDriver) Destroy(ctx context.Context, _ fsm.DestroyVM) (executors.Result, error) {
-	if err := f.held(ctx); err != nil {
+	return executors.Result{}, f.answer(ctx, &f.destroys, nil)
+}
+
+// Checkpoint implements executors.Checkpointer: the checkpoint "exists" at
+// once, named as the real drivers name it.
+func (f *FakeDriver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (executors.Result, error) {
+	if err := f.answer(ctx, &f.checkpoints, &f.FailCheckpoints); err != nil {
 		return executors.Result{}, err
 	}
-	f.destroys.Add(1)
-	return executors.Result{}, nil
+	return executors.Result{SnapshotDir: layout.CheckpointRel(in.Checkpoint)}, nil
+}
+
+// RemoveCheckpoint implements executors.Checkpointer.
+func (f *FakeDriver) RemoveCheckpoint(ctx context.Context, _ fsm.RemoveCheckpoint) (executors.Result, error) {
+	return executors.Result{}, f.answer(ctx, &f.ckRemovals, nil)
+}
+
+// Promote implements executors.Driver: the template's golden "exists" at
+// once, named like a real driver names it.
+func (f *FakeDriver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.Result, error) {
+	if err := f.answer(ctx, &f.promotes, &f.FailPromotes); err != nil {
+		return executors.Result{}, err
+	}
+	rel := layout.GoldenRel(in.Target, in.OpID)
+	return executors.Result{SnapshotDir: rel, Digest: fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(rel)))}, nil
+}
+
+// CollectSnapshot implements executors.Driver: there is nothing to remove.
+func (f *FakeDriver) CollectSnapshot(ctx context.Context, _ fsm.CollectSnapshot) (executors.Result, error) {
+	return executors.Result{}, f.answer(ctx, &f.collects, nil)
 }
 
 // Calls returns how many calls of each kind the fake answered.
@@ -268,6 +320,10 @@ func (f *FakeDriver) Calls() map[fsm.IntentKind]int64 {
 		fsm.KindGolden: f.goldens.Load(), fsm.KindClone: f.clones.Load(),
 		fsm.KindHibernate: f.hibernates.Load(), fsm.KindWake: f.wakes.Load(),
 		fsm.KindDestroy: f.destroys.Load(),
+		// Checkpoints.
+		fsm.KindCheckpoint: f.checkpoints.Load(), fsm.KindCheckpointDelete: f.ckRemovals.Load(),
+		fsm.KindPromote: f.promotes.Load(), fsm.KindCollect: f.collects.Load(),
+		fsm.KindAttachVolume: f.attaches.Load(), fsm.KindDetachVolume: f.detaches.Load(),
 	}
 }
 
@@ -287,6 +343,8 @@ type Options struct {
 	Pools []fsm.PoolSpec
 	// MaxClaims is the node's max_claims (0 = unlimited).
 	MaxClaims int
+	// Volumes is the node's volume catalog (node.Config.Volumes).
+	Volumes []fsm.VolumeSpec
 	// Concurrency bounds the executors (default 64: the fake is instant).
 	Concurrency int
 	// Config is passed to api.New; OwnerAddr defaults to the listen address.
@@ -337,7 +395,7 @@ func Start(opts Options) (*Node, error) {
 	}
 	nc := node.Config{
 		DataDir: opts.Dir, NodeID: opts.NodeID, Listener: ln, Instance: "i-nodetest",
-		RootToken: opts.RootToken, Tenants: opts.Tenants, MaxClaims: opts.MaxClaims, Pools: opts.Pools,
+		RootToken: opts.RootToken, Tenants: opts.Tenants, MaxClaims: opts.MaxClaims, Pools: opts.Pools, Volumes: opts.Volumes,
 		RestartPolicy: fsm.DefaultRestartPolicy, Concurrency: opts.Concurrency, RefillDelay: opts.RefillDelay,
 		Redirector: opts.Redirector, API: cfg, Log: opts.Log,
 	}
