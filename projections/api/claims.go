@@ -164,7 +164,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		s.metrics.claim(refusalOutcome(err), "", time.Since(start))
 		return err
 	}
-	claimID := newClaimID()
+	claimID := s.newClaimID()
 	noEgress := req.Egress != nil && !*req.Egress
 	var env []egress.EnvEntry
 	if len(req.Env) > 0 {
@@ -384,7 +384,7 @@ func (s *Server) visible(r *http.Request, id auth.Identity) (fsm.ClaimRec, error
 		if addr, found := s.redir.OwnerOf(sid); found {
 			return c, &ownedElsewhere{addr: addr}
 		}
-		if err := s.locateAway(sid); err != nil {
+		if err := s.locateAway(sid, r); err != nil {
 			return c, err
 		}
 	}

@@ -45,9 +45,16 @@ type OwnerLocation struct {
 type ownerAway struct {
 	id  string
 	loc OwnerLocation
+	// asked: loc is the id's origin, which did not answer whether it
+	// holds the sandbox (askOrigins).
+	asked bool
 }
 
 func (o *ownerAway) Error() string {
+	if o.asked {
+		return fmt.Sprintf("sandbox %s was created by node %s (%s), which this node's view has not caught up with and which could not be asked (last seen %s): retry",
+			o.id, o.loc.Node, o.loc.Addr, stamp(o.loc.LastSeen))
+	}
 	if o.loc.Node == "" {
 		return fmt.Sprintf("sandbox %s is not on this node, and the cluster view has not been current since %s: its owner cannot be named; retry",
 			o.id, stamp(o.loc.ViewSince))
@@ -84,17 +91,24 @@ func ownerAwayError(err error) (error, bool) {
 	return he, true
 }
 
-// locateAway returns the ownerAway error for sandbox id this node does not
-// hold and no live node owns, or nil when the view is sure nobody holds
-// it (the plain 404).
-func (s *Server) locateAway(id string) error {
-	ol, ok := s.redir.(OwnerLocator)
-	if !ok {
-		return nil
+// locateAway returns the answer for sandbox id this node does not hold and
+// no live node owns in the view: an ownerAway (503) for an owner the view
+// knows but not as live, what the id's origins say (askOrigins), an
+// ownerAway while the view is behind, and nil (the plain 404) only when
+// the view is current and no origin holds id.
+func (s *Server) locateAway(id string, r *http.Request) error {
+	var loc OwnerLocation
+	if ol, ok := s.redir.(OwnerLocator); ok {
+		loc = ol.LocateOwner(id)
 	}
-	loc := ol.LocateOwner(id)
-	if loc.Node == "" && !loc.ViewBehind {
-		return nil
+	if loc.Node != "" {
+		return &ownerAway{id: id, loc: loc}
 	}
-	return &ownerAway{id: id, loc: loc}
+	if err := s.askOrigins(r, id); err != nil {
+		return err
+	}
+	if loc.ViewBehind {
+		return &ownerAway{id: id, loc: loc}
+	}
+	return nil
 }

@@ -3,8 +3,6 @@ package api
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -131,6 +129,7 @@ type Server struct {
 	zl      zerolog.Logger
 	metrics *Metrics
 	redir   Redirector
+	idTag   string // NodeTag of cfg.Node: the first digits of the ids minted here
 	mux     *http.ServeMux
 	routes  []Route
 	now     func() time.Time
@@ -204,6 +203,9 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats, egress: opts.Egress, pools: opts.Pools,
 		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
+	}
+	if cfg.Node != "" {
+		s.idTag = NodeTag(cfg.Node)
 	}
 	s.stopping, s.stopHandlers = context.WithCancel(context.Background())
 	s.vms = newVMView()
@@ -561,11 +563,5 @@ func (s *Server) SetReady() {
 	}
 }
 
-// newClaimID mints "sb_" + 16 hex digits from the system's randomness.
-func newClaimID() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("crypto/rand failed: " + err.Error())
-	}
-	return "sb_" + hex.EncodeToString(b[:])
-}
+// newClaimID mints a claim id naming this node (origins.go).
+func (s *Server) newClaimID() string { return newClaimID(s.idTag) }

@@ -112,9 +112,10 @@ type redirector struct {
 }
 
 var (
-	_ api.Redirector   = redirector{}
-	_ api.PeerLister   = redirector{}
-	_ api.OwnerLocator = redirector{}
+	_ api.Redirector    = redirector{}
+	_ api.PeerLister    = redirector{}
+	_ api.OwnerLocator  = redirector{}
+	_ api.OriginLocator = redirector{}
 )
 
 // Peers lists the other live nodes' addresses from the directory of the
@@ -152,6 +153,21 @@ func (r redirector) LocateOwner(id string) api.OwnerLocation {
 	}
 	loc.ViewBehind, loc.ViewSince = r.svc.View.Behind(r.self)
 	return loc
+}
+
+// Origins names the other nodes of the view (its logs and directory)
+// whose claim ids carry tag.
+func (r redirector) Origins(tag string) []api.OwnerLocation {
+	var out []api.OwnerLocation
+	for _, n := range r.svc.View.Nodes() {
+		if n.Node == r.self || api.NodeTag(n.Node) != tag {
+			continue
+		}
+		loc := api.OwnerLocation{Node: n.Node, Addr: n.Addr, Withdrawn: n.Withdrawn}
+		loc.LastSeen, _ = time.Parse(time.RFC3339Nano, n.LastSeen)
+		out = append(out, loc)
+	}
+	return out
 }
 
 // syncEngine is the engine as the API sees it in synchronous mode: a write
