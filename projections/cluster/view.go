@@ -455,6 +455,8 @@ func (v *View) Follow(ctx context.Context, fo feed.Options) error {
 	if fo.MaxBackoff == 0 {
 		fo.MaxBackoff = 2 * fo.Heartbeat
 	}
+	// A gap is retried, not the view's end: Behind says so meanwhile.
+	fo.RetryGaps = true
 	f, err := feed.New(fo, v)
 	if err != nil {
 		return err

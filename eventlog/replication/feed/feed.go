@@ -149,6 +149,15 @@ type Options struct {
 	// consumer is re-created, so a consumer lost with its server is noticed
 	// within 2*Heartbeat (default: the client's, about 30 s to notice).
 	Heartbeat time.Duration
+	// RetryGaps (an ephemeral consumer only): a gap in a node's events does
+	// not end Run; the consumer is created again from the start of the
+	// stream (what was applied is skipped) after the usual pause, for as
+	// long as the gap lasts, while Status says retrying. For an output that
+	// tells its readers it is behind while the feed is not running (the
+	// cluster view): through a stream leader's loss, a consumer re-created
+	// on another server was seen to deliver a node's next event without
+	// the one before it, which the stream did hold.
+	RetryGaps bool
 	Logger    zerolog.Logger
 }
 
@@ -291,7 +300,13 @@ func (f *Feed) Run(ctx context.Context) error {
 		var ge *GapError
 		var ce *CorruptError
 		var he handlerError
+		retryGap := errors.As(err, &ge) && f.opts.RetryGaps && f.opts.Durable == ""
 		switch {
+		case retryGap:
+			f.log.Warn().Err(err).Msg("feed gap; reading the stream again from its start")
+			f.mu.Lock()
+			f.lastSeq = 0
+			f.mu.Unlock()
 		case errors.As(err, &ge), errors.As(err, &ce):
 			f.log.Error().Err(err).Msg("feed stopped")
 			f.setState("failed", err)
@@ -301,7 +316,9 @@ func (f *Feed) Run(ctx context.Context) error {
 			f.setState("failed", he.err)
 			return he.err
 		}
-		if progressed {
+		if progressed && !retryGap {
+			// (A replay up to a gap that lasts reads the stream again at
+			// the longest pause, not in a tight loop.)
 			backoff = f.opts.MinBackoff
 		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
