@@ -10,6 +10,7 @@ import (
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/origin"
 )
 
 // laggingView is a cluster view that has not folded any sandbox of its
@@ -35,7 +36,7 @@ func (v laggingView) LocateOwner(string) api.OwnerLocation {
 func (v laggingView) Origins(tag string) []api.OwnerLocation {
 	var out []api.OwnerLocation
 	for node, addr := range v.peers {
-		if api.NodeTag(node) == tag {
+		if origin.NodeTag(node) == tag {
 			out = append(out, api.OwnerLocation{Node: node, Addr: addr})
 		}
 	}
@@ -48,18 +49,18 @@ func (v laggingView) Origins(tag string) []api.OwnerLocation {
 // the owner), one its origin does not hold is a 404 (while the view is
 // current), and an origin that cannot be asked is a 503 naming it.
 func TestUnknownIDAsksItsOrigin(t *testing.T) {
-	origin := newNode(t, 1, func(o *nodetest.Options) { o.NodeID = "origin" })
-	st, b := call(t, origin, "POST", "/v1/claim", rootTok, []byte(`{"template":"default"}`))
+	creator := newNode(t, 1, func(o *nodetest.Options) { o.NodeID = "origin" })
+	st, b := call(t, creator, "POST", "/v1/claim", rootTok, []byte(`{"template":"default"}`))
 	var cr api.ClaimResponse
 	if st != http.StatusOK || json.Unmarshal(b, &cr) != nil || cr.ID == "" {
 		t.Fatalf("claim on origin: %d %s", st, b)
 	}
-	if got := api.IDTag(cr.ID); got != api.NodeTag("origin") {
-		t.Fatalf("id %s minted by node origin has tag %q, want %q", cr.ID, got, api.NodeTag("origin"))
+	if got := origin.IDTag(cr.ID); got != origin.NodeTag("origin") {
+		t.Fatalf("id %s minted by node origin has tag %q, want %q", cr.ID, got, origin.NodeTag("origin"))
 	}
-	originAddr := strings.TrimPrefix(origin.URL, "http://")
+	originAddr := strings.TrimPrefix(creator.URL, "http://")
 	// An id of origin's tag that origin never minted.
-	gone := "sb_" + api.NodeTag("origin") + "000000000000"
+	gone := "sb_" + origin.NodeTag("origin") + "000000000000"
 
 	// A port nothing listens on: an origin that cannot be asked.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -68,8 +69,8 @@ func TestUnknownIDAsksItsOrigin(t *testing.T) {
 	}
 	deadAddr := ln.Addr().String()
 	ln.Close()
-	dead := "sb_" + api.NodeTag("dead") + "000000000001"
-	stranger := "sb_" + api.NodeTag("never-seen") + "000000000002"
+	dead := "sb_" + origin.NodeTag("dead") + "000000000001"
+	stranger := "sb_" + origin.NodeTag("never-seen") + "000000000002"
 
 	view := laggingView{peers: map[string]string{"origin": originAddr, "dead": deadAddr}}
 	n := newNode(t, 0, func(o *nodetest.Options) { o.NodeID = "here"; o.Redirector = view; o.NoExecutors = true })
@@ -99,15 +100,15 @@ func TestUnknownIDAsksItsOrigin(t *testing.T) {
 			t.Errorf("%s: %s %s: %d %s, want %d with %q", c.name, c.method, c.path, st, b, c.status, c.want)
 		}
 	}
-	if origin.LiveClaims() != 1 {
-		t.Errorf("live claims on origin after the other node's answers: %d, want 1", origin.LiveClaims())
+	if creator.LiveClaims() != 1 {
+		t.Errorf("live claims on origin after the other node's answers: %d, want 1", creator.LiveClaims())
 	}
 
 	// The question an origin is asked is answered from its own state and
 	// view, and not passed on: no loops between nodes sharing a tag.
 	req, _ := http.NewRequest("GET", n.URL+"/v1/sandboxes/"+cr.ID+"/owner", nil)
 	req.Header.Set("Authorization", "Bearer "+rootTok)
-	req.Header.Set("X-Sbxlog-Origin-Probe", "1")
+	req.Header.Set(origin.ProbeHeader, "1")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

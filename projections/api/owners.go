@@ -48,6 +48,14 @@ type ownerAway struct {
 	// asked: loc is the id's origin, which did not answer whether it
 	// holds the sandbox (askOrigins).
 	asked bool
+	// status is its answer's (set where it is made, so the docs test's
+	// reading of the handlers finds it).
+	status int
+}
+
+// awayFrom is the 503 ownerAway of sandbox id at loc.
+func awayFrom(id string, loc OwnerLocation, asked bool) *ownerAway {
+	return &ownerAway{id: id, loc: loc, asked: asked, status: http.StatusServiceUnavailable}
 }
 
 func (o *ownerAway) Error() string {
@@ -83,7 +91,7 @@ func ownerAwayError(err error) (error, bool) {
 	if !errors.As(err, &oa) {
 		return nil, false
 	}
-	he := &httpError{status: http.StatusServiceUnavailable, msg: oa.Error(), retryAfter: "1",
+	he := &httpError{status: oa.status, msg: oa.Error(), retryAfter: "1",
 		fields: map[string]string{"owner": oa.loc.Node, "owner_addr": oa.loc.Addr}}
 	if !oa.loc.LastSeen.IsZero() {
 		he.fields["last_seen"] = stamp(oa.loc.LastSeen)
@@ -102,13 +110,13 @@ func (s *Server) locateAway(id string, r *http.Request) error {
 		loc = ol.LocateOwner(id)
 	}
 	if loc.Node != "" {
-		return &ownerAway{id: id, loc: loc}
+		return awayFrom(id, loc, false)
 	}
 	if err := s.askOrigins(r, id); err != nil {
 		return err
 	}
 	if loc.ViewBehind {
-		return &ownerAway{id: id, loc: loc}
+		return awayFrom(id, loc, false)
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/auth"
+	"github.com/sbxlog/sbxlog/projections/origin"
 )
 
 // Engine is what the API needs of the single writer.
@@ -129,7 +130,7 @@ type Server struct {
 	zl      zerolog.Logger
 	metrics *Metrics
 	redir   Redirector
-	idTag   string // NodeTag of cfg.Node: the first digits of the ids minted here
+	idTag   string // origin.NodeTag of cfg.Node: the first digits of the ids minted here
 	mux     *http.ServeMux
 	routes  []Route
 	now     func() time.Time
@@ -205,7 +206,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 		ready:   make(chan struct{}),
 	}
 	if cfg.Node != "" {
-		s.idTag = NodeTag(cfg.Node)
+		s.idTag = origin.NodeTag(cfg.Node)
 	}
 	s.stopping, s.stopHandlers = context.WithCancel(context.Background())
 	s.vms = newVMView()

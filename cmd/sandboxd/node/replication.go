@@ -18,6 +18,7 @@ import (
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/origin"
 )
 
 // DefaultSyncTimeout bounds an API write's wait for the JetStream ack in
@@ -160,7 +161,7 @@ func (r redirector) LocateOwner(id string) api.OwnerLocation {
 func (r redirector) Origins(tag string) []api.OwnerLocation {
 	var out []api.OwnerLocation
 	for _, n := range r.svc.View.Nodes() {
-		if n.Node == r.self || api.NodeTag(n.Node) != tag {
+		if n.Node == r.self || origin.NodeTag(n.Node) != tag {
 			continue
 		}
 		loc := api.OwnerLocation{Node: n.Node, Addr: n.Addr, Withdrawn: n.Withdrawn}
