@@ -243,20 +243,7 @@ func waitReplicas(t *testing.T, js jetstream.JetStream) {
 		natstest.Eventually(t, 60*time.Second, "stream "+name+" whole again", func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			st, err := js.Stream(ctx, name)
-			if err != nil {
-				return false
-			}
-			info, err := st.Info(ctx)
-			if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
-				return false
-			}
-			for _, r := range info.Cluster.Replicas {
-				if !r.Current || r.Offline {
-					return false
-				}
-			}
-			return true
+			return stream.Whole(ctx, js, name, 3)
 		})
 	}
 }
