@@ -55,6 +55,7 @@ var sections = []section{
 	{"tarbench", tarbench.Run},
 	{"agentbench", agentbench.Run},
 	{"egressqemubench", egressbench.RunQEMU},
+	{"fleetbench", replbench.RunFleet},
 }
 
 func main() {
