@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors/guest/guesttest"
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
 	"github.com/sbxlog/sbxlog/executors/guest/silkagent/proctest"
+	"github.com/sbxlog/sbxlog/executors/guest/silkagent/silktest"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -32,30 +34,29 @@ import (
 // the project's client: (7) `python3 -c 'print(6*7)'` over the sandbox's
 // agent relay and the SSH server's banner through port_forward to 22;
 // (1, 2, 4) the process-ops suite (proctest) with the guest's bash, its
-// session kept through a hibernate and wake by the API;
-// (8) preview: python3's http.server and a WebSocket echo in the guest,
-// reached through /p/{token}/ on the preview listener, 404 after release.
+// session kept through a hibernate and wake by the API; (3, 5, 6) the
+// tool-ops suite (silktest): a 10 MiB tree of 1000 files pushed as tar,
+// found in, replaced in, its sha256s checked by the guest's sha256sum and
+// pulled back, a file made by an exec seen by fs_watch; git init by the
+// guest's git, add, commit, status, branch, push, clone and pull through
+// the git ops against a bare repository in the guest, read back by git
+// itself; lsp_start of a missing server not_found and a JSON-RPC
+// initialize round trip with a stub server; (8) preview: python3's
+// http.server and a WebSocket echo in the guest, reached through
+// /p/{token}/ on the preview listener, 404 after release.
 func TestDebianQEMU(t *testing.T) {
 	g := guesttest.RequireDebian(t)
 	paddr := freeAddr(t)
 	n := startQEMUNode(t, shortTempDir(t, "dbq"), g, map[string]any{"preview_listen": paddr})
 	addr, root := n.addr, n.root
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 35*time.Minute)
 	defer cancel()
 	cl := n.claim(t, ctx, api.ClaimRequest{Template: "default"})
 	sb, err := apiclient.New(addr, cl.Token, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dial := func(t *testing.T) *silkd.Conn {
-		t.Helper()
-		nc, err := sb.DialAgent(ctx, cl.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { nc.Close() })
-		return silkd.NewConn(nc)
-	}
+	dial := agentDialer(ctx, sb, cl.ID)
 
 	t.Run("python3", func(t *testing.T) {
 		var out bytes.Buffer
@@ -84,7 +85,7 @@ func TestDebianQEMU(t *testing.T) {
 		t.Logf("port 22 through the relay: %q", strings.TrimSpace(banner))
 	})
 	t.Run("proc", func(t *testing.T) {
-		proctest.Run(t, proctest.Agent{Dial: dial, Timeout: time.Minute, Hibernate: func(t *testing.T) {
+		proctest.Run(t, proctest.Agent{Dial: func(t *testing.T) *silkd.Conn { return dial(t) }, Timeout: time.Minute, Hibernate: func(t *testing.T) {
 			// Through the API: the daemon snapshots the guest and restores it.
 			start := time.Now()
 			if err := sb.Hibernate(ctx, cl.ID); err != nil {
@@ -122,14 +123,31 @@ func TestDebianQEMU(t *testing.T) {
 			t.Fatalf("the terminal's shell (pid %d) in ps %+v: want bash", p.Pid, ps)
 		}
 	})
+	t.Run("tools", func(t *testing.T) {
+		silktest.Run(t, silktest.Agent{Dial: dial, Base: "/tmp/tools", GitBinary: true, LSPDir: silkagent.DefaultLSPDir, Timeout: 15 * time.Minute})
+	})
 	t.Run("preview", func(t *testing.T) { debianPreview(t, ctx, root, sb, cl.ID, dial) })
+}
+
+// agentDialer opens connections to sandbox id's agent through the relay
+// with the sandbox's client sb, each closed when its test ends.
+func agentDialer(ctx context.Context, sb *apiclient.Client, id string) func(testing.TB) *silkd.Conn {
+	return func(t testing.TB) *silkd.Conn {
+		t.Helper()
+		nc, err := sb.DialAgent(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		return silkd.NewConn(nc)
+	}
 }
 
 // debianPreview is acceptance 8 on the Debian guest: python3's http.server
 // and a WebSocket echo server started detached in the guest, reached
 // through preview URLs minted by the sandbox's client on the preview
 // listener; once the claim is released both URLs answer 404.
-func debianPreview(t *testing.T, ctx context.Context, root, sb *apiclient.Client, id string, dial func(*testing.T) *silkd.Conn) {
+func debianPreview(t *testing.T, ctx context.Context, root, sb *apiclient.Client, id string, dial func(testing.TB) *silkd.Conn) {
 	const body = "served from the Debian guest\n"
 	var out bytes.Buffer
 	res, err := dial(t).Exec(ctx, silkd.Exec{Argv: []string{"sh", "-c", "mkdir -p /tmp/pv && printf '%s' \"$1\" >/tmp/pv/hello.txt", "sh", body}},
@@ -333,3 +351,32 @@ while True:
     c, _ = s.accept()
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 `
+
+// TestAgentSuitesChsim is TestDebianQEMU's suites on the simulated guest,
+// spoken the same way: the built sandboxd on chsim, one claim, and the
+// project's client over the sandbox's agent relay. proctest and silktest
+// assert, where the guest is simulated, what it answers instead (no
+// terminals, no shell, git and lsp unimplemented saying it is simulated);
+// its sessions are not kept through a hibernate, so none is run.
+func TestAgentSuitesChsim(t *testing.T) {
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	dataPlaneDaemon(t, dir, addr, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cl := claimWarm(t, ctx, addr, dpRoot)
+	sb, err := apiclient.New(addr, cl.Token, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := agentDialer(ctx, sb, cl.ID)
+	if info, err := dial(t).Info(ctx); err != nil || !info.Simulated {
+		t.Fatalf("info = %+v, %v; want the simulated guest", info, err)
+	}
+	t.Run("proc", func(t *testing.T) {
+		proctest.Run(t, proctest.Agent{Dial: func(t *testing.T) *silkd.Conn { return dial(t) }, Simulated: true})
+	})
+	t.Run("tools", func(t *testing.T) {
+		silktest.Run(t, silktest.Agent{Dial: dial, Base: "/root/tools", Simulated: true, Timeout: 3 * time.Minute})
+	})
+}

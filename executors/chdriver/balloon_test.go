@@ -110,8 +110,10 @@ func TestBalloonSettles(t *testing.T) {
 		t.Fatalf("hibernate paused with %d MiB in the balloon, want 48", got/mib)
 	}
 	// vm.info was polled while it moved, and its last answer before the
-	// pause was the settled size.
-	if len(infos) < 3 || infos[0] == 16*mib || infos[len(infos)-1] != 16*mib {
+	// pause was the settled size. How far it had moved by the first poll
+	// is the host's timing (a loaded host starts the hibernate late), so
+	// two polls, the first seeing it unsettled, are the proof of a wait.
+	if len(infos) < 2 || infos[0] == 16*mib || infos[len(infos)-1] != 16*mib {
 		t.Fatalf("memory_actual_size polled %v MiB, want a wait ending at 16", mibs(infos))
 	}
 	if strings.Contains(h.logs.String(), "no progress") {

@@ -118,9 +118,10 @@
 //     FindFileBytes is left alone (0); the first failure ends the RPC.
 //   - fs_watch answers ready once armed, then event frames (created,
 //     modified, deleted, renamed; inotify on a real guest, the tree's own
-//     changes in the simulated one) until the client sends any frame or
-//     its stream ends, which ends the watch without a terminal frame, as
-//     the old agent's did. At most Limits.WatchQueue (256) events wait for
+//     changes in the simulated one; a move is renamed at both of its
+//     ends, as the old agent said it, a chmod modified) until the client
+//     sends any frame or its stream ends, which ends the watch without a
+//     terminal frame, as the old agent's did. At most Limits.WatchQueue (256) events wait for
 //     the client; past it those are sent and an internal "watch event queue
 //     overflow" ends the watch.
 //   - the git ops are go-git in the agent (git.go says why, and how it
@@ -148,7 +149,9 @@
 // one-request HTTP server on SimHTTPPort (with a websocket upgrade that
 // echoes), and refuses every other port. Over a MemFS it serves the
 // whole-tree ops and fs_watch (a MemFS holds no symlinks: a pushed one is
-// bad_request); git and lsp are not simulated (unimplemented).
+// bad_request); git and lsp are not simulated (unimplemented; with
+// Server.Simulated set, every unimplemented answer says the guest is
+// simulated).
 //
 // Errors of a backend become error frames: an *silkd.Error as it is, one
 // wrapping fs.ErrNotExist as not_found, anything else internal; messages are

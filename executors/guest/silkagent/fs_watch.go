@@ -1,15 +1,9 @@
 package silkagent
 
 import (
-	"errors"
-	"io/fs"
-	"os"
 	"path"
-	"path/filepath"
 	"strings"
 	"sync"
-
-	"github.com/fsnotify/fsnotify"
 
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 )
@@ -105,88 +99,6 @@ func (s *Server) fsWatch(req *silkd.FsWatch, w *silkd.Writer) *call {
 		}
 	}()
 	return c
-}
-
-// Watch implements Watcher with inotify (fsnotify). A recursive watch adds
-// the directories created below it as they appear.
-func (OSFS) Watch(p string, recursive bool, emit func(silkd.Event), fail func(error)) (func(), error) {
-	st, err := os.Stat(p)
-	if err != nil {
-		return nil, err
-	}
-	nw, err := fsnotify.NewWatcher()
-	if err != nil {
-		return nil, err
-	}
-	addTree := func(root string) error {
-		return filepath.WalkDir(root, func(q string, d fs.DirEntry, err error) error {
-			if err != nil {
-				if q == root {
-					return err
-				}
-				return nil // a directory that went away or cannot be read
-			}
-			if d.IsDir() {
-				if err := nw.Add(q); err != nil && q == root {
-					return err
-				}
-			}
-			return nil
-		})
-	}
-	if recursive && st.IsDir() {
-		err = addTree(p)
-	} else {
-		err = nw.Add(p)
-	}
-	if err != nil {
-		nw.Close()
-		return nil, err
-	}
-	go func() {
-		for {
-			select {
-			case ev, ok := <-nw.Events:
-				if !ok {
-					return
-				}
-				kind := osEventKind(ev.Op)
-				if kind == "" {
-					continue
-				}
-				if recursive && ev.Has(fsnotify.Create) {
-					if st, err := os.Lstat(ev.Name); err == nil && st.IsDir() {
-						_ = addTree(ev.Name)
-					}
-				}
-				emit(silkd.Event{Kind: kind, Path: ev.Name})
-			case err, ok := <-nw.Errors:
-				if !ok {
-					return
-				}
-				if errors.Is(err, fsnotify.ErrEventOverflow) {
-					err = errors.New(overflowMessage + " (inotify)")
-				}
-				fail(err)
-			}
-		}
-	}()
-	return func() { nw.Close() }, nil
-}
-
-// osEventKind maps an inotify event to the protocol's kinds.
-func osEventKind(op fsnotify.Op) string {
-	switch {
-	case op.Has(fsnotify.Create):
-		return "created"
-	case op.Has(fsnotify.Remove):
-		return "deleted"
-	case op.Has(fsnotify.Rename):
-		return "renamed"
-	case op.Has(fsnotify.Write), op.Has(fsnotify.Chmod):
-		return "modified"
-	}
-	return ""
 }
 
 // memWatch is one watch of a MemFS.

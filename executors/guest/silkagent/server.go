@@ -217,6 +217,11 @@ func (s *Server) dispatch(ctx context.Context, req silkd.Request, w *silkd.Write
 			return c
 		}
 	}
+	if s.Simulated {
+		// Said so, as pty_open says it: a client must not take the
+		// simulated guest's gap for the real agent's.
+		return answer(silkd.Errorf(silkd.KindUnimplemented, "%s is not served by this agent: the guest is simulated", req.Op()))
+	}
 	return answer(silkd.Errorf(silkd.KindUnimplemented, "%s is not served by this agent", req.Op()))
 }
 

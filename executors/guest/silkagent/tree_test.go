@@ -3,13 +3,13 @@ package silkagent
 import (
 	"archive/tar"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,58 +38,41 @@ func conns(dial func() net.Conn) silktest.Dial {
 	}
 }
 
-// The acceptance round trip: a 10 MiB tree of 1000 files pushed as tar,
-// a word found and replaced in it, the tree pulled back and every file's
-// sha256 compared; the watch sees a file created by an exec (by fs_write
-// in the simulated guest, which runs no shell).
-func TestTreeRoundTrip(t *testing.T) {
+// Issue 23's tool-ops suite (silktest) on the engine with the host's files,
+// processes and go-git: the 10 MiB, 1000-file round trip (files of 1 KiB
+// under the race detector), the git ops and the language-server broker
+// with the stub server run by the host's sh.
+func TestToolOpsOS(t *testing.T) {
 	size := 10 << 10
 	if raceEnabled {
 		size = 1 << 10
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	t.Run("os", func(t *testing.T) {
-		dial := serve(t, &Server{FS: OSFS{}, Procs: OSProcs{}})
-		silktest.Tree(t, ctx, conns(dial), t.TempDir(), 1000, size, silktest.ExecCreate)
-	})
-	t.Run("sim", func(t *testing.T) {
-		_, dial := simServer(t)
-		silktest.Tree(t, ctx, func(t testing.TB) *silkd.Conn { return dial() }, "/tmp", 1000, size, silktest.WriteCreate)
-	})
-}
-
-// The git ops, go-git on the machine's own files.
-func TestGit(t *testing.T) {
-	dial := serve(t, &Server{FS: OSFS{}, Procs: OSProcs{}, Git: true, Now: func() time.Time { return time.Unix(1_700_000_000, 0) }})
-	silktest.Git(t, testCtx(t), conns(dial), t.TempDir())
-}
-
-// The language-server broker, with the stub server run by the host's sh.
-func TestLSP(t *testing.T) {
 	lspDir := t.TempDir()
-	dial := serve(t, &Server{FS: OSFS{}, Procs: OSProcs{}, LSPDir: lspDir})
-	silktest.LSP(t, testCtx(t), conns(dial), t.TempDir(), lspDir)
+	dial := serve(t, &Server{FS: OSFS{}, Procs: OSProcs{}, Git: true, LSPDir: lspDir, Now: func() time.Time { return time.Unix(1_700_000_000, 0) }})
+	silktest.Run(t, silktest.Agent{Dial: conns(dial), Base: t.TempDir(), LSPDir: lspDir, FileSize: size, Timeout: 3 * time.Minute})
 }
 
-// The simulated guest serves the whole-tree ops and fs_watch over its
-// MemFS; git and lsp are not simulated: unimplemented, saying so.
-func TestSimToolOps(t *testing.T) {
-	_, dial := simServer(t)
-	c := dial()
-	ctx := testCtx(t)
-	for _, call := range []func() error{
-		func() error { _, err := c.GitStatus(ctx, "/tmp"); return err },
-		func() error { return c.GitClone(ctx, silkd.GitClone{URL: "/x", Path: "/y"}) },
-		func() error { _, err := c.LspStart(ctx, "go", "/tmp"); return err },
-		func() error { return c.LspStop(ctx, "lsp-1") },
-	} {
-		if err := call(); !errors.Is(err, silkd.ErrUnimplemented) || !strings.Contains(err.Error(), "not served by this agent") {
-			t.Fatalf("got %v, want unimplemented", err)
-		}
+// The suite on the simulated guest: the whole-tree ops and fs_watch over
+// its MemFS (the watched file made by fs_write); git and lsp answered
+// unimplemented, saying it is simulated.
+func TestToolOpsSim(t *testing.T) {
+	size := 10 << 10
+	if raceEnabled {
+		size = 1 << 10
 	}
-	if m, err := c.Find(ctx, "/tmp", "^file$", "f"); err != nil || len(m) != 1 || m[0].File != "/tmp/f" {
+	_, dial := simServer(t)
+	silktest.Run(t, silktest.Agent{Dial: func(testing.TB) *silkd.Conn { return dial() }, Base: "/tmp", Simulated: true, FileSize: size, Timeout: 3 * time.Minute})
+	if m, err := dial().Find(testCtx(t), "/tmp", "^file$", "f"); err != nil || len(m) != 1 || m[0].File != "/tmp/f" {
 		t.Fatalf("find in the simulated guest = %+v, %v", m, err)
+	}
+}
+
+// Without Simulated an unimplemented op does not claim a simulation.
+func TestUnimplementedNotSimulated(t *testing.T) {
+	c := client(t, serve(t, &Server{FS: OSFS{}}))
+	_, err := c.GitStatus(testCtx(t), t.TempDir())
+	if !errors.Is(err, silkd.ErrUnimplemented) || strings.Contains(err.Error(), "simulated") {
+		t.Fatalf("git_status without a git backend = %v, want unimplemented, not simulated", err)
 	}
 }
 
@@ -368,5 +351,82 @@ func TestWatchOverflowAndEnd(t *testing.T) {
 	}
 	if _, err := client(t, serve(t, &Server{FS: OSFS{}})).Watch(ctx, t.TempDir()+"/nope", true); !errors.Is(err, silkd.ErrNotFound) {
 		t.Fatalf("watch of a missing path (os) = %v", err)
+	}
+}
+
+// The real tree's watch names each change as the old agent did: a move is
+// renamed at both of its ends (also one from outside the watch: the old
+// agent's inotify said renamed for every IN_MOVED_TO; the fsnotify this
+// agent used said created), a chmod is modified, and a directory moved
+// within the tree is watched under its new name. A directory's removal is
+// said once.
+func TestWatchOSKinds(t *testing.T) {
+	base := t.TempDir()
+	root, outside := base+"/w", base+"/outside"
+	for _, d := range []string{root, outside} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := client(t, serve(t, &Server{FS: OSFS{}})).Watch(testCtx(t), root, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	touch := func(p string) error {
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		if err == nil {
+			err = f.Close()
+		}
+		return err
+	}
+	for _, step := range []struct {
+		do   func() error
+		want []silkd.Event
+	}{
+		{func() error { return touch(root + "/a") }, []silkd.Event{{Kind: "created", Path: root + "/a"}}},
+		{func() error { return os.Chmod(root+"/a", 0o600) }, []silkd.Event{{Kind: "modified", Path: root + "/a"}}},
+		{func() error { return os.Rename(root+"/a", root+"/b") }, []silkd.Event{{Kind: "renamed", Path: root + "/a"}, {Kind: "renamed", Path: root + "/b"}}},
+		{func() error {
+			if err := touch(outside + "/x"); err != nil {
+				return err
+			}
+			return os.Rename(outside+"/x", root+"/x")
+		}, []silkd.Event{{Kind: "renamed", Path: root + "/x"}}},
+		{func() error { return os.Rename(root+"/x", outside+"/y") }, []silkd.Event{{Kind: "renamed", Path: root + "/x"}}},
+		{func() error { return os.Mkdir(root+"/d", 0o755) }, []silkd.Event{{Kind: "created", Path: root + "/d"}}},
+		{func() error { return touch(root + "/d/f") }, []silkd.Event{{Kind: "created", Path: root + "/d/f"}}},
+		{func() error { return os.Rename(root+"/d", root+"/e") }, []silkd.Event{{Kind: "renamed", Path: root + "/d"}, {Kind: "renamed", Path: root + "/e"}}},
+		{func() error { return touch(root + "/e/g") }, []silkd.Event{{Kind: "created", Path: root + "/e/g"}}},
+		{func() error { return os.Chmod(root+"/e", 0o700) }, []silkd.Event{{Kind: "modified", Path: root + "/e"}}},
+		{func() error { return os.RemoveAll(root + "/e") }, []silkd.Event{{Kind: "deleted", Path: root + "/e/f"}, {Kind: "deleted", Path: root + "/e/g"}, {Kind: "deleted", Path: root + "/e"}}},
+		{func() error { return os.Remove(root + "/b") }, []silkd.Event{{Kind: "deleted", Path: root + "/b"}}},
+	} {
+		if err := step.do(); err != nil {
+			t.Fatal(err)
+		}
+		var got []silkd.Event
+		for len(got) < len(step.want) {
+			ev, err := w.Next()
+			if err != nil {
+				t.Fatalf("after %+v: %v", got, err)
+			}
+			got = append(got, ev)
+		}
+		// RemoveAll's order of a directory's entries is the directory's.
+		slices.SortFunc(got, func(a, b silkd.Event) int { return strings.Compare(a.Path+a.Kind, b.Path+b.Kind) })
+		want := slices.Clone(step.want)
+		slices.SortFunc(want, func(a, b silkd.Event) int { return strings.Compare(a.Path+a.Kind, b.Path+b.Kind) })
+		if !slices.Equal(got, want) {
+			t.Fatalf("events %+v, want %+v", got, want)
+		}
+	}
+	// Nothing more was said (a directory's chmod and removal once, not
+	// again by its own watch): the next event is the marker's.
+	if err := touch(root + "/marker"); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := w.Next(); err != nil || ev != (silkd.Event{Kind: "created", Path: root + "/marker"}) {
+		t.Fatalf("after the steps: %+v, %v; want the marker's creation", ev, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/config"
@@ -31,11 +32,18 @@ func tarDir(t testing.TB, dir string) []byte {
 	return buf.Bytes()
 }
 
-// initRepos makes, on the host, an empty repository whose origin is
-// base/bare.git and that bare repository, and pushes both into the guest
-// (base/work and base/bare.git): the protocol has no git_init, and a guest
-// without a git binary has no other way to start a repository.
-func initRepos(t testing.TB, ctx context.Context, c *silkd.Conn, base string) {
+// initRepos starts base/work, whose origin is base/bare.git, and that
+// bare repository: with the guest's git where it has one (git init, as a
+// user would), else made on the host and pushed into the guest (the
+// protocol has no git_init, and a guest without git has no other way).
+func initRepos(t testing.TB, ctx context.Context, a Agent, c *silkd.Conn, base string) {
+	if a.GitBinary {
+		guestRun(t, ctx, c, "sh", "-c", `set -e; mkdir -p "$1"; cd "$1"
+git init -q --initial-branch=master work
+git init -q --bare --initial-branch=master bare.git
+git -C work remote add origin "$1/bare.git"`, "sh", base)
+		return
+	}
 	host := t.TempDir()
 	work, err := git.PlainInit(host+"/work", false)
 	if err != nil {
@@ -54,15 +62,36 @@ func initRepos(t testing.TB, ctx context.Context, c *silkd.Conn, base string) {
 	}
 }
 
+// gitSays runs the guest's git in dir and returns its output, trimmed.
+func gitSays(t testing.TB, ctx context.Context, c *silkd.Conn, dir string, args ...string) string {
+	t.Helper()
+	return strings.TrimSpace(guestRun(t, ctx, c, append([]string{"git", "-C", dir}, args...)...))
+}
+
 var hash = regexp.MustCompile(`^[0-9a-f]{40}$`)
 
-// Git is the acceptance suite of the git ops: a repository started in the
-// guest, add, commit, status and branch through the git ops, then a push
-// to a bare repository in the same guest, a clone of it, a commit pushed
-// from the clone and pulled into the first repository.
-func Git(t testing.TB, ctx context.Context, dial Dial, base string) {
-	c := dial(t)
-	initRepos(t, ctx, c, base)
+// Git is acceptance 5: a repository started in the guest, add, commit,
+// status and branch through the git ops, then a push to a bare repository
+// in the same guest, a clone of it, a commit pushed from the clone and
+// pulled into the first repository. Where the guest has git, git itself
+// reads back what the git ops wrote (commits, index, refs). The simulated
+// guest answers every git op unimplemented, saying it is simulated.
+func Git(t testing.TB, a Agent) {
+	ctx := a.ctx(t)
+	c := a.Dial(t)
+	base := a.Base + "/git"
+	if a.Simulated {
+		_, err := c.GitStatus(ctx, a.Base)
+		notSimulated(t, "git_status", err)
+		notSimulated(t, "git_clone", c.GitClone(ctx, silkd.GitClone{URL: a.Base + "/x", Path: a.Base + "/y"}))
+		notSimulated(t, "git_commit", func() error { _, err := c.GitCommit(ctx, a.Base, "m", "A <a@example.com>"); return err }())
+		return
+	}
+	start := time.Now()
+	if err := c.Mkdir(ctx, base, true); err != nil {
+		t.Fatal(err)
+	}
+	initRepos(t, ctx, a, c, base)
 	work := base + "/work"
 	write := func(p, data string) {
 		t.Helper()
@@ -95,6 +124,14 @@ func Git(t testing.TB, ctx context.Context, dial Dial, base string) {
 	}
 	if st := status(work); len(st.Files) != 0 {
 		t.Fatalf("status after the commit: %+v", st)
+	}
+	if a.GitBinary {
+		if got := gitSays(t, ctx, c, work, "log", "--format=%H %an <%ae> %s"); got != h+" Dev <dev@example.com> first" {
+			t.Fatalf("git log of the commit made by git_commit: %q", got)
+		}
+		if got := gitSays(t, ctx, c, work, "status", "--porcelain"); got != "" {
+			t.Fatalf("git status after git_commit: %q, want clean", got)
+		}
 	}
 	if _, err := c.GitCommit(ctx, work, "again", "Dev <dev@example.com>"); !errors.Is(err, silkd.ErrInternal) || !strings.Contains(err.Error(), "nothing to commit") {
 		t.Fatalf("an empty commit = %v", err)
@@ -170,4 +207,16 @@ func Git(t testing.TB, ctx context.Context, dial Dial, base string) {
 	if err := c.GitPull(ctx, work, ""); err != nil {
 		t.Fatalf("a pull with nothing new = %v", err)
 	}
+	if a.GitBinary {
+		for _, dir := range []string{work, base + "/bare.git"} {
+			if got := gitSays(t, ctx, c, dir, "log", "--format=%s", "master"); got != "second\nfirst" {
+				t.Fatalf("git log in %s after the push and pull: %q", dir, got)
+			}
+		}
+		gitSays(t, ctx, c, base+"/bare.git", "fsck", "--no-progress")
+		if got := gitSays(t, ctx, c, work, "status", "--porcelain"); got != "" {
+			t.Fatalf("git status after git_pull: %q, want clean", got)
+		}
+	}
+	t.Logf("git: init, add, commit, status, branch, push, clone, pull: %v", time.Since(start))
 }
