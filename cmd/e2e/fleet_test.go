@@ -528,7 +528,7 @@ func faultWindow(t *testing.T, ctx context.Context, what string, fault func(), o
 	case worst > viewLagBound:
 		t.Errorf("%s: view lag %v, over the %v bound (docs/operations.md)", what, worst, viewLagBound)
 	case worst > viewLagTarget:
-		t.Logf("%s: view lag %v, over issue 26's %v target (a new JetStream meta leader was being elected: the view's consumer cannot be created before)", what, worst, viewLagTarget)
+		t.Logf("%s: view lag %v, over issue 26's %v target (see docs/operations.md: the view's consumer re-creation waits when the lost server led the JetStream meta group)", what, worst, viewLagTarget)
 	}
 	for _, s := range sbs {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
