@@ -58,6 +58,7 @@ var sections = []section{
 	{"egressqemubench", egressbench.RunQEMU},
 	{"genbench", diskbench.Run},
 	{"archivebench", diskbench.RunArchive},
+	{"fleetbench", replbench.RunFleet},
 }
 
 func main() {

@@ -80,6 +80,12 @@ type Claim struct {
 	NoEgress bool
 	// Env is the claim's env, values sealed by the caller.
 	Env []egress.EnvEntry
+	// WarmOnly refuses the claim (TooMany, NoWarmMsg) rather than clone or
+	// boot a VM when the pool has no warm VM as the claim is decided: a
+	// node that can send the claim to a peer with warm capacity asks for
+	// this, so two claims racing for its last warm VM do not end in a
+	// clone here.
+	WarmOnly bool
 	// Checkpoint, when set, branches the claim from that checkpoint (POST
 	// /v1/checkpoints/{id}/claim): its key replaces Key.
 	Checkpoint string

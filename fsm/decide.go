@@ -275,6 +275,9 @@ func (c ConfigureLimits) decide(d *decider) error {
 
 // --- claims ------------------------------------------------------------------
 
+// NoWarmMsg is the rejection of a WarmOnly claim that found no warm VM.
+const NoWarmMsg = "no warm VM for the pool"
+
 // serveSeconds is a pending claim's serve timeout: 0 means the default.
 func serveSeconds(serve int64) (int64, error) {
 	switch {
@@ -390,6 +393,9 @@ func (c Claim) decide(d *decider) error {
 		ev.Tier, ev.VM = TierWarm.String(), p.warm[n-1]
 		d.emit(ev, c.ID)
 		return nil
+	}
+	if c.WarmOnly {
+		return reject(TooMany, NoWarmMsg)
 	}
 	if err := d.needInstance(); err != nil {
 		return err

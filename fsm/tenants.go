@@ -2,7 +2,9 @@ package fsm
 
 import (
 	"cmp"
+	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"slices"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
@@ -72,6 +74,9 @@ type SetTenants struct {
 	Meta
 	Tenants    []TenantSpec
 	FromConfig bool
+	// Origin, when set, adopts another node's set (fleet-wide tenants):
+	// its events carry the origin's version instead of this command's.
+	Origin *event.TenantOrigin
 }
 
 // ErrUnknownTenantMsg is the message of RemoveTenant's rejection for a name
@@ -195,11 +200,11 @@ func (s *State) classKnown(r TenantRec) error {
 	return nil
 }
 
-func (d *decider) putTenant(r TenantRec, fromConfig bool) {
+func (d *decider) putTenant(r TenantRec, fromConfig bool, origin *event.TenantOrigin) {
 	if cur := d.s.tenants[r.Name]; cur != nil && *cur == r {
 		return
 	}
-	d.emit(event.TenantPut{Name: r.Name, TokenSHA256: r.TokenSHA256, MaxClaims: r.MaxClaims, EgressClass: r.EgressClass, Config: fromConfig}, r.Name)
+	d.emit(event.TenantPut{Name: r.Name, TokenSHA256: r.TokenSHA256, MaxClaims: r.MaxClaims, EgressClass: r.EgressClass, Config: fromConfig, Origin: origin}, r.Name)
 }
 
 func (c PutTenant) decide(d *decider) error {
@@ -216,7 +221,7 @@ func (c PutTenant) decide(d *decider) error {
 	if d.s.tenants[r.Name] == nil && len(d.s.tenants) >= MaxTenants {
 		return reject(Invalid, "invalid tenant: %d tenants, at most %d", len(d.s.tenants)+1, MaxTenants)
 	}
-	d.putTenant(r, false)
+	d.putTenant(r, false, nil)
 	return nil
 }
 
@@ -264,11 +269,11 @@ func (c SetTenants) decide(d *decider) error {
 	slices.SortFunc(recs, func(a, b TenantRec) int { return cmp.Compare(a.Name, b.Name) })
 	for _, name := range sortedKeys(d.s.tenants) {
 		if !byName[name] {
-			d.emit(event.TenantRemoved{Name: name, Config: c.FromConfig}, name)
+			d.emit(event.TenantRemoved{Name: name, Config: c.FromConfig, Origin: c.Origin}, name)
 		}
 	}
 	for _, r := range recs {
-		d.putTenant(r, c.FromConfig)
+		d.putTenant(r, c.FromConfig, c.Origin)
 	}
 	return nil
 }
@@ -330,4 +335,17 @@ func (s *State) checkTenants(fail func(format string, args ...any)) {
 	if len(s.tenantByHash) != len(s.tenants) {
 		fail("tenant index has %d hashes for %d tenants", len(s.tenantByHash), len(s.tenants))
 	}
+}
+
+// TenantDigest fingerprints a tenant set (names, token hashes, caps,
+// classes; recs sorted by name as Tenants returns them): two nodes with
+// equal digests hold the same set. GET /v1/tenants shows it and the fleet
+// compares it across nodes.
+func TenantDigest(recs []TenantRec) string {
+	var set []byte
+	for _, t := range recs {
+		set = fmt.Appendf(set, "%q %s %d %q\n", t.Name, t.TokenSHA256, t.MaxClaims, t.EgressClass)
+	}
+	sum := sha256.Sum256(set)
+	return hex.EncodeToString(sum[:])
 }

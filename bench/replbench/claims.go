@@ -18,20 +18,23 @@ import (
 	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
 
-// claimPool is the pool the claim-latency daemons keep warm.
-const claimPool = "rb/none/small"
+// claimTemplate is the template of the pool the claim-latency daemons keep
+// warm.
+const claimTemplate = "rb"
 
 // claimDaemon is a sandboxd process for the claim-latency rows.
 type claimDaemon struct {
-	d  *campaign.Daemon
-	c  *apiclient.Client
-	hc *http.Client
+	d    *campaign.Daemon
+	c    *apiclient.Client
+	hc   *http.Client
+	pool string // its one pool's key
 }
 
 // startClaimDaemon starts the built sandboxd (hypervisor chsim) with one
-// warm pool and the given nats section, and waits until its pool is warm.
-func startClaimDaemon(ctx context.Context, bins campaign.Binaries, dir, name string, warm int, nats map[string]any) (*claimDaemon, error) {
-	pools := []campaign.PoolConf{{Template: "rb", Net: "none", Size: "small", Warm: warm}}
+// warm pool of template tpl and the given nats section, and waits until its
+// pool is warm.
+func startClaimDaemon(ctx context.Context, bins campaign.Binaries, dir, name, tpl string, warm int, nats map[string]any) (*claimDaemon, error) {
+	pools := []campaign.PoolConf{{Template: tpl, Net: "none", Size: "small", Warm: warm}}
 	d, err := campaign.NewDaemon(name, bins.Sandboxd, filepath.Join(dir, name, "data"), pools, true)
 	if err != nil {
 		return nil, err
@@ -52,7 +55,7 @@ func startClaimDaemon(ctx context.Context, bins campaign.Binaries, dir, name str
 	if err != nil {
 		return nil, err
 	}
-	cd := &claimDaemon{d: d, c: c, hc: hc}
+	cd := &claimDaemon{d: d, c: c, hc: hc, pool: tpl + "/none/small"}
 	if err := cd.waitIdle(ctx, warm); err != nil {
 		cd.stop()
 		return nil, err
@@ -75,7 +78,7 @@ func (cd *claimDaemon) waitIdle(ctx context.Context, want int) error {
 		}
 		warm := false
 		for _, p := range in.Pools {
-			warm = warm || (p.Key.String() == claimPool && p.Warm >= want && p.Refilling == 0)
+			warm = warm || (p.Key.String() == cd.pool && p.Warm >= want && p.Refilling == 0)
 		}
 		if in.LogSeq != lastSeq || !warm || in.Replication == nil || in.Replication.Replicator.Pending > 0 {
 			lastSeq, since = in.LogSeq, time.Now()
@@ -138,7 +141,7 @@ func claimLatency(ctx context.Context, cfg config, bins campaign.Binaries, dir s
 	var ds [2]*claimDaemon
 	for i, mode := range []string{"a", "s"} {
 		name := fmt.Sprintf("rb-r%d-%s", top.replicas, mode)
-		if ds[i], err = startClaimDaemon(ctx, bins, dir, name, warm, natsFor(i == 1)); err != nil {
+		if ds[i], err = startClaimDaemon(ctx, bins, dir, name, claimTemplate, warm, natsFor(i == 1)); err != nil {
 			for _, d := range ds[:i] {
 				d.stop()
 			}
@@ -158,7 +161,7 @@ func claimLatency(ctx context.Context, cfg config, bins campaign.Binaries, dir s
 			return nil, nil, err
 		}
 		start := time.Now()
-		cr, err := d.c.Claim(ctx, api.ClaimRequest{Template: "rb"})
+		cr, err := d.c.Claim(ctx, api.ClaimRequest{Template: claimTemplate})
 		took := time.Since(start)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: claim: %w", d.d.Name, err)

@@ -30,6 +30,10 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(natsdEnv); spec != "" {
+		// A NATS server process of the fleet test (fleet_test.go).
+		os.Exit(runNatsd(spec))
+	}
 	os.Exit(buildAndRun(m))
 }
 

@@ -366,13 +366,26 @@ type TenantPut struct {
 	MaxClaims   int    `json:"max_claims,omitempty"`
 	EgressClass string `json:"egress_class,omitempty"`
 	Config      bool   `json:"config,omitempty"`
+	// Origin, when set, marks a change adopted from another node's set
+	// (fleet-wide tenants): the node and time of the change adopted, the
+	// version every node compares.
+	Origin *TenantOrigin `json:"origin,omitempty"`
+}
+
+// TenantOrigin is the change a fleet-wide tenant event was adopted from:
+// the node that made it through its API and that node's event time.
+type TenantOrigin struct {
+	Node string `json:"node"`
+	Time int64  `json:"time"`
 }
 
 // TenantRemoved records a tenant taken out of the set: its token stops
-// authenticating; its live claims run on. Config as in TenantPut.
+// authenticating; its live claims run on. Config and Origin as in
+// TenantPut.
 type TenantRemoved struct {
-	Name   string `json:"name"`
-	Config bool   `json:"config,omitempty"`
+	Name   string        `json:"name"`
+	Config bool          `json:"config,omitempty"`
+	Origin *TenantOrigin `json:"origin,omitempty"`
 }
 
 // NodeDrained: the node refuses new claims, stops refilling and destroys

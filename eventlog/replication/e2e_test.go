@@ -214,7 +214,7 @@ func TestConsumersSurviveNATSRestart(t *testing.T) {
 		t.Fatalf("replica %s, node %s", b, a)
 	}
 	ns := view.Nodes()
-	if len(ns) != 1 || ns[0].Live != st.LiveClaims() || ns[0].Broken != "" {
+	if len(ns) != 1 || ns[0].Claims != st.LiveClaims() || ns[0].Broken != "" {
 		t.Fatalf("view %+v, node has %d live claims", ns, st.LiveClaims())
 	}
 }

@@ -214,7 +214,7 @@ func (s *Server) handleCheckpointClaim(w http.ResponseWriter, r *http.Request, i
 	if !fsm.ValidCheckpointID(ckID) {
 		return errorf(http.StatusNotFound, "%s", errUnknownCheckpoint)
 	}
-	claimID := newClaimID()
+	claimID := s.newClaimID()
 	served := s.wait(claimID)
 	defer s.unwait(claimID)
 	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
@@ -255,7 +255,7 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request, id auth.Iden
 	kids := make([]string, req.Count)
 	signal := make(chan struct{}, 1)
 	for i := range kids {
-		kids[i] = newClaimID()
+		kids[i] = s.newClaimID()
 		wt := s.watchOn(kids[i], signal, claimOutcomes...)
 		defer s.unwatch(wt)
 	}

@@ -181,7 +181,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		s.metrics.claim(refusalOutcome(err), "", time.Since(start))
 		return err
 	}
-	claimID := newClaimID()
+	claimID := s.newClaimID()
 	noEgress := req.Egress != nil && !*req.Egress
 	var env []egress.EnvEntry
 	if len(req.Env) > 0 {
@@ -194,6 +194,11 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	}
 	// With no warm VM here, a node that has some for this key is a better
 	// answer than a clone: the old daemon's redirect (rule 1, a warm miss).
+	// With a warm VM seen here, the claim asks for a warm one only
+	// (WarmOnly), so a concurrent claim that took it first makes this one
+	// a redirect at commit time rather than a clone; with nowhere to send
+	// it, it is proposed again and cloned.
+	warmOnly := false
 	if redirect {
 		var warm int
 		s.eng.View(func(st *fsm.State) {
@@ -204,6 +209,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 		if warm == 0 && s.redirectClaim(w, key, start) {
 			return nil
 		}
+		warmOnly = warm > 0
 	}
 	// Register the waiter before proposing: the serving event may commit
 	// before Propose returns.
@@ -222,26 +228,36 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	var reply []byte
 	var c fsm.ClaimRec
 	sent := false
-	_, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
-		return fsm.Claim{
-			Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
-			Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1, NoEgress: noEgress, Env: env,
-			Volumes: volumeRequests(req.Volumes), VolumesAttachOnly: req.VolumesAttachOnly,
-			OnExpire: req.OnExpire,
+	propose := func(warmOnly bool) error {
+		_, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
+			return fsm.Claim{
+				Meta: m, ID: claimID, Key: key, Tenant: id.Tenant, ClaimRef: req.ClaimRef,
+				Metadata: req.Metadata, TTLSeconds: req.TTLSeconds, TokenGen: 1, NoEgress: noEgress, Env: env,
+				Volumes: volumeRequests(req.Volumes), VolumesAttachOnly: req.VolumesAttachOnly, WarmOnly: warmOnly,
+				OnExpire: req.OnExpire,
+			}
+		}, engine.Hooks{
+			Prepare: func() {
+				if c, _ = s.claim(claimID); c.Status == fsm.ClaimRunning && volWatch == nil {
+					reply = encodeJSON(s.claimResponse(claimID, &c))
+				}
+			},
+			Durable: func() {
+				if reply != nil {
+					writeRawNow(w, http.StatusOK, reply)
+					sent = true
+				}
+			},
+		})
+		return err
+	}
+	err := propose(warmOnly)
+	if rej, ok := fsm.AsRejection(err); ok && warmOnly && rej.Msg == fsm.NoWarmMsg {
+		if s.redirectClaim(w, key, start) {
+			return nil
 		}
-	}, engine.Hooks{
-		Prepare: func() {
-			if c, _ = s.claim(claimID); c.Status == fsm.ClaimRunning && volWatch == nil {
-				reply = encodeJSON(s.claimResponse(claimID, &c))
-			}
-		},
-		Durable: func() {
-			if reply != nil {
-				writeRawNow(w, http.StatusOK, reply)
-				sent = true
-			}
-		},
-	})
+		err = propose(false)
+	}
 	if sent {
 		// Answered: the claim took effect whatever ProposeNew said after.
 		s.metrics.claim("ok", c.Tier.String(), time.Since(start))
@@ -385,6 +401,9 @@ func (s *Server) visible(r *http.Request, id auth.Identity) (fsm.ClaimRec, error
 	if !ok && id.Kind == auth.Root && s.redir != nil {
 		if addr, found := s.redir.OwnerOf(sid); found {
 			return c, &ownedElsewhere{addr: addr}
+		}
+		if err := s.locateAway(sid, r); err != nil {
+			return c, err
 		}
 	}
 	return c, errorf(http.StatusNotFound, "%s", errUnknownSandbox)

@@ -422,7 +422,7 @@ func TestDocsStatusAnalysis(t *testing.T) {
 		proposes bool
 	}{
 		{"GET /v1/info", []int{200}, false},
-		{"POST /v1/sandboxes/{id}/release", []int{204, 400, 404}, true},
+		{"POST /v1/sandboxes/{id}/release", []int{204, 400, 404, 503}, true}, // 503: a sandbox of another node that cannot be reached (owners.go)
 		{"GET /healthz", []int{200, 503}, false},
 	} {
 		got, proposes := an.statuses(an.handlers[tc.route])

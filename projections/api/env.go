@@ -145,7 +145,8 @@ func (s *Server) secretHeader(name string) string {
 func (s *Server) envSandbox(r *http.Request, id auth.Identity) (fsm.ClaimRec, error) {
 	c, err := s.visible(r, id)
 	var oe *ownedElsewhere
-	if errors.As(err, &oe) {
+	var oa *ownerAway
+	if errors.As(err, &oe) || errors.As(err, &oa) {
 		return c, err
 	}
 	if err != nil {

@@ -36,6 +36,8 @@ type httpError struct {
 	// retryAfter, when set, is the Retry-After header (seconds) of a
 	// refusal for a capacity that frees up by itself.
 	retryAfter string
+	// fields are more of the body's fields (an unreachable owner's).
+	fields map[string]string
 }
 
 func (e *httpError) Error() string { return e.msg }
@@ -92,6 +94,11 @@ func writeError(w http.ResponseWriter, err error) {
 		}
 		if he.retryAfter != "" {
 			w.Header().Set("Retry-After", he.retryAfter)
+		}
+		for k, v := range he.fields {
+			if v != "" && body[k] == "" {
+				body[k] = v
+			}
 		}
 		writeErrorBody(w, he.status, body)
 		return

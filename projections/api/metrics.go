@@ -29,7 +29,9 @@ type Metrics struct {
 	relayMem   *prometheus.GaugeVec
 	relayRefs  *prometheus.CounterVec
 	old        *oldMetrics // the old daemon's sandboxd_* families
-	egress     egressMetrics
+	// digestMismatch is sandboxd_config_digest_mismatch (fleetmetrics.go).
+	digestMismatch prometheus.Gauge
+	egress         egressMetrics
 }
 
 var _ scheduler.Observer = (*Metrics)(nil)
@@ -74,8 +76,10 @@ func NewMetrics(eng Engine) *Metrics {
 		relayRefs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sbx_relay_refused_total", Help: "Relays refused before they opened, by reason (memory: the relay memory budget was spent).",
 		}, []string{"reason"}),
-		old: newOldMetrics(eng),
+		old:            newOldMetrics(eng),
+		digestMismatch: newDigestMismatch(),
 	}
+	m.reg.MustRegister(m.digestMismatch)
 	m.reg.MustRegister(m.claims, m.claimLat, m.appendLat, m.opDur, m.stepDur, m.retries, m.queue, m.sse, m.replicated, m.relayMem, m.relayRefs,
 		&poolCollector{eng: eng}, m.old, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	m.egress = newEgressMetrics(m.reg)

@@ -3,8 +3,6 @@ package api
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +19,7 @@ import (
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/auth"
+	"github.com/sbxlog/sbxlog/projections/origin"
 )
 
 // Engine is what the API needs of the single writer.
@@ -134,6 +133,7 @@ type Server struct {
 	zl      zerolog.Logger
 	metrics *Metrics
 	redir   Redirector
+	idTag   string // origin.NodeTag of cfg.Node: the first digits of the ids minted here
 	mux     *http.ServeMux
 	routes  []Route
 	now     func() time.Time
@@ -211,6 +211,9 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats, egress: opts.Egress, pools: opts.Pools, sizes: opts.Sizes,
 		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
+	}
+	if cfg.Node != "" {
+		s.idTag = origin.NodeTag(cfg.Node)
 	}
 	s.stopping, s.stopHandlers = context.WithCancel(context.Background())
 	s.vms = newVMView()
@@ -460,6 +463,9 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var he *httpError
 	var ae *engine.AppendError
 	var oe *ownedElsewhere
+	if away, ok := ownerAwayError(err); ok {
+		err = away
+	}
 	switch rej, isRej := fsm.AsRejection(err); {
 	case errors.As(err, &he):
 		writeError(w, err)
@@ -565,11 +571,5 @@ func (s *Server) SetReady() {
 	}
 }
 
-// newClaimID mints "sb_" + 16 hex digits from the system's randomness.
-func newClaimID() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("crypto/rand failed: " + err.Error())
-	}
-	return "sb_" + hex.EncodeToString(b[:])
-}
+// newClaimID mints a claim id naming this node (origins.go).
+func (s *Server) newClaimID() string { return newClaimID(s.idTag) }

@@ -1,9 +1,6 @@
 package api
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -146,12 +143,7 @@ func (s *Server) writeTenants(w http.ResponseWriter, r *http.Request, pg tenantP
 func tenantPage(st *fsm.State, after string, limit int) TenantList {
 	all := st.Tenants()
 	out := TenantList{Tenants: []TenantJSON{}}
-	var set []byte
-	for _, t := range all {
-		set = fmt.Appendf(set, "%q %s %d %q\n", t.Name, t.TokenSHA256, t.MaxClaims, t.EgressClass)
-	}
-	sum := sha256.Sum256(set)
-	out.Digest = hex.EncodeToString(sum[:])
+	out.Digest = fsm.TenantDigest(all)
 	start, _ := slices.BinarySearchFunc(all, after, func(t fsm.TenantRec, name string) int { return strings.Compare(t.Name, name) })
 	if start < len(all) && all[start].Name == after {
 		start++

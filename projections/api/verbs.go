@@ -137,6 +137,9 @@ func (s *Server) handleOwner(w http.ResponseWriter, r *http.Request, id auth.Ide
 		writeJSON(w, http.StatusOK, map[string]string{"owner_addr": oe.addr})
 		return nil
 	}
+	if _, away := err.(*ownerAway); away {
+		return err
+	}
 	if err != nil || !c.Status.Live() {
 		return errorf(http.StatusNotFound, "%s", errNotOwnedHere)
 	}

@@ -520,11 +520,18 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	}
 	n.Server = api.New(apiCfg, apiEng, apiLog, n.Auth, apiOpts)
 	n.Executors = scheduler.New(n.Driver, proposer{n.Engine}, scheduler.Options{Concurrency: cfg.Concurrency, Log: zl, Observer: metrics, Clock: cfg.Clock})
+	var fleet *fleetTenants
+	if n.Repl != nil {
+		fleet = newFleetTenants(n, metrics)
+	}
 	lifecycle := &lifecycleLog{zl: zl, view: n.Engine.View, warm: map[fsm.PoolKey]bool{}}
 	n.Engine.SetOnCommit(func(c engine.Commit) {
 		n.Server.OnCommit(c.Events)
 		metrics.OnCommit(c.Events)
 		lifecycle.onCommit(c.Events)
+		if fleet != nil {
+			fleet.onCommit(c.Events)
+		}
 		if len(c.Intents) > 0 {
 			n.Executors.Offer(c.Intents)
 		}
@@ -560,6 +567,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	n.spawn(n.runMeter)
 	if n.Repl != nil {
 		n.spawn(func() { replicatedGauge(n.stopped, n.Repl, metrics) })
+		n.spawn(func() { fleet.run(n.stopped) })
 	}
 	phase("serve", t0)
 	zl.Info().Str("listen", n.ln.Addr().String()).Str("node", cfg.NodeID).Str("instance", n.Instance).Msg("sandboxd serving")
@@ -750,7 +758,11 @@ const (
 	stopExecutorsWait = 10 * time.Second
 )
 
-// Stop is SIGTERM: end the relays, stop serving, stop the executors (VMs
+// stopWithdrawWait bounds the withdrawal of the node's address (one KV
+// delete; NATS unreachable: the address lapses after the TTL instead).
+const stopWithdrawWait = 2 * time.Second
+
+// Stop is SIGTERM: withdraw from the cluster directory, end the relays, stop serving, stop the executors (VMs
 // keep running), close the egress proxy's doors, record the egress usage,
 // stop the engine, snapshot, flush replication, close everything. It is
 // idempotent; the error is the engine's failure, if it failed.
@@ -764,6 +776,15 @@ func (n *Node) Stop() error {
 			ctx, cancel := context.WithTimeout(context.Background(), bound)
 			defer cancel()
 			fn(ctx)
+		}
+		if n.Repl != nil {
+			// Out of every node's directory before this one stops
+			// serving: no redirect names a stopping node.
+			step(stopWithdrawWait, func(ctx context.Context) {
+				if e := n.Repl.Withdraw(ctx); e != nil {
+					n.zl.Warn().Err(e).Msg("could not withdraw this node's address; the other nodes drop it when its heartbeat lapses")
+				}
+			})
 		}
 		if n.Server != nil {
 			// The requests waiting on an outcome (a hibernate, a claim's

@@ -18,6 +18,7 @@ import (
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/fsm/engine"
 	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/origin"
 )
 
 // DefaultSyncTimeout bounds an API write's wait for the JetStream ack in
@@ -112,8 +113,10 @@ type redirector struct {
 }
 
 var (
-	_ api.Redirector = redirector{}
-	_ api.PeerLister = redirector{}
+	_ api.Redirector    = redirector{}
+	_ api.PeerLister    = redirector{}
+	_ api.OwnerLocator  = redirector{}
+	_ api.OriginLocator = redirector{}
 )
 
 // Peers lists the other live nodes' addresses from the directory of the
@@ -135,11 +138,37 @@ func (r redirector) WarmElsewhere(key fsm.PoolKey) []string {
 // OwnerOf names a sandbox's owner only when it is another node with a live
 // address: a sandbox this node once held but forgot stays a plain 404.
 func (r redirector) OwnerOf(id string) (string, bool) {
-	node, addr, ok, err := r.svc.View.OwnerAddr(id)
-	if !ok || err != nil || node == r.self {
+	o, ok := r.svc.View.OwnerOf(id)
+	if !ok || !o.Live || o.Node == r.self {
 		return "", false
 	}
-	return addr, true
+	return o.Addr, true
+}
+
+// LocateOwner tells the API about an owner that is not live (stopped,
+// dead, not seen yet), and whether the view can vouch for "nobody".
+func (r redirector) LocateOwner(id string) api.OwnerLocation {
+	var loc api.OwnerLocation
+	if o, ok := r.svc.View.OwnerOf(id); ok && o.Node != r.self {
+		loc = api.OwnerLocation{Node: o.Node, Addr: o.Addr, LastSeen: o.LastSeen, Withdrawn: o.Withdrawn}
+	}
+	loc.ViewBehind, loc.ViewSince = r.svc.View.Behind(r.self)
+	return loc
+}
+
+// Origins names the other nodes of the view (its logs and directory)
+// whose claim ids carry tag.
+func (r redirector) Origins(tag string) []api.OwnerLocation {
+	var out []api.OwnerLocation
+	for _, n := range r.svc.View.Nodes() {
+		if n.Node == r.self || origin.NodeTag(n.Node) != tag {
+			continue
+		}
+		loc := api.OwnerLocation{Node: n.Node, Addr: n.Addr, Withdrawn: n.Withdrawn}
+		loc.LastSeen, _ = time.Parse(time.RFC3339Nano, n.LastSeen)
+		out = append(out, loc)
+	}
+	return out
 }
 
 // syncEngine is the engine as the API sees it in synchronous mode: a write

@@ -144,7 +144,21 @@ type Options struct {
 	// MinBackoff and MaxBackoff bound the pause between retries (defaults
 	// 50 ms and 2 s).
 	MinBackoff, MaxBackoff time.Duration
-	Logger                 zerolog.Logger
+	// Heartbeat, when set (at least 500 ms), is the idle heartbeat asked
+	// of the server for each pull: two missed ones end the session and the
+	// consumer is re-created, so a consumer lost with its server is noticed
+	// within 2*Heartbeat (default: the client's, about 30 s to notice).
+	Heartbeat time.Duration
+	// RetryGaps (an ephemeral consumer only): a gap in a node's events does
+	// not end Run; the consumer is created again from the start of the
+	// stream (what was applied is skipped) after the usual pause, for as
+	// long as the gap lasts, while Status says retrying. For an output that
+	// tells its readers it is behind while the feed is not running (the
+	// cluster view): through a stream leader's loss, a consumer re-created
+	// on another server was seen to deliver a node's next event without
+	// the one before it, which the stream did hold.
+	RetryGaps bool
+	Logger    zerolog.Logger
 }
 
 // Feed runs one durable consumer into one Handler.
@@ -177,8 +191,11 @@ type ackedEvent struct {
 
 // Status is a snapshot for status pages.
 type Status struct {
-	Durable   string            `json:"durable"`
-	State     string            `json:"state"` // idle, running, retrying, failed, stopped
+	Durable string `json:"durable"`
+	State   string `json:"state"` // idle, running, retrying, failed, stopped
+	// Since is when the feed entered running, or when it last left it
+	// (local time).
+	Since     time.Time         `json:"since"`
 	Positions map[string]uint64 `json:"positions"`
 	LastError string            `json:"last_error,omitempty"`
 }
@@ -200,6 +217,9 @@ func New(opts Options, h Handler) (*Feed, error) {
 	opts.Stream = layout.StreamName()
 	if opts.Batch <= 0 {
 		opts.Batch = 256
+	}
+	if opts.Heartbeat != 0 && opts.Heartbeat < 500*time.Millisecond {
+		return nil, fmt.Errorf("feed: heartbeat %s below 500ms", opts.Heartbeat)
 	}
 	if opts.MinBackoff <= 0 {
 		opts.MinBackoff = 50 * time.Millisecond
@@ -250,6 +270,11 @@ func (f *Feed) Status() Status {
 func (f *Feed) setState(state string, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// Since counts from entering running, or from leaving it: the states
+	// on the way back (retrying, attaching, catching_up) keep it.
+	if (state == "running") != (f.status.State == "running") || f.status.Since.IsZero() {
+		f.status.Since = time.Now()
+	}
 	f.status.State = state
 	if err != nil {
 		f.status.LastError = err.Error()
@@ -263,7 +288,7 @@ var errResetConsumer = errors.New("feed: rebuild consumer")
 func (f *Feed) Run(ctx context.Context) error {
 	backoff := f.opts.MinBackoff
 	for {
-		f.setState("running", nil)
+		f.setState("attaching", nil)
 		progressed, err := f.session(ctx)
 		if ctx.Err() != nil {
 			f.setState("stopped", nil)
@@ -275,7 +300,13 @@ func (f *Feed) Run(ctx context.Context) error {
 		var ge *GapError
 		var ce *CorruptError
 		var he handlerError
+		retryGap := errors.As(err, &ge) && f.opts.RetryGaps && f.opts.Durable == ""
 		switch {
+		case retryGap:
+			f.log.Warn().Err(err).Msg("feed gap; reading the stream again from its start")
+			f.mu.Lock()
+			f.lastSeq = 0
+			f.mu.Unlock()
 		case errors.As(err, &ge), errors.As(err, &ce):
 			f.log.Error().Err(err).Msg("feed stopped")
 			f.setState("failed", err)
@@ -285,7 +316,9 @@ func (f *Feed) Run(ctx context.Context) error {
 			f.setState("failed", he.err)
 			return he.err
 		}
-		if progressed {
+		if progressed && !retryGap {
+			// (A replay up to a gap that lasts reads the stream again at
+			// the longest pause, not in a tight loop.)
 			backoff = f.opts.MinBackoff
 		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -341,9 +374,22 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 		return false, fmt.Errorf("consumer %s: %w", cmp.Or(f.opts.Durable, "(ephemeral)"), err)
 	}
 	f.attachOnce.Do(func() { close(f.attached) })
-	it, err := cons.Messages(jetstream.PullMaxMessages(2 * f.opts.Batch))
+	mopts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(2 * f.opts.Batch)}
+	if hb := f.opts.Heartbeat; hb > 0 {
+		mopts = append(mopts, jetstream.PullHeartbeat(hb), jetstream.PullExpiry(max(10*hb, 5*time.Second)),
+			jetstream.WithMessagesErrOnMissingHeartbeat(true))
+	}
+	it, err := cons.Messages(mopts...)
 	if err != nil {
 		return false, fmt.Errorf("consumer %s: %w", f.opts.Durable, err)
+	}
+	// Running once the consumer has delivered what the stream held when it
+	// was made (catching up until then: a reader of the output must not
+	// take "not there" for an answer yet).
+	if info := cons.CachedInfo(); info != nil && info.NumPending > 0 {
+		f.setState("catching_up", nil)
+	} else {
+		f.setState("running", nil)
 	}
 	defer it.Stop()
 	msgs := make([]jetstream.Msg, 0, f.opts.Batch)
@@ -391,6 +437,9 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 		if md, err := msgs[len(msgs)-1].Metadata(); err == nil {
 			f.mu.Lock()
 			f.lastSeq = md.Sequence.Stream
+			if md.NumPending == 0 && f.status.State == "catching_up" {
+				f.status.State, f.status.Since = "running", time.Now()
+			}
 			f.mu.Unlock()
 		}
 		// AckAll: acknowledging the last message covers the batch.
@@ -419,6 +468,14 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	cfg := f.consumerConfig()
 	if f.opts.Durable == "" {
+		if hb := f.opts.Heartbeat; hb > 0 {
+			// A feed that must notice losses fast does not wait out the
+			// client's request timeout on a server that just died (a
+			// meta or stream leader election): it tries again.
+			cctx, cancel := context.WithTimeout(ctx, 4*hb)
+			defer cancel()
+			ctx = cctx
+		}
 		return f.opts.JS.CreateConsumer(ctx, f.opts.Stream, cfg)
 	}
 	cons, err := f.opts.JS.Consumer(ctx, f.opts.Stream, f.opts.Durable)

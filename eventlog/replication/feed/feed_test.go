@@ -383,3 +383,53 @@ func TestGapOnlyForMissingMessages(t *testing.T) {
 		})
 	}
 }
+
+// With RetryGaps, an ephemeral feed (the cluster view's) that finds a
+// node's event missing from the stream does not stop for good: it reads
+// the stream again from its start after a pause, never past the gap and
+// never "running" while the gap lasts, until its context ends.
+func TestEphemeralFeedRetriesGaps(t *testing.T) {
+	srv := natstest.Single(t)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	deletable(t, js)
+	l := repltest.OpenLog(t, "n1")
+	r := repltest.Replicate(t, srv.ClientURL(), l)
+	appendN(t, js, l, 10, r)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, stream.DefaultName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteMsg(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	h := newLagger(1)
+	logs := &feedLog{}
+	f, err := feed.New(feed.Options{JS: js, Nodes: []string{"n1"}, Batch: 2, RetryGaps: true, MaxBackoff: 100 * time.Millisecond, Logger: logs.logger()}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(rctx) }()
+	natstest.Eventually(t, 20*time.Second, "three reads up to the gap", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("Run ended at the gap: %v", err)
+		default:
+		}
+		if s := f.Status().State; s == "running" || s == "failed" {
+			t.Fatalf("feed %s with events 5.. missing", s)
+		}
+		return len(logs.Lines("reading the stream again")) >= 3
+	})
+	if got := h.lastApplied("n1"); got != 4 {
+		t.Errorf("applied up to %d, want 4 (the gap is at 5)", got)
+	}
+	h.requireRecords(t, "n1", 4)
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("Run after its context ended: %v", err)
+	}
+}

@@ -618,3 +618,24 @@ func seqOf(name, which, node string, m *jetstream.RawStreamMsg) (uint64, error) 
 	}
 	return seq, nil
 }
+
+// Whole reports whether stream name (any stream: the op log, a KV bucket's
+// KV_<bucket>) has a leader and replicas-1 other replicas, each current and
+// online: after a server's loss, whether the cluster has healed. Errors
+// (the stream or its leader unreachable) count as not whole.
+func Whole(ctx context.Context, js jetstream.JetStream, name string, replicas int) bool {
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return false
+	}
+	info, err := st.Info(ctx)
+	if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != replicas-1 {
+		return false
+	}
+	for _, r := range info.Cluster.Replicas {
+		if !r.Current || r.Offline {
+			return false
+		}
+	}
+	return true
+}

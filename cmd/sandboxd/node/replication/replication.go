@@ -98,13 +98,18 @@ type Service struct {
 	// SeedFile is the embedded server's user seed ("" with Options.URL).
 	SeedFile string
 
-	node   string
-	scfg   stream.Config
-	creds  string
-	nc     *nats.Conn
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	log    zerolog.Logger
+	node  string
+	dopts cluster.DirectoryOptions
+	scfg  stream.Config
+	// stopAnnounce ends the heartbeat (Withdraw); announced is closed
+	// once it returned.
+	stopAnnounce context.CancelFunc
+	announced    chan struct{}
+	creds        string
+	nc           *nats.Conn
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
+	log          zerolog.Logger
 
 	mu      sync.Mutex
 	stopped map[string]error
@@ -226,8 +231,12 @@ func Start(o Options) (*Service, error) {
 	if !o.NoUsage {
 		s.run("usage", func() error { return usage.Run(ctx, filepath.Join(o.DataDir, "usage.jsonl"), own("usage")) })
 	}
+	s.dopts = cluster.DirectoryOptions{JS: js, Replicas: o.Replicas, TTL: o.TTL, Logger: o.Logger, Seq: o.Log.LastSeq}
+	actx, stopAnnounce := context.WithCancel(ctx)
+	s.stopAnnounce, s.announced = stopAnnounce, make(chan struct{})
 	s.run("announce", func() error {
-		return cluster.Announce(ctx, cluster.DirectoryOptions{JS: js, Replicas: o.Replicas, TTL: o.TTL, Logger: o.Logger}, node, o.OwnerAddr)
+		defer close(s.announced)
+		return cluster.Announce(actx, s.dopts, node, o.OwnerAddr)
 	})
 	s.run("cluster-view", func() error { return s.View.Follow(ctx, feedOpts("", nil)) })
 	return s, nil
@@ -276,6 +285,20 @@ func (s *Service) WaitReplicated(ctx context.Context, seq uint64) error {
 // the addresses of other live nodes with warm VMs for it (empty: none).
 func (s *Service) Redirect(key event.PoolKey) cluster.Redirect {
 	return cluster.Redirect{Redirect: s.View.RedirectTargets(key, s.node)}
+}
+
+// Withdraw takes this node out of every node's directory: the heartbeat
+// stops and its address is deleted, so no redirect names it from now on.
+// A stopping node calls it before it stops serving; bounded by ctx (NATS
+// unreachable: the address then lapses after the TTL).
+func (s *Service) Withdraw(ctx context.Context) error {
+	s.stopAnnounce()
+	select {
+	case <-s.announced:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return cluster.Withdraw(ctx, s.dopts, s.node)
 }
 
 // Status returns a snapshot.
