@@ -38,7 +38,7 @@ func TestTargets(t *testing.T) {
 	}{
 		{"exec: a tenth of the floor and two info round trips", execTarget(10*time.Millisecond, 50*time.Microsecond), 11*time.Millisecond + 100*time.Microsecond},
 		{"exec: no info time, the slack only", execTarget(time.Millisecond, 0), 1100 * time.Microsecond},
-		{"session: two shell lines and two info round trips", sessionTarget(100*time.Microsecond, 30*time.Microsecond), 260 * time.Microsecond},
+		{"session: the shell line and the fixed allowance", sessionTarget(100 * time.Microsecond), 600 * time.Microsecond},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: %s, want %s", tc.name, tc.got, tc.want)
