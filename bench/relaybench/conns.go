@@ -6,65 +6,8 @@ import (
 	"io"
 	"net"
 	"slices"
-	"sync"
 	"time"
 )
-
-// copier is the floor: a TCP listener whose every connection is joined to
-// a fresh connection to the guest's unix socket by a plain io.Copy each
-// way (which Go runs on splice(2) between these two), passing a half-close
-// on; what a relay is with no sandboxd around it.
-type copier struct {
-	ln net.Listener
-	wg sync.WaitGroup
-}
-
-func startCopier(guest string) (*copier, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	cp := &copier{ln: ln}
-	cp.wg.Add(1)
-	go func() {
-		defer cp.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			g, err := net.Dial("unix", guest)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			go join(c.(*net.TCPConn), g.(*net.UnixConn))
-		}
-	}()
-	return cp, nil
-}
-
-// join copies both ways until both directions ended.
-func join(c *net.TCPConn, g *net.UnixConn) {
-	defer c.Close()
-	defer g.Close()
-	done := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(g, c)
-		_ = g.CloseWrite()
-		close(done)
-	}()
-	_, _ = io.Copy(c, g)
-	_ = c.CloseWrite()
-	<-done
-}
-
-func (cp *copier) addr() string { return cp.ln.Addr().String() }
-
-func (cp *copier) Close() {
-	cp.ln.Close()
-	cp.wg.Wait()
-}
 
 // connectOnce times a fresh connection up to its first echoed byte.
 func connectOnce(ctx context.Context, dial func(context.Context) (net.Conn, error)) (time.Duration, error) {

@@ -76,14 +76,14 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	}
 	defer n.Close()
 	relayDial := n.DialUpgrade
-	cp, err := startCopier(guest.Path)
+	cp, err := relaynode.StartCopier(guest.Path)
 	if err != nil {
 		return nil, err
 	}
 	defer cp.Close()
 	floorDial := func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, "tcp", cp.addr())
+		return d.DialContext(ctx, "tcp", cp.Addr())
 	}
 	directDial := func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer

@@ -8,9 +8,10 @@
 // measurements, so two guests (an echo, a real agent) go through the same
 // relay of the same node.
 //
-// Echo is the guest that sends back what it gets, and Throughput the
-// bytes it echoes per second over a dialed connection: the relay's raw
-// rate. relaybench and tarbench both start their node and echo here.
+// Echo is the guest that sends back what it gets, Throughput the bytes
+// it echoes per second over a dialed connection (the relay's raw rate),
+// and Copier the relay without sandboxd: the same hop by a plain io.Copy
+// each way. relaybench and tarbench both start their node and echo here.
 package relaynode
 
 import (
@@ -165,6 +166,66 @@ func StartEcho(path string) (*Echo, error) {
 func (e *Echo) Close() {
 	e.ln.Close()
 	e.wg.Wait()
+}
+
+// Copier is the relay without sandboxd (relaybench's floor): a TCP
+// listener whose every connection is joined to a fresh connection to the
+// guest's unix socket by a plain io.Copy each way (which Go runs on
+// splice(2) between these two), passing a half-close on.
+type Copier struct {
+	ln net.Listener
+	wg sync.WaitGroup
+}
+
+// StartCopier listens on loopback TCP and joins each connection to a
+// fresh connection to the unix socket at guest.
+func StartCopier(guest string) (*Copier, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	cp := &Copier{ln: ln}
+	cp.wg.Add(1)
+	go func() {
+		defer cp.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			g, err := net.Dial("unix", guest)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go join(c.(*net.TCPConn), g.(*net.UnixConn))
+		}
+	}()
+	return cp, nil
+}
+
+// join copies both ways until both directions ended.
+func join(c *net.TCPConn, g *net.UnixConn) {
+	defer c.Close()
+	defer g.Close()
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(g, c)
+		_ = g.CloseWrite()
+		close(done)
+	}()
+	_, _ = io.Copy(c, g)
+	_ = c.CloseWrite()
+	<-done
+}
+
+// Addr is the listener's address.
+func (cp *Copier) Addr() string { return cp.ln.Addr().String() }
+
+// Close stops listening and waits for the accept loop.
+func (cp *Copier) Close() {
+	cp.ln.Close()
+	cp.wg.Wait()
 }
 
 // Chunk is the size of Throughput's writes and reads.
