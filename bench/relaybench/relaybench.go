@@ -3,8 +3,9 @@
 // sandboxd's agent relay, against a direct unix-socket copy floor measured
 // in the same run.
 //
-// sbxlog side: nodetest's in-process node (started by bench/relaynode), i.e. the real api.Server,
-// engine and Pebble op log on the scratch disk (each relay's opening is a
+// sbxlog side: nodetest's in-process node (started by bench/relaynode,
+// with its echo guest and copy floor), i.e. the real api.Server, engine
+// and Pebble op log on the scratch disk (each relay's opening is a
 // durable relay_opened event, its end a relay_closed one) behind a real
 // net/http server on loopback, with the hypervisor FAKED and the guest
 // agent replaced by an echo server on a unix socket, which the node's
