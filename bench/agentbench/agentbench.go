@@ -194,8 +194,14 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 			"(the persistent shell, framed by its nonce marker; bash or sh), logs of a detached process (its kept output line, done). "+
 			"Floors, interleaved with them: info on the same connection (the protocol's round trip), a fork+exec+wait of true "+
 			"by os/exec in the benchmark's process (what an exec cannot avoid), a line written to a bare shell's stdin and its echo "+
-			"read back (what a session command cannot avoid; the same shell).  %d rounds of %d samples each, the order rotated per round.",
-			cfg.rounds, cfg.perRound),
+			"read back (what a session command cannot avoid; the same shell).  %d rounds of %d samples each, the order rotated per round. "+
+			"Targets, from what the protocol must add to the OS work: exec p50 at most %.1fx the fork+exec+wait p50 plus %d info p50s "+
+			"(its request and two replies, started and exit, around the same os/exec the floor runs; the tenth covers the agent's pipes "+
+			"and reaper and the floor's own noise); a session command's p50 at most the bare shell line's plus %s (its script, the command "+
+			"in a group with stdin from /dev/null and then the nonce marker's printf of its status, read by the shell from its pipe (bash: a byte at a "+
+			"time) and framed by the agent, is a fixed cost per command, not a multiple of the line: the allowance is absolute, well under "+
+			"what a person at a prompt notices and under one info round trip to a TCG guest).",
+			cfg.rounds, cfg.perRound, execSlack, execFrames, report.Fmt(sessionAllowance)),
 		Header: []string{"round trip", "p50", "p99", "p50 / info"},
 	}
 	info := samples[0].Quantile(0.5)
@@ -216,6 +222,12 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 	}
 	execOver := samples[1].Quantile(0.5) - samples[2].Quantile(0.5)
 	sessOver := samples[3].Quantile(0.5) - samples[4].Quantile(0.5)
+	execT := execTarget(samples[2].Quantile(0.5), info)
+	sec.Verdict(samples[1].Quantile(0.5) <= execT, "exec true p50 %s, fork+exec+wait %s, info %s (target <= %s: the floor's p50 x %.1f plus %d info round trips)",
+		report.Fmt(samples[1].Quantile(0.5)), report.Fmt(samples[2].Quantile(0.5)), report.Fmt(info), report.Fmt(execT), execSlack, execFrames)
+	sessT := sessionTarget(samples[4].Quantile(0.5))
+	sec.Verdict(samples[3].Quantile(0.5) <= sessT, "session command p50 %s, bare shell line %s (target <= %s: the line plus %s)",
+		report.Fmt(samples[3].Quantile(0.5)), report.Fmt(samples[4].Quantile(0.5)), report.Fmt(sessT), report.Fmt(sessionAllowance))
 	signed := func(d time.Duration) string {
 		if d < 0 {
 			return "-" + report.Fmt(-d)
@@ -227,6 +239,37 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 			signed(execOver), signed(sessOver)),
 		fmt.Sprintf("%d CPUs; load average %s at the start, %s at the end.", runtime.NumCPU(), loadStart, report.LoadAvg()))
 	return sec, nil
+}
+
+// What an RPC may add to the OS work it cannot avoid, in units of that
+// work and of the protocol's own round trip (info's p50).
+const (
+	// An exec is its request and two replies (started, exit) around the
+	// same fork+exec+wait the floor does (OSProcs runs os/exec too): two
+	// round trips' worth of frames, and a tenth of the floor for the
+	// agent's pipes and reaper and the floor's own run-to-run noise.
+	execFrames = 2
+	execSlack  = 1.1
+	// A session command is a script, not a line: the command in a { }
+	// group with its stdin from /dev/null, then the nonce marker's printf
+	// of its status, which the shell reads from its pipe (bash a byte at a
+	// time) and the agent frames as a request and its replies. Those are a
+	// fixed cost per command, not a multiple of the bare line, so the
+	// target is an absolute allowance: half a millisecond, well under what
+	// a person at a prompt notices and under one info round trip to a TCG
+	// guest.
+	sessionAllowance = 500 * time.Microsecond
+)
+
+// execTarget is the p50 an exec may take given its floors' p50s.
+func execTarget(forkExec, info time.Duration) time.Duration {
+	return time.Duration(float64(forkExec)*execSlack) + execFrames*info
+}
+
+// sessionTarget is the p50 a session command may take given its floor's
+// p50.
+func sessionTarget(shellLine time.Duration) time.Duration {
+	return shellLine + sessionAllowance
 }
 
 // exitZero is an exec's error, or one for an exit code that is not 0.

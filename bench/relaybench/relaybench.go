@@ -3,8 +3,9 @@
 // sandboxd's agent relay, against a direct unix-socket copy floor measured
 // in the same run.
 //
-// sbxlog side: nodetest's in-process node, i.e. the real api.Server,
-// engine and Pebble op log on the scratch disk (each relay's opening is a
+// sbxlog side: nodetest's in-process node (started by bench/relaynode,
+// with its echo guest and copy floor), i.e. the real api.Server, engine
+// and Pebble op log on the scratch disk (each relay's opening is a
 // durable relay_opened event, its end a relay_closed one) behind a real
 // net/http server on loopback, with the hypervisor FAKED and the guest
 // agent replaced by an echo server on a unix socket, which the node's
@@ -32,19 +33,9 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/rs/zerolog"
-
+	"github.com/sbxlog/sbxlog/bench/relaynode"
 	"github.com/sbxlog/sbxlog/bench/report"
-	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
-	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
-	"github.com/sbxlog/sbxlog/fsm"
-	"github.com/sbxlog/sbxlog/projections/api"
-	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
-
-const rootToken = "bench-root-token"
-
-var key = fsm.PoolKey{Template: "default", Net: "none", Size: "small"}
 
 type config struct {
 	connects int   // connect samples per system
@@ -61,7 +52,6 @@ var (
 const (
 	ratioTarget   = 0.8
 	connectTarget = time.Millisecond
-	chunk         = 256 << 10
 )
 
 // Run measures the section.
@@ -76,49 +66,29 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		return nil, err
 	}
 	defer done()
-	guest, err := startEcho(filepath.Join(dir, "guest.sock"))
+	guest, err := relaynode.StartEcho(filepath.Join(dir, "guest.sock"))
 	if err != nil {
 		return nil, err
 	}
 	defer guest.Close()
-	n, err := nodetest.Start(nodetest.Options{
-		Dir: filepath.Join(dir, "node"), RootToken: rootToken, Log: zerolog.Nop(),
-		Pools: []fsm.PoolSpec{{PoolKey: key, Warm: 1}},
-		Tune:  func(c *node.Config) { c.DataPlane.Dialer = unixDialer(guest.path) },
-	})
+	n, err := relaynode.Start(ctx, filepath.Join(dir, "node"), guest.Path)
 	if err != nil {
 		return nil, err
 	}
 	defer n.Close()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = n.WaitWarm(wctx, key, 1)
-	cancel()
-	if err != nil {
-		return nil, err
-	}
-	c, err := apiclient.New(n.URL, rootToken, nil)
-	if err != nil {
-		return nil, err
-	}
-	claim, err := c.Claim(ctx, api.ClaimRequest{Template: key.Template})
-	if err != nil {
-		return nil, err
-	}
-	relayDial := func(ctx context.Context) (net.Conn, error) {
-		return dialRelay(ctx, n.Addr(), claim.ID, claim.Token)
-	}
-	cp, err := startCopier(guest.path)
+	relayDial := n.DialUpgrade
+	cp, err := relaynode.StartCopier(guest.Path)
 	if err != nil {
 		return nil, err
 	}
 	defer cp.Close()
 	floorDial := func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, "tcp", cp.addr())
+		return d.DialContext(ctx, "tcp", cp.Addr())
 	}
 	directDial := func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, "unix", guest.path)
+		return d.DialContext(ctx, "unix", guest.Path)
 	}
 
 	sec := &report.Section{
@@ -134,7 +104,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 			"echoed byte (the relay's includes its durable relay_opened event; its relay_closed is written after the sample). Throughput: "+
 			"%d rounds interleaving the systems, each run sending %d MiB split over its streams in %d KiB writes while each stream reads "+
 			"its echo back; the figure is the bytes echoed per second (each direction moves as much), median of the rounds.",
-			cfg.connects, cfg.rounds, cfg.total>>20, chunk>>10),
+			cfg.connects, cfg.rounds, cfg.total>>20, relaynode.Chunk>>10),
 		Header: []string{"measure", "relay (sandboxd)", "floor (direct copy)", "relay / floor", "no hop (reference)"},
 	}
 
@@ -166,7 +136,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		bps := make([][]float64, len(dials))
 		for range cfg.rounds {
 			for i, dial := range dials {
-				b, err := throughput(ctx, dial, streams, cfg.total/int64(streams))
+				b, err := relaynode.Throughput(ctx, dial, streams, cfg.total/int64(streams))
 				if err != nil {
 					return nil, fmt.Errorf("throughput (system %d): %w", i, err)
 				}

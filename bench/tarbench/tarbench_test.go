@@ -19,7 +19,7 @@ func TestRun(t *testing.T) {
 	var b strings.Builder
 	sec.Text(&b)
 	t.Log(b.String())
-	if len(sec.Rows) != 3 || len(sec.Verdicts) != 3 {
+	if len(sec.Rows) != 8 || len(sec.Verdicts) != 6 {
 		t.Fatalf("section has %d rows and %d verdicts", len(sec.Rows), len(sec.Verdicts))
 	}
 	for _, r := range sec.Rows {
