@@ -479,23 +479,13 @@ func (e *encoder) archive(s *State) {
 		e.i(sp.ArchiveAfterSeconds)
 		e.i(sp.ArchiveDeleteAfterSeconds)
 	}
-	var vms []string
-	for _, id := range sortedKeys(s.vms) {
-		if s.vms[id].Archive != "" {
-			vms = append(vms, id)
-		}
-	}
+	vms := e.vmsWhere(s, func(v *VMRec) bool { return v.Archive != "" })
 	e.u(uint64(len(vms)))
 	for _, id := range vms {
 		e.str(id)
 		e.str(s.vms[id].Archive)
 	}
-	var claims []string
-	for _, id := range sortedKeys(s.claims) {
-		if c := s.claims[id]; c.OnExpireArchive || c.ArchiveRetryAt != 0 {
-			claims = append(claims, id)
-		}
-	}
+	claims := e.claimsWhere(s, func(c *ClaimRec) bool { return c.OnExpireArchive || c.ArchiveRetryAt != 0 })
 	e.u(uint64(len(claims)))
 	for _, id := range claims {
 		c := s.claims[id]

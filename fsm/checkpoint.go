@@ -782,22 +782,13 @@ func (e *encoder) checkpoints(s *State) {
 			e.str(c)
 		}
 	}
-	var vms, claims []string
-	for _, id := range sortedKeys(s.vms) {
-		if s.vms[id].SourceCk != "" {
-			vms = append(vms, id)
-		}
-	}
+	vms := e.vmsWhere(s, func(v *VMRec) bool { return v.SourceCk != "" })
 	e.u(uint64(len(vms)))
 	for _, id := range vms {
 		e.str(id)
 		e.str(s.vms[id].SourceCk)
 	}
-	for _, id := range sortedKeys(s.claims) {
-		if c := s.claims[id]; c.FromCheckpoint != "" || c.Fork != "" {
-			claims = append(claims, id)
-		}
-	}
+	claims := e.claimsWhere(s, func(c *ClaimRec) bool { return c.FromCheckpoint != "" || c.Fork != "" })
 	e.u(uint64(len(claims)))
 	for _, id := range claims {
 		c := s.claims[id]

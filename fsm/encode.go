@@ -82,7 +82,7 @@ var (
 
 // Encode returns s's deterministic encoding.
 func Encode(s *State) []byte {
-	e := encoder{b: make([]byte, 0, 256+len(s.vms)*96+len(s.claims)*160)}
+	e := encoder{b: make([]byte, 0, 256+len(s.vms)*96+len(s.claims)*160), vmIDs: sortedKeys(s.vms), claimIDs: sortedKeys(s.claims)}
 	e.b = append(e.b, StateFormatCurrent)
 	e.u(s.applied)
 	e.str(s.node)
@@ -128,9 +128,8 @@ func Encode(s *State) []byte {
 		e.i(g.RetryAt)
 	}
 
-	ids := sortedKeys(s.vms)
-	e.u(uint64(len(ids)))
-	for _, id := range ids {
+	e.u(uint64(len(e.vmIDs)))
+	for _, id := range e.vmIDs {
 		v := s.vms[id]
 		e.str(v.ID)
 		e.key(v.Key)
@@ -150,10 +149,9 @@ func Encode(s *State) []byte {
 		}
 	}
 
-	ids = sortedKeys(s.claims)
-	e.u(uint64(len(ids)))
+	e.u(uint64(len(e.claimIDs)))
 	var withEgress []string // the claims the V5 section lists, in id order
-	for _, id := range ids {
+	for _, id := range e.claimIDs {
 		c := s.claims[id]
 		if c.EgressClass != "" || c.NoEgress || c.Unpooled || len(c.Env) > 0 {
 			withEgress = append(withEgress, id)
@@ -193,7 +191,7 @@ func Encode(s *State) []byte {
 		e.str(t.EgressClass)
 	}
 
-	ids = sortedKeys(s.relays)
+	ids := sortedKeys(s.relays)
 	e.u(uint64(len(ids)))
 	for _, id := range ids {
 		r := s.relays[id]
@@ -285,7 +283,36 @@ func Hash(s *State) [32]byte { return sha256.Sum256(Encode(s)) }
 // HashHex is Hash in lowercase hex.
 func HashHex(s *State) string { h := Hash(s); return fmt.Sprintf("%x", h[:]) }
 
-type encoder struct{ b []byte }
+// encoder appends a state's encoding to b. vmIDs and claimIDs are the
+// state's VM and claim ids, sorted once per Encode: every section that
+// lists some of them filters these (vmsWhere, claimsWhere) rather than
+// sorting the whole map again.
+type encoder struct {
+	b               []byte
+	vmIDs, claimIDs []string
+}
+
+// vmsWhere lists the ids, in order, of the VMs for which keep holds.
+func (e *encoder) vmsWhere(s *State, keep func(*VMRec) bool) []string {
+	var out []string
+	for _, id := range e.vmIDs {
+		if keep(s.vms[id]) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// claimsWhere lists the ids, in order, of the claims for which keep holds.
+func (e *encoder) claimsWhere(s *State, keep func(*ClaimRec) bool) []string {
+	var out []string
+	for _, id := range e.claimIDs {
+		if keep(s.claims[id]) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
 
 func (e *encoder) u(v uint64) { e.b = binary.AppendUvarint(e.b, v) }
 func (e *encoder) i(v int64)  { e.b = binary.AppendVarint(e.b, v) }

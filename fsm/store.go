@@ -101,12 +101,12 @@ func goldenSnapshots(s *State, add func(SnapshotRef)) {
 // wake dropped once committed, and a destroy removes the image itself, so
 // neither counts.
 func hibernateSnapshots(s *State, add func(SnapshotRef)) {
-	for _, id := range sortedKeys(s.vms) {
-		v := s.vms[id]
-		switch p := s.promotes[id]; {
-		case v.Status == VMHibernated, v.Status == VMWaking, p != nil && p.Hibernated:
-			add(SnapshotRef{Dir: v.SnapshotDir, Kind: OwnerHibernate, Owner: id})
-		}
+	held := func(v *VMRec) bool {
+		p := s.promotes[v.ID]
+		return v.Status == VMHibernated || v.Status == VMWaking || p != nil && p.Hibernated
+	}
+	for _, id := range sortedKeysWhere(s.vms, held) {
+		add(SnapshotRef{Dir: s.vms[id].SnapshotDir, Kind: OwnerHibernate, Owner: id})
 	}
 }
 
@@ -346,12 +346,7 @@ func (s *State) upgradeStore() {
 // encodeStore writes the store's records: the VMs that map a dir, the
 // retired dirs, the promoted templates and the promotes in flight.
 func (e *encoder) store(s *State) {
-	var maps []string
-	for _, id := range sortedKeys(s.vms) {
-		if s.vms[id].Maps != "" {
-			maps = append(maps, id)
-		}
-	}
+	maps := e.vmsWhere(s, func(v *VMRec) bool { return v.Maps != "" })
 	e.u(uint64(len(maps)))
 	for _, id := range maps {
 		e.str(id)

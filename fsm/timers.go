@@ -216,6 +216,20 @@ func sortedKeys[K cmp.Ordered, V any](m map[K]V) []K {
 	return out
 }
 
+// sortedKeysWhere is sortedKeys of the entries for which keep holds: a
+// pass over a large map that wants a few of its entries in order sorts
+// those, not the whole map.
+func sortedKeysWhere[K cmp.Ordered, V any](m map[K]V, keep func(V) bool) []K {
+	var out []K
+	for k, v := range m { //fsm:unordered collected then sorted
+		if keep(v) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 func sortedPoolKeys[V any](m map[PoolKey]V) []PoolKey {
 	out := make([]PoolKey, 0, len(m))
 	for k := range m { //fsm:unordered collected then sorted

@@ -855,12 +855,7 @@ func (e *encoder) volumes(s *State) {
 			e.str(t)
 		}
 	}
-	var with []string
-	for _, id := range sortedKeys(s.claims) {
-		if len(s.claims[id].Volumes) > 0 {
-			with = append(with, id)
-		}
-	}
+	with := e.claimsWhere(s, func(c *ClaimRec) bool { return len(c.Volumes) > 0 })
 	e.u(uint64(len(with)))
 	for _, id := range with {
 		c := s.claims[id]
@@ -920,7 +915,7 @@ func (d *sdec) volumes(s *State) {
 func (s *State) checkVolumes(fail func(string, ...any)) {
 	holds := map[string]volumeHold{}
 	pending := map[string]bool{}
-	for _, id := range sortedKeys(s.claims) {
+	for _, id := range sortedKeysWhere(s.claims, func(c *ClaimRec) bool { return len(c.Volumes) > 0 }) {
 		c := s.claims[id]
 		seen := map[string]bool{}
 		for i := range c.Volumes {
