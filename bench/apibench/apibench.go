@@ -333,14 +333,14 @@ func buildSection(cfg config, systems []*system, fsyncs, appends report.Duration
 		}
 	}
 	sec.Verdict(worst <= cfg.p50Target, "sbxlog warm claim p50 over HTTP with the fsync included: %s at worst over %v live claims (target <= %s); "+
-		"with refills running alongside: %s at %d; through Go's net/http client: %s at %d (its no-op floor %s, %s above the lean client's); "+
+		"with refills running alongside: %s at %d; through Go's net/http client: %s at %d (its no-op floor %s, %s against the lean client's); "+
 		"floors HTTP %s + op log append %s = %s",
 		report.Fmt(worst), cfg.levels, report.Fmt(cfg.p50Target), report.Fmt(refilling.seq.Quantile(0.5)), refilling.live,
 		report.Fmt(sbxStd.seq.Quantile(0.5)), sbxStd.live, report.Fmt(noopStd.seq.Quantile(0.5)),
-		report.Fmt(noopStd.seq.Quantile(0.5)-noop.seq.Quantile(0.5)),
+		report.FmtDelta(noopStd.seq.Quantile(0.5)-noop.seq.Quantile(0.5)),
 		report.Fmt(noop.seq.Quantile(0.5)), report.Fmt(appends.Quantile(0.5)), report.Fmt(noop.seq.Quantile(0.5)+appends.Quantile(0.5)))
-	sec.Notes = append(sec.Notes, fmt.Sprintf("the body guard (every request declaring a body, claims included) adds %s at p50 to a no-op round trip (%s vs %s), measured in the same blocks",
-		report.Fmt(noopGuard.seq.Quantile(0.5)-noop.seq.Quantile(0.5)), report.Fmt(noopGuard.seq.Quantile(0.5)), report.Fmt(noop.seq.Quantile(0.5))))
+	sec.Notes = append(sec.Notes, fmt.Sprintf("the body guard (every request declaring a body, claims included): %s at p50 on a no-op round trip (%s vs %s), measured in the same blocks",
+		report.FmtDelta(noopGuard.seq.Quantile(0.5)-noop.seq.Quantile(0.5)), report.Fmt(noopGuard.seq.Quantile(0.5)), report.Fmt(noop.seq.Quantile(0.5))))
 	r := float64(last.seq.Quantile(0.5)) / float64(first.seq.Quantile(0.5))
 	sec.Verdict(r <= cfg.ratioTarget, "p50 at %d live claims is %.2fx p50 at %d (%s vs %s; target <= %.1fx)",
 		last.live, r, first.live, report.Fmt(last.seq.Quantile(0.5)), report.Fmt(first.seq.Quantile(0.5)), cfg.ratioTarget)

@@ -248,6 +248,15 @@ func Fmt(d time.Duration) string {
 	}
 }
 
+// FmtDelta formats a difference of durations with its sign: "+1.2 µs",
+// "-3.5 µs" (Fmt alone would print a negative one in nanoseconds).
+func FmtDelta(d time.Duration) string {
+	if d < 0 {
+		return "-" + Fmt(-d)
+	}
+	return "+" + Fmt(d)
+}
+
 // Options are passed to every section's run function.
 type Options struct {
 	// Quick asks for small sample counts (a smoke run, not figures of record).
