@@ -294,6 +294,35 @@ func copyIn(ctx context.Context, conn *silkd.Conn, src, p, mode string, recursiv
 	return cr.n, p, err
 }
 
+// copyTreeOut pulls guest directory p into an existing local directory
+// dst under p's base name, or, when dst does not exist, as dst itself:
+// the tar names entries by p's base name, so the tree is extracted into a
+// temporary directory beside dst and its one entry renamed into place (an
+// interrupted copy leaves no half tree under dst's name).
+func copyTreeOut(ctx context.Context, conn *silkd.Conn, p, dst string) (int64, string, error) {
+	base := path.Base(p)
+	if st, err := os.Stat(dst); err == nil && st.IsDir() || base == "/" || base == "." {
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return 0, "", err
+		}
+		n, err := pullTree(ctx, conn, p, dst)
+		return n, filepath.Join(dst, base), err
+	}
+	tmp, err := os.MkdirTemp(dirOf(dst), ".sbxctl-cp-*")
+	if err != nil {
+		return 0, "", err
+	}
+	defer os.RemoveAll(tmp)
+	n, err := pullTree(ctx, conn, p, tmp)
+	if err != nil {
+		return n, "", err
+	}
+	if err := os.Rename(filepath.Join(tmp, base), dst); err != nil {
+		return n, "", err
+	}
+	return n, dst, nil
+}
+
 // countingReader counts what is read through it.
 type countingReader struct {
 	r io.Reader
@@ -308,9 +337,9 @@ func (c *countingReader) Read(b []byte) (int, error) {
 
 // copyOut copies guest path p to local dst (stdout for "-") and returns
 // the bytes received and the local path written. A guest directory (with
-// recursive) lands in directory dst under its base name, as pull does; a
-// file into an existing directory dst under its base name, else as dst,
-// written whole under a temporary name, then renamed.
+// recursive) or a file lands in an existing directory dst under its base
+// name, else becomes dst, as cp does; either is written whole under a
+// temporary name beside dst, then renamed.
 func copyOut(ctx context.Context, conn *silkd.Conn, p, dst string, recursive bool, cl *call) (int64, string, error) {
 	if dst == "-" {
 		n, err := conn.ReadFile(ctx, p, cl.stdout)
@@ -324,11 +353,7 @@ func copyOut(ctx context.Context, conn *silkd.Conn, p, dst string, recursive boo
 		if !recursive {
 			return 0, "", usagef("%s is a directory in the sandbox: cp -r copies directories", p)
 		}
-		if err := os.MkdirAll(dst, 0o755); err != nil {
-			return 0, "", err
-		}
-		n, err := pullTree(ctx, conn, p, dst)
-		return n, filepath.Join(dst, path.Base(p)), err
+		return copyTreeOut(ctx, conn, p, dst)
 	}
 	if st, err := os.Stat(dst); err == nil && st.IsDir() {
 		dst = filepath.Join(dst, path.Base(p))

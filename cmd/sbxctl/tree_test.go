@@ -91,9 +91,19 @@ func TestCpDirectoriesAndDestDirs(t *testing.T) {
 	if code != 0 || errs != "" {
 		t.Fatalf("cp -r -q back: exit %d, %q", code, errs)
 	}
+	// A destination that does not exist becomes the copy, as with cp -r
+	// (README's round trip: cp -r ./proj ID:/work/proj, back to ./out).
+	fresh := filepath.Join(t.TempDir(), "out")
+	mustRun(t, "cp", "-r", "-q", cl.ID+":/work/tree", fresh)
 	for name, data := range files {
 		if got, err := os.ReadFile(filepath.Join(back, "tree", name)); err != nil || string(got) != data {
 			t.Fatalf("%s copied back: %q, %v", name, got, err)
 		}
+		if got, err := os.ReadFile(filepath.Join(fresh, name)); err != nil || string(got) != data {
+			t.Fatalf("%s copied back to a new directory: %q, %v", name, got, err)
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(fresh)); len(ents) != 1 {
+		t.Fatalf("beside the new directory: %d entries, want only it (no temporary left)", len(ents))
 	}
 }
