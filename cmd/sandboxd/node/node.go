@@ -829,7 +829,7 @@ func (n *Node) Stop() error {
 			n.flushReplication()
 		}
 		n.closeAll()
-		n.zl.Info().Msg("sandboxd stopped; VMs left running")
+		n.zl.Info().Msg("sandboxd stopped; the VMs it ran, if any, keep running (the next start adopts them)")
 	})
 	return err
 }
