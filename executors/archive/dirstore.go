@@ -177,7 +177,7 @@ func (s *DirStore) Put(ctx context.Context, name, dir string) (err error) {
 	if err := s.hook(StepFsyncDir, tmp); err != nil {
 		return hookErr{err}
 	}
-	if err := syncPath(tmp); err != nil {
+	if err := fsx.SyncDir(tmp); err != nil {
 		return fmt.Errorf("archive put %s: %w", name, err)
 	}
 	data, err := json.MarshalIndent(m, "", "  ")
@@ -260,7 +260,7 @@ func (s *DirStore) Delete(_ context.Context, name string) error {
 	if err := os.RemoveAll(final); err != nil {
 		return fmt.Errorf("archive delete %s: %w", name, err)
 	}
-	return syncPath(filepath.Dir(final))
+	return fsx.SyncDir(filepath.Dir(final))
 }
 
 // SweepTemp removes the temp dirs of interrupted Puts under <Root>/<prefix>
@@ -391,14 +391,4 @@ func copySparse(dst, src string, beforeSync func() error) (size int64, sum strin
 		return 0, "", err
 	}
 	return size, h.Sum(), nil
-}
-
-func syncPath(p string) error {
-	f, err := os.Open(p)
-	if err != nil {
-		return err
-	}
-	serr := f.Sync()
-	cerr := f.Close()
-	return errors.Join(serr, cerr)
 }

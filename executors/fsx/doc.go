@@ -23,6 +23,8 @@
 //     directory fsync makes its entries durable, and an entry must never become
 //     durable pointing at data that is not; the parent last because it holds dir's own
 //     name.
+//   - SyncDir(dir) fsyncs one directory: what makes a create, rename or remove in it
+//     durable (callers outside fsx that change a directory themselves use it).
 //   - MkTempDir creates a directory named TempPrefix+prefix+random inside the store, on
 //     the store's filesystem, so the final RenameDir is a same-filesystem atomic rename.
 //     SweepTemp removes every TempPrefix entry of the store; it is for start-up only,

@@ -67,7 +67,7 @@ func WriteFileAtomic(path string, data []byte, perm fs.FileMode) (err error) {
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("fsx: write %s: %w", path, err)
 	}
-	return syncDir(dir)
+	return SyncDir(dir)
 }
 
 // SyncTree makes dir and everything below it durable. Order: every regular file
@@ -124,7 +124,9 @@ func syncPath(p string) error {
 	return cerr
 }
 
-func syncDir(dir string) error {
+// SyncDir fsyncs the directory dir, which makes the entries created, renamed or
+// removed in it durable (a file's own fsync does not).
+func SyncDir(dir string) error {
 	if err := syncPath(dir); err != nil {
 		return fmt.Errorf("fsx: %w", err)
 	}
@@ -165,7 +167,7 @@ func SweepTemp(storeDir string) ([]string, error) {
 		removed = append(removed, p)
 	}
 	if len(removed) > 0 {
-		if err := syncDir(storeDir); err != nil {
+		if err := SyncDir(storeDir); err != nil {
 			return removed, err
 		}
 	}
@@ -194,11 +196,11 @@ func RenameDir(oldpath, newpath string) error {
 		return fmt.Errorf("fsx: %w", &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: err})
 	}
 	np, op := filepath.Dir(newpath), filepath.Dir(oldpath)
-	if err := syncDir(np); err != nil {
+	if err := SyncDir(np); err != nil {
 		return err
 	}
 	if op != np {
-		return syncDir(op)
+		return SyncDir(op)
 	}
 	return nil
 }

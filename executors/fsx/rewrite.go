@@ -83,7 +83,7 @@ func RewriteDense(path string, bound int) (RewriteResult, error) {
 		return res, fmt.Errorf("fsx: rewrite: %w", err)
 	}
 	done = true
-	if err := syncDir(filepath.Clean(dir)); err != nil {
+	if err := SyncDir(filepath.Clean(dir)); err != nil {
 		return res, err
 	}
 	res.Rewritten = true

@@ -399,13 +399,9 @@ func (q *Recipes) Hibernate(ctx context.Context, spec Spec, name string) (Recipe
 		r.Already = true
 		return r, q.finish(ctx, nil, pid, spec.RunDir, &r)
 	}
-	pid, err := q.adopt(spec.RunDir)
+	pid, c, err := q.dialVM(ctx, spec, "hibernate")
 	if err != nil {
 		return r, err
-	}
-	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
-	if err != nil {
-		return r, fmt.Errorf("qemu: hibernate: %w", err)
 	}
 	defer c.Close()
 	st, err := c.QueryStatus(ctx)
@@ -568,14 +564,10 @@ func (q *Recipes) Resume(ctx context.Context, spec Spec) (RecipeResult, error) {
 	if err := spec.validateDirs(); err != nil {
 		return r, err
 	}
-	pid, err := q.adopt(spec.RunDir)
+	pid, c, err := q.dialVM(ctx, spec, "resume")
+	r.PID = pid
 	if err != nil {
 		return r, err
-	}
-	r.PID = pid
-	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
-	if err != nil {
-		return r, fmt.Errorf("qemu: resume: %w", err)
 	}
 	defer c.Close()
 	st, err := c.QueryStatus(ctx)
@@ -643,16 +635,31 @@ func (q *Recipes) Stop(ctx context.Context, spec Spec) error {
 // Status returns QEMU's run state of the VM of spec ("running", "paused", ...), or
 // an error wrapping ErrNotRunning when there is no process.
 func (q *Recipes) Status(ctx context.Context, spec Spec) (string, error) {
-	if _, err := q.Adopt(spec); err != nil {
+	if err := spec.validateDirs(); err != nil {
 		return "", err
 	}
-	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
+	_, c, err := q.dialVM(ctx, spec, "status")
 	if err != nil {
-		return "", fmt.Errorf("qemu: status: %w", err)
+		return "", err
 	}
 	defer c.Close()
 	st, err := c.QueryStatus(ctx)
 	return st.Status, err
+}
+
+// dialVM adopts the live QEMU of spec (see Adopt) and opens its QMP socket: the
+// first step of every recipe that acts on a running VM. op names the recipe in the
+// dial error. The pid is returned even when the dial fails, for the caller's result.
+func (q *Recipes) dialVM(ctx context.Context, spec Spec, op string) (int, *qmp.Client, error) {
+	pid, err := q.adopt(spec.RunDir)
+	if err != nil {
+		return 0, nil, err
+	}
+	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
+	if err != nil {
+		return pid, nil, fmt.Errorf("qemu: %s: %w", op, err)
+	}
+	return pid, c, nil
 }
 
 // newerThanLaunch reports whether the snapshot in snap was written after the VM in

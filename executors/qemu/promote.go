@@ -11,7 +11,6 @@ import (
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
-	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -90,14 +89,10 @@ func (q *Recipes) SnapshotLive(ctx context.Context, spec Spec, name, source stri
 		r.Already = true
 		return r, q.fs.SyncTree(spec.SnapshotDir(name))
 	}
-	pid, err := q.adopt(spec.RunDir)
+	pid, c, err := q.dialVM(ctx, spec, "snapshot")
+	r.PID = pid
 	if err != nil {
 		return r, err
-	}
-	r.PID = pid
-	c, err := qmp.Dial(ctx, QMPSocket(spec.RunDir))
-	if err != nil {
-		return r, fmt.Errorf("qemu: snapshot: %w", err)
 	}
 	defer c.Close()
 	stopped := q.now()
