@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/sbxlog/sbxlog/executors/fsx"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,20 +62,11 @@ func loadOrCreateToken(path string) (token string, created bool, err error) {
 		err = cerr
 	}
 	if err == nil {
-		err = syncDir(filepath.Dir(path))
+		err = fsx.SyncDir(filepath.Dir(path))
 	}
 	if err != nil {
 		_ = os.Remove(path)
 		return "", false, fmt.Errorf("api token file: %w", err)
 	}
 	return token, true, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
