@@ -27,6 +27,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed"
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed/natstest"
@@ -198,23 +199,14 @@ func (n *replNode) row(t *testing.T, id string) (cluster.NodeStatus, bool) {
 	return cluster.NodeStatus{}, false
 }
 
-// rawCall sends a request with token and returns the status and body.
+// rawCall sends a request with token to the node at addr (host:port) and
+// returns the status and body (nodetest.Call).
 func rawCall(ctx context.Context, method, addr, path, token, body string) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, strings.NewReader(body))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
+	var b []byte
 	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
+		b = []byte(body)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
+	return nodetest.Call(ctx, method, "http://"+addr, path, token, b)
 }
 
 // mismatch reads n's sandboxd_config_digest_mismatch.

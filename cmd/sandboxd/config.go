@@ -175,7 +175,8 @@ func (c *Config) egressConfig() node.EgressConfig {
 			if ec.PoolEgress == nil {
 				ec.PoolEgress = map[fsm.PoolKey]*egress.Policy{}
 			}
-			ec.PoolEgress[fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}] = p.Egress
+			pol := p.Egress.Policy()
+			ec.PoolEgress[p.Spec().PoolKey] = &pol
 		}
 	}
 	return ec
@@ -224,8 +225,9 @@ func (c *Config) validateEgress() error {
 	}
 	for _, p := range c.Pools {
 		if p.Egress != nil {
-			check(*p.Egress, fmt.Sprintf("pool %q", p.Template), egress.ScopePool)
-			if egress.Intercepts(*p.Egress) && (c.EgressProxy == nil || !c.EgressProxy.Intercept) {
+			pol := p.Egress.Policy()
+			check(pol, fmt.Sprintf("pool %q", p.Template), egress.ScopePool)
+			if egress.Intercepts(pol) && (c.EgressProxy == nil || !c.EgressProxy.Intercept) {
 				errs = append(errs, fmt.Errorf("pool %q: intercept needs egress_ca (root_cert + this node's intermediate_cert/intermediate_key)", p.Template))
 			}
 		}
@@ -301,9 +303,8 @@ func (c *Config) finishPools() error {
 // policies go separately, with the node's egress config).
 func (c *Config) poolSpecs() []fsm.PoolSpec {
 	specs := make([]fsm.PoolSpec, len(c.Pools))
-	for i, p := range c.Pools {
-		specs[i] = fsm.PoolSpec{PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size}, Warm: p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds,
-			ArchiveAfterSeconds: p.ArchiveAfterSeconds, ArchiveDeleteAfterSeconds: p.ArchiveDeleteAfterSeconds}
+	for i := range c.Pools {
+		specs[i] = c.Pools[i].Spec()
 	}
 	return specs
 }
@@ -314,22 +315,11 @@ const (
 	defaultPoolSize = "small"
 )
 
-// PoolConfig is one pool as written in config and in PUT /v1/pools.
-// Egress is the pool's egress policy (applied with the pool on a first
-// start; PUT /v1/pools changes it afterwards).
-type PoolConfig struct {
-	Template             string `json:"template"`
-	Net                  string `json:"net"`
-	Size                 string `json:"size"`
-	Warm                 int    `json:"warm"`
-	WarmMax              int    `json:"warm_max,omitempty"`
-	IdleHibernateSeconds int64  `json:"idle_hibernate_seconds,omitempty"`
-	// ArchiveAfterSeconds and ArchiveDeleteAfterSeconds are the pool's
-	// archive settings (they need archive_dir).
-	ArchiveAfterSeconds       int64          `json:"archive_after_seconds,omitempty"`
-	ArchiveDeleteAfterSeconds int64          `json:"archive_delete_after_seconds,omitempty"`
-	Egress                    *egress.Policy `json:"egress,omitempty"`
-}
+// PoolConfig is one pool as written in config: the same object as in PUT
+// /v1/pools (api.PoolSpec), so both accept the same JSON and go to the log
+// the same way (Spec). Egress is the pool's egress policy (applied with the
+// pool on a first start; PUT /v1/pools changes it afterwards).
+type PoolConfig = api.PoolSpec
 
 // NATSConfig selects embedded NATS (default) or an existing cluster.
 type NATSConfig struct {

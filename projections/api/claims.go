@@ -174,7 +174,13 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// A promoted template's clones need its golden only, not a template dir:
 	// asked only once checkPool refuses, so a claim of a pool this node
 	// serves reads the state no more than it did before templates.
-	if err := s.checkPool(key, s.pools != nil && s.pooled(key)); err != nil && !s.promoted(key) {
+	// The pool is read once per claim: whether it is configured here (for
+	// checkPool) and how many warm VMs it has (for the redirect below).
+	var here poolHere
+	if s.pools != nil || redirect {
+		here = s.poolHere(key)
+	}
+	if err := s.checkPool(key, here.pooled); err != nil && !s.promoted(key) {
 		if redirect && s.redirectClaim(w, key, start) {
 			return nil
 		}
@@ -200,16 +206,10 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 	// it, it is proposed again and cloned.
 	warmOnly := false
 	if redirect {
-		var warm int
-		s.eng.View(func(st *fsm.State) {
-			if p, ok := st.Pool(key); ok {
-				warm = len(p.WarmVMs())
-			}
-		})
-		if warm == 0 && s.redirectClaim(w, key, start) {
+		if here.warm == 0 && s.redirectClaim(w, key, start) {
 			return nil
 		}
-		warmOnly = warm > 0
+		warmOnly = here.warm > 0
 	}
 	// Register the waiter before proposing: the serving event may commit
 	// before Propose returns.
@@ -356,14 +356,22 @@ func (s *Server) claimResponse(id string, c *fsm.ClaimRec) ClaimResponse {
 	}
 }
 
-// pooled reports whether a pool of key is configured (not draining).
-func (s *Server) pooled(key fsm.PoolKey) bool {
-	var ok bool
+// poolHere is what a claim needs of its pool in this node's state.
+type poolHere struct {
+	pooled bool // a pool of the key is configured (not draining)
+	warm   int  // its warm VMs
+}
+
+// poolHere reads key's pool in one view: a claim asks both questions, and
+// State.Pool copies the warm stack on every read.
+func (s *Server) poolHere(key fsm.PoolKey) poolHere {
+	var h poolHere
 	s.eng.View(func(st *fsm.State) {
-		p, found := st.Pool(key)
-		ok = found && !p.Draining
+		if p, ok := st.Pool(key); ok {
+			h = poolHere{pooled: !p.Draining, warm: len(p.WarmVMs())}
+		}
 	})
-	return ok
+	return h
 }
 
 // refusalOutcome is the sbx_claims_total outcome of a claim checkPool

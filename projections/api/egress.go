@@ -35,7 +35,8 @@ func policyJSON(p *egress.Policy) *PolicyJSON {
 	return out
 }
 
-func (p *PolicyJSON) policy() egress.Policy { return egress.Policy{Allow: p.Allow, Socks5: p.Socks5} }
+// Policy is p as the log records it.
+func (p *PolicyJSON) Policy() egress.Policy { return egress.Policy{Allow: p.Allow, Socks5: p.Socks5} }
 
 // EgressClassJSON is one egress class, as GET lists it.
 type EgressClassJSON struct {
@@ -97,7 +98,7 @@ func (s *Server) handlePutEgressClass(w http.ResponseWriter, r *http.Request, id
 	if req.Egress == nil {
 		return errorf(http.StatusBadRequest, "egress class %q needs egress", name)
 	}
-	p := req.Egress.policy()
+	p := req.Egress.Policy()
 	if err := s.checkPolicy(p, "egress class \""+name+"\"", false); err != nil {
 		return err
 	}

@@ -162,17 +162,13 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, id auth.
 	specs := make([]fsm.PoolSpec, len(req.Pools))
 	var pols map[fsm.PoolKey]*egress.Policy
 	for i, p := range req.Pools {
-		specs[i] = fsm.PoolSpec{
-			PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size},
-			Warm:    p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds,
-			ArchiveAfterSeconds: p.ArchiveAfterSeconds, ArchiveDeleteAfterSeconds: p.ArchiveDeleteAfterSeconds,
-		}
+		specs[i] = p.Spec()
 		// A pool this node cannot serve is refused with the whole change.
 		if err := s.checkPool(specs[i].PoolKey, true); err != nil {
 			return err
 		}
 		if p.Egress != nil {
-			pol := p.Egress.policy()
+			pol := p.Egress.Policy()
 			if err := s.checkPolicy(pol, fmt.Sprintf("pool %q", p.Template), true); err != nil {
 				return err
 			}

@@ -150,6 +150,17 @@ type PoolSpec struct {
 	Egress                    *PolicyJSON `json:"egress,omitempty"`
 }
 
+// Spec is p as the log records it (its egress policy goes separately,
+// Egress.Policy). The daemon's config pools are PoolSpecs too and go
+// through it, so both ways in configure the same pool.
+func (p *PoolSpec) Spec() fsm.PoolSpec {
+	return fsm.PoolSpec{
+		PoolKey: fsm.PoolKey{Template: p.Template, Net: p.Net, Size: p.Size},
+		Warm:    p.Warm, WarmMax: p.WarmMax, IdleHibernateSeconds: p.IdleHibernateSeconds,
+		ArchiveAfterSeconds: p.ArchiveAfterSeconds, ArchiveDeleteAfterSeconds: p.ArchiveDeleteAfterSeconds,
+	}
+}
+
 func (p *PoolsRequest) validate(archive bool) error {
 	if p.Pools == nil {
 		return errorf(http.StatusBadRequest, "%s: missing pools", errInvalidBody)

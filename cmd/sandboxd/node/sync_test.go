@@ -6,10 +6,8 @@ package node_test
 // JetStream ack like the answers to the request's own events.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -142,27 +140,13 @@ func (n *syncNode) call(t *testing.T, method, path, body string) (int, []byte) {
 }
 
 func (n *syncNode) do(method, path, body string) (int, []byte, error) {
-	var rd io.Reader
+	var b []byte
 	if body != "" {
-		rd = bytes.NewReader([]byte(body))
+		b = []byte(body)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, n.URL()+path, rd)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+syncRoot)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, out, err
+	return nodetest.Call(ctx, method, n.URL(), path, syncRoot, b)
 }
 
 // claim claims a sandbox of syncKey and returns its id.

@@ -465,11 +465,19 @@ func (n *Node) LiveClaims() int {
 
 // Do sends one request to the node; token "" sends no Authorization header.
 func (n *Node) Do(ctx context.Context, method, path, token string, body []byte) (status int, resp []byte, err error) {
+	return Call(ctx, method, n.URL, path, token, body)
+}
+
+// Call sends one request to the API at base (http://host:port) and returns
+// its status and body: the one raw HTTP call of the node tests and the e2e
+// tests. token "" sends no Authorization header; a non-nil body is sent as
+// JSON.
+func Call(ctx context.Context, method, base, path, token string, body []byte) (status int, resp []byte, err error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, n.URL+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
 	if err != nil {
 		return 0, nil, err
 	}
