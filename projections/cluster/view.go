@@ -457,6 +457,10 @@ func (v *View) Follow(ctx context.Context, fo feed.Options) error {
 	}
 	// A gap is retried, not the view's end: Behind says so meanwhile.
 	fo.RetryGaps = true
+	// Through the loss of the server that led the JetStream meta group,
+	// the consumer cannot be made again until the group elects a leader;
+	// the stream's surviving replicas answer direct gets meanwhile.
+	fo.DirectReads = true
 	f, err := feed.New(fo, v)
 	if err != nil {
 		return err

@@ -63,13 +63,16 @@ package feed
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -158,7 +161,18 @@ type Options struct {
 	// on another server was seen to deliver a node's next event without
 	// the one before it, which the stream did hold.
 	RetryGaps bool
-	Logger    zerolog.Logger
+	// DirectReads (an ephemeral consumer only): between attempts to
+	// create the consumer again, the feed reads what the stream holds
+	// after its last message by direct gets, which any of the stream's
+	// replicas answers without a consumer, the JetStream meta leader or
+	// the stream leader. Creating a consumer waits for the meta leader: a
+	// lost server that led the meta group stalls it for that group's
+	// election, while the surviving replicas already hold every event
+	// published. The stream must allow direct gets (stream.Config does);
+	// on one that does not, the reads find no responder and the feed
+	// waits for its consumer as before.
+	DirectReads bool
+	Logger      zerolog.Logger
 }
 
 // Feed runs one durable consumer into one Handler.
@@ -307,19 +321,27 @@ func (f *Feed) Run(ctx context.Context) error {
 			f.mu.Lock()
 			f.lastSeq = 0
 			f.mu.Unlock()
-		case errors.As(err, &ge), errors.As(err, &ce):
-			f.log.Error().Err(err).Msg("feed stopped")
-			f.setState("failed", err)
-			return err
-		case errors.As(err, &he):
-			f.log.Error().Err(he.err).Msg("feed handler failed; feed stopped")
-			f.setState("failed", he.err)
-			return he.err
+		case errors.As(err, &ge), errors.As(err, &ce), errors.As(err, &he):
+			return f.stop(err)
 		}
 		if progressed && !retryGap {
 			// (A replay up to a gap that lasts reads the stream again at
 			// the longest pause, not in a tight loop.)
 			backoff = f.opts.MinBackoff
+		}
+		if f.opts.DirectReads && f.opts.Durable == "" && !retryGap {
+			n, derr := f.readDirect(ctx)
+			if n > 0 {
+				f.log.Info().Int("events", n).Msg("feed read the stream directly while its consumer is away")
+			}
+			switch {
+			case errors.As(derr, &ce), errors.As(derr, &he):
+				// Fatal as from a consumer's delivery. (A gap is left to
+				// the consumer, which reads the stream again.)
+				return f.stop(derr)
+			case derr != nil:
+				f.log.Debug().Err(derr).Msg("direct read of the stream")
+			}
 		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			// A node's first start: its replicator creates the stream.
@@ -336,6 +358,110 @@ func (f *Feed) Run(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, f.opts.MaxBackoff)
 	}
+}
+
+// stop ends Run for a fatal error: a corrupt record, a gap that is not
+// retried, a handler's error (returned as is).
+func (f *Feed) stop(err error) error {
+	var he handlerError
+	if errors.As(err, &he) {
+		f.log.Error().Err(he.err).Msg("feed handler failed; feed stopped")
+		f.setState("failed", he.err)
+		return he.err
+	}
+	f.log.Error().Err(err).Msg("feed stopped")
+	f.setState("failed", err)
+	return err
+}
+
+// readDirect applies what the stream holds after the feed's last message,
+// read by direct gets (Options.DirectReads), until it holds no more, a
+// read fails, or ctx ends; it returns how many messages it applied. Each
+// get names the next sequence and the filter, so the replica answering
+// skips other subjects; a replica a little behind the others answers
+// "none" early, and the consumer delivers the rest.
+func (f *Feed) readDirect(ctx context.Context) (int, error) {
+	subj := stream.APISubject(f.opts.JS, "DIRECT.GET."+f.opts.Stream)
+	nc := f.opts.JS.Conn()
+	// One subject per get: the filter's common wildcard, narrowed below.
+	filter := f.layout.Wildcard()
+	n := 0
+	batch := make([]delivered, 0, f.opts.Batch)
+	var evs []event.Event
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		var err error
+		evs, err = f.apply(ctx, batch, evs)
+		n += len(batch)
+		batch = batch[:0]
+		return err
+	}
+	for ctx.Err() == nil {
+		f.mu.Lock()
+		from := f.lastSeq + 1
+		if len(batch) > 0 {
+			from = batch[len(batch)-1].sseq + 1
+		}
+		f.mu.Unlock()
+		req, _ := json.Marshal(struct {
+			Seq     uint64 `json:"seq"`
+			NextFor string `json:"next_by_subj"`
+		}{from, filter})
+		rctx, cancel := context.WithTimeout(ctx, directGetTimeout)
+		m, err := nc.RequestWithContext(rctx, subj, req)
+		cancel()
+		if err != nil {
+			return n, errors.Join(flush(), fmt.Errorf("direct get from stream seq %d: %w", from, err))
+		}
+		d, found, err := directMsg(m)
+		if err != nil || !found {
+			return n, errors.Join(flush(), err)
+		}
+		if d.sseq < from {
+			return n, errors.Join(flush(), fmt.Errorf("direct get from stream seq %d answered seq %d", from, d.sseq))
+		}
+		if slices.ContainsFunc(f.filters, func(flt string) bool { return flt == filter || flt == d.subject }) {
+			batch = append(batch, d)
+		} else {
+			// Another node's subject this feed does not follow: skipped,
+			// and passed.
+			f.mu.Lock()
+			f.lastSeq = max(f.lastSeq, d.sseq)
+			f.mu.Unlock()
+		}
+		if len(batch) == cap(batch) {
+			if err := flush(); err != nil {
+				return n, err
+			}
+		}
+	}
+	return n, errors.Join(flush(), ctx.Err())
+}
+
+// directGetTimeout bounds one direct get: a replica answers at once, and a
+// request nobody answers (no responders) fails at once too.
+const directGetTimeout = time.Second
+
+// directMsg reads a direct get's answer: a stored message, or none left
+// (a 404 status, no payload).
+func directMsg(m *nats.Msg) (delivered, bool, error) {
+	if status := m.Header.Get("Status"); status != "" && len(m.Data) == 0 {
+		if status == "404" {
+			return delivered{}, false, nil
+		}
+		return delivered{}, false, fmt.Errorf("direct get: status %s %s", status, m.Header.Get("Description"))
+	}
+	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return delivered{}, false, fmt.Errorf("direct get: sequence header %q", m.Header.Get(jetstream.SequenceHeader))
+	}
+	subject := m.Header.Get(jetstream.SubjectHeader)
+	if subject == "" {
+		return delivered{}, false, errors.New("direct get: no subject header")
+	}
+	return delivered{subject: subject, sseq: seq, pending: -1, header: m.Header, data: m.Data}, true, nil
 }
 
 type handlerError struct{ err error }
@@ -393,6 +519,7 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 	}
 	defer it.Stop()
 	msgs := make([]jetstream.Msg, 0, f.opts.Batch)
+	batch := make([]delivered, 0, f.opts.Batch)
 	evs := make([]event.Event, 0, f.opts.Batch)
 	for {
 		first, err := it.Next(jetstream.NextContext(ctx))
@@ -409,38 +536,16 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 			}
 			msgs = append(msgs, m)
 		}
-		evs, err = f.verify(ctx, msgs, evs[:0])
-		if err != nil {
+		batch = batch[:0]
+		for _, m := range msgs {
+			d := delivered{subject: m.Subject(), header: m.Headers(), data: m.Data(), pending: -1}
+			if md, err := m.Metadata(); err == nil {
+				d.sseq, d.pending = md.Sequence.Stream, int64(md.NumPending)
+			}
+			batch = append(batch, d)
+		}
+		if evs, err = f.apply(ctx, batch, evs); err != nil {
 			return progressed, err
-		}
-		if len(evs) > 0 {
-			if err := f.h.Apply(ctx, evs); err != nil {
-				if ctx.Err() != nil {
-					// Stopped in the middle of Apply: the batch may be
-					// durable all the same, and the handler's position
-					// says how far, for Status.
-					f.mu.Lock()
-					for i := range evs {
-						f.pos[evs[i].Node] = f.h.Position(evs[i].Node)
-					}
-					f.mu.Unlock()
-					return progressed, ctx.Err()
-				}
-				return progressed, handlerError{err}
-			}
-			f.mu.Lock()
-			for i := range evs {
-				f.pos[evs[i].Node] = evs[i].Seq
-			}
-			f.mu.Unlock()
-		}
-		if md, err := msgs[len(msgs)-1].Metadata(); err == nil {
-			f.mu.Lock()
-			f.lastSeq = md.Sequence.Stream
-			if md.NumPending == 0 && f.status.State == "catching_up" {
-				f.status.State, f.status.Since = "running", time.Now()
-			}
-			f.mu.Unlock()
 		}
 		// AckAll: acknowledging the last message covers the batch.
 		if f.opts.Durable != "" {
@@ -450,6 +555,55 @@ func (f *Feed) session(ctx context.Context) (progressed bool, err error) {
 		}
 		progressed = true
 	}
+}
+
+// delivered is one message of the stream as the feed checks it, from a
+// consumer's delivery or a direct get.
+type delivered struct {
+	subject string
+	sseq    uint64 // stream sequence (0: unknown)
+	pending int64  // messages of the filter after it (-1: unknown)
+	header  nats.Header
+	data    []byte
+}
+
+// apply verifies batch, hands its new events to the handler and advances
+// the feed's positions and last stream sequence. It returns evs for reuse.
+func (f *Feed) apply(ctx context.Context, batch []delivered, evs []event.Event) ([]event.Event, error) {
+	evs, err := f.verify(ctx, batch, evs[:0])
+	if err != nil {
+		return evs, err
+	}
+	if len(evs) > 0 {
+		if err := f.h.Apply(ctx, evs); err != nil {
+			if ctx.Err() != nil {
+				// Stopped in the middle of Apply: the batch may be
+				// durable all the same, and the handler's position
+				// says how far, for Status.
+				f.mu.Lock()
+				for i := range evs {
+					f.pos[evs[i].Node] = f.h.Position(evs[i].Node)
+				}
+				f.mu.Unlock()
+				return evs, ctx.Err()
+			}
+			return evs, handlerError{err}
+		}
+		f.mu.Lock()
+		for i := range evs {
+			f.pos[evs[i].Node] = evs[i].Seq
+		}
+		f.mu.Unlock()
+	}
+	if last := batch[len(batch)-1]; last.sseq > 0 {
+		f.mu.Lock()
+		f.lastSeq = max(f.lastSeq, last.sseq)
+		if last.pending == 0 && f.status.State == "catching_up" {
+			f.status.State, f.status.Since = "running", time.Now()
+		}
+		f.mu.Unlock()
+	}
+	return evs, nil
 }
 
 // consumer returns the feed's consumer, creating it when missing.
@@ -541,11 +695,7 @@ func (f *Feed) eventAt(ctx context.Context, sseq uint64) (ackedEvent, error) {
 	if sseq == 0 {
 		return ackedEvent{}, nil
 	}
-	st, err := f.opts.JS.Stream(ctx, f.opts.Stream)
-	if err != nil {
-		return ackedEvent{}, err
-	}
-	m, err := st.GetMsg(ctx, sseq)
+	m, err := stream.LeaderGet(ctx, f.opts.JS, f.opts.Stream, stream.GetRequest{Seq: sseq})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return ackedEvent{}, nil
 	}
@@ -655,28 +805,24 @@ func filtersOf(c jetstream.ConsumerConfig) []string {
 
 // verify decodes and checks msgs, dropping events already applied. On a
 // gap it rebuilds the consumer once and returns errResetConsumer.
-func (f *Feed) verify(ctx context.Context, msgs []jetstream.Msg, evs []event.Event) ([]event.Event, error) {
+func (f *Feed) verify(ctx context.Context, msgs []delivered, evs []event.Event) ([]event.Event, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	next := map[string]uint64{} // expected seq within this batch
 	for _, m := range msgs {
-		subj := m.Subject()
-		var sseq uint64
-		if md, err := m.Metadata(); err == nil {
-			sseq = md.Sequence.Stream
-		}
+		subj, sseq := m.subject, m.sseq
 		node, ok := f.layout.NodeOf(subj)
 		if !ok {
 			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: errors.New("not a node subject")}
 		}
-		ev, err := event.Decode(m.Data())
+		ev, err := event.Decode(m.data)
 		if err != nil {
 			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: err}
 		}
 		if ev.Node != node {
 			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: fmt.Errorf("record of node %q", ev.Node)}
 		}
-		if _, err := stream.CheckMessage(m.Headers(), &ev); err != nil {
+		if _, err := stream.CheckMessage(m.header, &ev); err != nil {
 			return nil, &CorruptError{StreamSeq: sseq, Subject: subj, Err: err}
 		}
 		want, ok := next[node]

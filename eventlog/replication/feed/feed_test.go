@@ -433,3 +433,86 @@ func TestEphemeralFeedRetriesGaps(t *testing.T) {
 		t.Errorf("Run after its context ended: %v", err)
 	}
 }
+
+// Issue 26: while the consumer cannot be created (on a cluster: the
+// JetStream meta leader lost with a server, until its election), a feed
+// with DirectReads applies what the stream holds by direct gets, each event
+// once, and goes on through its consumer once one can be made. Here the
+// stream's consumer limit, taken by another consumer, refuses the feed's
+// consumer the way a missing meta leader does. Without DirectReads, or on a
+// stream that does not allow direct gets, nothing arrives meanwhile.
+func TestDirectReadsWhileConsumerAway(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		directReads bool
+		allowDirect bool
+	}{
+		{"direct reads", true, true},
+		{"consumer only", false, true},
+		{"stream without direct gets", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := natstest.Single(t)
+			_, js := natstest.Connect(t, srv.ClientURL())
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			cfg, err := stream.Config{}.StreamConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.MaxConsumers, cfg.AllowDirect = 1, tc.allowDirect
+			if _, err := js.CreateStream(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := js.CreateConsumer(ctx, cfg.Name, jetstream.ConsumerConfig{Durable: "blocker"}); err != nil {
+				t.Fatal(err)
+			}
+			l := repltest.OpenLog(t, "n1")
+			r := repltest.Replicate(t, srv.ClientURL(), l)
+			appendN(t, js, l, 10, r)
+
+			h := newLagger(1) // a record per event: one applied twice fails Apply
+			logs := &feedLog{}
+			f, err := feed.New(feed.Options{JS: js, Nodes: []string{"n1"}, Batch: 4, DirectReads: tc.directReads,
+				Heartbeat: 500 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Logger: logs.logger()}, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rctx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- f.Run(rctx) }()
+			t.Cleanup(func() {
+				stop()
+				if err := <-done; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			})
+			refused := func() bool { return len(logs.Lines("maximum consumers limit")) >= 3 }
+			if tc.directReads && tc.allowDirect {
+				natstest.Eventually(t, 20*time.Second, "the stream's events read directly", func() bool { return h.lastApplied("n1") == 10 })
+				appendN(t, js, l, 5, r)
+				natstest.Eventually(t, 20*time.Second, "later events read directly", func() bool { return h.lastApplied("n1") == 15 })
+				if len(logs.Lines("read the stream directly")) == 0 {
+					t.Errorf("no log line says the feed read the stream directly:\n%s", logs)
+				}
+			} else {
+				natstest.Eventually(t, 20*time.Second, "consumer refused three times", refused)
+				if got := h.lastApplied("n1"); got != 0 {
+					t.Fatalf("applied up to %d with no consumer and no direct reads", got)
+				}
+			}
+			if s := f.Status().State; s == "running" {
+				t.Fatalf("feed running while its consumer is refused")
+			}
+			if err := js.DeleteConsumer(ctx, cfg.Name, "blocker"); err != nil {
+				t.Fatal(err)
+			}
+			appendN(t, js, l, 5, r)
+			last := l.LastSeq()
+			natstest.Eventually(t, 20*time.Second, "the consumer delivers the rest", func() bool {
+				return f.Status().State == "running" && h.lastApplied("n1") == last
+			})
+			h.requireRecords(t, "n1", last)
+		})
+	}
+}

@@ -615,7 +615,7 @@ func (r *Replicator) session(ctx context.Context, nc *nats.Conn, js jetstream.Je
 			r.log.Warn().Str("stream", st.Have.Name).Msg(msg)
 		}
 	}
-	last, sseq, err := r.resume(ctx, st)
+	last, sseq, err := r.resume(ctx, js, st)
 	if err != nil {
 		return false, err
 	}
@@ -683,10 +683,12 @@ func (r *Replicator) session(ctx context.Context, nc *nats.Conn, js jetstream.Je
 // one whose messages all left the stream (an age or size limit, a purge):
 // the cursor tells them apart, and the latter resumes after the cursor's
 // sequence with stream sequence 0, publishing nothing twice.
-func (r *Replicator) resume(ctx context.Context, st *stream.Ensured) (last, sseq uint64, err error) {
+func (r *Replicator) resume(ctx context.Context, js jetstream.JetStream, st *stream.Ensured) (last, sseq uint64, err error) {
 	gctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
 	defer cancel()
-	m, err := st.GetLastMsgForSubject(gctx, r.subject)
+	// From the leader: a replica behind it would name an older resume
+	// point, which the fence then refuses (stream.LeaderGet).
+	m, err := stream.LeaderGet(gctx, js, st.Have.Name, stream.GetRequest{LastBySubject: r.subject})
 	localFirst, localLast := r.opts.Log.FirstSeq(), r.opts.Log.LastSeq()
 	refuse := func(seq uint64, reason string, args ...any) error {
 		return &SecondWriterError{Node: r.node, Subject: r.subject, StreamSeq: seq, LocalLast: localLast, Reason: fmt.Sprintf(reason, args...)}

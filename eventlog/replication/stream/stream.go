@@ -327,6 +327,10 @@ func (c Config) StreamConfig() (jetstream.StreamConfig, error) {
 		// The replicator publishes a window as one atomic batch when the
 		// stream has several replicas.
 		AllowAtomicPublish: true,
+		// Any replica answers direct gets, with no consumer and no
+		// leader: the cluster view reads through them while its consumer
+		// cannot be re-created (feed.Options.DirectReads).
+		AllowDirect: true,
 	}, nil
 }
 
@@ -461,6 +465,9 @@ func Warnings(have, want jetstream.StreamConfig) []string {
 	case have.MaxBytes > 0:
 		removes = fmt.Sprintf("max_bytes %d", have.MaxBytes)
 	}
+	if want.AllowDirect && !have.AllowDirect {
+		w = append(w, fmt.Sprintf("stream %s does not allow direct gets: through a NATS server's loss the cluster view waits for its consumer to be re-created (nats stream edit %s --allow-direct)", want.Name, want.Name))
+	}
 	if removes != "" {
 		if have.Discard == jetstream.DiscardNew {
 			w = append(w, fmt.Sprintf("stream %s has %s with discard new: publishes are refused once it is full, and replication stalls until room is made", want.Name, removes))
@@ -542,7 +549,7 @@ func (c Config) Ends(ctx context.Context, js jetstream.JetStream, nodes []string
 		if err := CheckNodeID(n); err != nil {
 			return nil, err
 		}
-		m, err := st.GetLastMsgForSubject(ctx, c.Subject(n))
+		m, err := LeaderGet(ctx, js, name, GetRequest{LastBySubject: c.Subject(n)})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			out[n] = End{}
 			continue
@@ -593,7 +600,7 @@ func (c Config) Start(ctx context.Context, js jetstream.JetStream, node string) 
 	if info.State.FirstSeq > 1 {
 		out.Removed = info.State.FirstSeq - 1
 	}
-	m, err := st.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(c.Subject(node)))
+	m, err := LeaderGet(ctx, js, name, GetRequest{Seq: 1, NextBySubject: c.Subject(node)})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return out, nil
 	}

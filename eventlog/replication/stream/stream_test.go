@@ -265,6 +265,7 @@ func TestCheckAcceptsCompatibleWithWarnings(t *testing.T) {
 			c.MaxMsgs, c.Discard = 10, jetstream.DiscardNew
 			return c
 		}, 1, []string{"discard new"}},
+		{"no direct gets", func() jetstream.StreamConfig { c := cfg(3); c.AllowDirect = false; return c }, 3, []string{"does not allow direct gets"}},
 	} {
 		have, want := tc.have(), cfg(tc.want)
 		if err := stream.Check(have, want); err != nil {
