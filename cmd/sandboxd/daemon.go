@@ -52,6 +52,11 @@ func start(ctx context.Context, cfg Config) (*node.Node, zerolog.Logger, error) 
 		zl.Info().Str("node", cfg.NodeID).Str("hostname", cfg.nodeIDFrom).
 			Msgf("node_id not configured: using %q, derived from the host name (letters, digits, '-' and '_' kept, anything else '-'); set node_id to choose it", cfg.NodeID)
 	}
+	// The data dir first: one this process cannot use is reported as such,
+	// not as the token file's error (the token file is in it by default).
+	if err := node.PrepareDataDir(cfg.DataDir); err != nil {
+		return nil, zl, err
+	}
 	rootToken := cfg.APIToken
 	if rootToken == "" && cfg.APITokenFile != "" {
 		path, err := filepath.Abs(cfg.APITokenFile)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 )
 
@@ -135,5 +137,53 @@ func TestDefaultConfigPath(t *testing.T) {
 	t.Setenv("SBX_CONFIG", "")
 	if _, err := os.Stat(systemConfig); err != nil && defaultConfigPath() != "" {
 		t.Fatalf("no $SBX_CONFIG and no %s: %q", systemConfig, defaultConfigPath())
+	}
+}
+
+// A data dir this process cannot use fails the start at once with a
+// message naming the dir and what is wrong with it (issue 25 "Also": it
+// was reported as the token file's error, the first file written there),
+// and nothing starts. Tests run as root, which permission bits do not
+// stop: a path through a regular file needs no privilege; a read-only
+// tmpfs mount is tried where this process may mount.
+func TestUnusableDataDir(t *testing.T) {
+	tmp := t.TempDir()
+	file := filepath.Join(tmp, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct{ name, dir, want string }{
+		{"a file in its path", filepath.Join(file, "data"), "a part of its path is not a directory"},
+	}
+	ro := filepath.Join(tmp, "ro")
+	if err := os.Mkdir(ro, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", ro, "tmpfs", unix.MS_RDONLY, ""); err != nil {
+		t.Logf("read-only case skipped: cannot mount a tmpfs here: %v", err)
+	} else {
+		t.Cleanup(func() { _ = unix.Unmount(ro, unix.MNT_DETACH) })
+		cases = append(cases,
+			struct{ name, dir, want string }{"a read-only mount", ro, "is not writable by this process"},
+			struct{ name, dir, want string }{"under a read-only mount", filepath.Join(ro, "data"), "is not writable by this process"})
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.DataDir, cfg.Listen, cfg.Hypervisor = tc.dir, "127.0.0.1:0", "chsim"
+			cfg.NATS.Disabled = true
+			if err := cfg.finish(); err != nil {
+				t.Fatal(err)
+			}
+			cfg.defaultToken()
+			n, _, err := start(context.Background(), cfg)
+			if err == nil {
+				_ = n.Stop()
+				t.Fatalf("started on %s", tc.dir)
+			}
+			if msg := err.Error(); !strings.HasPrefix(msg, "data dir "+tc.dir+" ") || !strings.Contains(msg, tc.want) {
+				t.Fatalf("error %q, want it to start with %q and say %q", msg, "data dir "+tc.dir, tc.want)
+			}
+		})
 	}
 }

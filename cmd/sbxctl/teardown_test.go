@@ -43,6 +43,11 @@ func TestReleaseSaysWhatHappened(t *testing.T) {
 	var expiring struct{ ID string }
 	mustJSON(t, &expiring, "claim", "--template", "default", "--ttl", "1")
 	awaitState(t, n.Engine, expiring.ID, fsm.ClaimExpired)
+	// exec of it (root: sbxctl gets the token) says it expired and when (issue 25 item 4: exec
+	// said 404 unknown sandbox while get said expired).
+	if code, _, errs := sbx("exec", expiring.ID, "--", "true"); code != 1 || !strings.Contains(errs, "410") || !strings.Contains(errs, "expired at") {
+		t.Fatalf("exec of an expired sandbox: exit %d, %q", code, errs)
+	}
 	out := mustRun(t, "release", expiring.ID)
 	if !strings.HasPrefix(out, expiring.ID+": already expired at ") || !strings.Contains(out, "nothing to release") {
 		t.Fatalf("release of an expired sandbox: %q", out)

@@ -11,12 +11,12 @@ import (
 )
 
 // promote and templates: a sandbox made a template, and the node's
-// templates listed (from /v1/info), deleted and labelled.
+// templates listed (GET /v1/templates), deleted and labelled.
 
 func init() {
 	register("promote", command{summary: "make a sandbox a template (--template NAME; --sandbox-token, or root acts by id)", examples: `sbxctl promote sb_0123456789abcdef --template py-warm   # claim it later with --template py-warm
 sbxctl promote sb_0123456789abcdef --template py-warm --sandbox-token "$SB_TOKEN"   # a tenant's proof`, run: remoteCommand(remoteSpec{name: "promote", args: []string{"ID"}, flags: promoteFlags})})
-	ls := command{summary: "list the promoted templates", examples: `sbxctl templates ls                             # the promoted templates you may see
+	ls := command{summary: "list the templates you may claim here: configured pools, the hypervisor's images, promoted templates", examples: `sbxctl templates                                # every template, with its kind (configured, image, promoted)
 sbxctl templates ls --json`, run: remoteCommand(remoteSpec{name: "templates ls", flags: templatesLsFlags})}
 	register("templates", ls)
 	register("templates ls", ls)
@@ -61,15 +61,21 @@ func keyFlags(fs *flag.FlagSet) func() (api.TemplateKey, error) {
 	}
 }
 
+// templatesLsFlags lists GET /v1/templates: an image has no net or size
+// of its own (any is claimed), shown as "*".
 func templatesLsFlags(*flag.FlagSet) remoteBody {
 	return func(ctx context.Context, c *apiclient.Client, cl *call) error {
-		in, err := c.Info(ctx)
+		ts, err := c.Templates(ctx)
 		if err != nil {
 			return err
 		}
-		return printTable(cl, map[string]any{"templates": in.Templates}, "KEY\tTENANT\tDIGEST\tCREATED\tLABELS", func(tw io.Writer) {
-			for _, t := range in.Templates {
-				fmt.Fprintf(tw, "%s/%s/%s\t%s\t%s\t%s\t%s\n", t.Key.Template, t.Key.Net, t.Key.Size, orDash(t.Tenant), t.ContentDigest, t.CreatedAt, metaString(t.Labels))
+		return printTable(cl, api.TemplatesResponse{Templates: ts}, "TEMPLATE\tKIND\tNET\tSIZE\tTENANT\tDIGEST\tLABELS", func(tw io.Writer) {
+			for _, t := range ts {
+				net, size := t.Net, t.Size
+				if t.Kind == api.TemplateImage {
+					net, size = "*", "*"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Template, t.Kind, net, size, orDash(t.Tenant), orDash(t.ContentDigest), orDash(metaString(t.Labels)))
 			}
 		})
 	}

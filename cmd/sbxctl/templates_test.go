@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -26,9 +27,32 @@ func TestTemplateCommands(t *testing.T) {
 		t.Fatalf("promote %+v, state %+v", pr, tr)
 	}
 	mustRun(t, "templates", "labels", "--template", "app:v1", "--label", "team=a")
+	// Every template, with its kind: the node's configured pool, the
+	// driver's images (any net and size: "*"), the promoted one.
+	n.Driver.SetTemplates("default", "busybox")
 	out := mustRun(t, "templates")
-	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.Contains(lines[1], "app:v1/none/small") || !strings.Contains(lines[1], "team=a") {
-		t.Fatalf("templates:\n%s", out)
+	var rows []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		rows = append(rows, strings.Join(strings.Fields(l), " "))
+	}
+	want := []string{
+		"TEMPLATE KIND NET SIZE TENANT DIGEST LABELS",
+		"app:v1 promoted none small - " + pr.ContentDigest + " team=a",
+		"busybox image * * - - -",
+		"default configured none small - - -",
+		"default image * * - - -",
+	}
+	if !slices.Equal(rows, want) {
+		t.Fatalf("templates:\n%s\nwant rows\n%s", out, strings.Join(want, "\n"))
+	}
+	var ls api.TemplatesResponse
+	mustJSON(t, &ls, "templates", "ls")
+	if len(ls.Templates) != 4 || ls.Templates[0].Kind != api.TemplatePromoted || ls.Templates[0].Labels["team"] != "a" {
+		t.Fatalf("templates ls --json: %+v", ls)
+	}
+	// A claim of a template not among them names them.
+	if code, _, errs := sbx("claim", "--template", "nope"); code != 1 || !strings.Contains(errs, "unknown template nope; templates here: app:v1, busybox, default") {
+		t.Fatalf("claim of an unknown template: exit %d, %q", code, errs)
 	}
 	if out := mustRun(t, "store"); !strings.Contains(out, "template") || !strings.Contains(out, "golden") {
 		t.Fatalf("store:\n%s", out)

@@ -1,6 +1,12 @@
 package chdriver
 
 import (
+	"errors"
+	"io/fs"
+	"path/filepath"
+	"sort"
+	"strings"
+
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/templates"
 	"github.com/sbxlog/sbxlog/fsm"
@@ -39,4 +45,41 @@ func (d *Driver) netSupported(k fsm.PoolKey) error {
 		return executors.ErrNoBridge
 	}
 	return nil
+}
+
+// Templates lists, sorted, the templates in the templates root (each dir
+// holding a config.json, named by its path under the root, as a claim
+// names it): what a claim of any net and size boots here. Under chsim a
+// configured pool's template is made up on its first build and listed
+// from then on. A dir it cannot read is logged and left out.
+func (d *Driver) Templates() []string {
+	var names []string
+	root := d.roots.Templates
+	err := filepath.WalkDir(root, func(path string, e fs.DirEntry, err error) error {
+		if err != nil {
+			if path == root && errors.Is(err, fs.ErrNotExist) {
+				return fs.SkipAll
+			}
+			return err
+		}
+		if !e.IsDir() || path == root {
+			return nil
+		}
+		name, err := filepath.Rel(root, path)
+		// A name no claim may give (a hidden dir, too long a path) is
+		// never a template: not walked into.
+		if err != nil || strings.HasPrefix(e.Name(), ".") || fsm.ValidKey(fsm.PoolKey{Template: name, Net: "none", Size: "small"}) != nil {
+			return fs.SkipDir
+		}
+		if ok, _ := templates.Exists(path); ok {
+			names = append(names, name)
+			return fs.SkipDir
+		}
+		return nil
+	})
+	if err != nil {
+		d.log.Warn().Err(err).Str("dir", root).Msg("list templates")
+	}
+	sort.Strings(names)
+	return names
 }

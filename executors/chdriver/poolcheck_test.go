@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -58,5 +59,40 @@ func TestCheckPool(t *testing.T) {
 				t.Fatalf("CheckPool = %v, want %v", err, tc.want)
 			}
 		})
+	}
+}
+
+// Templates lists what CheckPool takes without a pool: each dir of the
+// templates root with a config.json, nested names by their path, and
+// nothing a claim could not name (a hidden dir, a name the key rules
+// refuse) nor a dir without config.json.
+func TestTemplatesListsTemplateDirs(t *testing.T) {
+	roots := layout.RootsIn(t.TempDir())
+	d, err := New(Config{Roots: roots, Instance: testInstance, VMM: "/nonexistent/vmm", Hypervisor: CloudHypervisor, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Templates(); len(got) != 0 {
+		t.Fatalf("no templates root: %v", got)
+	}
+	for _, dir := range []string{"base", "team/app:v2", ".hidden", "bad name", "team/app:v2/inner"} {
+		if err := os.MkdirAll(filepath.Join(roots.Templates, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(roots.Templates, dir, templates.ConfigFile), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(roots.Templates, "empty"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got := d.Templates()
+	if want := []string{"base", "team/app:v2"}; !slices.Equal(got, want) {
+		t.Fatalf("Templates = %q, want %q", got, want)
+	}
+	for _, name := range got {
+		if err := d.CheckPool(fsm.PoolKey{Template: name, Net: "none", Size: "small"}, false); err != nil {
+			t.Errorf("listed %s, which CheckPool refuses: %v", name, err)
+		}
 	}
 }

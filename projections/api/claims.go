@@ -185,7 +185,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, id auth.Ide
 			return nil
 		}
 		s.metrics.claim(refusalOutcome(err), "", time.Since(start))
-		return err
+		return s.namingKnown(err, id)
 	}
 	claimID := s.newClaimID()
 	noEgress := req.Egress != nil && !*req.Egress

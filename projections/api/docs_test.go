@@ -172,7 +172,7 @@ func TestDocsTypes(t *testing.T) {
 	lines := readDoc(t)
 	for _, v := range []any{ClaimRequest{}, ClaimResponse{}, Sandbox{}, RenewRequest{}, PoolSpec{}, Info{}, PoolInfo{}, SandboxStats{}, EventJSON{}, VM{}, VMChange{},
 		TenantList{}, TenantJSON{}, TenantsRequest{}, TenantSpec{}, TenantRequest{}, EnvVar{}, PolicyJSON{}, EgressClassJSON{}, ExecRequest{}, ExecResponse{}, PreviewRequest{}, PreviewResponse{}, CheckpointRecord{},
-		PromoteRequest{}, PromoteResponse{}, TemplateInfo{}, LabelsRequest{}, RebuildRequest{}, StoreResponse{}, StoreSnapshot{},
+		PromoteRequest{}, PromoteResponse{}, TemplateInfo{}, TemplatesResponse{}, TemplateEntry{}, LabelsRequest{}, RebuildRequest{}, StoreResponse{}, StoreSnapshot{},
 		VolumeJSON{}, VolumeInfo{}, AttachVolumesRequest{}, DetachVolumesRequest{}, SandboxVolumes{}} {
 		typ := reflect.TypeOf(v)
 		var code []string

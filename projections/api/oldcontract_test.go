@@ -242,10 +242,12 @@ func TestOldUnknownTemplate(t *testing.T) {
 	n.Driver.SetTemplates("default")
 	settle(t, n)
 	seq := n.Log.LastSeq()
+	// The old text, the name and (sbxlog's) the templates there are.
+	const unknownNope = "unknown template nope; templates here: default (sbxctl templates, GET /v1/templates)"
 	st, b := call(t, n, "POST", "/v1/claim", rootTok, []byte(`{"template":"nope"}`))
-	wantError(t, "claim of an unknown template", st, b, http.StatusNotFound, "unknown template nope")
+	wantError(t, "claim of an unknown template", st, b, http.StatusNotFound, unknownNope)
 	st, b = call(t, n, "POST", "/v1/claim", tokA, []byte(`{"template":"nope","size":"large"}`))
-	wantError(t, "tenant's claim of an unknown template", st, b, http.StatusNotFound, "unknown template nope")
+	wantError(t, "tenant's claim of an unknown template", st, b, http.StatusNotFound, unknownNope)
 	if got := n.Log.LastSeq(); got != seq {
 		t.Fatalf("log went from %d to %d: a refused claim appended events", seq, got)
 	}

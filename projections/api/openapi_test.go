@@ -172,6 +172,8 @@ var (
 		"RebuildRequest":         {RebuildRequest{}, true},
 		"StoreSnapshot":          {StoreSnapshot{}, false},
 		"StoreResponse":          {StoreResponse{}, false},
+		"TemplateEntry":          {TemplateEntry{}, false},
+		"TemplatesResponse":      {TemplatesResponse{}, false},
 
 		// Volumes (volumes.go); VolumeJSON is both sent and answered.
 		"VolumeJSON":           {VolumeJSON{}, false},

@@ -165,7 +165,7 @@ func (s *Server) handlePutPools(w http.ResponseWriter, r *http.Request, id auth.
 		specs[i] = p.Spec()
 		// A pool this node cannot serve is refused with the whole change.
 		if err := s.checkPool(specs[i].PoolKey, true); err != nil {
-			return err
+			return s.namingKnown(err, id)
 		}
 		if p.Egress != nil {
 			pol := p.Egress.Policy()

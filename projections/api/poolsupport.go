@@ -21,6 +21,9 @@ type PoolSupport interface {
 	// pooled says a pool of key is configured (a driver that makes
 	// templates up for pools, chsim's, makes them only then).
 	CheckPool(key fsm.PoolKey, pooled bool) error
+	// Templates lists, sorted, the templates the driver boots from its own
+	// files, for any net and size (GET /v1/templates' images).
+	Templates() []string
 }
 
 // checkPool asks the node's PoolSupport about key and maps its answer:

@@ -25,7 +25,7 @@ func TestUnservablePoolKeysRefused(t *testing.T) {
 	}{
 		{"pool of an unknown template", "PUT", "/v1/pools", rootTok,
 			`{"pools":[{"template":"default","net":"none","size":"small","warm":1},{"template":"nope","net":"none","size":"small","warm":1}]}`,
-			http.StatusNotFound, `"error":"unknown template nope"`},
+			http.StatusNotFound, `"error":"unknown template nope; templates here: default (sbxctl templates, GET /v1/templates)"`},
 		{"egress pool without a bridge", "PUT", "/v1/pools", rootTok,
 			`{"pools":[{"template":"default","net":"egress","size":"small","warm":1}]}`,
 			http.StatusConflict, noBridge},
@@ -34,7 +34,7 @@ func TestUnservablePoolKeysRefused(t *testing.T) {
 		{"tenant's egress claim without a bridge", "POST", "/v1/claim", tokA, `{"template":"default","net":"egress"}`,
 			http.StatusConflict, noBridge},
 		{"claim of an unknown template", "POST", "/v1/claim", tokB, `{"template":"nope"}`,
-			http.StatusNotFound, `"error":"unknown template nope"`},
+			http.StatusNotFound, `"error":"unknown template nope; templates here: default (sbxctl templates, GET /v1/templates)"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st, b := call(t, n, tc.method, tc.path, tc.token, []byte(tc.body))

@@ -323,6 +323,7 @@ func (s *Server) register() {
 	add("DELETE", "/v1/checkpoints/{id}", "root|tenant", s.handleDeleteCheckpoint, root, tenant)
 	add("POST", "/v1/checkpoints/{id}/claim", "root|tenant", s.handleCheckpointClaim, root, tenant)
 	add("POST", "/v1/sandboxes/{id}/promote", "root|tenant", s.handlePromote, root, tenant)
+	add("GET", "/v1/templates", "root|tenant", s.handleTemplates, root, tenant)
 	add("DELETE", "/v1/templates", "root|tenant", s.handleDeleteTemplate, root, tenant)
 	add("PUT", "/v1/templates/labels", "root|tenant", s.handleTemplateLabels, root, tenant)
 	add("GET", "/v1/store", "root", s.handleStore, root, tenant)

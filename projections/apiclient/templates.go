@@ -20,6 +20,16 @@ func (c *Client) Promote(ctx context.Context, id, token, name string) (*api.Prom
 	return &out, nil
 }
 
+// Templates is GET /v1/templates: every template the caller may claim here
+// (configured pools, the driver's images, promoted templates).
+func (c *Client) Templates(ctx context.Context) ([]api.TemplateEntry, error) {
+	var out api.TemplatesResponse
+	if err := c.do(ctx, http.MethodGet, "/v1/templates", nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Templates, nil
+}
+
 // templateQuery is a template's key (and digest precondition) as DELETE
 // /v1/templates and PUT /v1/templates/labels take it.
 func templateQuery(k api.TemplateKey, digest string) url.Values {

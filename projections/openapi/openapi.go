@@ -7,7 +7,7 @@
 // routes (openapi, info, security, the shared Error answer and PoolKey);
 // every other fragment holds only "paths" and "components", one area of the
 // API each (sandboxes, dataplane, pools, tenants, egress, node,
-// checkpoints, store, volumes). A new area's routes are one new fragment
+// checkpoints, store, templatelist, volumes). A new area's routes are one new fragment
 // file, so areas added in parallel merge without touching each other. A
 // path+method or a component defined by two fragments is an error, never a
 // silent override.

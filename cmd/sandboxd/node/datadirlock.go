@@ -19,14 +19,41 @@ import (
 // reported as such rather than as the first file it failed to create.
 const lockFile = "sandboxd.lock"
 
+// PrepareDataDir makes dir (with its parents) and checks that this
+// process can create files in it, before anything is written there: a dir
+// it cannot use is reported as the data dir's fault, naming it, and not as
+// the first file that failed (the daemon writes its token file before
+// Start, and a read-only data dir used to be that file's error). Start
+// calls it too.
+func PrepareDataDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return dataDirError(dir, err)
+	}
+	f, err := os.CreateTemp(dir, ".writable-")
+	if err != nil {
+		return dataDirError(dir, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
+// dataDirError says what is wrong with data dir dir, given the error of a
+// file operation in it.
+func dataDirError(dir string, err error) error {
+	switch {
+	case errors.Is(err, os.ErrPermission) || errors.Is(err, unix.EROFS):
+		return fmt.Errorf("data dir %s is not writable by this process (uid %d): %w", dir, os.Getuid(), err)
+	case errors.Is(err, unix.ENOTDIR):
+		return fmt.Errorf("data dir %s cannot be made: a part of its path is not a directory: %w", dir, err)
+	}
+	return fmt.Errorf("data dir %s: %w", dir, err)
+}
+
 // lockDataDir takes dir's lock; closing the file releases it.
 func lockDataDir(dir string) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		if errors.Is(err, os.ErrPermission) || errors.Is(err, unix.EROFS) {
-			return nil, fmt.Errorf("data dir %s is not writable by this process (uid %d): %w", dir, os.Getuid(), err)
-		}
-		return nil, fmt.Errorf("data dir %s: %w", dir, err)
+		return nil, dataDirError(dir, err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		pid, _ := io.ReadAll(io.LimitReader(f, 32))

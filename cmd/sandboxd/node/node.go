@@ -370,8 +370,8 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 			return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
 		}
 	}
-	if err := os.MkdirAll(dataDir, 0o755); err != nil {
-		return nil, fmt.Errorf("data dir: %w", err)
+	if err := PrepareDataDir(dataDir); err != nil {
+		return nil, err
 	}
 	if n.dirLock, err = lockDataDir(dataDir); err != nil {
 		return nil, err

@@ -27,9 +27,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -117,6 +119,16 @@ func (f *FakeDriver) CheckPool(k fsm.PoolKey, _ bool) error {
 		return executors.UnknownTemplate(k.Template)
 	}
 	return nil
+}
+
+// Templates implements api.PoolSupport: the names SetTemplates gave,
+// sorted (none before SetTemplates, when every template is taken).
+func (f *FakeDriver) Templates() []string {
+	m := f.templates.Load()
+	if m == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(*m))
 }
 
 var _ api.PoolSupport = (*FakeDriver)(nil)
