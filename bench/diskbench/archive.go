@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -130,6 +131,8 @@ func RunArchive(ctx context.Context, opts report.Options) (*report.Section, erro
 		return nil, err
 	}
 	var put, get, cpOut, cpBack []float64
+	steps := stepClock{}
+	store.Hook = steps.hook
 	mibs := func(d time.Duration) float64 { return float64(total) / d.Seconds() }
 	for r := range rounds {
 		name := fmt.Sprintf("bench/vm-bench-%d", r)
@@ -137,9 +140,11 @@ func RunArchive(ctx context.Context, opts report.Options) (*report.Section, erro
 			return nil, err
 		}
 		t0 := time.Now()
+		steps.start()
 		if err := store.Put(ctx, name, snap); err != nil {
 			return nil, fmt.Errorf("archive: %w", err)
 		}
+		steps.stop()
 		put = append(put, mibs(time.Since(t0)))
 
 		plainOut := filepath.Join(dir, fmt.Sprintf("plain-%d", r))
@@ -205,5 +210,46 @@ func RunArchive(ctx context.Context, opts report.Options) (*report.Section, erro
 			"it durable) and reads every byte twice; the plain copy reads and writes once and hashes nothing. Hashing is CPU, the copy "+
 			"is I/O: on a machine whose CPUs are shared the ratio follows the CPU share the run gets (the load average below).",
 		fmt.Sprintf("Machine: %d CPUs; load average %s at the start, %s at the end.", runtime.NumCPU(), loadStart, report.LoadAvg()))
+	sec.Notes = append(sec.Notes, "Where the archive's time goes (all rounds, from the DirStore's step hook): "+steps.String()+".")
 	return sec, nil
+}
+
+// stepClock attributes Put's time to its steps: from one DirStore hook
+// call to the next (or to Put's return) is the step the first one named.
+type stepClock struct {
+	last  time.Time
+	step  string
+	total map[string]time.Duration
+	order []string
+}
+
+func (c *stepClock) start() { c.last, c.step = time.Now(), "" }
+
+func (c *stepClock) hook(step, _ string) error {
+	c.mark(step)
+	return nil
+}
+
+func (c *stepClock) mark(next string) {
+	now := time.Now()
+	if c.step != "" {
+		if c.total == nil {
+			c.total = map[string]time.Duration{}
+		}
+		if _, ok := c.total[c.step]; !ok {
+			c.order = append(c.order, c.step)
+		}
+		c.total[c.step] += now.Sub(c.last)
+	}
+	c.last, c.step = now, next
+}
+
+func (c *stepClock) stop() { c.mark("") }
+
+func (c *stepClock) String() string {
+	var parts []string
+	for _, s := range c.order {
+		parts = append(parts, fmt.Sprintf("%s %s", s, report.Fmt(c.total[s])))
+	}
+	return strings.Join(parts, ", ")
 }
