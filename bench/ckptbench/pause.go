@@ -46,7 +46,7 @@ func pauseConfigFor(quick bool) pauseConfig {
 	if quick {
 		return pauseConfig{cycles: 2, resident: 16 << 20, dirty: 8 << 20, memoryMiB: 256}
 	}
-	return pauseConfig{cycles: 8, resident: 96 << 20, dirty: 8 << 20, memoryMiB: 256}
+	return pauseConfig{cycles: 12, resident: 96 << 20, dirty: 8 << 20, memoryMiB: 256}
 }
 
 // pauseTarget: a checkpoint may pause the guest at most this much longer
