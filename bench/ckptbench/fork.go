@@ -102,6 +102,8 @@ func startForkNode(ctx context.Context, bins campaign.Binaries, mnt string, cfg 
 		return nil, err
 	}
 	if _, err := d.Start(ctx, nil, time.Minute); err != nil {
+		_ = d.Signal(syscall.SIGKILL, 10*time.Second) // one that did not answer in time
+		campaign.KillVMMsUnder(d.DataDir)
 		return nil, fmt.Errorf("%w: %s", err, logTail(d.Log))
 	}
 	c, err := apiclient.New("http://"+d.Addr, campaign.Token, &http.Client{Timeout: 5 * time.Minute})
