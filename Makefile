@@ -36,7 +36,7 @@ test:
 # `make test` skips (executors/guest/guesttest: they run only with SBX_E2E=1).
 # It reruns the other tests of these packages too (seconds to minutes).
 # Needs the guests (`make guest`; the tests build them when missing).
-E2EPKGS   ?= ./executors/qemu/... ./executors/guest/... ./cmd/e2e/... ./bench/agentbench/... ./bench/egressbench/... ./bench/qemubench/...
+E2EPKGS   ?= ./executors/qemu/... ./executors/guest/... ./cmd/e2e/... ./bench/agentbench/... ./bench/egressbench/... ./bench/qemubench/... ./bench/ckptbench/...
 E2EFLAGS  ?= -race -timeout 60m
 e2e:
 	SBX_E2E=1 $(GO) test -json $(E2EFLAGS) $(E2EPKGS) | $(GO) run ./cmd/testsummary

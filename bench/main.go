@@ -20,6 +20,7 @@ import (
 	"github.com/sbxlog/sbxlog/bench/agentbench"
 	"github.com/sbxlog/sbxlog/bench/apibench"
 	"github.com/sbxlog/sbxlog/bench/chbench"
+	"github.com/sbxlog/sbxlog/bench/ckptbench"
 	"github.com/sbxlog/sbxlog/bench/diskbench"
 	"github.com/sbxlog/sbxlog/bench/egressbench"
 	"github.com/sbxlog/sbxlog/bench/execbench"
@@ -59,6 +60,8 @@ var sections = []section{
 	{"genbench", diskbench.Run},
 	{"archivebench", diskbench.RunArchive},
 	{"fleetbench", replbench.RunFleet},
+	{"pausebench", ckptbench.RunPause},
+	{"forkbench", ckptbench.RunFork},
 }
 
 func main() {

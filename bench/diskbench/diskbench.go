@@ -12,7 +12,8 @@
 //     replaced system (about 18 µs per extent; +47 to +601 extents per
 //     generation after the third), quoted, not re-measured.
 //   - archivebench (RunArchive): archive (archive.DirStore.Put: copy, fsync
-//     per file, manifest, read-back verify with the cache dropped, rename)
+//     per file, manifest, read-back verify with the cache dropped, rename;
+//     where its time goes, per step, from the DirStore's hook)
 //     and unarchive (Get, SyncTree) throughput of a snapshot's bytes,
 //     against a plain copy (io.Copy and fsync per file) of the same bytes
 //     between the same two filesystems, in the same run.

@@ -93,7 +93,7 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 		{"XFS (reflink)", "xfs"},
 		{"ext4 (copy)", "ext4"},
 	} {
-		mnt, unmount, err := mountLoop(ctx, opts.Scratch, fsys.mkfs, 4<<30)
+		mnt, unmount, err := MountLoop(ctx, opts.Scratch, fsys.mkfs, 4<<30)
 		if err != nil {
 			return nil, fmt.Errorf("qemubench: %s: %w", fsys.label, err)
 		}
@@ -110,44 +110,21 @@ func Run(ctx context.Context, opts report.Options) (*report.Section, error) {
 // measureOn runs the cycles on the filesystem mounted at mnt. *golden is the
 // golden snapshot directory: built here when empty, else copied into this store.
 func measureOn(ctx context.Context, cfg config, d *qemu.Recipes, g guesttest.Guest, mnt, label string, golden *string) (r *fsRun, err error) {
-	store, runRoot := filepath.Join(mnt, "store"), filepath.Join(mnt, "run")
-	for _, dir := range []string{store, runRoot} {
-		if err := os.Mkdir(dir, 0o700); err != nil {
-			return nil, err
-		}
-	}
-	spec := func(name string) qemu.Spec {
-		return qemu.Spec{RunDir: filepath.Join(runRoot, name), StoreDir: store,
-			MemoryMiB: cfg.memoryMiB, Kernel: g.Kernel, Initrd: g.Initrd}
-	}
-	if *golden == "" {
-		if _, err := d.Golden(ctx, spec("golden-build"), "golden"); err != nil {
-			return nil, err
-		}
-		*golden = spec("").SnapshotDir("golden")
-	} else if err := copyDir(spec("").SnapshotDir("golden"), *golden); err != nil {
+	vm, destroy, err := StartVM(ctx, d, g, mnt, cfg.memoryMiB, cfg.resident, golden)
+	if err != nil {
 		return nil, err
 	}
-	vm := spec("vm")
 	defer func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, derr := d.Destroy(dctx, vm); derr != nil && err == nil {
+		if derr := destroy(); derr != nil && err == nil {
 			err = derr
 		}
 	}()
-	if _, err := d.Clone(ctx, vm, "golden"); err != nil {
-		return nil, err
-	}
-	if _, err := guestDo(ctx, vm, func(a *agent.Client) (string, error) { return a.Write(ctx, cfg.resident) }); err != nil {
-		return nil, fmt.Errorf("resident write: %w", err)
-	}
 
 	r = &fsRun{label: label}
 	for i := range cfg.cycles {
 		// The resident data moves to the RAM file's pages the guest freed when the
 		// data file is replaced; dirty fresh pages before every hibernate.
-		sum, err := guestDo(ctx, vm, func(a *agent.Client) (string, error) { return a.Write(ctx, cfg.dirty) })
+		sum, err := GuestDo(ctx, vm, func(a *agent.Client) (string, error) { return a.Write(ctx, cfg.dirty) })
 		if err != nil {
 			return nil, fmt.Errorf("cycle %d: write: %w", i, err)
 		}
@@ -163,7 +140,7 @@ func measureOn(ctx context.Context, cfg config, d *qemu.Recipes, g guesttest.Gue
 		if err != nil {
 			return nil, fmt.Errorf("cycle %d: wake: %w", i, err)
 		}
-		got, err := guestDo(ctx, vm, func(a *agent.Client) (string, error) { return a.Sha(ctx) })
+		got, err := GuestDo(ctx, vm, func(a *agent.Client) (string, error) { return a.Sha(ctx) })
 		if err != nil || got != sum {
 			return nil, fmt.Errorf("cycle %d: guest data after wake: sha %q (%v), want %q", i, got, err, sum)
 		}
@@ -177,7 +154,48 @@ func measureOn(ctx context.Context, cfg config, d *qemu.Recipes, g guesttest.Gue
 	return r, nil
 }
 
-func guestDo(ctx context.Context, spec qemu.Spec, f func(*agent.Client) (string, error)) (string, error) {
+// StartVM makes a store and a run root on the filesystem mounted at mnt,
+// a golden of the guest g there (booted when *golden is empty, which it
+// then names; else copied from *golden), and a VM cloned from it that has
+// written resident bytes into its tmpfs (RAM it keeps using). destroy
+// ends the VM.
+func StartVM(ctx context.Context, d *qemu.Recipes, g guesttest.Guest, mnt string, memoryMiB int, resident int64, golden *string) (vm qemu.Spec, destroy func() error, err error) {
+	store, runRoot := filepath.Join(mnt, "store"), filepath.Join(mnt, "run")
+	for _, dir := range []string{store, runRoot} {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return vm, nil, err
+		}
+	}
+	spec := func(name string) qemu.Spec {
+		return qemu.Spec{RunDir: filepath.Join(runRoot, name), StoreDir: store,
+			MemoryMiB: memoryMiB, Kernel: g.Kernel, Initrd: g.Initrd}
+	}
+	if *golden == "" {
+		if _, err := d.Golden(ctx, spec("golden-build"), "golden"); err != nil {
+			return vm, nil, err
+		}
+		*golden = spec("").SnapshotDir("golden")
+	} else if err := copyDir(spec("").SnapshotDir("golden"), *golden); err != nil {
+		return vm, nil, err
+	}
+	vm = spec("vm")
+	destroy = func() error {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := d.Destroy(dctx, vm)
+		return err
+	}
+	if _, err := d.Clone(ctx, vm, "golden"); err != nil {
+		return vm, nil, errors.Join(err, destroy())
+	}
+	if _, err := GuestDo(ctx, vm, func(a *agent.Client) (string, error) { return a.Write(ctx, resident) }); err != nil {
+		return vm, nil, errors.Join(fmt.Errorf("resident write: %w", err), destroy())
+	}
+	return vm, destroy, nil
+}
+
+// GuestDo runs f on a fresh connection to spec's guest agent, bounded by two minutes.
+func GuestDo(ctx context.Context, spec qemu.Spec, f func(*agent.Client) (string, error)) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	a, err := agent.Dial(ctx, qemu.AgentSocket(spec.RunDir))
@@ -306,10 +324,10 @@ the cost a copy path pays.`,
 	return sec
 }
 
-// mountLoop creates a sparse image of size bytes in dir, makes a filesystem of
+// MountLoop (for this and the other QEMU sections) creates a sparse image of size bytes in dir, makes a filesystem of
 // kind ("xfs" with reflink, or "ext4") and loop-mounts it. The returned function
 // unmounts it (lazily if it stays busy) and removes the image.
-func mountLoop(ctx context.Context, dir, kind string, size int64) (string, func() error, error) {
+func MountLoop(ctx context.Context, dir, kind string, size int64) (string, func() error, error) {
 	base, err := os.MkdirTemp(dir, "qemubench-"+kind+"-")
 	if err != nil {
 		return "", nil, err

@@ -1,6 +1,7 @@
 package fsx
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -127,3 +128,39 @@ func TestDataRuns(t *testing.T) {
 // pinnedLayeredSum is layeredFile's ContentSum by the page loop ContentSum
 // had before DataRuns.
 const pinnedLayeredSum = "8e0883e2818fc51d307c2b2b6b5bbfe7bec7134d64de2dd0f61f98153ee8fee6"
+
+// DataRuns reads ahead of fn in a goroutine: an error of fn ends the walk
+// at once with that error, at every run, and nothing reads f afterwards
+// (the file is closed right after; -race sees a read that outlived it).
+func TestDataRunsStopsOnError(t *testing.T) {
+	p, size := layeredFile(t)
+	errStop := errors.New("stop")
+	for stopAt := 1; stopAt <= 4; stopAt++ {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := 0
+		err = DataRuns(f, size, func(int64, []byte) error {
+			calls++
+			if calls == stopAt {
+				return errStop
+			}
+			return nil
+		})
+		f.Close()
+		if !errors.Is(err, errStop) || calls != stopAt {
+			t.Fatalf("stop at run %d: %v after %d calls", stopAt, err, calls)
+		}
+	}
+	// A file shorter than size ends the walk at its end, without error.
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var last int64
+	if err := DataRuns(f, size+5<<20, func(off int64, run []byte) error { last = off + int64(len(run)); return nil }); err != nil || last != size {
+		t.Fatalf("walk past the end: %v, last byte %d, want %d", err, last, size)
+	}
+}
