@@ -388,23 +388,33 @@ func (f *Feed) readDirect(ctx context.Context) (int, error) {
 	n := 0
 	batch := make([]delivered, 0, f.opts.Batch)
 	var evs []event.Event
+	f.mu.Lock()
+	from := f.lastSeq + 1 // the next get's sequence
+	f.mu.Unlock()
+	// passed is the last message read of a subject the feed does not
+	// follow. It becomes the last message handled only once the batch
+	// read before it is applied: the consumer starts after the last
+	// message handled, and must not start past an event not applied.
+	var passed uint64
 	flush := func() error {
-		if len(batch) == 0 {
-			return nil
+		if len(batch) > 0 {
+			var err error
+			evs, err = f.apply(ctx, batch, evs)
+			n += len(batch)
+			batch = batch[:0]
+			if err != nil {
+				return err
+			}
 		}
-		var err error
-		evs, err = f.apply(ctx, batch, evs)
-		n += len(batch)
-		batch = batch[:0]
-		return err
+		if passed > 0 {
+			f.mu.Lock()
+			f.lastSeq = max(f.lastSeq, passed)
+			f.mu.Unlock()
+			passed = 0
+		}
+		return nil
 	}
 	for ctx.Err() == nil {
-		f.mu.Lock()
-		from := f.lastSeq + 1
-		if len(batch) > 0 {
-			from = batch[len(batch)-1].sseq + 1
-		}
-		f.mu.Unlock()
 		req, _ := json.Marshal(struct {
 			Seq     uint64 `json:"seq"`
 			NextFor string `json:"next_by_subj"`
@@ -422,14 +432,12 @@ func (f *Feed) readDirect(ctx context.Context) (int, error) {
 		if d.sseq < from {
 			return n, errors.Join(flush(), fmt.Errorf("direct get from stream seq %d answered seq %d", from, d.sseq))
 		}
+		from = d.sseq + 1
 		if slices.ContainsFunc(f.filters, func(flt string) bool { return flt == filter || flt == d.subject }) {
 			batch = append(batch, d)
 		} else {
-			// Another node's subject this feed does not follow: skipped,
-			// and passed.
-			f.mu.Lock()
-			f.lastSeq = max(f.lastSeq, d.sseq)
-			f.mu.Unlock()
+			// Another node's subject this feed does not follow: skipped.
+			passed = d.sseq
 		}
 		if len(batch) == cap(batch) {
 			if err := flush(); err != nil {

@@ -456,37 +456,15 @@ func TestDirectReadsWhileConsumerAway(t *testing.T) {
 			_, js := natstest.Connect(t, srv.ClientURL())
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			cfg, err := stream.Config{}.StreamConfig()
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.MaxConsumers, cfg.AllowDirect = 1, tc.allowDirect
-			if _, err := js.CreateStream(ctx, cfg); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := js.CreateConsumer(ctx, cfg.Name, jetstream.ConsumerConfig{Durable: "blocker"}); err != nil {
-				t.Fatal(err)
-			}
+			cfg := refuseConsumers(t, ctx, js, tc.allowDirect)
 			l := repltest.OpenLog(t, "n1")
 			r := repltest.Replicate(t, srv.ClientURL(), l)
 			appendN(t, js, l, 10, r)
 
 			h := newLagger(1) // a record per event: one applied twice fails Apply
 			logs := &feedLog{}
-			f, err := feed.New(feed.Options{JS: js, Nodes: []string{"n1"}, Batch: 4, DirectReads: tc.directReads,
+			f := startFeed(t, ctx, feed.Options{JS: js, Nodes: []string{"n1"}, Batch: 4, DirectReads: tc.directReads,
 				Heartbeat: 500 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Logger: logs.logger()}, h)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rctx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- f.Run(rctx) }()
-			t.Cleanup(func() {
-				stop()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			})
 			refused := func() bool { return len(logs.Lines("maximum consumers limit")) >= 3 }
 			if tc.directReads && tc.allowDirect {
 				natstest.Eventually(t, 20*time.Second, "the stream's events read directly", func() bool { return h.lastApplied("n1") == 10 })
@@ -515,4 +493,85 @@ func TestDirectReadsWhileConsumerAway(t *testing.T) {
 			h.requireRecords(t, "n1", last)
 		})
 	}
+}
+
+// A feed limited to some nodes reads by direct gets past the messages of
+// the nodes it does not follow, interleaved with its own, and applies its
+// own once each, without taking a skipped message for the end of what it
+// applied (the consumer then starts after it, and nothing is lost). The
+// consumer is refused as in TestDirectReadsWhileConsumerAway.
+func TestDirectReadsSkipOtherNodes(t *testing.T) {
+	srv := natstest.Single(t)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := refuseConsumers(t, ctx, js, true)
+	l1, l2 := repltest.OpenLog(t, "n1"), repltest.OpenLog(t, "n2")
+	r1, r2 := repltest.Replicate(t, srv.ClientURL(), l1), repltest.Replicate(t, srv.ClientURL(), l2)
+	interleave := func(rounds int) {
+		for range rounds {
+			appendN(t, js, l1, 1, r1)
+			appendN(t, js, l2, 2, r2)
+		}
+	}
+	interleave(6)
+
+	h := newLagger(1)
+	logs := &feedLog{}
+	f := startFeed(t, ctx, feed.Options{JS: js, Nodes: []string{"n1"}, Batch: 4, DirectReads: true,
+		Heartbeat: 500 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Logger: logs.logger()}, h)
+	natstest.Eventually(t, 20*time.Second, "n1's events read directly", func() bool { return h.lastApplied("n1") == l1.LastSeq() })
+	interleave(3)
+	natstest.Eventually(t, 20*time.Second, "n1's later events read directly", func() bool { return h.lastApplied("n1") == l1.LastSeq() })
+	if err := js.DeleteConsumer(ctx, cfg.Name, "blocker"); err != nil {
+		t.Fatal(err)
+	}
+	interleave(3)
+	natstest.Eventually(t, 20*time.Second, "the consumer delivers the rest", func() bool {
+		return f.Status().State == "running" && h.lastApplied("n1") == l1.LastSeq()
+	})
+	h.requireRecords(t, "n1", l1.LastSeq())
+	if got := h.lastApplied("n2"); got != 0 {
+		t.Errorf("applied n2's events up to %d; the feed follows n1 only", got)
+	}
+}
+
+// refuseConsumers creates the stream as sbxlog would (with or without
+// direct gets) but for one consumer at most, and takes that one: a feed's
+// consumer is refused, the way it is while the JetStream meta group has no
+// leader, until the test deletes the durable "blocker".
+func refuseConsumers(t *testing.T, ctx context.Context, js jetstream.JetStream, allowDirect bool) jetstream.StreamConfig {
+	t.Helper()
+	cfg, err := stream.Config{}.StreamConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConsumers, cfg.AllowDirect = 1, allowDirect
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateConsumer(ctx, cfg.Name, jetstream.ConsumerConfig{Durable: "blocker"}); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// startFeed runs a feed until the test ends, and fails the test if Run
+// returns an error.
+func startFeed(t *testing.T, ctx context.Context, opts feed.Options, h feed.Handler) *feed.Feed {
+	t.Helper()
+	f, err := feed.New(opts, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return f
 }
