@@ -425,7 +425,7 @@ func (f *Feed) readDirect(ctx context.Context) (int, error) {
 		if err != nil {
 			return n, errors.Join(flush(), fmt.Errorf("direct get from stream seq %d: %w", from, err))
 		}
-		d, found, err := directMsg(m)
+		d, found, err := directMsg(m, f.opts.Stream)
 		if err != nil || !found {
 			return n, errors.Join(flush(), err)
 		}
@@ -453,13 +453,20 @@ func (f *Feed) readDirect(ctx context.Context) (int, error) {
 const directGetTimeout = time.Second
 
 // directMsg reads a direct get's answer: a stored message, or none left
-// (a 404 status, no payload).
-func directMsg(m *nats.Msg) (delivered, bool, error) {
+// (a 404 status, no payload). An answer from another stream than name is
+// an error: a mirror of the stream answers its direct gets too (the server
+// has a mirror inherit them), and a mirror that keeps some subjects only
+// would pass over the others' messages, which the consumer would then
+// start after.
+func directMsg(m *nats.Msg, name string) (delivered, bool, error) {
 	if status := m.Header.Get("Status"); status != "" && len(m.Data) == 0 {
 		if status == "404" {
 			return delivered{}, false, nil
 		}
 		return delivered{}, false, fmt.Errorf("direct get: status %s %s", status, m.Header.Get("Description"))
+	}
+	if from := m.Header.Get(jetstream.StreamHeader); from != name {
+		return delivered{}, false, fmt.Errorf("direct get answered by stream %q (a mirror), not %s", from, name)
 	}
 	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 	if err != nil {

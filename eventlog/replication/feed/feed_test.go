@@ -482,9 +482,7 @@ func TestDirectReadsWhileConsumerAway(t *testing.T) {
 			if s := f.Status().State; s == "running" {
 				t.Fatalf("feed running while its consumer is refused")
 			}
-			if err := js.DeleteConsumer(ctx, cfg.Name, "blocker"); err != nil {
-				t.Fatal(err)
-			}
+			admitConsumers(t, ctx, js, cfg)
 			appendN(t, js, l, 5, r)
 			last := l.LastSeq()
 			natstest.Eventually(t, 20*time.Second, "the consumer delivers the rest", func() bool {
@@ -523,9 +521,7 @@ func TestDirectReadsSkipOtherNodes(t *testing.T) {
 	natstest.Eventually(t, 20*time.Second, "n1's events read directly", func() bool { return h.lastApplied("n1") == l1.LastSeq() })
 	interleave(3)
 	natstest.Eventually(t, 20*time.Second, "n1's later events read directly", func() bool { return h.lastApplied("n1") == l1.LastSeq() })
-	if err := js.DeleteConsumer(ctx, cfg.Name, "blocker"); err != nil {
-		t.Fatal(err)
-	}
+	admitConsumers(t, ctx, js, cfg)
 	interleave(3)
 	natstest.Eventually(t, 20*time.Second, "the consumer delivers the rest", func() bool {
 		return f.Status().State == "running" && h.lastApplied("n1") == l1.LastSeq()
@@ -539,7 +535,7 @@ func TestDirectReadsSkipOtherNodes(t *testing.T) {
 // refuseConsumers creates the stream as sbxlog would (with or without
 // direct gets) but for one consumer at most, and takes that one: a feed's
 // consumer is refused, the way it is while the JetStream meta group has no
-// leader, until the test deletes the durable "blocker".
+// leader, until admitConsumers.
 func refuseConsumers(t *testing.T, ctx context.Context, js jetstream.JetStream, allowDirect bool) jetstream.StreamConfig {
 	t.Helper()
 	cfg, err := stream.Config{}.StreamConfig()
@@ -574,4 +570,72 @@ func startFeed(t *testing.T, ctx context.Context, opts feed.Options, h feed.Hand
 		}
 	})
 	return f
+}
+
+// A mirror of the stream answers the stream's direct gets too (the server
+// has a mirror inherit direct gets from the stream it mirrors), and one
+// that keeps some subjects only holds no prefix of the stream: its answers
+// would pass over the events of the other nodes, and the consumer would
+// start after them. Direct reads take only the stream's own answers, so
+// every event still arrives once. Here the stream no longer answers direct
+// gets itself, which leaves the mirror the only one that does.
+func TestDirectReadsRefuseAMirror(t *testing.T) {
+	srv := natstest.Single(t)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := refuseConsumers(t, ctx, js, true)
+	mirror, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SBX_MIRROR", Storage: jetstream.FileStorage,
+		Mirror: &jetstream.StreamSource{Name: cfg.Name, FilterSubject: stream.Subject("n1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !mirror.CachedInfo().Config.MirrorDirect {
+		t.Fatal("the mirror does not answer the stream's direct gets")
+	}
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	l1, l2 := repltest.OpenLog(t, "n1"), repltest.OpenLog(t, "n2")
+	r1, r2 := repltest.Replicate(t, srv.ClientURL(), l1), repltest.Replicate(t, srv.ClientURL(), l2)
+	for range 5 {
+		appendN(t, js, l2, 1, r2)
+		appendN(t, js, l1, 1, r1)
+	}
+	natstest.Eventually(t, 10*time.Second, "the mirror holds n1's events", func() bool {
+		info, err := mirror.Info(ctx)
+		return err == nil && info.State.Msgs == l1.LastSeq()
+	})
+
+	h := newLagger(1)
+	logs := &feedLog{}
+	f := startFeed(t, ctx, feed.Options{JS: js, Batch: 4, DirectReads: true, RetryGaps: true,
+		Heartbeat: 500 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Logger: logs.logger()}, h)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("status %+v; applied n1 %d, n2 %d; log:\n%s", f.Status(), h.lastApplied("n1"), h.lastApplied("n2"), logs)
+		}
+	})
+	natstest.Eventually(t, 20*time.Second, "consumer refused three times", func() bool {
+		return len(logs.Lines("maximum consumers limit")) >= 3
+	})
+	admitConsumers(t, ctx, js, cfg)
+	natstest.Eventually(t, 20*time.Second, "every event of both nodes", func() bool {
+		return f.Status().State == "running" && h.lastApplied("n1") == l1.LastSeq() && h.lastApplied("n2") == l2.LastSeq()
+	})
+	h.requireRecords(t, "n1", l1.LastSeq())
+	h.requireRecords(t, "n2", l2.LastSeq())
+}
+
+// admitConsumers lifts refuseConsumers' limit. (Deleting the blocker would
+// admit one consumer only: a feed whose first session ends, e.g. on a
+// heartbeat missed on a loaded host, leaves its consumer until the
+// server's inactive threshold, and would be refused again.)
+func admitConsumers(t *testing.T, ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) {
+	t.Helper()
+	cfg.MaxConsumers = -1
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
 }
