@@ -376,11 +376,17 @@ func (f *Feed) stop(err error) error {
 
 // readDirect applies what the stream holds after the feed's last message,
 // read by direct gets (Options.DirectReads), until it holds no more, a
-// read fails, or ctx ends; it returns how many messages it applied. Each
+// read fails, ctx ends, or it has read for as long as an attempt to create
+// the consumer may take; it returns how many messages it applied. Each
 // get names the next sequence and the filter, so the replica answering
 // skips other subjects; a replica a little behind the others answers
-// "none" early, and the consumer delivers the rest.
+// "none" early, and the consumer delivers the rest. (One message per get
+// is slow next to a consumer's batches: a long stream, read from its
+// start, gives way to the consumer between reads, which go on from where
+// they stopped.)
 func (f *Feed) readDirect(ctx context.Context) (int, error) {
+	budget := time.NewTimer(cmp.Or(4*f.opts.Heartbeat, 2*time.Second))
+	defer budget.Stop()
 	subj := stream.APISubject(f.opts.JS, "DIRECT.GET."+f.opts.Stream)
 	nc := f.opts.JS.Conn()
 	// One subject per get: the filter's common wildcard, narrowed below.
@@ -415,6 +421,11 @@ func (f *Feed) readDirect(ctx context.Context) (int, error) {
 		return nil
 	}
 	for ctx.Err() == nil {
+		select {
+		case <-budget.C:
+			return n, flush()
+		default:
+		}
 		req, _ := json.Marshal(struct {
 			Seq     uint64 `json:"seq"`
 			NextFor string `json:"next_by_subj"`

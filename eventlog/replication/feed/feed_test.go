@@ -639,3 +639,53 @@ func admitConsumers(t *testing.T, ctx context.Context, js jetstream.JetStream, c
 		t.Fatal(err)
 	}
 }
+
+// slowOutput is a handler whose every Apply takes a while (an output on a
+// slow disk), so that reading a long stream one message per direct get
+// takes longer than an attempt to create the consumer.
+type slowOutput struct {
+	*lagger
+	per time.Duration
+}
+
+func (s slowOutput) Apply(ctx context.Context, evs []event.Event) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(s.per):
+	}
+	return s.lagger.Apply(ctx, evs)
+}
+
+// Direct reads of a long stream give way to the consumer: once a consumer
+// can be made, the feed does not go on reading what the stream holds one
+// message per get until its end, it tries its consumer again within about
+// one attempt's time (four heartbeats) and goes on from there.
+func TestDirectReadsGiveWayToTheConsumer(t *testing.T) {
+	srv := natstest.Single(t)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := refuseConsumers(t, ctx, js, true)
+	l := repltest.OpenLog(t, "n1")
+	r := repltest.Replicate(t, srv.ClientURL(), l)
+	const total = 60
+	appendN(t, js, l, total, r)
+
+	h := slowOutput{newLagger(1), 100 * time.Millisecond} // the stream read directly: 6 s
+	f := startFeed(t, ctx, feed.Options{JS: js, Nodes: []string{"n1"}, Batch: 1, DirectReads: true,
+		Heartbeat: 500 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}, h)
+	natstest.Eventually(t, 10*time.Second, "the first event read directly", func() bool { return h.lastApplied("n1") > 0 })
+	admitConsumers(t, ctx, js, cfg)
+	natstest.Eventually(t, 20*time.Second, "the consumer", func() bool {
+		s := f.Status().State
+		return s == "catching_up" || s == "running"
+	})
+	if got := h.lastApplied("n1"); got == total {
+		t.Errorf("the consumer was made again only once the direct reads had read the whole stream (%d events)", got)
+	}
+	natstest.Eventually(t, 20*time.Second, "the rest", func() bool {
+		return f.Status().State == "running" && h.lastApplied("n1") == total
+	})
+	h.requireRecords(t, "n1", total)
+}
