@@ -376,11 +376,17 @@ func (f *Feed) stop(err error) error {
 
 // readDirect applies what the stream holds after the feed's last message,
 // read by direct gets (Options.DirectReads), until it holds no more, a
-// read fails, or ctx ends; it returns how many messages it applied. Each
+// read fails, ctx ends, or it has read for as long as an attempt to create
+// the consumer may take; it returns how many messages it applied. Each
 // get names the next sequence and the filter, so the replica answering
 // skips other subjects; a replica a little behind the others answers
-// "none" early, and the consumer delivers the rest.
+// "none" early, and the consumer delivers the rest. (One message per get
+// is slow next to a consumer's batches: a long stream, read from its
+// start, gives way to the consumer between reads, which go on from where
+// they stopped.)
 func (f *Feed) readDirect(ctx context.Context) (int, error) {
+	budget := time.NewTimer(cmp.Or(4*f.opts.Heartbeat, 2*time.Second))
+	defer budget.Stop()
 	subj := stream.APISubject(f.opts.JS, "DIRECT.GET."+f.opts.Stream)
 	nc := f.opts.JS.Conn()
 	// One subject per get: the filter's common wildcard, narrowed below.
@@ -388,23 +394,38 @@ func (f *Feed) readDirect(ctx context.Context) (int, error) {
 	n := 0
 	batch := make([]delivered, 0, f.opts.Batch)
 	var evs []event.Event
+	f.mu.Lock()
+	from := f.lastSeq + 1 // the next get's sequence
+	f.mu.Unlock()
+	// passed is the last message read of a subject the feed does not
+	// follow. It becomes the last message handled only once the batch
+	// read before it is applied: the consumer starts after the last
+	// message handled, and must not start past an event not applied.
+	var passed uint64
 	flush := func() error {
-		if len(batch) == 0 {
-			return nil
+		if len(batch) > 0 {
+			var err error
+			evs, err = f.apply(ctx, batch, evs)
+			n += len(batch)
+			batch = batch[:0]
+			if err != nil {
+				return err
+			}
 		}
-		var err error
-		evs, err = f.apply(ctx, batch, evs)
-		n += len(batch)
-		batch = batch[:0]
-		return err
+		if passed > 0 {
+			f.mu.Lock()
+			f.lastSeq = max(f.lastSeq, passed)
+			f.mu.Unlock()
+			passed = 0
+		}
+		return nil
 	}
 	for ctx.Err() == nil {
-		f.mu.Lock()
-		from := f.lastSeq + 1
-		if len(batch) > 0 {
-			from = batch[len(batch)-1].sseq + 1
+		select {
+		case <-budget.C:
+			return n, flush()
+		default:
 		}
-		f.mu.Unlock()
 		req, _ := json.Marshal(struct {
 			Seq     uint64 `json:"seq"`
 			NextFor string `json:"next_by_subj"`
@@ -415,21 +436,19 @@ func (f *Feed) readDirect(ctx context.Context) (int, error) {
 		if err != nil {
 			return n, errors.Join(flush(), fmt.Errorf("direct get from stream seq %d: %w", from, err))
 		}
-		d, found, err := directMsg(m)
+		d, found, err := directMsg(m, f.opts.Stream)
 		if err != nil || !found {
 			return n, errors.Join(flush(), err)
 		}
 		if d.sseq < from {
 			return n, errors.Join(flush(), fmt.Errorf("direct get from stream seq %d answered seq %d", from, d.sseq))
 		}
+		from = d.sseq + 1
 		if slices.ContainsFunc(f.filters, func(flt string) bool { return flt == filter || flt == d.subject }) {
 			batch = append(batch, d)
 		} else {
-			// Another node's subject this feed does not follow: skipped,
-			// and passed.
-			f.mu.Lock()
-			f.lastSeq = max(f.lastSeq, d.sseq)
-			f.mu.Unlock()
+			// Another node's subject this feed does not follow: skipped.
+			passed = d.sseq
 		}
 		if len(batch) == cap(batch) {
 			if err := flush(); err != nil {
@@ -445,13 +464,20 @@ func (f *Feed) readDirect(ctx context.Context) (int, error) {
 const directGetTimeout = time.Second
 
 // directMsg reads a direct get's answer: a stored message, or none left
-// (a 404 status, no payload).
-func directMsg(m *nats.Msg) (delivered, bool, error) {
+// (a 404 status, no payload). An answer from another stream than name is
+// an error: a mirror of the stream answers its direct gets too (the server
+// has a mirror inherit them), and a mirror that keeps some subjects only
+// would pass over the others' messages, which the consumer would then
+// start after.
+func directMsg(m *nats.Msg, name string) (delivered, bool, error) {
 	if status := m.Header.Get("Status"); status != "" && len(m.Data) == 0 {
 		if status == "404" {
 			return delivered{}, false, nil
 		}
 		return delivered{}, false, fmt.Errorf("direct get: status %s %s", status, m.Header.Get("Description"))
+	}
+	if from := m.Header.Get(jetstream.StreamHeader); from != name {
+		return delivered{}, false, fmt.Errorf("direct get answered by stream %q (a mirror), not %s", from, name)
 	}
 	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 	if err != nil {

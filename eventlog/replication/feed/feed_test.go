@@ -456,37 +456,15 @@ func TestDirectReadsWhileConsumerAway(t *testing.T) {
 			_, js := natstest.Connect(t, srv.ClientURL())
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			cfg, err := stream.Config{}.StreamConfig()
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.MaxConsumers, cfg.AllowDirect = 1, tc.allowDirect
-			if _, err := js.CreateStream(ctx, cfg); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := js.CreateConsumer(ctx, cfg.Name, jetstream.ConsumerConfig{Durable: "blocker"}); err != nil {
-				t.Fatal(err)
-			}
+			cfg := refuseConsumers(t, ctx, js, tc.allowDirect)
 			l := repltest.OpenLog(t, "n1")
 			r := repltest.Replicate(t, srv.ClientURL(), l)
 			appendN(t, js, l, 10, r)
 
 			h := newLagger(1) // a record per event: one applied twice fails Apply
 			logs := &feedLog{}
-			f, err := feed.New(feed.Options{JS: js, Nodes: []string{"n1"}, Batch: 4, DirectReads: tc.directReads,
+			f := startFeed(t, ctx, feed.Options{JS: js, Nodes: []string{"n1"}, Batch: 4, DirectReads: tc.directReads,
 				Heartbeat: 500 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Logger: logs.logger()}, h)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rctx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- f.Run(rctx) }()
-			t.Cleanup(func() {
-				stop()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			})
 			refused := func() bool { return len(logs.Lines("maximum consumers limit")) >= 3 }
 			if tc.directReads && tc.allowDirect {
 				natstest.Eventually(t, 20*time.Second, "the stream's events read directly", func() bool { return h.lastApplied("n1") == 10 })
@@ -504,9 +482,7 @@ func TestDirectReadsWhileConsumerAway(t *testing.T) {
 			if s := f.Status().State; s == "running" {
 				t.Fatalf("feed running while its consumer is refused")
 			}
-			if err := js.DeleteConsumer(ctx, cfg.Name, "blocker"); err != nil {
-				t.Fatal(err)
-			}
+			admitConsumers(t, ctx, js, cfg)
 			appendN(t, js, l, 5, r)
 			last := l.LastSeq()
 			natstest.Eventually(t, 20*time.Second, "the consumer delivers the rest", func() bool {
@@ -515,4 +491,201 @@ func TestDirectReadsWhileConsumerAway(t *testing.T) {
 			h.requireRecords(t, "n1", last)
 		})
 	}
+}
+
+// A feed limited to some nodes reads by direct gets past the messages of
+// the nodes it does not follow, interleaved with its own, and applies its
+// own once each, without taking a skipped message for the end of what it
+// applied (the consumer then starts after it, and nothing is lost). The
+// consumer is refused as in TestDirectReadsWhileConsumerAway.
+func TestDirectReadsSkipOtherNodes(t *testing.T) {
+	srv := natstest.Single(t)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := refuseConsumers(t, ctx, js, true)
+	l1, l2 := repltest.OpenLog(t, "n1"), repltest.OpenLog(t, "n2")
+	r1, r2 := repltest.Replicate(t, srv.ClientURL(), l1), repltest.Replicate(t, srv.ClientURL(), l2)
+	interleave := func(rounds int) {
+		for range rounds {
+			appendN(t, js, l1, 1, r1)
+			appendN(t, js, l2, 2, r2)
+		}
+	}
+	interleave(6)
+
+	h := newLagger(1)
+	logs := &feedLog{}
+	f := startFeed(t, ctx, feed.Options{JS: js, Nodes: []string{"n1"}, Batch: 4, DirectReads: true,
+		Heartbeat: 500 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Logger: logs.logger()}, h)
+	natstest.Eventually(t, 20*time.Second, "n1's events read directly", func() bool { return h.lastApplied("n1") == l1.LastSeq() })
+	interleave(3)
+	natstest.Eventually(t, 20*time.Second, "n1's later events read directly", func() bool { return h.lastApplied("n1") == l1.LastSeq() })
+	admitConsumers(t, ctx, js, cfg)
+	interleave(3)
+	natstest.Eventually(t, 20*time.Second, "the consumer delivers the rest", func() bool {
+		return f.Status().State == "running" && h.lastApplied("n1") == l1.LastSeq()
+	})
+	h.requireRecords(t, "n1", l1.LastSeq())
+	if got := h.lastApplied("n2"); got != 0 {
+		t.Errorf("applied n2's events up to %d; the feed follows n1 only", got)
+	}
+}
+
+// refuseConsumers creates the stream as sbxlog would (with or without
+// direct gets) but for one consumer at most, and takes that one: a feed's
+// consumer is refused, the way it is while the JetStream meta group has no
+// leader, until admitConsumers.
+func refuseConsumers(t *testing.T, ctx context.Context, js jetstream.JetStream, allowDirect bool) jetstream.StreamConfig {
+	t.Helper()
+	cfg, err := stream.Config{}.StreamConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConsumers, cfg.AllowDirect = 1, allowDirect
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateConsumer(ctx, cfg.Name, jetstream.ConsumerConfig{Durable: "blocker"}); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// startFeed runs a feed until the test ends, and fails the test if Run
+// returns an error.
+func startFeed(t *testing.T, ctx context.Context, opts feed.Options, h feed.Handler) *feed.Feed {
+	t.Helper()
+	f, err := feed.New(opts, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return f
+}
+
+// A mirror of the stream answers the stream's direct gets too (the server
+// has a mirror inherit direct gets from the stream it mirrors), and one
+// that keeps some subjects only holds no prefix of the stream: its answers
+// would pass over the events of the other nodes, and the consumer would
+// start after them. Direct reads take only the stream's own answers, so
+// every event still arrives once. Here the stream no longer answers direct
+// gets itself, which leaves the mirror the only one that does.
+func TestDirectReadsRefuseAMirror(t *testing.T) {
+	srv := natstest.Single(t)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := refuseConsumers(t, ctx, js, true)
+	mirror, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SBX_MIRROR", Storage: jetstream.FileStorage,
+		Mirror: &jetstream.StreamSource{Name: cfg.Name, FilterSubject: stream.Subject("n1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !mirror.CachedInfo().Config.MirrorDirect {
+		t.Fatal("the mirror does not answer the stream's direct gets")
+	}
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	l1, l2 := repltest.OpenLog(t, "n1"), repltest.OpenLog(t, "n2")
+	r1, r2 := repltest.Replicate(t, srv.ClientURL(), l1), repltest.Replicate(t, srv.ClientURL(), l2)
+	for range 5 {
+		appendN(t, js, l2, 1, r2)
+		appendN(t, js, l1, 1, r1)
+	}
+	natstest.Eventually(t, 10*time.Second, "the mirror holds n1's events", func() bool {
+		info, err := mirror.Info(ctx)
+		return err == nil && info.State.Msgs == l1.LastSeq()
+	})
+
+	h := newLagger(1)
+	logs := &feedLog{}
+	f := startFeed(t, ctx, feed.Options{JS: js, Batch: 4, DirectReads: true, RetryGaps: true,
+		Heartbeat: 500 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Logger: logs.logger()}, h)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("status %+v; applied n1 %d, n2 %d; log:\n%s", f.Status(), h.lastApplied("n1"), h.lastApplied("n2"), logs)
+		}
+	})
+	natstest.Eventually(t, 20*time.Second, "consumer refused three times", func() bool {
+		return len(logs.Lines("maximum consumers limit")) >= 3
+	})
+	admitConsumers(t, ctx, js, cfg)
+	natstest.Eventually(t, 20*time.Second, "every event of both nodes", func() bool {
+		return f.Status().State == "running" && h.lastApplied("n1") == l1.LastSeq() && h.lastApplied("n2") == l2.LastSeq()
+	})
+	h.requireRecords(t, "n1", l1.LastSeq())
+	h.requireRecords(t, "n2", l2.LastSeq())
+}
+
+// admitConsumers lifts refuseConsumers' limit. (Deleting the blocker would
+// admit one consumer only: a feed whose first session ends, e.g. on a
+// heartbeat missed on a loaded host, leaves its consumer until the
+// server's inactive threshold, and would be refused again.)
+func admitConsumers(t *testing.T, ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) {
+	t.Helper()
+	cfg.MaxConsumers = -1
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// slowOutput is a handler whose every Apply takes a while (an output on a
+// slow disk), so that reading a long stream one message per direct get
+// takes longer than an attempt to create the consumer.
+type slowOutput struct {
+	*lagger
+	per time.Duration
+}
+
+func (s slowOutput) Apply(ctx context.Context, evs []event.Event) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(s.per):
+	}
+	return s.lagger.Apply(ctx, evs)
+}
+
+// Direct reads of a long stream give way to the consumer: once a consumer
+// can be made, the feed does not go on reading what the stream holds one
+// message per get until its end, it tries its consumer again within about
+// one attempt's time (four heartbeats) and goes on from there.
+func TestDirectReadsGiveWayToTheConsumer(t *testing.T) {
+	srv := natstest.Single(t)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := refuseConsumers(t, ctx, js, true)
+	l := repltest.OpenLog(t, "n1")
+	r := repltest.Replicate(t, srv.ClientURL(), l)
+	const total = 60
+	appendN(t, js, l, total, r)
+
+	h := slowOutput{newLagger(1), 100 * time.Millisecond} // the stream read directly: 6 s
+	f := startFeed(t, ctx, feed.Options{JS: js, Nodes: []string{"n1"}, Batch: 1, DirectReads: true,
+		Heartbeat: 500 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}, h)
+	natstest.Eventually(t, 10*time.Second, "the first event read directly", func() bool { return h.lastApplied("n1") > 0 })
+	admitConsumers(t, ctx, js, cfg)
+	natstest.Eventually(t, 20*time.Second, "the consumer", func() bool {
+		s := f.Status().State
+		return s == "catching_up" || s == "running"
+	})
+	if got := h.lastApplied("n1"); got == total {
+		t.Errorf("the consumer was made again only once the direct reads had read the whole stream (%d events)", got)
+	}
+	natstest.Eventually(t, 20*time.Second, "the rest", func() bool {
+		return f.Status().State == "running" && h.lastApplied("n1") == total
+	})
+	h.requireRecords(t, "n1", total)
 }
