@@ -153,5 +153,5 @@ func (d *Driver) boot(r *run, runDir, id string, cfg *ch.VmConfig) error {
 	if err := r.step(StepBoot, func() error { return api.Boot(r.ctx) }); err != nil {
 		return err
 	}
-	return r.step(StepProbe, func() error { return d.waitReady(r.ctx, api, runDir, d.bootTO) })
+	return d.probe(r, api, runDir, d.bootTO)
 }

@@ -61,6 +61,15 @@
 // before the VM stops; nearly free after the first); only then vm.shutdown
 // and terminate the VMM.
 //
+// The probe step of every recipe that boots or restores a VM (clone from a
+// golden or checkpoint, cold boot, wake, restart, golden build, and the
+// adoption of an interrupted one) ends by setting the guest's clock to the
+// host's over the control agent on vsock port Config.AgentPort
+// (executors.SyncGuestClock, shared with QEMU): CH restores the KVM clock
+// with the snapshot, so a clone starts at its golden's build time and a
+// woken VM at its hibernate. The correction is logged; an agent that
+// refuses the verb is a warning, not a failure.
+//
 // Templates: under chsim a missing template directory of a configured pool
 // (a golden build, or a cold boot with CloneVM.Pooled) is synthesized
 // (templates.Synthesize). Otherwise (a template no pool names, and always

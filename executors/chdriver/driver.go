@@ -15,6 +15,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/archive"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/tap"
@@ -64,8 +65,9 @@ type Config struct {
 	// RestoreMode is vm.restore's memory mode for clones and wakes (default
 	// CopyOnWrite); VMs with shared or hugepage memory are restored Copy.
 	RestoreMode ch.MemoryRestoreMode
-	// AgentPort is the guest agent's vsock port the readiness probe
-	// connects to (default 1024).
+	// AgentPort is the guest's control agent's vsock port (default
+	// agent.VsockPort, 1024): the readiness probe connects to it, then the
+	// clock is set over it (the protocol of executors/guest/agent).
 	AgentPort uint32
 	// SilkdPort is the guest agent's vsock port DialAgent connects to, the
 	// data plane's (default silkd.Port, 2048).
@@ -200,7 +202,7 @@ func New(cfg Config) (*Driver, error) {
 		procs: make(map[string]*vmm.Process),
 	}
 	if d.port == 0 {
-		d.port = 1024
+		d.port = agent.VsockPort
 	}
 	if d.silkd == 0 {
 		d.silkd = silkd.Port

@@ -10,9 +10,13 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
+	"github.com/sbxlog/sbxlog/executors/hvsock"
 	"github.com/sbxlog/sbxlog/executors/probe"
 	"github.com/sbxlog/sbxlog/executors/tap"
 	"github.com/sbxlog/sbxlog/executors/vmm"
@@ -67,6 +71,41 @@ func ignoreStopped(err error) error {
 	if err == nil || ch.IsVMMGone(err) || ch.IsInvalidState(err) || ch.IsNotFound(err) {
 		return nil
 	}
+	return err
+}
+
+// probe is the last step of every recipe that boots or restores a VM
+// (clone from a golden or a checkpoint, cold boot, wake, restart, golden
+// build, and the adoption of an interrupted one): waitReady, then the
+// guest's clock set to the host's (syncClock), within timeout.
+func (d *Driver) probe(r *run, api API, runDir string, timeout time.Duration) error {
+	return r.step(StepProbe, func() error {
+		ctx, cancel := context.WithTimeout(r.ctx, timeout)
+		defer cancel()
+		if err := d.waitReady(ctx, api, runDir, timeout); err != nil {
+			return err
+		}
+		return d.syncClock(ctx, r.log, runDir)
+	})
+}
+
+// syncClock sets the guest's wall clock to the host's through its control
+// agent on vsock port d.port (the protocol of executors/guest/agent, the
+// port the probe has just reached), with the code every driver shares
+// (executors.SyncGuestClock): a restored guest's clock resumes from its
+// snapshot, since CH carries the KVM clock in it (and stops it while the VM
+// is paused). The correction is logged (at info from a second on); there is
+// no result field for it, as executors.Result carries none. A brief
+// pause for a live checkpoint is not synced: it costs the guest only its
+// length.
+func (d *Driver) syncClock(ctx context.Context, log zerolog.Logger, runDir string) error {
+	c, err := hvsock.Dial(ctx, filepath.Join(runDir, VsockFile), d.port)
+	if err != nil {
+		return fmt.Errorf("guest agent on vsock port %d: %w", d.port, err)
+	}
+	a := agent.NewClient(c)
+	defer a.Close()
+	_, err = executors.SyncGuestClock(ctx, a, d.now(), log.With().Str("run_dir", runDir).Logger(), "chdriver")
 	return err
 }
 
@@ -332,7 +371,7 @@ func (d *Driver) resumeAndProbe(r *run, api API, vm, runDir string, nic, resume 
 			return err
 		}
 	}
-	return r.step(StepProbe, func() error { return d.waitReady(r.ctx, api, runDir, d.readyTO) })
+	return d.probe(r, api, runDir, d.readyTO)
 }
 
 // resetRun starts a run dir over: a VMM left there by an interrupted

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"github.com/sbxlog/sbxlog/executors/qemu/qmp"
 )
@@ -91,34 +92,19 @@ func (q *Recipes) waitAgent(ctx context.Context, runDir string, timeout time.Dur
 	return q.armAgent(actx, a, runDir)
 }
 
-// syncClock sets the guest's wall clock to the host's. A restored guest's
-// clock resumes from the moment of its snapshot (a golden's clone from the
-// golden's build, a wake from its hibernate) and the kernel catches up only
-// as fast as the emulated RTC lets it, which under TCG leaves it minutes
-// behind; the guest's own NTP cannot help a VM with no network. The host
-// is the reference, and the agent on the serial line is already the one
-// channel every restore waits for, so this costs one round trip and no
-// device. (kvm-clock would keep a KVM guest right by itself but does not
+// syncClock sets the guest's wall clock to the host's
+// (executors.SyncGuestClock, which every driver shares). Under TCG the
+// restored guest's kernel catches up only as fast as the emulated RTC lets
+// it, which leaves it minutes behind; the agent on the serial line is the
+// channel. (kvm-clock would keep a KVM guest right by itself but does not
 // exist under TCG, QEMU's RTC "base" follows the host only at boot, and
 // rtc-reset-reinjection concerns lost ticks, not a restored snapshot.)
-// An agent that predates the verb is logged, not fatal, as with the key.
 func (q *Recipes) syncClock(ctx context.Context, a *agent.Client, runDir string, r *RecipeResult) error {
-	set, err := a.SetClock(ctx, q.now())
-	var re *agent.RemoteError
-	if errors.As(err, &re) {
-		q.log.Warn().Err(err).Str("run_dir", runDir).Msg("qemu: the guest agent cannot set its clock; it keeps the snapshot's")
-		return nil
-	}
+	off, err := executors.SyncGuestClock(ctx, a, q.now(), q.log.With().Str("run_dir", runDir).Logger(), "qemu")
 	if err != nil {
-		return fmt.Errorf("qemu: setting the guest's clock in %s: %w", runDir, err)
+		return fmt.Errorf("qemu: guest in %s: %w", runDir, err)
 	}
-	r.ClockOffset = set.Offset()
-	// A correction a person would notice is worth a line at info.
-	ev := q.log.Debug()
-	if r.ClockOffset.Abs() >= time.Second {
-		ev = q.log.Info()
-	}
-	ev.Str("run_dir", runDir).Stringer("guest_clock_was_off", r.ClockOffset.Round(time.Millisecond)).Msg("qemu: guest clock set")
+	r.ClockOffset = off
 	return nil
 }
 

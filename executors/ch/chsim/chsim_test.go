@@ -287,7 +287,7 @@ func TestVsockHandshake(t *testing.T) {
 	opts := chsim.DefaultOptions()
 	opts.Now = clk.Now
 	opts.AgentDelay = time.Second
-	opts.VsockPorts = []uint32{1024}
+	opts.VsockPorts = []uint32{1024, 52}
 	dir := shortDir(t)
 	c := inProc(t, dir, opts)
 	cfg := vmConfig(t, dir, 32<<20)
@@ -332,10 +332,21 @@ func TestVsockHandshake(t *testing.T) {
 	if err != nil || !strings.HasPrefix(line, "OK ") {
 		t.Fatalf("handshake answer = %q, %v", line, err)
 	}
-	if _, err := io.WriteString(conn, "hello agent\n"); err != nil {
+	// Port 1024 is the guest's control agent (clock.go), other ports echo.
+	if _, err := io.WriteString(conn, "#t ready\n"); err != nil {
 		t.Fatal(err)
 	}
-	if echo, err := r.ReadString('\n'); err != nil || echo != "hello agent\n" {
+	if answer, err := r.ReadString('\n'); err != nil || answer != "=t ready\n" {
+		t.Fatalf("agent's answer = %q, %v", answer, err)
+	}
+	econn, er := connect("52")
+	if line, err := er.ReadString('\n'); err != nil || !strings.HasPrefix(line, "OK ") {
+		t.Fatalf("handshake answer on 52 = %q, %v", line, err)
+	}
+	if _, err := io.WriteString(econn, "hello guest\n"); err != nil {
+		t.Fatal(err)
+	}
+	if echo, err := er.ReadString('\n'); err != nil || echo != "hello guest\n" {
 		t.Fatalf("echo = %q, %v", echo, err)
 	}
 
@@ -439,14 +450,14 @@ func TestOptionsParsing(t *testing.T) {
 		chsim.EnvLatency: "3ms", chsim.EnvDirtyBytes: "8M", chsim.EnvBalloonRate: "0",
 		chsim.EnvSnapshotExitAfter: "1K", chsim.EnvExitRandom: "1s", chsim.EnvFail: "vm.boot:1:500",
 		chsim.EnvAgentDelay: "50ms", chsim.EnvVsockPorts: "52, 1024", chsim.EnvIgnoreSIGTERM: "1",
-		chsim.EnvOpLatency: "vm.snapshot:500ms, vm.restore:1s",
+		chsim.EnvOpLatency: "vm.snapshot:500ms, vm.restore:1s", chsim.EnvNoClockVerb: "1",
 	}
 	o := chsim.DefaultOptions()
 	if err := o.ApplyEnv(func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
 	if o.Latency != 3*time.Millisecond || o.DirtyBytes != 8<<20 || o.BalloonRate != 0 || o.SnapshotExitAfter != 1024 ||
-		o.ExitRandom != time.Second || len(o.Fail) != 1 || o.AgentDelay != 50*time.Millisecond || len(o.VsockPorts) != 2 || !o.IgnoreSIGTERM ||
+		o.ExitRandom != time.Second || len(o.Fail) != 1 || o.AgentDelay != 50*time.Millisecond || len(o.VsockPorts) != 2 || !o.IgnoreSIGTERM || !o.NoClockVerb ||
 		len(o.OpLatency) != 2 || o.OpLatency["vm.snapshot"] != 500*time.Millisecond || o.OpLatency["vm.restore"] != time.Second {
 		t.Errorf("ApplyEnv = %+v", o)
 	}

@@ -37,8 +37,16 @@
 //     few commands and never runs a host one, and forwards
 //     silkagent.SimEchoPort to an echo server and SimHTTPPort to an HTTP
 //     server; chsim keeps the guest's files
-//     in memory and in its snapshots), and on any other port lines are
-//     echoed.
+//     in memory and in its snapshots); on agent.VsockPort (1024) the
+//     guest's control agent (clock.go: the line protocol of
+//     executors/guest/agent, serving ready, key and clock); on any other
+//     port lines are echoed;
+//   - the guest's wall clock, simulated (clock.go): the host's at boot, it
+//     stands still while the VM is paused (CH saves and sets back the KVM
+//     clock), is kept in the snapshot and restored at the snapshot's moment,
+//     and the control agent's clock verb sets it, recording the time it was
+//     told (vm.counters) and answering the simulated clock it replaced. It
+//     never reads or sets anything of the host's but its time.
 //
 // Fault injection (Options, or the SBX_CHSIM_* environment variables listed
 // with ApplyEnv and in Usage): latency per call, failing the n-th call of an

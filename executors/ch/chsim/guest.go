@@ -1,8 +1,7 @@
 package chsim
 
 import (
-	"time"
-
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
 )
 
@@ -36,16 +35,19 @@ import (
 // SimAgent is the simulated agent's name in info.
 const SimAgent = "chsim simulated guest"
 
-// simGuest is the guest side of one boot of a VM: its files and its agent.
+// simGuest is the guest side of one boot of a VM: its files, its silkd
+// agent and its control agent (clock.go).
 type simGuest struct {
 	files *silkagent.MemFS
 	agent *silkagent.Server
+	line  *agent.Server
 }
 
-func newSimGuest(files []silkagent.MemFile, now func() time.Time, limit int64) *simGuest {
+// newSimGuest makes v's guest with files (a restored guest's, or none).
+func (s *Server) newSimGuest(v *vmInstance, files []silkagent.MemFile) *simGuest {
 	fs := silkagent.NewMemFS(files)
-	fs.Now = now
-	fs.Limit = limit
+	fs.Now = s.now
+	fs.Limit = s.guestFSLimit(v)
 	// A guest starts with the directories a busybox initramfs has.
 	for _, d := range []string{"/tmp", "/root"} {
 		if _, err := fs.Stat(d); err != nil {
@@ -62,6 +64,7 @@ func newSimGuest(files []silkagent.MemFile, now func() time.Time, limit int64) *
 			Procs:     &silkagent.SimSpawner{Name: "chsim", FS: fs},
 			Dial:      silkagent.SimDial,
 		},
+		line: s.newLineAgent(v),
 	}
 }
 

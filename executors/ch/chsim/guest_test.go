@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -36,16 +37,21 @@ func simVMWith(t *testing.T, opts chsim.Options, memBytes int64) (*ch.Client, st
 	sock := filepath.Join(dir, "v.sock")
 	cfg.SetVsock(3, sock)
 	boot(t, c, cfg)
-	return c, dir, func() *silkd.Conn {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		nc, err := hvsock.Dial(ctx, sock, silkd.Port)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { nc.Close() })
-		return silkd.NewConn(nc)
+	return c, dir, func() *silkd.Conn { return silkd.NewConn(dialVsock(t, sock, silkd.Port)) }
+}
+
+// dialVsock connects to the guest's port through the VM's vsock socket,
+// until the test ends.
+func dialVsock(t *testing.T, sock string, port uint32) *net.UnixConn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	nc, err := hvsock.Dial(ctx, sock, port)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { nc.Close() })
+	return nc
 }
 
 func gctx(t *testing.T) context.Context {
@@ -184,6 +190,16 @@ func TestSimulatedFilesSurviveSnapshot(t *testing.T) {
 // running.
 func snapshotAndRestore(t *testing.T, ctx context.Context, c *ch.Client, dir string) {
 	t.Helper()
+	url := hibernate(t, ctx, c, dir)
+	if err := c.Restore(ctx, ch.RestoreConfig{SourceURL: url, MemoryRestoreMode: ch.RestoreCopy, Resume: true}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// hibernate pauses the VM, snapshots it into dir's "snap" and deletes it;
+// it returns the snapshot's URL.
+func hibernate(t *testing.T, ctx context.Context, c *ch.Client, dir string) string {
+	t.Helper()
 	if err := c.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -194,9 +210,7 @@ func snapshotAndRestore(t *testing.T, ctx context.Context, c *ch.Client, dir str
 	if err := c.Delete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Restore(ctx, ch.RestoreConfig{SourceURL: url, MemoryRestoreMode: ch.RestoreCopy, Resume: true}); err != nil {
-		t.Fatal(err)
-	}
+	return url
 }
 
 // Each VM's simulated tmpfs is bounded, by GuestFSBytes and by half the

@@ -27,6 +27,7 @@ const (
 	EnvIgnoreSIGTERM     = "SBX_CHSIM_IGNORE_SIGTERM"      // "1": a wedged VMM that only SIGKILL stops
 	EnvGuestTick         = "SBX_CHSIM_GUEST_TICK"          // how often a running guest writes its heartbeat
 	EnvGuestFSBytes      = "SBX_CHSIM_GUEST_FS_BYTES"      // bound of each VM's simulated tmpfs
+	EnvNoClockVerb       = "SBX_CHSIM_NO_CLOCK_VERB"       // "1": the guest's control agent predates the clock verb
 )
 
 // Defaults.
@@ -113,6 +114,9 @@ type Options struct {
 	GuestFSBytes int64
 	// VsockPorts restricts the guest ports that accept; empty accepts all.
 	VsockPorts []uint32
+	// NoClockVerb makes the guest's control agent refuse the clock verb,
+	// as one that predates it does (clock.go).
+	NoClockVerb bool
 	// IgnoreSIGTERM makes the binary ignore SIGTERM, like a wedged VMM, so
 	// that only SIGKILL ends it.
 	IgnoreSIGTERM bool
@@ -172,6 +176,11 @@ func (o *Options) ApplyEnv(getenv func(string) string) error {
 		o.IgnoreSIGTERM = b
 		return err
 	})
+	set(EnvNoClockVerb, func(v string) error {
+		b, err := strconv.ParseBool(v)
+		o.NoClockVerb = b
+		return err
+	})
 	return errors.Join(errs...)
 }
 
@@ -194,6 +203,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("guest-tick", "period of the running guest's heartbeat (env "+EnvGuestTick+", default 100ms)", durationInto(&o.GuestTick))
 	fs.Func("agent-delay", "delay after boot before vsock CONNECTs are answered (env "+EnvAgentDelay+")", durationInto(&o.AgentDelay))
 	fs.BoolVar(&o.IgnoreSIGTERM, "ignore-sigterm", o.IgnoreSIGTERM, "ignore SIGTERM like a wedged VMM (env "+EnvIgnoreSIGTERM+")")
+	fs.BoolVar(&o.NoClockVerb, "no-clock-verb", o.NoClockVerb, "the guest's control agent refuses the clock verb (env "+EnvNoClockVerb+")")
 	fs.Func("vsock-ports", "guest ports that accept vsock connections, default all (env "+EnvVsockPorts+")", func(v string) error {
 		ports, err := parsePorts(v)
 		o.VsockPorts = ports
@@ -376,6 +386,7 @@ Flags:
   --guest-tick <duration>      period of the running guest's heartbeat write (default 100ms)
   --vsock-ports <list>         guest ports that accept vsock connections (default all)
   --ignore-sigterm             ignore SIGTERM, like a wedged VMM (only SIGKILL stops it)
+  --no-clock-verb              the guest's control agent refuses the clock verb (predates it)
   --version                    print the simulated version and exit
 
 Each flag has an environment variable, read first (flags override), because a
@@ -383,6 +394,6 @@ VMM is launched with nothing but --api-socket:
   SBX_CHSIM_LATENCY, SBX_CHSIM_OP_LATENCY, SBX_CHSIM_FAIL, SBX_CHSIM_SNAPSHOT_EXIT_AFTER,
   SBX_CHSIM_EXIT_RANDOM, SBX_CHSIM_DIRTY_BYTES, SBX_CHSIM_BALLOON_RATE,
   SBX_CHSIM_AGENT_DELAY, SBX_CHSIM_VSOCK_PORTS, SBX_CHSIM_IGNORE_SIGTERM,
-  SBX_CHSIM_GUEST_TICK
+  SBX_CHSIM_GUEST_TICK, SBX_CHSIM_NO_CLOCK_VERB
 Sizes take K, M, G suffixes (binary). Logs go to stderr.
 `

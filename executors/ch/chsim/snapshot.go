@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/guest/silkagent"
@@ -32,6 +33,10 @@ type snapState struct {
 	Heartbeats    int64         `json:"heartbeats"`
 	Resumes       int64         `json:"resumes"`
 	BootID        uint64        `json:"boot_id"`
+	// GuestClockNS is the guest's wall clock at the snapshot (Unix ns),
+	// where a restore brings it back (clock.go); 0 in snapshots made
+	// before chsim simulated it, whose guests restore with the host's.
+	GuestClockNS int64 `json:"guest_clock_ns,omitempty"`
 	// GuestFiles is the simulated guest's file tree (its tmpfs, which a
 	// real guest keeps in the memory snapshotted above).
 	GuestFiles []silkagent.MemFile `json:"guest_files,omitempty"`
@@ -151,6 +156,7 @@ func (s *Server) snapshot(body []byte) (any, *apiError) {
 		Heartbeats:    v.heartbeats,
 		Resumes:       v.resumes,
 		BootID:        v.bootID,
+		GuestClockNS:  v.clock.read(s.now()).UnixNano(),
 	}
 	if v.guest != nil {
 		st.GuestFiles = v.guest.files.Files()
@@ -296,7 +302,12 @@ func (s *Server) restore(body []byte) (any, *apiError) {
 	v.memSize = st.MemorySize
 	v.balloonActual = st.BalloonActual
 	v.heartbeats, v.resumes, v.bootID = st.Heartbeats, st.Resumes, st.BootID
-	v.guest = newSimGuest(st.GuestFiles, s.now, s.guestFSLimit(v))
+	now := s.now()
+	v.clock = pausedClock(now, now)
+	if st.GuestClockNS > 0 {
+		v.clock = pausedClock(time.Unix(0, st.GuestClockNS), now)
+	}
+	v.guest = s.newSimGuest(v, st.GuestFiles)
 	v.guest.agent.RestoreSimSessions(st.GuestSessions)
 	s.vm = v
 	s.startGuestLocked(v)
@@ -304,6 +315,7 @@ func (s *Server) restore(body []byte) (any, *apiError) {
 	if req.Resume {
 		v.state = ch.StateRunning
 		v.resumes++
+		v.clock.resume(now)
 	}
 	return nil, nil
 }

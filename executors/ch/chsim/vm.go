@@ -33,6 +33,11 @@ type vmInstance struct {
 	resumes      int64
 	bootID       uint64
 
+	// clock is the guest's wall clock, clockSet the host's last set of it
+	// (clock.go).
+	clock    guestClock
+	clockSet clockSet
+
 	guestStop chan struct{}
 	// guest is the simulated guest's files and agent (guest.go), new at
 	// every boot, restored from the snapshot by vm.restore.
@@ -180,7 +185,13 @@ func (s *Server) counters(_ []byte) (any, *apiError) {
 		dirty = v.mem.dataBytes()
 	}
 	// Not a CH device: what the simulated guest did, for tests.
-	out["chsim-guest"] = map[string]int64{"heartbeats": v.heartbeats, "resumes": v.resumes, "data_bytes": dirty}
+	// clock_sets counts the host's sets of the guest's clock since this
+	// VMM booted or restored it, clock_told_ns is the time the last one
+	// gave and clock_was_ns the guest's clock it replaced (Unix ns).
+	out["chsim-guest"] = map[string]int64{
+		"heartbeats": v.heartbeats, "resumes": v.resumes, "data_bytes": dirty,
+		"clock_sets": v.clockSet.n, "clock_told_ns": unixNano(v.clockSet.to), "clock_was_ns": unixNano(v.clockSet.was),
+	}
 	return out, nil
 }
 
@@ -335,7 +346,8 @@ func (s *Server) boot(_ []byte) (any, *apiError) {
 	v.state = ch.StateRunning
 	v.balloonActual, v.balloonAt = 0, now
 	v.agentReadyAt = now.Add(s.opts.AgentDelay)
-	v.guest = newSimGuest(nil, s.now, s.guestFSLimit(v))
+	v.clock = guestClock{}
+	v.guest = s.newSimGuest(v, nil)
 	devs.writeConsole(fmt.Sprintf("[    0.000000] Linux version 6.1.0-chsim (simulated guest, boot id %x)\n", v.bootID))
 	s.startGuestLocked(v)
 	return nil, nil
@@ -366,7 +378,8 @@ func (s *Server) reboot(_ []byte) (any, *apiError) {
 		return nil, vmmErr(http.StatusInternalServerError, "The VM could not reboot", "VM is not running")
 	}
 	v.agentReadyAt = s.now().Add(s.opts.AgentDelay)
-	v.guest = newSimGuest(nil, s.now, s.guestFSLimit(v)) // a reboot empties the guest's tmpfs
+	v.clock = guestClock{}          // the rebooted guest reads its RTC again
+	v.guest = s.newSimGuest(v, nil) // a reboot empties the guest's tmpfs
 	return nil, nil
 }
 
@@ -392,6 +405,7 @@ func (s *Server) pause(_ []byte) (any, *apiError) {
 			"Failed to pause migratable component", "Invalid transition: InvalidStateTransition(Paused, Paused)")
 	}
 	v.state = ch.StatePaused
+	v.clock.pause(s.now())
 	return nil, nil
 }
 
@@ -409,6 +423,7 @@ func (s *Server) resume(_ []byte) (any, *apiError) {
 	v.state = ch.StateRunning
 	v.resumes++
 	v.balloonAt = s.now()
+	v.clock.resume(v.balloonAt)
 	return nil, nil
 }
 

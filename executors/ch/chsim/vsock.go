@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors/ch"
+	"github.com/sbxlog/sbxlog/executors/guest/agent"
 	"github.com/sbxlog/sbxlog/executors/guest/silkd"
 	"github.com/sbxlog/sbxlog/executors/handshake"
 )
@@ -19,8 +20,9 @@ import (
 // vsockServer is the host side of CH's hybrid vsock: a unix socket where a
 // host process writes "CONNECT <port>\n" and, once the guest accepts on that
 // port, reads "OK <host port>\n" and then talks to the guest. On the silkd
-// port (silkd.Port) the simulated guest's agent answers (guest.go); on any
-// other port the guest echoes every line back.
+// port (silkd.Port) the simulated guest's agent answers (guest.go), on
+// agent.VsockPort its control agent (clock.go); on any other port the guest
+// echoes every line back.
 type vsockServer struct {
 	s    *Server
 	ln   *net.UnixListener
@@ -118,9 +120,15 @@ func (v *vsockServer) handle(c net.Conn, hostPort uint32) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
-	if port == silkd.Port {
+	switch port {
+	case silkd.Port:
 		if g := v.guest(); g != nil {
 			g.agent.ServeConn(c)
+		}
+		return
+	case agent.VsockPort:
+		if g := v.guest(); g != nil {
+			_ = g.line.Serve(c, c)
 		}
 		return
 	}

@@ -1,5 +1,8 @@
 // Package agent is the line protocol spoken on the guest's agent serial port, with
 // both ends: Server runs inside the guest (cmd/sbx-agent), Client on the host.
+// A Cloud Hypervisor guest has no such serial line: there the protocol runs on
+// hybrid vsock port VsockPort, the port the readiness probe connects to (chsim's
+// simulated guest serves it there; executors/chdriver sets the clock over it).
 //
 // Protocol: one request per line, one response line per request, ASCII, "\n"
 // terminated. A request may start with a tag "#<token>"; the response then starts
@@ -73,6 +76,10 @@ import (
 	"time"
 )
 
+// VsockPort is the guest's vsock port of this protocol on Cloud Hypervisor,
+// beside the data plane's (silkd.Port).
+const VsockPort = 1024
+
 // Tick is how often the guest's counter increments.
 const Tick = 100 * time.Millisecond
 
@@ -112,13 +119,14 @@ func (e *RemoteError) Error() string {
 
 // Server answers requests inside the guest.
 type Server struct {
-	// DataPath is the file write replaces and sha reads (on tmpfs in the guest).
+	// DataPath is the file write replaces and sha reads (on tmpfs in the
+	// guest); "": both verbs are refused (a simulated guest keeps no file).
 	DataPath string
 	// BootID identifies this run of the agent.
 	BootID string
 	// Rand supplies the bytes of write.
 	Rand io.Reader
-	// Uptime returns the time since boot.
+	// Uptime returns the time since boot; nil: the verb is refused.
 	Uptime func() (time.Duration, error)
 
 	// Net applies a guest's egress network (VerbNet); nil: the verb is
@@ -181,6 +189,9 @@ func (s *Server) handle(verb string, args []string) (string, error) {
 		}
 		return VerbReady, nil
 	case VerbWrite:
+		if s.DataPath == "" {
+			break
+		}
 		if len(args) != 1 {
 			return "", errors.New("usage: write <bytes>")
 		}
@@ -194,6 +205,9 @@ func (s *Server) handle(verb string, args []string) (string, error) {
 		}
 		return VerbSha + " " + sum, nil
 	case VerbSha:
+		if s.DataPath == "" {
+			break
+		}
 		if len(args) != 0 {
 			return "", errors.New("usage: sha")
 		}
@@ -203,6 +217,9 @@ func (s *Server) handle(verb string, args []string) (string, error) {
 		}
 		return VerbSha + " " + sum, nil
 	case VerbUptime:
+		if s.Uptime == nil {
+			break
+		}
 		if len(args) != 0 {
 			return "", errors.New("usage: uptime")
 		}

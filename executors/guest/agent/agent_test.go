@@ -72,6 +72,27 @@ func TestHandle(t *testing.T) {
 	}
 }
 
+// A server without a data file or an uptime (chsim's simulated guest, which
+// runs on the host) refuses the verbs that would need them, and never
+// creates a file in its working directory.
+func TestHandleWithoutDataOrUptime(t *testing.T) {
+	t.Chdir(t.TempDir())
+	s := &Server{BootID: "sim"}
+	for req, want := range map[string]string{
+		"write 10": "error write unknown command",
+		"sha":      "error sha unknown command",
+		"uptime":   "error uptime unknown command",
+		"#r ready": "=r ready",
+	} {
+		if got := s.Handle(req); !strings.HasPrefix(got, want) {
+			t.Errorf("Handle(%q) = %q, want %q...", req, got, want)
+		}
+	}
+	if ents, err := os.ReadDir("."); err != nil || len(ents) != 0 {
+		t.Fatalf("working dir holds %v (%v), want nothing", ents, err)
+	}
+}
+
 func TestWriteThenShaAndCounter(t *testing.T) {
 	s := newServer(t)
 	w := s.Handle("write 4096")

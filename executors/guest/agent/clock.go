@@ -13,7 +13,8 @@ import (
 //	clock             -> clock <ns>   the guest's time, Unix nanoseconds
 //	clock <ns>        -> clock <ns>   sets it to the host's time <ns>; answers the time it replaced
 //
-// The host sets it after every boot, restore and resume (executors/qemu):
+// The host sets it after every boot, restore and resume (executors/qemu,
+// executors/chdriver; both through executors.SyncGuestClock):
 // a restored guest's clock stands where it was when its snapshot was
 // taken, and its kernel only catches up through the emulated RTC's drift,
 // which TCG lets lag by minutes. The answer to a set is what the guest
