@@ -27,8 +27,9 @@ const KindCheckpointImport IntentKind = "checkpoint_import"
 // MaxOriginAddr bounds an import's origin address (host:port).
 const MaxOriginAddr = 256
 
-// Import failure reasons (event.CheckpointImportFailed.Reason). The executor
-// starts its error text with one and ": "; anything else is ImportRefused.
+// Import failure reasons (event.CheckpointImportFailed.Reason). The
+// executor's error text carries one followed by ": " (after the executors'
+// own prefix, "unrecoverable: "); anything else is ImportRefused.
 const (
 	ImportNotFound    = "not_found"   // the origin holds no such checkpoint
 	ImportUnreachable = "unreachable" // the origin did not answer
@@ -100,10 +101,10 @@ func (i FetchCheckpoint) Failed(m Meta, msg string, _ bool) Command {
 	return CheckpointImportFailed{Meta: m, Checkpoint: i.Checkpoint, Error: msg}
 }
 
-// ImportFailureReason is the reason an import's error text msg starts with.
+// ImportFailureReason is the reason an import's error text msg carries.
 func ImportFailureReason(msg string) string {
 	for _, r := range []string{ImportNotFound, ImportUnreachable} {
-		if strings.HasPrefix(msg, r+": ") {
+		if strings.Contains(msg, r+": ") {
 			return r
 		}
 	}
