@@ -201,6 +201,11 @@ func (r *importRun) fetchInto(in fsm.FetchCheckpoint, final string) (m *marker, 
 		}
 	}()
 	if err := r.step(StepMkTemp, func() error {
+		// The checkpoint dir too: a driver without checkpoints of its own
+		// may not have made it.
+		if err := c.FS.MkdirAll(filepath.Dir(final), 0o755); err != nil {
+			return err
+		}
 		tmp, err = c.FS.MkTempDir(c.Roots.Store, string(fsm.KindCheckpointImport))
 		return err
 	}); err != nil {
