@@ -115,20 +115,34 @@ func (s *Server) handleCheckpointProbe(w http.ResponseWriter, r *http.Request, i
 	return nil
 }
 
-// importOrigin returns the address of the node checkpoint ckID's tag
-// names, "" when it names this node or no node the view knows.
-func (s *Server) importOrigin(r *http.Request, ckID string) string {
+// importOrigin returns the address to import checkpoint ckID from: the
+// one its import in flight uses (one a restart resumes, before the view
+// knows any node), else the address of the node its tag names; "" when it
+// names this node or no node the view knows. A view that is behind and
+// knows none is a 503: the origin may be a node it has not seen yet.
+func (s *Server) importOrigin(r *http.Request, ckID string) (string, error) {
+	var ck fsm.CheckpointRec
+	s.eng.View(func(st *fsm.State) { ck, _ = st.Checkpoint(ckID) })
+	if ck.Status == fsm.CheckpointImporting {
+		return ck.Source, nil
+	}
 	ol, ok := s.redir.(OriginLocator)
 	tag := origin.IDTag(ckID)
 	if !ok || tag == "" || tag == s.idTag || r.Header.Get(origin.ProbeHeader) != "" {
-		return ""
+		return "", nil
 	}
 	for _, o := range ol.Origins(tag) {
 		if o.Addr != "" && !o.Withdrawn {
-			return o.Addr
+			return o.Addr, nil
 		}
 	}
-	return ""
+	if loc, ok := s.redir.(OwnerLocator); ok {
+		if l := loc.LocateOwner(ckID); l.ViewBehind {
+			return "", &httpError{status: http.StatusServiceUnavailable, retryAfter: "1",
+				msg: fmt.Sprintf("checkpoint %s is not on this node, and the cluster view has not been current since %s: its origin cannot be named; retry", ckID, stamp(l.ViewSince))}
+		}
+	}
+	return "", nil
 }
 
 // importCheckpoint makes checkpoint ckID, which this node does not hold,

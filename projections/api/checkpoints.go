@@ -224,10 +224,13 @@ func (s *Server) handleCheckpointClaim(w http.ResponseWriter, r *http.Request, i
 	err := propose()
 	if rej, ok := fsm.AsRejection(err); ok && rej.Code == fsm.NotFound {
 		// Another node's checkpoint: imported here first (checkpointblob.go).
-		if addr := s.importOrigin(r, ckID); addr != "" {
+		var addr string
+		if addr, err = s.importOrigin(r, ckID); err == nil && addr != "" {
 			if err = s.importCheckpoint(r, ckID, addr); err == nil {
 				err = propose()
 			}
+		} else if err == nil {
+			err = rej
 		}
 	}
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -22,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,6 +38,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/procstat"
 	"github.com/sbxlog/sbxlog/executors/templates"
+	"github.com/sbxlog/sbxlog/executors/transport"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
@@ -45,7 +48,10 @@ const xportRoot = "fleet-root-token"
 
 // chsimHV opens Cloud Hypervisor's driver on chsim, as sandboxd's
 // "chsim" hypervisor does.
-type chsimHV struct{ bin string }
+type chsimHV struct {
+	bin  string
+	hook func(context.Context, chdriver.StepCall) error
+}
 
 func (h chsimHV) Name() string { return string(chdriver.CHSim) }
 
@@ -53,7 +59,7 @@ func (h chsimHV) Open(roots layout.Roots, instance string) (node.Driver, error) 
 	d, err := chdriver.New(chdriver.Config{Roots: roots, Instance: instance, VMM: h.bin, Hypervisor: chdriver.CHSim,
 		VMMEnv: []string{"SBX_CHSIM_DIRTY_BYTES=256K"}, Sizes: templates.Sizes{"small": {VCPUs: 1, MemoryBytes: 64 << 20}},
 		Synth: templates.SynthOptions{DiskSize: 16 << 20, DataBytes: 512 << 10}, ReadyTimeout: 20 * time.Second, BootTimeout: 20 * time.Second,
-		StopGrace: 2 * time.Second, Log: natstest.Logger()})
+		StopGrace: 2 * time.Second, StepHook: h.hook, Log: natstest.Logger()})
 	if err != nil {
 		return nil, err
 	}
@@ -96,10 +102,16 @@ type xportNode struct {
 	dir string
 }
 
-func startXportNode(t *testing.T, id, bin string, srv *natsembed.Server) *xportNode {
+func startXportNode(t *testing.T, id string, hv chsimHV, srv *natsembed.Server) *xportNode {
 	t.Helper()
 	dir := chsimbin.ShortTempDir(t)
 	t.Cleanup(func() { killChsims(layout.RootsIn(dir).Runs) })
+	return restartXportNode(t, id, dir, hv, srv)
+}
+
+// restartXportNode starts node id on data dir dir (again).
+func restartXportNode(t *testing.T, id, dir string, hv chsimHV, srv *natsembed.Server) *xportNode {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +123,7 @@ func startXportNode(t *testing.T, id, bin string, srv *natsembed.Server) *xportN
 		API:         api.Config{ClaimWait: time.Minute, LifecycleWait: time.Minute, NoDashboard: true},
 		Log:         natstest.Logger(),
 	}
-	n, err := node.Start(context.Background(), cfg, chsimHV{bin: bin})
+	n, err := node.Start(context.Background(), cfg, hv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,73 +200,26 @@ func TestCheckpointTransportTwoNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := natstest.Single(t)
-	a := startXportNode(t, "node-a", bin, srv)
-	b := startXportNode(t, "node-b", bin, srv)
-	// B's cluster view names A (its address), as the fleet's redirects need.
-	natstest.Eventually(t, 30*time.Second, "node-b's view names node-a", func() bool {
-		st, body := b.call(t, "GET", "/v1/peers", "")
-		return st == http.StatusOK && strings.Contains(string(body), a.Addr())
-	})
-
-	// A sandbox on A, a file's bytes written into its disk, a checkpoint.
-	st, body := a.call(t, "POST", "/v1/claim", `{"template":"default"}`)
-	var sb api.ClaimResponse
-	if st != http.StatusOK || json.Unmarshal(body, &sb) != nil {
-		t.Fatalf("claim on A: %d %s", st, body)
-	}
-	file := make([]byte, 64<<10)
-	if _, err := rand.Read(file); err != nil {
-		t.Fatal(err)
-	}
-	const at = 3 << 20
-	disk, err := os.OpenFile(a.runDisk(t, sb.ID), os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := disk.WriteAt(file, at); err != nil {
-		t.Fatal(err)
-	}
-	disk.Close()
-	st, body = a.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/checkpoint", `{"name":"moved"}`)
-	var ck api.CheckpointResponse
-	if st != http.StatusOK || json.Unmarshal(body, &ck) != nil {
-		t.Fatalf("checkpoint on A: %d %s", st, body)
-	}
-	id := ck.Checkpoint.ID
+	a := startXportNode(t, "node-a", chsimHV{bin: bin}, srv)
+	b := startXportNode(t, "node-b", chsimHV{bin: bin}, srv)
+	ck, file := checkpointWithFile(t, a, b)
+	id := ck.ID
 
 	// Claimed on B: imported from A, then cloned from B's own copy.
 	t0 := time.Now()
-	st, body = b.call(t, "POST", "/v1/checkpoints/"+id+"/claim", `{"ttl_seconds":120}`)
+	st, body := b.call(t, "POST", "/v1/checkpoints/"+id+"/claim", `{"ttl_seconds":120}`)
 	var branch api.ClaimResponse
 	if st != http.StatusOK || json.Unmarshal(body, &branch) != nil || branch.FromCheckpoint != id {
 		t.Fatalf("claim of A's checkpoint on B: %d %s", st, body)
 	}
 	t.Logf("claim on B with the import: %s", time.Since(t0).Round(time.Millisecond))
-	got := make([]byte, len(file))
-	bd, err := os.Open(b.runDisk(t, branch.ID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bd.ReadAt(got, at); err != nil {
-		t.Fatal(err)
-	}
-	bd.Close()
-	if !bytes.Equal(got, file) {
-		t.Fatal("the file written on A is not intact in the disk of B's sandbox")
-	}
-	aStore := filepath.Join(layout.RootsIn(a.dir).Store, layout.CheckpointRel(id))
-	bStore := filepath.Join(layout.RootsIn(b.dir).Store, layout.CheckpointRel(id))
-	for _, f := range []string{chdriver.MemoryFile, chdriver.DiskFile, chdriver.StateFile, chdriver.ConfigFile, chdriver.MetaFile} {
-		if sumOf(t, filepath.Join(aStore, f)) != sumOf(t, filepath.Join(bStore, f)) {
-			t.Errorf("%s differs between A's checkpoint and B's import", f)
-		}
-	}
+	checkIntact(t, a, b, id, branch.ID, file)
 
 	// B holds it as its own: listed, and a second claim fetches nothing.
 	st, body = b.call(t, "GET", "/v1/checkpoints", "")
 	var list api.CheckpointList
 	if st != http.StatusOK || json.Unmarshal(body, &list) != nil || len(list.Checkpoints) != 1 ||
-		list.Checkpoints[0].ID != id || list.Checkpoints[0].SandboxID != sb.ID || list.Checkpoints[0].Name != "moved" {
+		list.Checkpoints[0].ID != id || list.Checkpoints[0].SandboxID != ck.SandboxID || list.Checkpoints[0].Name != "moved" {
 		t.Fatalf("B lists %d %s", st, body)
 	}
 	if st, body := b.call(t, "POST", "/v1/checkpoints/"+id+"/claim", `{}`); st != http.StatusOK {
@@ -279,5 +244,141 @@ func TestCheckpointTransportTwoNodes(t *testing.T) {
 	}
 	if !slices.Equal(names, []string{filepath.Base(layout.CheckpointRel(id))}) {
 		t.Fatalf("B's checkpoint store holds %v", names)
+	}
+}
+
+// fileAt is where checkpointWithFile writes its file into the disk.
+const fileAt = 3 << 20
+
+// checkpointWithFile waits until b's view names a, claims a sandbox on a,
+// writes a file's random bytes into its disk and checkpoints it; it
+// returns the checkpoint and the bytes.
+func checkpointWithFile(t *testing.T, a, b *xportNode) (api.CheckpointRecord, []byte) {
+	t.Helper()
+	// B's cluster view names A (its address), as the fleet's redirects need.
+	natstest.Eventually(t, 30*time.Second, "B's view names A", func() bool {
+		st, body := b.call(t, "GET", "/v1/peers", "")
+		return st == http.StatusOK && strings.Contains(string(body), a.Addr())
+	})
+	st, body := a.call(t, "POST", "/v1/claim", `{"template":"default"}`)
+	var sb api.ClaimResponse
+	if st != http.StatusOK || json.Unmarshal(body, &sb) != nil {
+		t.Fatalf("claim on A: %d %s", st, body)
+	}
+	file := make([]byte, 64<<10)
+	if _, err := rand.Read(file); err != nil {
+		t.Fatal(err)
+	}
+	disk, err := os.OpenFile(a.runDisk(t, sb.ID), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := disk.WriteAt(file, fileAt); err != nil {
+		t.Fatal(err)
+	}
+	disk.Close()
+	st, body = a.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/checkpoint", `{"name":"moved"}`)
+	var ck api.CheckpointResponse
+	if st != http.StatusOK || json.Unmarshal(body, &ck) != nil {
+		t.Fatalf("checkpoint on A: %d %s", st, body)
+	}
+	return ck.Checkpoint, file
+}
+
+// checkIntact checks that claim on b holds file in its disk and that b's
+// import of checkpoint id matches a's checkpoint file for file.
+func checkIntact(t *testing.T, a, b *xportNode, id, claim string, file []byte) {
+	t.Helper()
+	got := make([]byte, len(file))
+	bd, err := os.Open(b.runDisk(t, claim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bd.Close()
+	if _, err := bd.ReadAt(got, fileAt); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, file) {
+		t.Fatal("the file written on A is not intact in the disk of B's sandbox")
+	}
+	aStore := filepath.Join(layout.RootsIn(a.dir).Store, layout.CheckpointRel(id))
+	bStore := filepath.Join(layout.RootsIn(b.dir).Store, layout.CheckpointRel(id))
+	for _, f := range []string{chdriver.MemoryFile, chdriver.DiskFile, chdriver.StateFile, chdriver.ConfigFile, chdriver.MetaFile} {
+		if sumOf(t, filepath.Join(aStore, f)) != sumOf(t, filepath.Join(bStore, f)) {
+			t.Errorf("%s differs between A's checkpoint and B's import", f)
+		}
+	}
+}
+
+// A node that crashes in the middle of an import (killed at a step, its
+// data dir as a crash leaves it) finishes it once restarted: the claim
+// then is served from a complete, intact copy, imported once, with no
+// temp dir left in the store.
+func TestCheckpointImportResumesAfterCrash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds chsim and runs two nodes of chsim VMMs")
+	}
+	bin, err := chsimbin.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Before the rename (a temp dir left) and after it (the checkpoint in
+	// place, not yet reported); every step is crashed in
+	// executors/transport's TestImportCrashAtEachStep.
+	for _, step := range []string{transport.StepFetch, transport.StepSyncTree} {
+		t.Run(step, func(t *testing.T) {
+			srv := natstest.Single(t)
+			a := startXportNode(t, "node-a", chsimHV{bin: bin}, srv)
+			reached, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			hook := func(ctx context.Context, c chdriver.StepCall) error {
+				if c.Recipe != string(fsm.KindCheckpointImport) || c.Step != step {
+					return nil
+				}
+				// The process "dies" here: neither this step nor any
+				// rollback runs while the killed node's files are looked
+				// at; released once the test is over, it fails.
+				once.Do(func() { close(reached) })
+				<-release
+				return errors.New("crashed")
+			}
+			b := startXportNode(t, "node-b", chsimHV{bin: bin, hook: hook}, srv)
+			t.Cleanup(func() { close(release) })
+			ck, file := checkpointWithFile(t, a, b)
+			id := ck.ID
+			go func() { // the claim that starts the import, cut off by the crash
+				req, _ := http.NewRequest("POST", b.URL()+"/v1/checkpoints/"+id+"/claim", strings.NewReader(`{}`))
+				req.Header.Set("Authorization", "Bearer "+xportRoot)
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			select {
+			case <-reached:
+			case <-time.After(time.Minute):
+				t.Fatalf("the import never reached %s", step)
+			}
+			b.Kill()
+			// The crash image: before the rename, the import's temp dir.
+			if temps, _ := filepath.Glob(filepath.Join(layout.RootsIn(b.dir).Store, ".sbx-tmp-checkpoint_import-*")); (step != transport.StepSyncTree) != (len(temps) == 1) {
+				t.Fatalf("crashed at %s, the store holds temp dirs %v", step, temps)
+			}
+			b = restartXportNode(t, "node-b", b.dir, chsimHV{bin: bin}, srv)
+			st, body := b.call(t, "POST", "/v1/checkpoints/"+id+"/claim", `{}`)
+			var branch api.ClaimResponse
+			if st != http.StatusOK || json.Unmarshal(body, &branch) != nil {
+				t.Fatalf("claim after the restart: %d %s", st, body)
+			}
+			checkIntact(t, a, b, id, branch.ID, file)
+			if n := b.imports(t, id); n != 1 {
+				t.Fatalf("%d imports, want the one resumed", n)
+			}
+			ents, _ := os.ReadDir(layout.RootsIn(b.dir).Store)
+			for _, e := range ents {
+				if strings.HasPrefix(e.Name(), ".") {
+					t.Errorf("store holds %s after the restart", e.Name())
+				}
+			}
+		})
 	}
 }
