@@ -21,8 +21,9 @@
 // dir and SyncTree'd again. A re-run after a crash finds the op's marker
 // under the final name and only syncs it again; a crash before the rename
 // leaves a temp dir the driver's start-up sweep removes; a failure before
-// the rename removes the temp dir. Nothing half-fetched is ever under a
-// checkpoint's name.
+// the rename removes the temp dir, one of the final sync the renamed dir
+// (no record owns it yet, and the checkpoint store is not swept). Nothing
+// half-fetched is ever under a checkpoint's name.
 package transport
 
 import (

@@ -133,7 +133,13 @@ func (r *Receiver) ImportCheckpoint(ctx context.Context, in fsm.FetchCheckpoint)
 		done = m
 	}
 	if err := run.step(StepSyncTree, func() error { return c.FS.SyncTree(final) }); err != nil {
-		return executors.Result{}, err
+		// Nothing references the copy yet, and the checkpoint store is not
+		// swept: it goes now, and the import fails (the next claim asks
+		// again) rather than leave a dir no record owns.
+		if derr := fsx.Discard(c.FS, c.Roots.Store, final, "import-"+in.OpID.String()); derr != nil {
+			c.Log.Warn().Err(derr).Str("dir", final).Msg("import: could not remove an import that failed after its rename")
+		}
+		return executors.Result{}, fail(fsm.ImportRefused, err)
 	}
 	h := done.Head
 	return executors.Result{Report: run.rep, SnapshotDir: rel, Checkpoint: &fsm.CheckpointMeta{
