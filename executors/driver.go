@@ -103,6 +103,9 @@ type Result struct {
 	SnapshotDir string
 	// Digest is a promoted template's content digest (fsx.ContentDigest).
 	Digest string
+	// Checkpoint is what an import learned of its checkpoint's origin
+	// record (CheckpointImporter).
+	Checkpoint *fsm.CheckpointMeta
 	// AfterCommit, if set, is work that may only run once the result is
 	// durable in the log (Wake: drop the snapshot it restored from). The
 	// scheduler runs it in the background after a successful Propose, and
@@ -141,6 +144,9 @@ var methods = map[fsm.IntentKind]Method{
 	fsm.KindArchive:       method(archiveCall(Archiver.Archive), time.Hour),
 	fsm.KindUnarchive:     method(archiveCall(Archiver.Unarchive), time.Hour),
 	fsm.KindArchiveDelete: method(archiveCall(Archiver.DeleteArchive), 10*time.Minute),
+	// Checkpoint transport (CheckpointImporter): a whole checkpoint over
+	// the network.
+	fsm.KindCheckpointImport: method(importCheckpoint, time.Hour),
 }
 
 // MethodFor returns the Driver method performing intents of kind k; false
@@ -186,4 +192,23 @@ func removeCheckpoint(d Driver, ctx context.Context, in fsm.RemoveCheckpoint) (R
 		return c.RemoveCheckpoint(ctx, in)
 	}
 	return Result{}, nil
+}
+
+// CheckpointImporter is implemented by drivers that import a checkpoint
+// another node took (fsm.FetchCheckpoint; package executors/transport
+// performs it for every driver): fetched from its origin, verified, and
+// published into the store under its id, idempotent under the op id like
+// every Driver method. On error nothing of it is left in the store.
+type CheckpointImporter interface {
+	ImportCheckpoint(ctx context.Context, in fsm.FetchCheckpoint) (Result, error)
+}
+
+// importCheckpoint runs a CheckpointImporter's ImportCheckpoint; a driver
+// without one fails the import at once (the claim waiting on it then
+// fails).
+func importCheckpoint(d Driver, ctx context.Context, in fsm.FetchCheckpoint) (Result, error) {
+	if im, ok := d.(CheckpointImporter); ok {
+		return im.ImportCheckpoint(ctx, in)
+	}
+	return Result{}, Unrecoverablef("import of checkpoint %s: this node cannot import checkpoints", in.Checkpoint)
 }

@@ -48,6 +48,9 @@ func (r *recorder) Archive(context.Context, fsm.ArchiveVM) (Result, error) { ret
 func (r *recorder) Unarchive(context.Context, fsm.UnarchiveVM) (Result, error) {
 	return r.note("Unarchive")
 }
+func (r *recorder) ImportCheckpoint(context.Context, fsm.FetchCheckpoint) (Result, error) {
+	return r.note("ImportCheckpoint")
+}
 func (r *recorder) DeleteArchive(context.Context, fsm.DeleteArchiveVM) (Result, error) {
 	return r.note("DeleteArchive")
 }
@@ -95,6 +98,7 @@ func TestDispatchTable(t *testing.T) {
 		{fsm.ArchiveVM{OpID: op, VM: "vm-1"}, "Archive"},
 		{fsm.UnarchiveVM{OpID: op, VM: "vm-1"}, "Unarchive"},
 		{fsm.DeleteArchiveVM{OpID: op, VM: "vm-1"}, "DeleteArchive"},
+		{fsm.FetchCheckpoint{OpID: op, Checkpoint: "ck_1"}, "ImportCheckpoint"},
 	}
 	for _, c := range cases {
 		t.Run(string(c.in.Kind()), func(t *testing.T) {
@@ -132,6 +136,10 @@ func TestDispatchTable(t *testing.T) {
 	m, _ = MethodFor(fsm.KindCheckpointDelete)
 	if _, err := m.Call(context.Background(), &b, fsm.RemoveCheckpoint{OpID: op}); err != nil {
 		t.Fatalf("removal on a driver without checkpoints: %v", err)
+	}
+	m, _ = MethodFor(fsm.KindCheckpointImport)
+	if _, err := m.Call(context.Background(), &b, fsm.FetchCheckpoint{OpID: op}); !IsUnrecoverable(err) {
+		t.Fatalf("import on a driver that cannot: %v", err)
 	}
 	// Volumes likewise: a driver that cannot attach fails the intents.
 	for _, in := range []fsm.Intent{fsm.AttachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}, fsm.DetachVolume{VolumeIntent: fsm.VolumeIntent{OpID: op, VM: "vm-1"}}} {

@@ -531,6 +531,9 @@ func (a *applier) apply(p event.Payload) error {
 		if ok, err := a.applyArchive(p); ok {
 			return err
 		}
+		if ok, err := a.applyCheckpointImport(p); ok {
+			return err
+		}
 		return inconsistent("no state transition for %T", p)
 	}
 	return nil

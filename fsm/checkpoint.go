@@ -31,10 +31,11 @@ const (
 	CheckpointTaking CheckpointStatus = iota + 1
 	CheckpointReady
 	CheckpointDeleting
+	CheckpointImporting // fetched from another node (ckimport.go)
 	numCheckpointStatus
 )
 
-var checkpointNames = [...]string{"", "taking", "ready", "deleting"}
+var checkpointNames = [...]string{"", "taking", "ready", "deleting", "importing"}
 
 func (c CheckpointStatus) String() string { return enumName(checkpointNames[:], int(c)) }
 
@@ -62,7 +63,8 @@ type CheckpointRec struct {
 	// store once no clone reads it.
 	Doomed bool
 	// FromHibernated: the VM was hibernated, and is exported from Source,
-	// its hibernate snapshot; it returns to hibernated.
+	// its hibernate snapshot; it returns to hibernated. While it is
+	// imported (CheckpointImporting), Source is its origin's address.
 	FromHibernated bool
 	Source         string
 	SnapshotDir    string // relative to the store, once taken
@@ -210,6 +212,9 @@ func (i RemoveCheckpoint) Succeeded(m Meta, out Outcome) Command {
 func (i RemoveCheckpoint) Failed(Meta, string, bool) Command { return nil }
 
 func (s *State) checkpointIntent(ck *CheckpointRec) Intent {
+	if ck.Status == CheckpointImporting {
+		return s.importIntent(ck)
+	}
 	if ck.Status == CheckpointDeleting {
 		return RemoveCheckpoint{OpID: ck.Op, Checkpoint: ck.ID, SnapshotDir: ck.SnapshotDir, ReqSeq: ck.ReqSeq}
 	}
@@ -728,7 +733,7 @@ func (s *State) checkCheckpoints(fail func(string, ...any), checkTimer func(*tim
 		if ck.Fork && !ck.Doomed {
 			fail("fork checkpoint %s is not doomed", id)
 		}
-		if (ck.SnapshotDir == "") != (ck.Status == CheckpointTaking) {
+		if (ck.SnapshotDir == "") != (ck.Status == CheckpointTaking || ck.Status == CheckpointImporting) {
 			fail("checkpoint %s (%s): snapshot dir %q", id, ck.Status, ck.SnapshotDir)
 		}
 		if ck.Status == CheckpointTaking {

@@ -65,6 +65,8 @@ type Outcome struct {
 	Digest string
 	// Report carries the per-step timings and the copy mode.
 	Report event.ExecReport
+	// Checkpoint is what an import learned of its checkpoint (ckimport.go).
+	Checkpoint *CheckpointMeta
 }
 
 // IsRefill reports whether in is a refill clone: the class capacity parking

@@ -70,6 +70,9 @@ func TestIntentMethods(t *testing.T) {
 		{DeleteArchiveVM{OpID: op, VM: "vm-9"}, KindArchiveDelete, "vm-9", false,
 			VMDestroyed{Meta: m, VM: "vm-9", Report: rep},
 			nil},
+		{FetchCheckpoint{OpID: op, Checkpoint: "ck_9", Origin: "10.0.0.2:7777"}, KindCheckpointImport, "ck_9", false,
+			CheckpointImported{Meta: m, Checkpoint: "ck_9", SnapshotDir: out.SnapshotDir, Report: rep},
+			CheckpointImportFailed{Meta: m, Checkpoint: "ck_9", Error: "boom"}},
 	}
 	for _, c := range cases {
 		t.Run(string(c.kind)+"/"+c.subject, func(t *testing.T) {

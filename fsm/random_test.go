@@ -401,6 +401,11 @@ func (r *run) invariants(cmd fsm.Command, evs []event.Event) error {
 				return fmt.Errorf("intent %+v: checkpoint is %+v", in, ck)
 			}
 			continue
+		case fsm.FetchCheckpoint:
+			if ck, ok := s.Checkpoint(in.Checkpoint); !ok || ck.Status != fsm.CheckpointImporting || ck.Op != in.OpID || ck.Source != in.Origin {
+				return fmt.Errorf("intent %+v: checkpoint is %+v", in, ck)
+			}
+			continue
 		case fsm.AttachVolume, fsm.DetachVolume:
 			// A volume operation runs on its claim's VM, which is
 			// claimed (or, its VMM having died meanwhile, restarting or

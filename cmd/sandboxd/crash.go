@@ -17,7 +17,9 @@ import (
 // time a CH recipe reaches that step, before the step runs, by SIGKILL to
 // itself (what kill -9 does to it); "<recipe>:<step>:panic" dies of an
 // unrecovered panic instead. Recipe and step names are chdriver's (Recipe*,
-// Step*; rollback actions are "undo_<step>"). Never set it in production.
+// Step*; rollback actions are "undo_<step>"), the checkpoint import's
+// included ("checkpoint_import", transport.Step*). Never set it in
+// production.
 const envCrashAt = "SBX_CRASH_AT"
 
 // crashHook returns the chdriver StepHook for SBX_CRASH_AT, or nil.

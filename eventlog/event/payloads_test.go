@@ -91,6 +91,10 @@ func samplePayloads() []Payload {
 		UnarchiveRequested{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Archive: "i7f3a/vm-0011223344556677-01J0000000000000000000000"},
 		Unarchived{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", SnapshotDir: "hibernate/vm-0011223344556677-01J0000000000000000000001", DeadlineNS: 1_790_000_300_000_000_000, Report: rep},
 		UnarchiveFailed{Claim: "sb_00112233445566ff", VM: "vm-0011223344556677", Error: "memory-ranges: sha256 mismatch", Lost: true},
+		CheckpointImportRequested{Checkpoint: "ck_a1b2223344556677", Origin: "10.0.0.5:7777"},
+		CheckpointImported{Checkpoint: "ck_a1b2223344556677", SnapshotDir: "checkpoint/ck_a1b2223344556677", Key: key, Name: "before-migrate",
+			Tenant: "acme", Claim: "sb_a1b2223344556677", CreatedNS: 1_790_000_000_000_000_000, ExpiresNS: 1_790_086_400_000_000_000, Report: rep},
+		CheckpointImportFailed{Checkpoint: "ck_a1b2223344556677", Reason: "refused", Error: "memory-ranges: sha256 mismatch"},
 	}
 }
 

@@ -4,9 +4,11 @@ import (
 	"context"
 	"path/filepath"
 
+	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/executors"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
+	"github.com/sbxlog/sbxlog/executors/transport"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -167,3 +169,19 @@ func (d *Driver) RemoveCheckpoint(ctx context.Context, in fsm.RemoveCheckpoint) 
 }
 
 var _ executors.Checkpointer = (*Driver)(nil)
+
+// UseTransport configures the checkpoint imports (transport.Receiver) with
+// this driver's filesystem and step hook, so the import's steps run through
+// the same seam as every CH recipe (recipe "checkpoint_import": the
+// SBX_CRASH_AT crash tests).
+func (d *Driver) UseTransport(c transport.Config) {
+	if c.FS == nil {
+		c.FS = d.fs
+	}
+	if c.Hook == nil && d.hook != nil {
+		c.Hook = func(ctx context.Context, step string, op event.OpID) error {
+			return d.hook(ctx, StepCall{Recipe: string(fsm.KindCheckpointImport), Step: step, Op: op})
+		}
+	}
+	d.Receiver.UseTransport(c)
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/tap"
 	"github.com/sbxlog/sbxlog/executors/templates"
+	"github.com/sbxlog/sbxlog/executors/transport"
 	"github.com/sbxlog/sbxlog/executors/vmm"
 )
 
@@ -154,6 +155,9 @@ type Driver struct {
 	log      zerolog.Logger
 
 	archive.Delegate // the archive intents (executors.Archiver)
+	// The checkpoint imports (executors.CheckpointImporter), configured by
+	// the node (UseTransport).
+	transport.Receiver
 
 	mu    sync.Mutex
 	procs map[string]*vmm.Process // by run dir: VMMs this driver launched or adopted

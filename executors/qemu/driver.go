@@ -19,6 +19,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/tap"
+	"github.com/sbxlog/sbxlog/executors/transport"
 	"github.com/sbxlog/sbxlog/fsm"
 )
 
@@ -129,6 +130,9 @@ type Driver struct {
 	fs        fsx.FS
 	now       func() time.Time
 	archive.Delegate
+	// The checkpoint imports (executors.CheckpointImporter), configured by
+	// the node (UseTransport).
+	transport.Receiver
 	resumeTO time.Duration
 	log      zerolog.Logger
 	qemuBin  string

@@ -304,7 +304,7 @@ func (s *Scheduler) runOp(o *op) {
 	log := s.opt.Log.With().Str("kind", string(o.kind)).Str("op", o.in.IntentOp().String()).Str("id", o.in.Subject()).Int("attempt", o.attempts).Logger()
 	switch {
 	case err == nil:
-		out := fsm.Outcome{SnapshotDir: res.SnapshotDir, Digest: res.Digest, Report: res.Report}
+		out := fsm.Outcome{SnapshotDir: res.SnapshotDir, Digest: res.Digest, Report: res.Report, Checkpoint: res.Checkpoint}
 		s.finish(o, o.in.Succeeded(s.meta(o), out), res, false, log)
 	case s.ctx.Err() != nil:
 		log.Info().Err(err).Msg("operation interrupted by shutdown; it resumes on the next start")

@@ -83,6 +83,9 @@ func (f *fakeDriver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (
 func (f *fakeDriver) RemoveCheckpoint(ctx context.Context, in fsm.RemoveCheckpoint) (executors.Result, error) {
 	return f.do(ctx, in)
 }
+func (f *fakeDriver) ImportCheckpoint(ctx context.Context, in fsm.FetchCheckpoint) (executors.Result, error) {
+	return f.do(ctx, in)
+}
 func (f *fakeDriver) AttachVolume(ctx context.Context, in fsm.AttachVolume) (executors.Result, error) {
 	return f.do(ctx, in)
 }
@@ -280,10 +283,12 @@ func TestSchedulerResultCommands(t *testing.T) {
 		{fsm.UnarchiveVM{OpID: nextOp(), VM: "vm-u"}, nil, "fsm.UnarchiveDone", ""},
 		{fsm.UnarchiveVM{OpID: nextOp(), VM: "vm-u"}, &executors.Unrecoverable{Err: lost, Lost: true}, "fsm.UnarchiveFailed lost", "gone"},
 		{fsm.DeleteArchiveVM{OpID: nextOp(), VM: "vm-x"}, nil, "fsm.VMDestroyed", ""},
+		{fsm.FetchCheckpoint{OpID: nextOp(), Checkpoint: "ck_i"}, nil, "fsm.CheckpointImported", ""},
+		{fsm.FetchCheckpoint{OpID: nextOp(), Checkpoint: "ck_i"}, executors.Unrecoverablef("not_found: origin said 404"), "fsm.CheckpointImportFailed", "not_found: origin said 404"},
 	}
 	for _, c := range cases {
 		d := &fakeDriver{fn: func(context.Context, fsm.Intent) (executors.Result, error) {
-			return executors.Result{SnapshotDir: "hibernate/x", Digest: "sha256:ab"}, c.err
+			return executors.Result{SnapshotDir: "hibernate/x", Digest: "sha256:ab", Checkpoint: &fsm.CheckpointMeta{Tenant: "acme"}}, c.err
 		}}
 		p := newProposer()
 		sc := newTestScheduler(t, d, p, Options{})
@@ -344,6 +349,12 @@ func TestSchedulerResultCommands(t *testing.T) {
 			if x.Lost {
 				got += " lost"
 			}
+		case fsm.CheckpointImported:
+			if x.SnapshotDir != "hibernate/x" || x.Checkpoint != "ck_i" || x.Imported.Tenant != "acme" {
+				t.Errorf("CheckpointImported %+v", x)
+			}
+		case fsm.CheckpointImportFailed:
+			msg = x.Error
 		case fsm.SnapshotCollected:
 			if x.Dir != "golden/old" {
 				t.Errorf("SnapshotCollected dir %q", x.Dir)

@@ -426,6 +426,8 @@ func (s *Sim) result(st *fsm.State) fsm.Command {
 		return fsm.CheckpointTaken{Meta: m, Checkpoint: in.Checkpoint, SnapshotDir: "checkpoint/" + in.Checkpoint, Report: rep}
 	case fsm.RemoveCheckpoint:
 		return fsm.CheckpointRemoved{Meta: m, Checkpoint: in.Checkpoint}
+	case fsm.FetchCheckpoint:
+		return s.importResult(in, m, fail, rep)
 	case fsm.PromoteVM:
 		if fail {
 			return fsm.PromoteFailed{Meta: m, VM: in.VM, Error: "vm.snapshot: 500", Lost: s.rng.intn(3) == 0}

@@ -2,8 +2,6 @@ package api
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -88,13 +86,10 @@ func checkpointRecord(ck *fsm.CheckpointRec) CheckpointRecord {
 	return rec
 }
 
-func newCheckpointID() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("crypto/rand failed: " + err.Error())
-	}
-	return "ck_" + hex.EncodeToString(b[:])
-}
+// newCheckpointID mints "ck_" + 16 hex digits, the first 4 this node's
+// tag (origins.go), so another node asked to claim it knows whom to import
+// it from (checkpointblob.go).
+func (s *Server) newCheckpointID() string { return "ck_" + newClaimID(s.idTag)[3:] }
 
 // owned finds the live sandbox of the path for a checkpoint or fork: one the
 // caller sees (root: any, a tenant: its own), whose token the body carries
@@ -120,7 +115,7 @@ func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request, id aut
 	if err != nil {
 		return err
 	}
-	ckID := newCheckpointID()
+	ckID := s.newCheckpointID()
 	wt := s.watch(ckID, event.TypeCheckpointTaken, event.TypeCheckpointFailed)
 	defer s.unwatch(wt)
 	res, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
@@ -217,12 +212,28 @@ func (s *Server) handleCheckpointClaim(w http.ResponseWriter, r *http.Request, i
 	claimID := s.newClaimID()
 	served := s.wait(claimID)
 	defer s.unwait(claimID)
-	if _, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
-		// Served within the time this answer waits (a restore of a large
-		// guest may outlast a warm pool's clone default).
-		return fsm.Claim{Meta: m, ID: claimID, Tenant: id.Tenant, TTLSeconds: clampTTL(req.TTLSeconds), TokenGen: 1, Checkpoint: ckID,
-			ServeTimeoutSeconds: min(int64(s.cfg.ClaimWait/time.Second), fsm.MaxServeTimeout)}
-	}, engine.Hooks{}); err != nil {
+	propose := func() error {
+		_, err := s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
+			// Served within the time this answer waits (a restore of a
+			// large guest may outlast a warm pool's clone default).
+			return fsm.Claim{Meta: m, ID: claimID, Tenant: id.Tenant, TTLSeconds: clampTTL(req.TTLSeconds), TokenGen: 1, Checkpoint: ckID,
+				ServeTimeoutSeconds: min(int64(s.cfg.ClaimWait/time.Second), fsm.MaxServeTimeout)}
+		}, engine.Hooks{})
+		return err
+	}
+	err := propose()
+	if rej, ok := fsm.AsRejection(err); ok && rej.Code == fsm.NotFound {
+		// Another node's checkpoint: imported here first (checkpointblob.go).
+		var addr string
+		if addr, err = s.importOrigin(r, ckID); err == nil && addr != "" {
+			if err = s.importCheckpoint(r, ckID, addr); err == nil {
+				err = propose()
+			}
+		} else if err == nil {
+			err = rej
+		}
+	}
+	if err != nil {
 		s.metrics.claim(outcomeOf(err), "", time.Since(start))
 		if rej, ok := fsm.AsRejection(err); ok && rej.Code == fsm.NotFound {
 			return errorf(http.StatusNotFound, "%s", errUnknownCheckpoint)
@@ -262,7 +273,7 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request, id auth.Iden
 	_, err = s.eng.ProposeNew(r.Context(), func(m fsm.Meta) fsm.Command {
 		// The children fail together when this answer stops waiting for
 		// them: a fork nobody waits for is not worth finishing.
-		return fsm.Fork{Meta: m, Parent: c.ID, Checkpoint: newCheckpointID(), Children: kids, TokenGen: 1,
+		return fsm.Fork{Meta: m, Parent: c.ID, Checkpoint: s.newCheckpointID(), Children: kids, TokenGen: 1,
 			TTLSeconds: clampTTL(req.TTLSeconds), ClaimRefPrefix: req.ClaimRefPrefix, MaxCount: limit,
 			ServeTimeoutSeconds: min(int64(s.cfg.LifecycleWait/time.Second), fsm.MaxServeTimeout)}
 	}, engine.Hooks{})

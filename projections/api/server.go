@@ -147,8 +147,9 @@ type Server struct {
 	replication func() any // Options.Replication
 	stats       StatsFunc  // Options.Stats
 	egress      EgressOptions
-	pools       PoolSupport // Options.Pools
-	sizes       VMSizer     // Options.Sizes
+	pools       PoolSupport      // Options.Pools
+	sizes       VMSizer          // Options.Sizes
+	blobs       *CheckpointBlobs // Options.Checkpoints (checkpointblob.go)
 
 	readyMu sync.Mutex
 	ready   chan struct{} // closed once the first reconcile finished
@@ -184,6 +185,9 @@ type Options struct {
 	// Sizes, when set, says what a VM of each pool size gets here
 	// (VMSizer); without it, fsm.Sizes' row.
 	Sizes VMSizer
+	// Checkpoints, when set, is where GET /v1/checkpoints/{id}/blob reads
+	// checkpoints (checkpointblob.go); without it the route answers 404.
+	Checkpoints *CheckpointBlobs
 }
 
 // New builds a Server.
@@ -209,6 +213,7 @@ func New(cfg Config, eng Engine, log Log, a *auth.Authenticator, opts Options) *
 	s := &Server{
 		cfg: cfg, eng: eng, log: log, auth: a, zl: opts.Log, metrics: opts.Metrics,
 		redir: opts.Redirector, now: opts.Now, replication: opts.Replication, stats: opts.Stats, egress: opts.Egress, pools: opts.Pools, sizes: opts.Sizes,
+		blobs:   opts.Checkpoints,
 		waiters: map[string][]*watch{},
 		ready:   make(chan struct{}),
 	}
@@ -322,6 +327,9 @@ func (s *Server) register() {
 	add("GET", "/v1/checkpoints", "root|tenant", s.handleCheckpoints, root, tenant)
 	add("DELETE", "/v1/checkpoints/{id}", "root|tenant", s.handleDeleteCheckpoint, root, tenant)
 	add("POST", "/v1/checkpoints/{id}/claim", "root|tenant", s.handleCheckpointClaim, root, tenant)
+	// checkpointblob.go: the transport between nodes.
+	add("GET", "/v1/checkpoints/{id}/blob", "root", s.handleCheckpointBlob, root, tenant)
+	add("HEAD", "/v1/checkpoints/{id}/blob", "root", s.handleCheckpointProbe, root, tenant)
 	add("POST", "/v1/sandboxes/{id}/promote", "root|tenant", s.handlePromote, root, tenant)
 	add("GET", "/v1/templates", "root|tenant", s.handleTemplates, root, tenant)
 	add("DELETE", "/v1/templates", "root|tenant", s.handleDeleteTemplate, root, tenant)

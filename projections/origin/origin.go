@@ -1,6 +1,8 @@
 // Package origin is how the nodes of a fleet tell which node created a
 // sandbox, and ask it (issue 26). A claim id's first 4 of 16 hex digits are
-// a tag of the creating node's id (NodeTag); a node whose cluster view has
+// a tag of the creating node's id (NodeTag), and a checkpoint id's likewise
+// (so a node asked to claim another's checkpoint knows whom to import it
+// from, issue 24); a node whose cluster view has
 // not folded a sandbox asks the nodes with its tag (Ask) instead of taking
 // "not in my view" for "gone". The question is GET /v1/sandboxes/{id}/owner
 // with the caller's credentials and ProbeHeader, which the asked node
@@ -28,9 +30,9 @@ func NodeTag(node string) string {
 	return hex.EncodeToString(h[:2])
 }
 
-// IDTag is the tag of claim id ("" when id is not a claim id).
+// IDTag is the tag of claim or checkpoint id ("" when id is neither).
 func IDTag(id string) string {
-	if !fsm.ValidClaimID(id) {
+	if !fsm.ValidClaimID(id) && !fsm.ValidCheckpointID(id) {
 		return ""
 	}
 	return id[3:7]

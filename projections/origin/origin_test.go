@@ -21,7 +21,9 @@ func TestIDTag(t *testing.T) {
 		{"sb_" + tag + "0123456789ab", tag},
 		{"sb_0123456789abcdef", "0123"},
 		{"sb_0123", ""},
-		{"ck_0123456789abcdef", ""},
+		{"ck_" + tag + "0123456789ab", tag}, // checkpoints carry it too (issue 24)
+		{"ck_0123", ""},
+		{"vm-0123456789abcdef", ""},
 		{"sb_0123456789ABCDEF", ""},
 		{"", ""},
 	} {

@@ -452,6 +452,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 	// VMMs that die on their own from now on (adopted by the reconcile
 	// below or launched later) are recorded and their policy applied.
 	n.Driver.OnExit(n.vmExited)
+	n.useTransport(hv.Name(), layout.RootsIn(dataDir))
 	prep, err := n.Driver.Prepare(ctx)
 	if err != nil {
 		return nil, err
@@ -486,7 +487,7 @@ func Start(ctx context.Context, cfg Config, hv Hypervisor) (n *Node, err error) 
 		apiCfg.Hypervisor = hv.Name()
 	}
 	apiOpts := api.Options{Log: zl, Metrics: metrics, Redirector: cfg.Redirector, Now: cfg.Clock.Now, Stats: n.vmmStats, DataPlane: cfg.DataPlane,
-		Egress: n.apiEgress()}
+		Egress: n.apiEgress(), Checkpoints: n.checkpointBlobs(hv.Name(), layout.RootsIn(dataDir))}
 	if gd, ok := n.Driver.(executors.AgentDialer); ok && apiOpts.DataPlane.Dialer == nil {
 		apiOpts.DataPlane.Dialer = gd
 	}

@@ -43,6 +43,7 @@ import (
 	"github.com/sbxlog/sbxlog/executors/layout"
 	"github.com/sbxlog/sbxlog/executors/procstat"
 	"github.com/sbxlog/sbxlog/executors/reconcile"
+	"github.com/sbxlog/sbxlog/executors/transport"
 	"github.com/sbxlog/sbxlog/fsm"
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/auth"
@@ -89,6 +90,10 @@ type FakeDriver struct {
 	NoBridge atomic.Bool
 
 	guests // the guest agents, for the data plane (guest.go)
+
+	// Checkpoint imports are real (the node configures them): a fake's
+	// checkpoints have no files, so its peers' blob routes answer 404.
+	transport.Receiver
 }
 
 // SetTemplates makes names the only templates the fake has: a golden build
