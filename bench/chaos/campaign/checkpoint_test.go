@@ -45,3 +45,53 @@ func TestCrashAtCheckpoint(t *testing.T) {
 		})
 	}
 }
+
+// TestCrashAtSnapshotOfHibernated: sandboxd killed while it copies a
+// hibernated sandbox's image into a checkpoint or a promoted template
+// (SBX_CRASH_AT=<recipe>:link_memory, the copy's first step after its temp
+// dir) keeps that image through the restart's sweep: the copy is finished,
+// the sandbox stays hibernated on its own snapshot and wakes from it, and
+// the store holds what the state references.
+func TestCrashAtSnapshotOfHibernated(t *testing.T) {
+	for _, recipe := range []string{"checkpoint", "promote"} {
+		t.Run(recipe, func(t *testing.T) {
+			t.Parallel()
+			n, cr := claimedThenStopped(t)
+			n.start()
+			if err := n.c.Hibernate(n.ctx, cr.ID); err != nil {
+				t.Fatal(err)
+			}
+			n.waitFor("hibernated", func() bool { return n.state(cr.ID) == "hibernated" })
+			n.stop()
+			n.start("SBX_CRASH_AT=" + recipe + ":link_memory")
+			var err error
+			if recipe == "checkpoint" {
+				_, err = n.c.Checkpoint(n.ctx, cr.ID, api.CheckpointRequest{})
+			} else {
+				_, err = n.c.Promote(n.ctx, cr.ID, cr.Token, "fromimage")
+			}
+			if err == nil || !droppedByCrash(err) {
+				t.Fatalf("%s through a crash: %v", recipe, err)
+			}
+			n.crashed()
+			n.start()
+			n.waitFor("the copy finished", func() bool {
+				if recipe == "checkpoint" {
+					l, _ := n.c.Checkpoints(n.ctx)
+					return len(l) == 1
+				}
+				in, err := n.c.Info(n.ctx)
+				return err == nil && len(in.Templates) == 1
+			})
+			n.clean()
+			if s := n.state(cr.ID); s != "hibernated" {
+				t.Fatalf("sandbox %s after the recovery, want hibernated", s)
+			}
+			n.waitFor("the store holding what the state references", n.storeMatches)
+			if err := n.c.Wake(n.ctx, cr.ID); err != nil {
+				t.Fatalf("wake after the recovery: %v", err)
+			}
+			n.clean()
+		})
+	}
+}
