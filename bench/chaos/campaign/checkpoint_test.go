@@ -3,6 +3,7 @@ package campaign
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/sbxlog/sbxlog/projections/api"
@@ -94,4 +95,36 @@ func TestCrashAtSnapshotOfHibernated(t *testing.T) {
 			n.clean()
 		})
 	}
+}
+
+// TestCrashAtCheckpointVMMDies: sandboxd killed past a checkpoint's rename
+// (SBX_CRASH_AT=checkpoint:sync_tree, the VM resumed), and the sandbox's
+// VMM killed while sandboxd is down: the restart does not leave the sandbox
+// running on a dead VMM (its VM is lost with the checkpoint, and restarted
+// or failed by the restart policy), and the store holds what the state
+// references.
+func TestCrashAtCheckpointVMMDies(t *testing.T) {
+	n, cr := claimedThenStopped(t)
+	n.start("SBX_CRASH_AT=checkpoint:sync_tree")
+	if _, err := n.c.Checkpoint(n.ctx, cr.ID, api.CheckpointRequest{}); err == nil || !droppedByCrash(err) {
+		t.Fatalf("checkpoint through a crash: %v", err)
+	}
+	n.crashed()
+	runDir := filepath.Join(n.d.DataDir, "run", n.d.Instance(), cr.VM)
+	killed := 0
+	for _, p := range VMMsUnder(runDir) {
+		if filepath.Dir(p.Socket) == runDir && syscall.Kill(p.Pid, syscall.SIGKILL) == nil {
+			killed++
+		}
+	}
+	if killed != 1 {
+		t.Fatalf("killed %d VMMs of %s", killed, cr.VM)
+	}
+	n.waitFor("the VMM gone", func() bool { return len(VMMsUnder(runDir)) == 0 })
+	n.start()
+	n.clean()
+	if s := n.state(cr.ID); s != "running" && s != "failed" {
+		t.Fatalf("sandbox %s after the recovery", s)
+	}
+	n.waitFor("the store holding what the state references", n.storeMatches)
 }
