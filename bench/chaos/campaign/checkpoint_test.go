@@ -3,10 +3,12 @@ package campaign
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/sbxlog/sbxlog/projections/api"
+	"github.com/sbxlog/sbxlog/projections/apiclient"
 )
 
 // TestCrashAtCheckpoint: sandboxd killed at a step of a checkpoint (the
@@ -14,7 +16,7 @@ import (
 // while its VM was paused included), the checkpoint is listed and stands
 // in the store once, no temp dir is left, and a claim from it runs.
 func TestCrashAtCheckpoint(t *testing.T) {
-	for _, step := range []string{"snapshot", "resume", "sync_files", "rename", "sync_tree"} {
+	for _, step := range []string{"pause", "snapshot", "clone_disk", "resume", "sync_files", "write_meta", "rename", "sync_tree"} {
 		t.Run(step, func(t *testing.T) {
 			t.Parallel()
 			n, cr := claimedThenStopped(t)
@@ -49,13 +51,15 @@ func TestCrashAtCheckpoint(t *testing.T) {
 
 // TestCrashAtSnapshotOfHibernated: sandboxd killed while it copies a
 // hibernated sandbox's image into a checkpoint or a promoted template
-// (SBX_CRASH_AT=<recipe>:link_memory, the copy's first step after its temp
-// dir) keeps that image through the restart's sweep: the copy is finished,
+// (SBX_CRASH_AT=<recipe>:<step>: link_memory, the copy's first step after
+// its temp dir, and later ones) keeps that image through the restart's
+// sweep: the copy is finished,
 // the sandbox stays hibernated on its own snapshot and wakes from it, and
 // the store holds what the state references.
 func TestCrashAtSnapshotOfHibernated(t *testing.T) {
-	for _, recipe := range []string{"checkpoint", "promote"} {
-		t.Run(recipe, func(t *testing.T) {
+	for _, at := range []string{"checkpoint:link_memory", "checkpoint:clone_disk", "checkpoint:rename", "promote:link_memory", "promote:sync_tree"} {
+		recipe, step, _ := strings.Cut(at, ":")
+		t.Run(at, func(t *testing.T) {
 			t.Parallel()
 			n, cr := claimedThenStopped(t)
 			n.start()
@@ -64,7 +68,7 @@ func TestCrashAtSnapshotOfHibernated(t *testing.T) {
 			}
 			n.waitFor("hibernated", func() bool { return n.state(cr.ID) == "hibernated" })
 			n.stop()
-			n.start("SBX_CRASH_AT=" + recipe + ":link_memory")
+			n.start("SBX_CRASH_AT=" + recipe + ":" + step)
 			var err error
 			if recipe == "checkpoint" {
 				_, err = n.c.Checkpoint(n.ctx, cr.ID, api.CheckpointRequest{})
@@ -127,4 +131,44 @@ func TestCrashAtCheckpointVMMDies(t *testing.T) {
 		t.Fatalf("sandbox %s after the recovery", s)
 	}
 	n.waitFor("the store holding what the state references", n.storeMatches)
+}
+
+// TestCrashAtFork: sandboxd killed while a fork is taken (its source's
+// snapshot, the children's clones from it, the source's removal): after
+// the restart the fork is all or none (every child runs, or every child
+// failed and none runs), no orphan, and the store holds what the state
+// references (the fork's source collected).
+func TestCrashAtFork(t *testing.T) {
+	for _, at := range []string{"checkpoint:snapshot", "checkpoint:rename", "clone:restore", "clone:probe", "checkpoint_delete:remove_snap"} {
+		t.Run(at, func(t *testing.T) {
+			t.Parallel()
+			n := newNode(t, PoolConf{Template: "default", Net: "none", Size: "small", Warm: 1})
+			n.start()
+			n.waitFor("warm", n.warm(1))
+			cr := n.claim()
+			n.stop()
+			n.start("SBX_CRASH_AT=" + at)
+			go func() { _, _ = n.c.Fork(n.ctx, cr.ID, api.ForkRequest{Count: 2}) }()
+			n.crashed()
+			n.start()
+			n.clean()
+			n.waitFor("the store holding what the state references", n.storeMatches)
+			sbs, err := n.c.Sandboxes(n.ctx, apiclient.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			children := 0
+			for _, sb := range sbs {
+				if sb.ID != cr.ID && sb.State == "running" {
+					children++
+				}
+			}
+			if children != 0 && children != 2 {
+				t.Fatalf("%d of the fork's 2 children run: neither all nor none (%+v)", children, sbs)
+			}
+			if s := n.state(cr.ID); s != "running" {
+				t.Fatalf("the fork's parent is %s", s)
+			}
+		})
+	}
 }
