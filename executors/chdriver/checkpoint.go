@@ -59,6 +59,10 @@ func (d *Driver) snapshotLive(r *run, verb, vm, runDir, rel string, m Meta) (exe
 	if err != nil {
 		return executors.Result{}, err
 	}
+	// Its doors: a re-run after a restart found the VM left in flight by
+	// the start-up reconcile, which opens only adopted VMs' doors (Open
+	// keeps doors already open).
+	d.openDoors(r, vm, runDir)
 	res := r.result(rel)
 	res.Report.CopyMode = mode
 	return res, nil
@@ -66,13 +70,15 @@ func (d *Driver) snapshotLive(r *run, verb, vm, runDir, rel string, m Meta) (exe
 
 // ranOn is the check of a re-run that found its snapshot of a running VM
 // stored (a crash past the rename, so past the resume): the VM goes back to
-// running, so its VMM must still run, and from now on be watched, as an
-// adopted one is (the start-up reconcile leaves a VM in flight to its
-// intent). A VMM that died meanwhile lost its VM: the snapshot is reported
-// failed with it (Lost), and goes, since no state will reference it.
+// running, so its VMM must still run, and from now on be watched and have
+// its doors, as an adopted one (the start-up reconcile leaves a VM in
+// flight to its intent). A VMM that died meanwhile lost its VM: the
+// snapshot is reported failed with it (Lost), and goes, since no state
+// will reference it.
 func (d *Driver) ranOn(r *run, verb, vm, runDir, rel string) error {
 	proc, err := d.attach(r.ctx, runDir, vm)
 	if proc != nil {
+		d.openDoors(r, vm, runDir)
 		return nil
 	}
 	if err != nil {
