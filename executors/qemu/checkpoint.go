@@ -51,7 +51,7 @@ func (d *Driver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (exec
 			err = &executors.Unrecoverable{Err: err, Lost: true}
 		}
 		if err == nil {
-			err = d.ranOn(runDir, r, final)
+			err = d.ranOn(in.VM, runDir, r, final)
 		}
 	}
 	if err != nil {
@@ -61,12 +61,12 @@ func (d *Driver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (exec
 }
 
 // ranOn follows a snapshot of a running VM that runs on (checkpoint,
-// promote): its QEMU is watched from now on. A re-run that found the
+// promote): its QEMU is watched from now on and its doors are open. A re-run that found the
 // snapshot stored (Already: a crash past the rename) never dialled it, and
 // the start-up reconcile leaves a VM in flight to its intent, so it was not
 // adopted: its QEMU is looked up, and one that died meanwhile lost its VM
 // (Lost; the stored copy goes, since no state will reference it).
-func (d *Driver) ranOn(runDir string, r RecipeResult, final string) error {
+func (d *Driver) ranOn(vm, runDir string, r RecipeResult, final string) error {
 	pid := r.PID
 	if r.Already {
 		var err error
@@ -80,6 +80,8 @@ func (d *Driver) ranOn(runDir string, r RecipeResult, final string) error {
 		}
 	}
 	d.watch(runDir, pid)
+	// Its doors too, as AdoptVM's (Open keeps doors already open).
+	d.openDoors(vm)
 	return nil
 }
 

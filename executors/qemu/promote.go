@@ -47,7 +47,7 @@ func (d *Driver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.Resul
 			}
 			return executors.Result{}, fmt.Errorf("promote %s: %w", in.VM, classify(err))
 		}
-		if err := d.ranOn(runDir, r, final); err != nil {
+		if err := d.ranOn(in.VM, runDir, r, final); err != nil {
 			return executors.Result{}, fmt.Errorf("promote %s: %w", in.VM, err)
 		}
 	}
