@@ -118,6 +118,11 @@ func TestCheckpointTransitions(t *testing.T) {
 				t.Fatalf("source %q, want %q", p.Source, v.SnapshotDir)
 			}
 			h.rejects(Wake{Meta: h.meta(), Claim: c.ID}, InvalidTransition)
+			// The image the capture copies is still the VM's: the store
+			// references it throughout.
+			if !slices.Contains(h.s.SnapshotRefs(), SnapshotRef{Dir: v.SnapshotDir, Kind: OwnerHibernate, Owner: v.ID}) {
+				t.Fatalf("refs %+v miss the image %s being copied", h.s.SnapshotRefs(), v.SnapshotDir)
+			}
 			in := h.capture(ckID(1))
 			if in.Source != v.SnapshotDir {
 				t.Fatalf("capture %+v", in)

@@ -12,7 +12,8 @@ import (
 //
 //   - Owners. A golden (a configured or draining pool's, or a promoted
 //     template's: GoldenRec.SnapshotDir), a VM's hibernate image (from its
-//     snapshot until its wake commits, which drops it, or its destroy), and
+//     snapshot until its wake commits, which drops it, its archive is done,
+//     or its destroy; also while a checkpoint or promote copies it), and
 //     a retired dir until it is collected. SnapshotRefs lists them all, one
 //     function per owner kind (snapshotOwners).
 //   - Mapping. A clone restored from a golden maps that golden's
@@ -103,7 +104,12 @@ func goldenSnapshots(s *State, add func(SnapshotRef)) {
 func hibernateSnapshots(s *State, add func(SnapshotRef)) {
 	held := func(v *VMRec) bool {
 		p := s.promotes[v.ID]
-		return v.Status == VMHibernated || v.Status == VMWaking || p != nil && p.Hibernated
+		// A VM being checkpointed or archived keeps its image until that
+		// settles (a checkpoint of a hibernated VM copies it; an archive
+		// removes it only once the archive is verified); a running VM
+		// being checkpointed has none.
+		copying := (v.Status == VMCheckpointing || v.Status == VMArchiving) && v.SnapshotDir != ""
+		return v.Status == VMHibernated || v.Status == VMWaking || p != nil && p.Hibernated || copying
 	}
 	for _, id := range sortedKeysWhere(s.vms, held) {
 		add(SnapshotRef{Dir: s.vms[id].SnapshotDir, Kind: OwnerHibernate, Owner: id})

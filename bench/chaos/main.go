@@ -7,7 +7,11 @@
 // restored exactly what its hibernate stored and (as root, with its egress
 // pool) every running egress VM's tap is locked after each restart and no
 // lock outlives its VM, and a netns guest on a probe claim's tap meets the
-// pool's policy after each restart and never leaks across a kill. It
+// pool's policy after each restart and never leaks across a kill; with
+// checkpoints, forks, promotes and archives in the workload, that acked
+// checkpoints and templates stand until deleted, forks are all or none,
+// and the store and the archive store hold exactly what the state
+// references. It
 // prints the operations,
 // kills, faults and violations, and exits 1 on any violation (2 when the
 // campaign could not run). See package bench/chaos/campaign.

@@ -66,9 +66,11 @@ func newQEMUDriver(cfg Config, bin string, roots layout.Roots, instance string, 
 	if err != nil {
 		return nil, err
 	}
+	stepHook, archiveHook := qemuCrashHooks(zl)
 	return qemu.New(qemu.Config{
 		Roots: roots, Instance: instance, QEMU: bin, Accel: qemu.Accel(cfg.QEMU.Accel),
 		Templates: templates, Egress: egress, Log: zl, Archive: cfg.archive,
+		StepHook: stepHook, ArchiveHook: archiveHook,
 	})
 }
 

@@ -2,6 +2,7 @@ package chdriver
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 
 	"github.com/sbxlog/sbxlog/eventlog/event"
@@ -47,7 +48,10 @@ func (d *Driver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (exec
 // makes it durable again (storedSnapshot).
 func (d *Driver) snapshotLive(r *run, verb, vm, runDir, rel string, m Meta) (executors.Result, error) {
 	if res, done, err := d.storedSnapshot(r, rel); done || err != nil {
-		return res, err
+		if err != nil {
+			return res, err
+		}
+		return res, d.ranOn(r, verb, vm, runDir, rel)
 	}
 	proc, api, _, gone, err := d.liveVM(r, verb, vm, runDir)
 	if err != nil {
@@ -57,9 +61,33 @@ func (d *Driver) snapshotLive(r *run, verb, vm, runDir, rel string, m Meta) (exe
 	if err != nil {
 		return executors.Result{}, err
 	}
+	// Its doors: a re-run after a restart found the VM left in flight by
+	// the start-up reconcile, which opens only adopted VMs' doors (Open
+	// keeps doors already open).
+	d.openDoors(r, vm, runDir)
 	res := r.result(rel)
 	res.Report.CopyMode = mode
 	return res, nil
+}
+
+// ranOn is the check of a re-run that found its snapshot of a running VM
+// stored (a crash past the rename, so past the resume): the VM goes back to
+// running, so its VMM must still run, and from now on be watched and have
+// its doors, as an adopted one (the start-up reconcile leaves a VM in
+// flight to its intent). A VMM that died meanwhile lost its VM: the
+// snapshot is reported failed with it (Lost), and goes, since no state
+// will reference it.
+func (d *Driver) ranOn(r *run, verb, vm, runDir, rel string) error {
+	proc, err := d.attach(r.ctx, runDir, vm)
+	if proc != nil {
+		d.openDoors(r, vm, runDir)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", verb, vm, err)
+	}
+	r.undo("undo_"+StepRename, func(context.Context) error { return d.fs.RemoveAll(filepath.Join(d.roots.Store, rel)) })
+	return executors.Lostf("%s %s: its snapshot stood but no VMM runs in %s any more", verb, vm, runDir)
 }
 
 // copyImage makes rel a snapshot of its own from the stored image src (a

@@ -2,6 +2,7 @@ package chdriver
 
 import (
 	"context"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -203,4 +204,31 @@ func TestCrashCheckpoint(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A checkpoint of a running VM re-run after a restart (a crash past its
+// rename: the re-run finds it stored) gives the VM back its doors, which the
+// start-up reconcile opens only for the VMs it adopts, not for one in
+// flight; and the VM runs on.
+func TestCheckpointRerunOpensDoors(t *testing.T) {
+	t.Parallel()
+	_, golden, _ := sharedSnapshots(t)
+	doors := &recDoors{open: map[string]netip.AddrPort{}, sock: map[string]string{}}
+	h := newHarness(t, "", func(c *Config) { c.Doors = doors })
+	const vm = "vm-00000000000000e7"
+	h.clone(vm, h.seed(golden))
+	in := captureIntent("ck_00000000000000e7", vm, "", newOp())
+	h.inject(fsm.KindCheckpoint, StepSyncTree, modeCrash)
+	if _, err := h.d.Checkpoint(context.Background(), in); err == nil {
+		t.Fatal("checkpoint succeeded through an injected crash")
+	}
+	h.afterFailure(modeCrash)
+	doors.Close(vm) // the restarted daemon's proxy holds no door
+	if _, err := h.d.Checkpoint(context.Background(), in); err != nil {
+		t.Fatalf("re-run: %v", err)
+	}
+	if _, ok := doors.get(vm); !ok {
+		t.Fatal("the re-run left the VM without its doors")
+	}
+	h.checkRunning(vm, 1)
 }

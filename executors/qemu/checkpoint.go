@@ -50,11 +50,39 @@ func (d *Driver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (exec
 		if errors.Is(err, ErrNotRunning) {
 			err = &executors.Unrecoverable{Err: err, Lost: true}
 		}
+		if err == nil {
+			err = d.ranOn(in.VM, runDir, r, final)
+		}
 	}
 	if err != nil {
 		return executors.Result{}, fmt.Errorf("checkpoint %s: %w", in.VM, classify(err))
 	}
 	return executors.Result{Report: d.report(r), SnapshotDir: rel}, nil
+}
+
+// ranOn follows a snapshot of a running VM that runs on (checkpoint,
+// promote): its QEMU is watched from now on and its doors are open. A re-run that found the
+// snapshot stored (Already: a crash past the rename) never dialled it, and
+// the start-up reconcile leaves a VM in flight to its intent, so it was not
+// adopted: its QEMU is looked up, and one that died meanwhile lost its VM
+// (Lost; the stored copy goes, since no state will reference it).
+func (d *Driver) ranOn(vm, runDir string, r RecipeResult, final string) error {
+	pid := r.PID
+	if r.Already {
+		var err error
+		if pid, err = d.q.pid(runDir); errors.Is(err, ErrNotRunning) {
+			if rerr := d.fs.RemoveAll(final); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+			return &executors.Unrecoverable{Err: fmt.Errorf("its snapshot stood but %w", err), Lost: true}
+		} else if err != nil {
+			return err
+		}
+	}
+	d.watch(runDir, pid)
+	// Its doors too, as AdoptVM's (Open keeps doors already open).
+	d.openDoors(vm)
+	return nil
 }
 
 // RemoveCheckpoint implements executors.Checkpointer: the checkpoint's dir

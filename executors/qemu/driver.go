@@ -117,7 +117,11 @@ type Config struct {
 	// Archive, when set, is the node's archive store: the driver performs
 	// the archive intents (executors.Archiver, package archive) with it.
 	Archive archive.Store
-	Log     zerolog.Logger
+	// StepHook is RecipesConfig's (the SBX_CRASH_AT seam); ArchiveHook
+	// is the archive executor's (archive.Config.Hook).
+	StepHook    func(recipe, step string)
+	ArchiveHook func(ctx context.Context, recipe, step string, op event.OpID) error
+	Log         zerolog.Logger
 }
 
 // Driver is the QEMU executors.Driver.
@@ -205,7 +209,7 @@ func New(cfg Config) (*Driver, error) {
 	log := cfg.Log.With().Str("component", "qemu").Logger()
 	q, err := NewRecipes(RecipesConfig{
 		QEMU: cfg.QEMU, Accel: cfg.Accel, FS: cfg.FS, Log: log, Now: cfg.Now, Instance: cfg.Instance,
-		BootTimeout: cfg.BootTimeout, ReadyTimeout: cfg.ReadyTimeout, StopGrace: cfg.StopGrace,
+		BootTimeout: cfg.BootTimeout, ReadyTimeout: cfg.ReadyTimeout, StopGrace: cfg.StopGrace, StepHook: cfg.StepHook,
 	})
 	if err != nil {
 		return nil, err
@@ -218,7 +222,7 @@ func New(cfg Config) (*Driver, error) {
 		}
 		eg = &c
 	}
-	arch, err := archive.NewDelegate(archive.Config{Store: cfg.Archive, Roots: cfg.Roots, Instance: cfg.Instance, FS: cfg.FS, Now: cfg.Now, Log: log})
+	arch, err := archive.NewDelegate(archive.Config{Store: cfg.Archive, Roots: cfg.Roots, Instance: cfg.Instance, FS: cfg.FS, Now: cfg.Now, Log: log, Hook: cfg.ArchiveHook})
 	if err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}

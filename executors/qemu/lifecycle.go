@@ -197,7 +197,7 @@ func (q *Recipes) snapshot(ctx context.Context, c *qmp.Client, spec Spec, name, 
 	}
 	m.Source = source
 	m.QEMUVersion = c.Version().String()
-	t := q.timer(r)
+	t := q.recipeTimer(r, source)
 	// QEMU refuses to migrate a VM again from postmigrate (where a hibernate cut
 	// short after its migration leaves it); running it for a moment first is as if
 	// this hibernate had started a little later.

@@ -47,6 +47,9 @@ func (d *Driver) Promote(ctx context.Context, in fsm.PromoteVM) (executors.Resul
 			}
 			return executors.Result{}, fmt.Errorf("promote %s: %w", in.VM, classify(err))
 		}
+		if err := d.ranOn(in.VM, runDir, r, final); err != nil {
+			return executors.Result{}, fmt.Errorf("promote %s: %w", in.VM, err)
+		}
 	}
 	res := executors.Result{Report: d.report(r), SnapshotDir: rel}
 	if res.Digest, err = fsx.ContentDigest(final, FileMeta); err != nil {
@@ -137,7 +140,7 @@ func (q *Recipes) CopySnapshot(_ context.Context, src, storeDir, name, source st
 	if err != nil {
 		return r, err
 	}
-	t := q.timer(&r)
+	t := q.recipeTimer(&r, source)
 	tmp, err := q.fs.MkTempDir(storeDir, name)
 	if err != nil {
 		return r, err

@@ -54,6 +54,12 @@ type RecipesConfig struct {
 	// Probe replaces the KVM probe boot (tests); nil means a real boot of the
 	// spec's kernel and initrd under KVM that must reach agent ready.
 	Probe func(ctx context.Context, spec Spec) error
+	// StepHook, if set, is called as each step of a snapshot recipe ends
+	// (recipe: the snapshot's source, "checkpoint", "promote",
+	// "hibernate", "golden"; step: Step*): the SBX_CRASH_AT seam. QEMU's
+	// steps are timed at their end, so the seam dies right after the
+	// named step, before the next one.
+	StepHook func(recipe, step string)
 }
 
 // Recipes runs the recipes (Boot, Golden, Clone, Hibernate, Wake, Resume,
@@ -71,6 +77,7 @@ type Recipes struct {
 	probeTimeout                                                       time.Duration
 	kvmDevice                                                          string
 	probe                                                              func(ctx context.Context, spec Spec) error
+	hook                                                               func(recipe, step string)
 
 	accelMu  sync.Mutex
 	accel    Accel // AccelAuto until resolved
@@ -109,6 +116,7 @@ func NewRecipes(cfg RecipesConfig) (*Recipes, error) {
 		probeTimeout:   orDur(cfg.ProbeTimeout, 10*time.Second),
 		kvmDevice:      or(cfg.KVMDevice, "/dev/kvm"),
 		probe:          cfg.Probe,
+		hook:           cfg.StepHook,
 		accel:          accel,
 	}
 	if q.fs == nil {
@@ -299,15 +307,27 @@ type timer struct {
 	q    *Recipes
 	r    *RecipeResult
 	last time.Time
+	// recipe names the steps for the StepHook ("": not called).
+	recipe string
 }
 
 func (q *Recipes) timer(r *RecipeResult) *timer { return &timer{q: q, r: r, last: q.now()} }
+
+// recipeTimer is a timer whose marks reach the StepHook as recipe's steps.
+func (q *Recipes) recipeTimer(r *RecipeResult, recipe string) *timer {
+	t := q.timer(r)
+	t.recipe = recipe
+	return t
+}
 
 // mark ends the current step: it lasted from the previous mark until now.
 func (t *timer) mark(name string) {
 	now := t.q.now()
 	t.r.Steps = append(t.r.Steps, Step{Name: name, Dur: now.Sub(t.last)})
 	t.last = now
+	if t.recipe != "" && t.q.hook != nil {
+		t.q.hook(t.recipe, name)
+	}
 }
 
 // skip restarts the clock without recording (time spent outside any step).

@@ -413,9 +413,11 @@ func sweepSnapshots(ctx context.Context, sw SnapshotSweeper, vms []vmInfo, inst 
 			continue
 		}
 		switch v.status {
-		case fsm.VMHibernated, fsm.VMWaking, fsm.VMDestroying, fsm.VMArchiving:
+		case fsm.VMHibernated, fsm.VMWaking, fsm.VMDestroying, fsm.VMArchiving, fsm.VMCheckpointing, fsm.VMPromoting:
 			// An archiving VM's snapshot is the only copy until its
-			// archive is verified.
+			// archive is verified. A hibernated VM being checkpointed or
+			// promoted keeps its image (the copy's source, and what it
+			// wakes from after); a running one has none ("").
 			keep[v.id] = []string{v.snapshotDir}
 		case fsm.VMHibernating, fsm.VMUnarchiving:
 			// The snapshot the op in flight makes (a hibernate's, or an

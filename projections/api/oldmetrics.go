@@ -15,9 +15,9 @@ import (
 // types and help texts, for the facts sbxlog has. Gauges are read from the
 // state at scrape time; counters count commits from OnCommit, so, as the
 // old daemon's, they start at zero when the daemon starts (a restart's
-// replay is not counted again). Families of what sbxlog does not do (forks,
-// checkpoints, promotes, archives, the mesh's config digest) are not
-// served; sandboxd_archived is, the claims whose snapshot is archived.
+// replay is not counted again). The store recipes' counters (forks,
+// checkpoints, promotes, archives, unarchives, archive deletes) count their
+// events as the old daemon counted its operations (oldstore.go).
 
 var (
 	oldClaimed      = prometheus.NewDesc("sandboxd_claimed", "live claims on this node", nil, nil)
@@ -35,7 +35,16 @@ var (
 	oldHibernates   = prometheus.NewDesc("sandboxd_hibernates_total", "hibernate transitions", nil, nil)
 	oldReleases     = prometheus.NewDesc("sandboxd_releases_total", "claims released", nil, nil)
 	oldReaps        = prometheus.NewDesc("sandboxd_reaps_total", "claims reaped at deadline", nil, nil)
+	oldForks        = prometheus.NewDesc("sandboxd_forks_total", "fork operations", nil, nil)
+	oldCheckpoints  = prometheus.NewDesc("sandboxd_checkpoints_total", "checkpoints captured", nil, nil)
+	oldPromotes     = prometheus.NewDesc("sandboxd_promotes_total", "templates promoted", nil, nil)
+	oldArchives     = prometheus.NewDesc("sandboxd_archives_total", "claims archived to the store", nil, nil)
+	oldUnarchives   = prometheus.NewDesc("sandboxd_unarchives_total", "archived claims restored", nil, nil)
+	oldArchiveDels  = prometheus.NewDesc("sandboxd_archive_deletes_total", "archived checkpoints purged at retention", nil, nil)
 )
+
+// oldStoreDescs are the store recipes' counters, in oldStore's order.
+var oldStoreDescs = []*prometheus.Desc{oldForks, oldCheckpoints, oldPromotes, oldArchives, oldUnarchives, oldArchiveDels}
 
 // oldTiers are sandboxd_claims_total's tiers, every one always served.
 var oldTiers = []fsm.Tier{fsm.TierWarm, fsm.TierClone, fsm.TierCold}
@@ -52,17 +61,22 @@ type oldMetrics struct {
 	hibernates   float64
 	releases     float64
 	reaps        float64
+	// store counts the store recipes (oldstore.go).
+	store oldStore
 	// wakeAt is when each wake in flight was requested (event time, ns).
 	wakeAt map[string]int64
 }
 
 func newOldMetrics(eng Engine) *oldMetrics {
-	return &oldMetrics{eng: eng, claims: map[fsm.Tier]float64{}, wakeAt: map[string]int64{}}
+	return &oldMetrics{eng: eng, claims: map[fsm.Tier]float64{}, wakeAt: map[string]int64{}, store: newOldStore()}
 }
 
 func (o *oldMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{oldClaimed, oldHibernated, oldArchived, oldFailed, oldDraining, oldTenantClaims,
 		oldPoolWarm, oldPoolTarget, oldClaims, oldClaimSecs, oldWakeSecs, oldWakes, oldHibernates, oldReleases, oldReaps} {
+		ch <- d
+	}
+	for _, d := range oldStoreDescs {
 		ch <- d
 	}
 }
@@ -107,6 +121,9 @@ func (o *oldMetrics) Collect(ch chan<- prometheus.Metric) {
 	counter(oldHibernates, o.hibernates)
 	counter(oldReleases, o.releases)
 	counter(oldReaps, o.reaps)
+	for i, d := range oldStoreDescs {
+		counter(d, o.store.n[i])
+	}
 }
 
 // onCommit counts a durable commit's events. A claim counts once served:
@@ -119,6 +136,7 @@ func (o *oldMetrics) onCommit(evs []event.Event) {
 		secs float64
 	}
 	var claims []served
+	archivedIn := archivedInState(o.eng, evs)
 	isClaim := func(e event.Event) bool { return e.Type == event.TypeClaimCreated || e.Type == event.TypeClaimServed }
 	if slices.ContainsFunc(evs, isClaim) {
 		// The tier and creation time are the claim's record's: one read
@@ -145,6 +163,9 @@ func (o *oldMetrics) onCommit(evs []event.Event) {
 	for _, c := range claims {
 		o.claims[c.tier]++
 		o.claimSeconds += c.secs
+	}
+	for i := range evs {
+		o.store.count(&evs[i], archivedIn)
 	}
 	for i := range evs {
 		e := &evs[i]

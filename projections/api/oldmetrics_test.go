@@ -89,6 +89,10 @@ func TestOldMetrics(t *testing.T) {
 		// One node, no fleet: nothing to differ from.
 		"sandboxd_config_digest_mismatch": {"gauge {}": 0},
 	}
+	// The store recipes' counters: none ran (TestOldStoreMetrics).
+	for _, f := range oldStoreFamilies {
+		want[f] = map[string]float64{"counter {}": 0}
+	}
 	// The counters follow commits, which reach the metrics just after
 	// the answers: poll.
 	var got map[string]map[string]float64

@@ -101,6 +101,25 @@ func (v *vmView) apply(eng Engine, evs []event.Event) {
 					id = c.VM
 				}
 			})
+		case event.AggCheckpoint:
+			// A capture's events are its checkpoint's; they move its
+			// VM into checkpointing and back. A failed capture drops its
+			// record: every VM the view shows checkpointing is read again.
+			var found bool
+			eng.View(func(st *fsm.State) {
+				var ck fsm.CheckpointRec
+				if ck, found = st.Checkpoint(evs[i].AggID); found {
+					id = ck.VM
+				}
+			})
+			if !found {
+				for vid, vm := range v.vms {
+					if vm.State == fsm.VMCheckpointing.String() && !touched[vid] {
+						touched[vid] = true
+						order = append(order, vid)
+					}
+				}
+			}
 		}
 		if id != "" && !touched[id] {
 			touched[id] = true

@@ -27,6 +27,16 @@
 //   - usage records agree with the log (when the daemon writes usage.jsonl:
 //     one record per usage event of the log, none twice); otherwise the
 //     check is reported as not applicable;
+//   - the store recipes (snapshots.go, snapchecks.go): checkpoints (of
+//     running and hibernated sandboxes), claims from them and deletes,
+//     forks, promotes with claims from the template and its delete, and a
+//     pool that archives hibernated claims (woken back by the workload):
+//     every acked checkpoint is listed until deleted and claimable, every
+//     clone holds its source's data, a fork is all or none, acked
+//     templates survive until deleted, after collection the store holds
+//     exactly what the state references (no half snapshot), and the
+//     archive store one complete archive per archived VM holding what its
+//     hibernate stored;
 //   - with Options.Egress (an egress pool, the daemon in a network
 //     namespace with a bridge): after every restart and at the end, every
 //     egress VM whose VMM runs has its tap locked and no lock is left for a
@@ -168,7 +178,7 @@ func sortedKeys[V any](m map[string]V) []string {
 // changed (and drained) by the workload.
 var (
 	poolMain = PoolConf{Template: "default", Net: "none", Size: "small", Warm: 2, WarmMax: 3}
-	poolAlt  = PoolConf{Template: "alt", Net: "none", Size: "small", Warm: 1, WarmMax: 2}
+	poolAlt  = PoolConf{Template: "alt", Net: "none", Size: "small", Warm: 1, WarmMax: 2, ArchiveAfterSeconds: archiveAfter}
 )
 
 // vmmEnv tunes every chsim: little guest memory data, instant balloon.
@@ -192,6 +202,18 @@ var crashSteps = []string{
 	"wake:restore", "wake:resume", "wake:probe",
 	"destroy:terminate", "destroy:remove_run", "destroy:remove_snap",
 	"restart:boot", "restart:probe",
+	// The store recipes (snapshots.go): a checkpoint of a running VM (a
+	// fork's too: its children are clones) and of a hibernated one's
+	// image, its delete, a promote, a collection, an archive and an
+	// unarchive.
+	"checkpoint:pause", "checkpoint:snapshot", "checkpoint:clone_disk", "checkpoint:resume",
+	"checkpoint:sync_files", "checkpoint:rename", "checkpoint:sync_tree",
+	"checkpoint:link_memory", "checkpoint:write_state",
+	"checkpoint_delete:remove_snap",
+	"promote:pause", "promote:snapshot", "promote:rename", "promote:resume", "promote:digest",
+	"collect:discard",
+	"archive:put", "archive:remove_local",
+	"unarchive:get", "unarchive:rename", "unarchive:delete_archive",
 }
 
 // campaign is one run's shared state.
@@ -217,7 +239,14 @@ type campaign struct {
 	// lane is the egress lane daemon a runs in (nil without Options.Egress).
 	lane *netnstest.Lane
 	// probes is the egress traffic (nil without a lane).
-	probes  *prober
+	probes *prober
+	// The store recipes' models (snapshots.go): acked checkpoints by id
+	// in the order taken, and promotes.
+	ckpts     map[string]*ckptModel
+	ckptOrder []string
+	tmpls     []*tmplModel
+	tmplSeq   int
+
 	bVMMs   map[int]string
 	bClaims []string
 	outMu   sync.Mutex // serialises logf's writes to out
@@ -306,7 +335,7 @@ func run(ctx context.Context, opt Options, lane *netnstest.Lane) (*Result, error
 			defer os.RemoveAll(d)
 		}
 	}
-	c := &campaign{opt: opt, out: opt.Out, rng: rand.New(rand.NewPCG(opt.Seed, opt.Seed^0x9e3779b97f4a7c15)), res: res, claims: map[string]*claim{}, lane: lane}
+	c := &campaign{opt: opt, out: opt.Out, rng: rand.New(rand.NewPCG(opt.Seed, opt.Seed^0x9e3779b97f4a7c15)), res: res, claims: map[string]*claim{}, ckpts: map[string]*ckptModel{}, lane: lane}
 	defer func() {
 		// Leave nothing running: the daemons first, then every VMM
 		// under the scratch dir (found by its socket path).
@@ -369,6 +398,13 @@ func (c *campaign) setup(ctx context.Context) error {
 	pools := append([]PoolConf{poolMain, poolAlt}, c.egressPools()...)
 	c.a, err = NewDaemon("a", c.opt.Bins.Sandboxd, filepath.Join(c.opt.Dir, "a"), pools, c.opt.NATS)
 	if err != nil {
+		return err
+	}
+	// The archive store of the alt pool's archives (snapchecks.go).
+	if err := os.MkdirAll(c.archiveDir(), 0o700); err != nil {
+		return err
+	}
+	if err := c.a.Configure(map[string]any{"archive_dir": c.archiveDir()}); err != nil {
 		return err
 	}
 	c.a.Env = vmmEnv

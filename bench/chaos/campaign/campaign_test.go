@@ -101,6 +101,12 @@ func TestShortCampaign(t *testing.T) {
 			}
 		}
 	}
+	// The store recipes ran: checkpoints and forks acked, promotes
+	// tried, claims archived, and the end checks looked at the store.
+	if res.Ops["checkpoint"][outAcked] == 0 || res.Ops["fork"][outAcked] == 0 || len(res.Ops["promote"]) == 0 ||
+		res.Checked["archive events in the log: archived"] == 0 || res.Checked["clones holding their source's data"] == 0 {
+		t.Fatalf("the campaign did not exercise the store recipes: %v %v", res.Ops, res.Checked)
+	}
 	if dup := res.Ops["duplicate"]; dup["release"]+dup["hibernate"]+dup["wake"]+dup["renew"] == 0 {
 		t.Fatalf("the campaign sent no duplicate requests: %v", res.Ops)
 	}

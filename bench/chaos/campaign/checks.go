@@ -66,6 +66,7 @@ func (c *campaign) finalChecks(ctx context.Context) {
 	c.checkOrphans(vms)
 	c.checkOthers(ctx)
 	c.checkUsage(ctx, log)
+	c.checkStoreRecipes(ctx, cl, log)
 }
 
 // quiesce waits until no claim is pending, hibernating or waking, no VM has
@@ -95,7 +96,7 @@ func (c *campaign) quiesce(ctx context.Context, cl *apiclient.Client) error {
 		}
 		for _, v := range vms {
 			switch v.State {
-			case "cloning", "hibernating", "waking", "destroying", "restarting":
+			case "cloning", "hibernating", "waking", "destroying", "restarting", "checkpointing", "promoting", "archiving", "unarchiving":
 				last = fmt.Sprintf("VM %s is %s", v.Name, v.State)
 				return false
 			}
@@ -204,6 +205,7 @@ func (c *campaign) exposure(log []logEvent) map[string]bool {
 // checkClaims: every acked operation is reflected in the claims' state.
 func (c *campaign) checkClaims(ctx context.Context, cl *apiclient.Client, log []logEvent) {
 	exposed := c.exposure(log)
+	archived := archivedClaims(log)
 	failures := map[string]string{}
 	for _, ev := range log {
 		if ev.Type == "claim_failed" {
@@ -246,11 +248,12 @@ func (c *campaign) checkClaims(ctx context.Context, cl *apiclient.Client, log []
 			c.violate("acked claim %s: state %s (%s), its acknowledged operations ask for %s (ops %v, VMM kills %d, faulty VMM %v)",
 				x.id, sb.State, failures[x.id], joinKeys(want), x.ops, len(x.vmmKills), exposed[x.vm])
 		}
-		if sb.State != "released" && sb.State != "failed" && !x.renewUnknown && !slices.Contains(x.deadlines, sb.Deadline) {
+		if sb.State != "released" && sb.State != "failed" && !x.renewUnknown && !archived[x.id] && !slices.Contains(x.deadlines, sb.Deadline) {
 			c.violate("acked claim %s: deadline %s, acknowledged %s", x.id, sb.Deadline, strings.Join(x.deadlines, " or "))
 		}
 	}
 	c.checked("acked claims checked", acked)
+	c.checked("claims archived at least once (deadline set by the archive)", len(archived))
 	c.checkStoredSnapshots(ctx, cl, claims)
 	c.checked("claims whose state faults or VMM kills explain", explained)
 	live, err := cl.Sandboxes(ctx, apiclient.ListOptions{})
@@ -283,6 +286,10 @@ func (c *campaign) checkStoredSnapshots(ctx context.Context, cl *apiclient.Clien
 			continue
 		}
 		dir, err := latestSnapshot(filepath.Join(c.a.DataDir, "store"), x.vm)
+		if err != nil && len(c.archivesOf(x.vm)) > 0 {
+			// Archived since it was read (checkArchives compares).
+			continue
+		}
 		if err != nil {
 			c.violate("hibernated claim %s: %v", x.id, err)
 			continue

@@ -60,6 +60,9 @@ type PoolConf struct {
 	WarmMax  int    `json:"warm_max,omitempty"`
 	// Egress is the pool's egress policy (net egress).
 	Egress *api.PolicyJSON `json:"egress,omitempty"`
+	// ArchiveAfterSeconds archives a hibernated claim that long after its
+	// last activity (the daemon needs an archive_dir).
+	ArchiveAfterSeconds int64 `json:"archive_after_seconds,omitempty"`
 }
 
 // Daemon supervises one sandboxd: its data dir, config, process and log.

@@ -81,6 +81,7 @@ type claim struct {
 	// hibernated; snapMarker: the disk data they must contain.
 	snap       *Sums
 	marker     string // the last data written to its disk
+	template   string // its pool's template (acked claims)
 	markers    int
 	verifyWake bool // a wake was acked and its restore is not verified yet
 	vmmKills   []time.Time
@@ -113,7 +114,7 @@ func (p *poolsModel) acked(_ int, pools []PoolConf) {
 func (c *campaign) worker(ctx context.Context, n int) {
 	cl := c.a.Client(30 * time.Second)
 	for ctx.Err() == nil {
-		switch r := c.intn(100); {
+		switch r := c.intn(100 + storeWeight); {
 		case r < 22:
 			c.doClaim(ctx, cl)
 		case r < 38:
@@ -130,12 +131,14 @@ func (c *campaign) worker(ctx context.Context, n int) {
 			c.doPools(ctx, cl)
 		case r < 99:
 			c.sweep(ctx, cl)
-		default:
+		case r < 100:
 			// A VMM dying while the daemon runs (its exit watcher), now
 			// and then; the killer also kills some while it is down.
 			if c.opt.VMMKills && c.intn(2) == 0 {
 				c.killRandomVMM()
 			}
+		default:
+			c.storeOp(ctx, cl, r-100)
 		}
 		select {
 		case <-ctx.Done():
@@ -158,7 +161,7 @@ func (c *campaign) liveCount() int {
 }
 
 func (c *campaign) doClaim(ctx context.Context, cl *apiclient.Client) {
-	if c.liveCount() >= 8 {
+	if c.liveCount() >= maxLive {
 		return
 	}
 	req := api.ClaimRequest{Template: "default", TTLSeconds: 3600}
@@ -175,17 +178,7 @@ func (c *campaign) doClaim(ctx context.Context, cl *apiclient.Client) {
 	}
 	c.count("claim", out)
 	if out == outAcked {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if x, ok := c.claims[cr.ID]; ok {
-			// A listing found it before its answer arrived, and maybe
-			// released it already: those operations came after the claim.
-			x.acked, x.vm, x.deadlines = true, cr.VM, []string{cr.Deadline}
-			x.ops = append([]lifeOp{{"claim", outAcked}}, x.ops...)
-			return
-		}
-		c.claims[cr.ID] = &claim{id: cr.ID, vm: cr.VM, acked: true, ops: []lifeOp{{"claim", outAcked}}, deadlines: []string{cr.Deadline}, observed: "running"}
-		c.order = append(c.order, cr.ID)
+		c.addAcked(cr, "")
 		return
 	}
 	// A claim answered 503 exists, pending or failed: a phantom.
@@ -208,7 +201,13 @@ func (c *campaign) addPhantom(id, vm string) {
 // withClaim picks an idle claim in state want ("" any live), refreshes its
 // state and runs fn on it, the claim marked busy meanwhile.
 func (c *campaign) withClaim(ctx context.Context, cl *apiclient.Client, want string, fn func(context.Context, *apiclient.Client, *claim)) {
-	x, done := c.pick(func(x *claim) bool { return want == "" || x.observed == want })
+	c.withClaimWhere(ctx, cl, want, func(*claim) bool { return true }, fn)
+}
+
+// withClaimWhere is withClaim among the claims ok accepts (under the
+// campaign's lock).
+func (c *campaign) withClaimWhere(ctx context.Context, cl *apiclient.Client, want string, ok func(*claim) bool, fn func(context.Context, *apiclient.Client, *claim)) {
+	x, done := c.pick(func(x *claim) bool { return stateMatches(x.observed, want) && ok(x) })
 	if x == nil {
 		return
 	}
@@ -227,7 +226,7 @@ func (c *campaign) withClaim(ctx context.Context, cl *apiclient.Client, want str
 	if sb.State == "running" && x.verifyWake {
 		c.verifyWoken(ctx, x)
 	}
-	if want != "" && sb.State != want {
+	if !stateMatches(sb.State, want) {
 		return
 	}
 	if !x.acked && want != "" {
@@ -242,18 +241,30 @@ func (c *campaign) withClaim(ctx context.Context, cl *apiclient.Client, want str
 func (c *campaign) pick(ok func(*claim) bool) (*claim, func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var cands []*claim
+	xs := make([]*claim, 0, len(c.order))
 	for _, id := range c.order {
-		if x := c.claims[id]; !x.busy && x.live() && ok(x) {
+		xs = append(xs, c.claims[id])
+	}
+	return pickIdle(c, xs, func(x *claim) *bool { return &x.busy }, func(x *claim) bool { return x.live() && ok(x) })
+}
+
+// pickIdle marks a random idle item of items that ok accepts busy and
+// returns it with the function that frees it (nil, nil when there is
+// none). The caller holds the campaign's lock.
+func pickIdle[T comparable](c *campaign, items []T, busy func(T) *bool, ok func(T) bool) (T, func()) {
+	var cands []T
+	for _, x := range items {
+		if !*busy(x) && ok(x) {
 			cands = append(cands, x)
 		}
 	}
 	if len(cands) == 0 {
-		return nil, nil
+		var zero T
+		return zero, nil
 	}
 	x := cands[c.rng.IntN(len(cands))]
-	x.busy = true
-	return x, func() { c.mu.Lock(); x.busy = false; c.mu.Unlock() }
+	*busy(x) = true
+	return x, func() { c.mu.Lock(); *busy(x) = false; c.mu.Unlock() }
 }
 
 func (c *campaign) addOp(x *claim, kind, out string) {
@@ -336,18 +347,31 @@ func (c *campaign) doHibernate(ctx context.Context, cl *apiclient.Client, x *cla
 // recordSnapshot takes the sums of the claim's hibernate snapshot and checks
 // it holds the data last written to the disk.
 func (c *campaign) recordSnapshot(x *claim) {
+	// The alt pool archives a hibernated claim: its local snapshot may go
+	// while it is read, its archive then holding it (checked at the end).
+	archivedAway := func() bool {
+		if len(c.archivesOf(x.vm)) > 0 {
+			c.checked("hibernate snapshots archived before recorded", 1)
+			return true
+		}
+		return false
+	}
 	dir, err := latestSnapshot(filepath.Join(c.a.DataDir, "store"), x.vm)
 	if err != nil {
-		c.violate("claim %s is hibernated but %v", x.id, err)
+		if !archivedAway() {
+			c.violate("claim %s is hibernated but %v", x.id, err)
+		}
 		return
 	}
 	s, err := sumsOf(dir, filepath.Join(dir, diskFile))
 	if err != nil {
-		c.violate("claim %s: snapshot %s unreadable: %v", x.id, dir, err)
+		if !archivedAway() {
+			c.violate("claim %s: snapshot %s unreadable: %v", x.id, dir, err)
+		}
 		return
 	}
 	if x.marker != "" {
-		if got, err := readMarker(filepath.Join(dir, diskFile)); err != nil || got != x.marker {
+		if got, err := readMarker(filepath.Join(dir, diskFile)); (err != nil || got != x.marker) && !archivedAway() {
 			c.violate("claim %s: the hibernate snapshot's disk holds %q, the guest wrote %q before it (%v)", x.id, got, x.marker, err)
 		}
 	}
@@ -497,7 +521,7 @@ func (c *campaign) doPools(ctx context.Context, cl *apiclient.Client) {
 	}
 	req := api.PoolsRequest{}
 	for _, p := range pools {
-		req.Pools = append(req.Pools, api.PoolSpec{Template: p.Template, Net: p.Net, Size: p.Size, Warm: p.Warm, WarmMax: p.WarmMax, Egress: p.Egress})
+		req.Pools = append(req.Pools, api.PoolSpec{Template: p.Template, Net: p.Net, Size: p.Size, Warm: p.Warm, WarmMax: p.WarmMax, Egress: p.Egress, ArchiveAfterSeconds: p.ArchiveAfterSeconds})
 	}
 	_, err := cl.SetPools(ctx, req)
 	out := outcomeOf(err)
@@ -586,6 +610,10 @@ func expectedStates(x *claim) map[string]bool {
 		if o.outcome == outUnknown {
 			out[stateOf[o.kind]] = true
 		}
+	}
+	// The alt pool archives a hibernated claim (snapchecks.go).
+	if out["hibernated"] {
+		out["archived"] = true
 	}
 	return out
 }
