@@ -107,13 +107,8 @@ func TestCheckpointBlobRoutes(t *testing.T) {
 // importsOf counts the checkpoint_import_requested events of id in n's log.
 func importsOf(t *testing.T, n *nodetest.Node, id string) int {
 	t.Helper()
-	count := 0
-	if err := n.Log.Iterate(1, n.Log.LastSeq(), func(ev *event.Event) error {
-		if ev.Type == event.TypeCheckpointImportRequested && ev.AggID == id {
-			count++
-		}
-		return nil
-	}); err != nil {
+	count, err := nodetest.CountEvents(n.Node, event.TypeCheckpointImportRequested, id)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return count

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node"
+	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/nodetest"
 	"github.com/sbxlog/sbxlog/cmd/sandboxd/node/replication"
 	"github.com/sbxlog/sbxlog/eventlog/event"
 	"github.com/sbxlog/sbxlog/eventlog/replication/natsembed"
@@ -170,13 +171,8 @@ func (n *xportNode) runDisk(t *testing.T, id string) string {
 
 func (n *xportNode) imports(t *testing.T, id string) int {
 	t.Helper()
-	count := 0
-	if err := n.Log.Iterate(1, n.Log.LastSeq(), func(ev *event.Event) error {
-		if ev.Type == event.TypeCheckpointImportRequested && ev.AggID == id {
-			count++
-		}
-		return nil
-	}); err != nil {
+	count, err := nodetest.CountEvents(n.Node, event.TypeCheckpointImportRequested, id)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return count

@@ -512,3 +512,16 @@ func Call(ctx context.Context, method, base, path, token string, body []byte) (s
 	resp, err = io.ReadAll(r.Body)
 	return r.StatusCode, resp, err
 }
+
+// CountEvents counts the events of type typ about aggregate agg in n's op
+// log (e.g. how many imports a checkpoint's claims asked for).
+func CountEvents(n *node.Node, typ event.Type, agg string) (int, error) {
+	count := 0
+	err := n.Log.Iterate(1, n.Log.LastSeq(), func(ev *event.Event) error {
+		if ev.Type == typ && ev.AggID == agg {
+			count++
+		}
+		return nil
+	})
+	return count, err
+}
