@@ -156,7 +156,12 @@ type Options struct {
 	// with one replica, the size of an atomic batch with several (default
 	// 256, at most MaxWindow).
 	Window int
-	// PublishTimeout bounds the wait for one acknowledgement (default 5 s).
+	// PublishTimeout bounds the wait for one acknowledgement, and each
+	// request of a session's start (default 2 s). A publish that reached a
+	// stream leader as it died is never acknowledged: the wait is what the
+	// other nodes' views lag by, on top of the stream's election, so it is
+	// kept short; a timeout only resynchronises from the stream (nothing
+	// is published twice: message ids and the subject's fence).
 	PublishTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the pause between retries after an
 	// error (defaults 50 ms and 2 s).
@@ -284,7 +289,7 @@ func New(opts Options) (*Replicator, error) {
 		return nil, fmt.Errorf("replicator: window %d above %d (JetStream's atomic batch limit)", opts.Window, MaxWindow)
 	}
 	if opts.PublishTimeout <= 0 {
-		opts.PublishTimeout = 5 * time.Second
+		opts.PublishTimeout = DefaultPublishTimeout
 	}
 	if opts.MinBackoff <= 0 {
 		opts.MinBackoff = 50 * time.Millisecond
@@ -599,7 +604,9 @@ func isFatal(err error) bool {
 // error. progressed reports whether any window was acknowledged.
 func (r *Replicator) session(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) (progressed bool, err error) {
 	r.setState(StateSyncing, nil)
-	st, err := stream.Ensure(ctx, js, r.opts.Stream)
+	ectx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
+	st, err := stream.Ensure(ectx, js, r.opts.Stream)
+	cancel()
 	if err != nil {
 		return false, err
 	}
@@ -783,6 +790,9 @@ func (r *Replicator) publishFenced(ctx context.Context, js jetstream.JetStream, 
 		wait *= 2
 	}
 }
+
+// DefaultPublishTimeout is Options.PublishTimeout's default.
+const DefaultPublishTimeout = 2 * time.Second
 
 // errUnexpectedAck makes the session resynchronise from the stream.
 var errUnexpectedAck = errors.New("unexpected acknowledgement")
