@@ -44,8 +44,9 @@ func (d *Driver) Checkpoint(ctx context.Context, in fsm.CaptureCheckpoint) (exec
 // snapshotLive snapshots the running VM vm into rel and lets it run on
 // (checkpoint, promote): pauseSnapshot with runOn, in the hibernate
 // recipe's order but resumed as soon as its memory and disk are in the
-// temp dir. A re-run that finds the op's snapshot complete under rel only
-// makes it durable again (storedSnapshot).
+// temp dir; the resume (or its rollback) gives the VM its doors. A re-run
+// that finds the op's snapshot complete under rel only makes it durable
+// again (storedSnapshot).
 func (d *Driver) snapshotLive(r *run, verb, vm, runDir, rel string, m Meta) (executors.Result, error) {
 	if res, done, err := d.storedSnapshot(r, rel); done || err != nil {
 		if err != nil {
@@ -61,10 +62,6 @@ func (d *Driver) snapshotLive(r *run, verb, vm, runDir, rel string, m Meta) (exe
 	if err != nil {
 		return executors.Result{}, err
 	}
-	// Its doors: a re-run after a restart found the VM left in flight by
-	// the start-up reconcile, which opens only adopted VMs' doors (Open
-	// keeps doors already open).
-	d.openDoors(r, vm, runDir)
 	res := r.result(rel)
 	res.Report.CopyMode = mode
 	return res, nil

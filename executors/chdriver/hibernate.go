@@ -43,10 +43,10 @@ func (d *Driver) Hibernate(ctx context.Context, in fsm.HibernateVM) (executors.R
 	}
 	copyMode, err := d.pauseSnapshot(r, api, proc, gone, runDir, final, Meta{Kind: fsm.KindHibernate, Op: in.OpID.String(), VM: in.VM, Key: in.Key}, false)
 	if err != nil {
-		return executors.Result{}, d.afterSnapshot(r, api, proc, rel, err)
+		return executors.Result{}, d.afterSnapshot(r, api, proc, in.VM, rel, err)
 	}
 	if err := d.stopVM(r, in.VM, runDir, egress); err != nil {
-		return executors.Result{}, d.afterSnapshot(r, api, proc, rel, err)
+		return executors.Result{}, d.afterSnapshot(r, api, proc, in.VM, rel, err)
 	}
 	res := r.result(rel)
 	res.Report.CopyMode = copyMode
@@ -102,7 +102,7 @@ func (d *Driver) liveVM(r *run, verb, vm, runDir string) (proc *vmm.Process, api
 // as it would have without the snapshot.
 // A failure before the rename (no snapshot of this op) is returned as is:
 // snapshotInto rolled it back.
-func (d *Driver) afterSnapshot(r *run, api API, proc *vmm.Process, rel string, cause error) error {
+func (d *Driver) afterSnapshot(r *run, api API, proc *vmm.Process, vm, rel string, cause error) error {
 	final := filepath.Join(d.roots.Store, rel)
 	if m, err := ReadMeta(final); err != nil || m.Op != r.op.String() {
 		return cause
@@ -123,7 +123,7 @@ func (d *Driver) afterSnapshot(r *run, api API, proc *vmm.Process, rel string, c
 		// re-run (finishStored) stops the VM it describes.
 		return cause
 	}
-	return d.resumeAfter(r, api, proc, "", cause)
+	return d.resumeAfter(r, api, proc, vm, "", cause)
 }
 
 // afterStored is afterSnapshot for a re-run that found its snapshot in the
@@ -133,13 +133,19 @@ func (d *Driver) afterStored(r *run, rel, vm, runDir string, cause error) error 
 	if proc == nil {
 		return cause // no VMM: the snapshot is the VM's only memory
 	}
-	return d.afterSnapshot(r, d.api(runDir), proc, rel, cause)
+	return d.afterSnapshot(r, d.api(runDir), proc, vm, rel, cause)
 }
 
-// resumeAfter is the rollback of a failed hibernate (or golden snapshot)
-// before its rename: remove the temp dir, resume the VM. A dead VMM makes
-// the error Lost.
-func (d *Driver) resumeAfter(r *run, api API, proc *vmm.Process, tmp string, cause error) error {
+// resumeAfter is the rollback of a failed snapshot of a live VM (hibernate,
+// checkpoint, promote, golden) while the VM is paused: remove the temp dir,
+// resume the VM. A dead VMM makes the error Lost.
+//
+// The VM vm runs on, so it gets its doors here: a re-run after a restart
+// found it left in flight by the start-up reconcile, which opens only
+// adopted VMs' doors, and a hibernate's stop closed them before failing
+// (Open keeps doors already open). vm is "" for a golden build's VM, which
+// has none.
+func (d *Driver) resumeAfter(r *run, api API, proc *vmm.Process, vm, tmp string, cause error) error {
 	if tmp != "" {
 		r.undo("undo_"+StepMkTemp, func(context.Context) error { return d.fs.RemoveAll(tmp) })
 	}
@@ -150,12 +156,15 @@ func (d *Driver) resumeAfter(r *run, api API, proc *vmm.Process, tmp string, cau
 		return &executors.Unrecoverable{Err: fmt.Errorf("VMM exited: %w", cause), Lost: true}
 	}
 	var rerr error
-	r.undo("undo_"+StepPause, func(ctx context.Context) error {
+	resumed := r.undo("undo_"+StepPause, func(ctx context.Context) error {
 		rerr = api.Resume(ctx)
 		return rerr
-	})
+	}) == nil
 	if rerr != nil && vmmDied(proc, rerr) {
 		return &executors.Unrecoverable{Err: fmt.Errorf("%w (and the VMM is gone: %v)", cause, rerr), Lost: true}
+	}
+	if resumed && vm != "" {
+		d.openDoors(r, vm, r.runDir)
 	}
 	return cause
 }
@@ -166,7 +175,7 @@ func (d *Driver) resumeAfter(r *run, api API, proc *vmm.Process, tmp string, cau
 func (d *Driver) pauseSnapshot(r *run, api API, proc *vmm.Process, gone func(error) error, runDir, final string, m Meta, runOn bool) (string, error) {
 	paused := d.now()
 	if err := r.step(StepPause, func() error { return api.Pause(r.ctx) }); err != nil {
-		return "", d.resumeAfter(r, api, proc, "", gone(err))
+		return "", d.resumeAfter(r, api, proc, m.VM, "", gone(err))
 	}
 	return d.snapshotInto(r, api, proc, runDir, final, m, runOn, paused)
 }
@@ -190,7 +199,7 @@ func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final 
 		if vmmDied(proc, err) {
 			err = &executors.Unrecoverable{Err: err, Lost: true}
 		}
-		return d.resumeAfter(r, api, proc, tmp, err)
+		return d.resumeAfter(r, api, proc, m.VM, tmp, err)
 	}
 	tmp, mode, err := d.captureInto(r, api, runDir, string(m.Kind))
 	if err != nil {
@@ -203,6 +212,11 @@ func (d *Driver) snapshotInto(r *run, api API, proc *vmm.Process, runDir, final 
 			return "", fail(err)
 		}
 		r.rep.Steps = append(r.rep.Steps, event.Step{Name: StepPauseWindow, NS: int64(d.now().Sub(paused))})
+		// It runs again, so it has its doors, whatever befalls the
+		// snapshot: a re-run after a restart found the VM left in flight
+		// by the start-up reconcile, which opens only adopted VMs' doors
+		// (Open keeps doors already open).
+		d.openDoors(r, m.VM, runDir)
 		fail = func(err error) error {
 			r.undo("undo_"+StepMkTemp, func(context.Context) error { return d.fs.RemoveAll(tmp) })
 			return err
