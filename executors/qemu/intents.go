@@ -169,6 +169,10 @@ func (d *Driver) hibernateFailed(ctx context.Context, vm string, spec Spec, fina
 		_, rerr := d.q.Resume(ctx, spec)
 		return rerr
 	})
+	// The VM runs on: after a restart nothing else opens its egress door
+	// (the reconcile leaves a VM in flight to this re-run), and a guest
+	// without it reaches nothing. Opening an open door changes nothing.
+	d.openDoors(vm)
 	return classify(err)
 }
 
