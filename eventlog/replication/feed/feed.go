@@ -385,7 +385,7 @@ func (f *Feed) stop(err error) error {
 // start, gives way to the consumer between reads, which go on from where
 // they stopped.)
 func (f *Feed) readDirect(ctx context.Context) (int, error) {
-	budget := time.NewTimer(cmp.Or(4*f.opts.Heartbeat, 2*time.Second))
+	budget := time.NewTimer(cmp.Or(f.attemptTimeout(), 2*time.Second))
 	defer budget.Stop()
 	subj := stream.APISubject(f.opts.JS, "DIRECT.GET."+f.opts.Stream)
 	nc := f.opts.JS.Conn()
@@ -426,10 +426,7 @@ func (f *Feed) readDirect(ctx context.Context) (int, error) {
 			return n, flush()
 		default:
 		}
-		req, _ := json.Marshal(struct {
-			Seq     uint64 `json:"seq"`
-			NextFor string `json:"next_by_subj"`
-		}{from, filter})
+		req, _ := json.Marshal(stream.GetRequest{Seq: from, NextBySubject: filter})
 		rctx, cancel := context.WithTimeout(ctx, directGetTimeout)
 		m, err := nc.RequestWithContext(rctx, subj, req)
 		cancel()
@@ -444,7 +441,7 @@ func (f *Feed) readDirect(ctx context.Context) (int, error) {
 			return n, errors.Join(flush(), fmt.Errorf("direct get from stream seq %d answered seq %d", from, d.sseq))
 		}
 		from = d.sseq + 1
-		if slices.ContainsFunc(f.filters, func(flt string) bool { return flt == filter || flt == d.subject }) {
+		if f.follows(d.subject) {
 			batch = append(batch, d)
 		} else {
 			// Another node's subject this feed does not follow: skipped.
@@ -457,6 +454,17 @@ func (f *Feed) readDirect(ctx context.Context) (int, error) {
 		}
 	}
 	return n, errors.Join(flush(), ctx.Err())
+}
+
+// attemptTimeout bounds one attempt to create the ephemeral consumer, and
+// so a round of direct reads between attempts: four heartbeats (0: no
+// heartbeat asked, the client's own request timeout).
+func (f *Feed) attemptTimeout() time.Duration { return 4 * f.opts.Heartbeat }
+
+// follows reports whether subject is one of the feed's: its filter is the
+// stream's wildcard, or names the subject's node.
+func (f *Feed) follows(subject string) bool {
+	return slices.ContainsFunc(f.filters, func(flt string) bool { return flt == f.layout.Wildcard() || flt == subject })
 }
 
 // directGetTimeout bounds one direct get: a replica answers at once, and a
@@ -648,11 +656,11 @@ func (f *Feed) apply(ctx context.Context, batch []delivered, evs []event.Event) 
 func (f *Feed) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	cfg := f.consumerConfig()
 	if f.opts.Durable == "" {
-		if hb := f.opts.Heartbeat; hb > 0 {
+		if t := f.attemptTimeout(); t > 0 {
 			// A feed that must notice losses fast does not wait out the
 			// client's request timeout on a server that just died (a
 			// meta or stream leader election): it tries again.
-			cctx, cancel := context.WithTimeout(ctx, 4*hb)
+			cctx, cancel := context.WithTimeout(ctx, t)
 			defer cancel()
 			ctx = cctx
 		}

@@ -50,8 +50,9 @@ func LeaderGet(ctx context.Context, js jetstream.JetStream, name string, req Get
 		return nil, err
 	}
 	if _, ok := ctx.Deadline(); !ok {
+		// As the client library bounds its own API requests.
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, defaultGetTimeout)
+		ctx, cancel = context.WithTimeout(ctx, js.Options().DefaultTimeout)
 		defer cancel()
 	}
 	m, err := js.Conn().RequestWithContext(ctx, APISubject(js, "STREAM.MSG.GET."+name), body)
@@ -88,7 +89,3 @@ func LeaderGet(ctx context.Context, js jetstream.JetStream, name string, req Get
 	}
 	return out, nil
 }
-
-// defaultGetTimeout bounds a get whose context has no deadline, as the
-// client library's API requests are.
-const defaultGetTimeout = 5 * time.Second
