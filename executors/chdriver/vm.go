@@ -82,7 +82,7 @@ func (d *Driver) probe(r *run, api API, runDir string, timeout time.Duration) er
 	return r.step(StepProbe, func() error {
 		ctx, cancel := context.WithTimeout(r.ctx, timeout)
 		defer cancel()
-		c, err := d.waitReady(ctx, api, runDir, timeout)
+		c, err := d.waitReady(ctx, api, runDir)
 		if err != nil {
 			return err
 		}
@@ -107,8 +107,8 @@ func (d *Driver) syncClock(ctx context.Context, a *agent.Client, log zerolog.Log
 
 // waitReady is the readiness probe: vm.info Running, then the guest agent
 // answers a hybrid-vsock CONNECT, retried every 20 ms. It returns that
-// connection to the agent, open: the caller's to close.
-func (d *Driver) waitReady(ctx context.Context, api API, runDir string, timeout time.Duration) (*net.UnixConn, error) {
+// connection to the agent, open: the caller's to close. ctx bounds it.
+func (d *Driver) waitReady(ctx context.Context, api API, runDir string) (*net.UnixConn, error) {
 	running := func(ctx context.Context) (bool, error) {
 		info, err := api.Info(ctx)
 		switch {
@@ -123,7 +123,7 @@ func (d *Driver) waitReady(ctx context.Context, api API, runDir string, timeout 
 		}
 		return false, nil
 	}
-	c, _, err := probe.ReadyConn(ctx, running, filepath.Join(runDir, VsockFile), d.port, probe.Options{Timeout: timeout})
+	c, _, err := probe.ReadyConn(ctx, running, filepath.Join(runDir, VsockFile), d.port, probe.Options{})
 	return c, err
 }
 
