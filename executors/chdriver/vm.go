@@ -16,7 +16,6 @@ import (
 	"github.com/sbxlog/sbxlog/executors/ch"
 	"github.com/sbxlog/sbxlog/executors/fsx"
 	"github.com/sbxlog/sbxlog/executors/guest/agent"
-	"github.com/sbxlog/sbxlog/executors/hvsock"
 	"github.com/sbxlog/sbxlog/executors/probe"
 	"github.com/sbxlog/sbxlog/executors/tap"
 	"github.com/sbxlog/sbxlog/executors/vmm"
@@ -77,41 +76,39 @@ func ignoreStopped(err error) error {
 // probe is the last step of every recipe that boots or restores a VM
 // (clone from a golden or a checkpoint, cold boot, wake, restart, golden
 // build, and the adoption of an interrupted one): waitReady, then the
-// guest's clock set to the host's (syncClock), within timeout.
+// guest's clock set to the host's (syncClock) over the connection the
+// probe reached the agent on, within timeout.
 func (d *Driver) probe(r *run, api API, runDir string, timeout time.Duration) error {
 	return r.step(StepProbe, func() error {
 		ctx, cancel := context.WithTimeout(r.ctx, timeout)
 		defer cancel()
-		if err := d.waitReady(ctx, api, runDir, timeout); err != nil {
+		c, err := d.waitReady(ctx, api, runDir)
+		if err != nil {
 			return err
 		}
-		return d.syncClock(ctx, r.log, runDir)
+		a := agent.NewClient(c)
+		defer a.Close()
+		return d.syncClock(ctx, a, r.log, runDir)
 	})
 }
 
 // syncClock sets the guest's wall clock to the host's through its control
-// agent on vsock port d.port (the protocol of executors/guest/agent, the
-// port the probe has just reached), with the code every driver shares
-// (executors.SyncGuestClock): a restored guest's clock resumes from its
-// snapshot, since CH carries the KVM clock in it (and stops it while the VM
-// is paused). The correction is logged (at info from a second on); there is
-// no result field for it, as executors.Result carries none. A brief
-// pause for a live checkpoint is not synced: it costs the guest only its
-// length.
-func (d *Driver) syncClock(ctx context.Context, log zerolog.Logger, runDir string) error {
-	c, err := hvsock.Dial(ctx, filepath.Join(runDir, VsockFile), d.port)
-	if err != nil {
-		return fmt.Errorf("guest agent on vsock port %d: %w", d.port, err)
-	}
-	a := agent.NewClient(c)
-	defer a.Close()
-	_, err = executors.SyncGuestClock(ctx, a, d.now(), log.With().Str("run_dir", runDir).Logger(), "chdriver")
+// agent a, on vsock port d.port (the protocol of executors/guest/agent),
+// with the code every driver shares (executors.SyncGuestClock): a restored
+// guest's clock resumes from its snapshot, since CH carries the KVM clock
+// in it (and stops it while the VM is paused). The correction is logged
+// (at info from a second on); there is no result field for it, as
+// executors.Result carries none. A brief pause for a live checkpoint is
+// not synced: it costs the guest only its length.
+func (d *Driver) syncClock(ctx context.Context, a *agent.Client, log zerolog.Logger, runDir string) error {
+	_, err := executors.SyncGuestClock(ctx, a, d.now(), log.With().Str("run_dir", runDir).Logger(), "chdriver")
 	return err
 }
 
 // waitReady is the readiness probe: vm.info Running, then the guest agent
-// answers a hybrid-vsock CONNECT, retried every 20 ms.
-func (d *Driver) waitReady(ctx context.Context, api API, runDir string, timeout time.Duration) error {
+// answers a hybrid-vsock CONNECT, retried every 20 ms. It returns that
+// connection to the agent, open: the caller's to close. ctx bounds it.
+func (d *Driver) waitReady(ctx context.Context, api API, runDir string) (*net.UnixConn, error) {
 	running := func(ctx context.Context) (bool, error) {
 		info, err := api.Info(ctx)
 		switch {
@@ -126,8 +123,8 @@ func (d *Driver) waitReady(ctx context.Context, api API, runDir string, timeout 
 		}
 		return false, nil
 	}
-	_, err := probe.Ready(ctx, running, filepath.Join(runDir, VsockFile), d.port, probe.Options{Timeout: timeout})
-	return err
+	c, _, err := probe.ReadyConn(ctx, running, filepath.Join(runDir, VsockFile), d.port, probe.Options{})
+	return c, err
 }
 
 // teardown rolls a VM's run dir back to nothing: its VMM, tap and files.

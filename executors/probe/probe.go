@@ -6,13 +6,16 @@
 // the VMM answers "OK <host port>\n" once a guest listener on <port> has accepted
 // (otherwise it closes the connection). The probe retries every Interval (20 ms, as
 // the old daemon did) until it gets an OK or its timeout or context ends, and never
-// leaves a connection open.
+// leaves a connection open but the one ReadyConn hands to its caller.
 //
 // Contract:
 //   - Connect makes one attempt and returns nil only on an "OK " answer.
 //   - Vsock retries Connect; Ready first waits for the injected RunningFunc (vm.info
 //     in production, kept a func so this package does not depend on the CH client)
 //     to report true, then runs Vsock. Both report attempts so recipes can log them.
+//   - ReadyConn is Ready that hands back the successful attempt's connection, open
+//     (the caller's to close), so the caller's first exchange with the agent needs no
+//     second handshake; every other attempt's connection is closed.
 //   - Giving up returns an error wrapping ErrNotReady, the context's error and the
 //     last attempt's error; an error from RunningFunc is returned at once, wrapped.
 //   - ErrInvalid: empty socket path or nil RunningFunc.
@@ -22,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/sbxlog/sbxlog/executors/hvsock"
@@ -88,14 +92,23 @@ func Connect(ctx context.Context, socket string, port uint32) error {
 
 // Vsock retries Connect until it succeeds or the probe times out.
 func Vsock(ctx context.Context, socket string, port uint32, opt Options) (Result, error) {
-	return wait(ctx, nil, socket, port, opt)
+	return wait(ctx, nil, socket, port, opt, nil)
 }
 
-func vsock(ctx context.Context, socket string, port uint32, opt Options, res *Result) error {
+// vsock retries the handshake; keep, if not nil, receives the successful
+// attempt's connection, open, instead of its being closed.
+func vsock(ctx context.Context, socket string, port uint32, opt Options, res *Result, keep **net.UnixConn) error {
 	return retry(ctx, opt, func() (bool, error) {
 		res.Attempts++
 		actx, cancel := context.WithTimeout(ctx, opt.AttemptTimeout)
-		err := Connect(actx, socket, port)
+		var err error
+		if keep == nil {
+			err = Connect(actx, socket, port)
+		} else {
+			// hvsock.Dial clears the attempt's deadline from the
+			// connection it returns.
+			*keep, err = hvsock.Dial(actx, socket, port)
+		}
 		cancel()
 		if err != nil && opt.OnAttempt != nil {
 			opt.OnAttempt(res.Attempts, err)
@@ -114,11 +127,27 @@ func Ready(ctx context.Context, running RunningFunc, socket string, port uint32,
 	if running == nil {
 		return Result{}, fmt.Errorf("%w: nil RunningFunc", ErrInvalid)
 	}
-	return wait(ctx, running, socket, port, opt)
+	return wait(ctx, running, socket, port, opt, nil)
 }
 
-// wait is Ready, with the running check skipped when running is nil.
-func wait(ctx context.Context, running RunningFunc, socket string, port uint32, opt Options) (Result, error) {
+// ReadyConn is Ready that returns the connection of the handshake that
+// succeeded, open: the caller speaks to the guest's agent over it and closes it.
+// It is nil when the probe fails.
+func ReadyConn(ctx context.Context, running RunningFunc, socket string, port uint32, opt Options) (*net.UnixConn, Result, error) {
+	if running == nil {
+		return nil, Result{}, fmt.Errorf("%w: nil RunningFunc", ErrInvalid)
+	}
+	var conn *net.UnixConn
+	res, err := wait(ctx, running, socket, port, opt, &conn)
+	if err != nil {
+		return nil, res, err
+	}
+	return conn, res, nil
+}
+
+// wait is Ready, with the running check skipped when running is nil; keep as
+// vsock's.
+func wait(ctx context.Context, running RunningFunc, socket string, port uint32, opt Options, keep **net.UnixConn) (Result, error) {
 	var res Result
 	if socket == "" {
 		return res, fmt.Errorf("%w: empty vsock socket path", ErrInvalid)
@@ -150,7 +179,7 @@ func wait(ctx context.Context, running RunningFunc, socket string, port uint32, 
 			return res, err
 		}
 	}
-	return res, vsock(ctx, socket, port, opt, &res)
+	return res, vsock(ctx, socket, port, opt, &res, keep)
 }
 
 // retry calls try until it reports done, pausing opt.Interval between calls, and

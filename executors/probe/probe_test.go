@@ -273,3 +273,63 @@ func TestInvalid(t *testing.T) {
 }
 
 func second(_ Result, err error) error { return err }
+
+// TestReadyConnKeepsTheConnection: ReadyConn hands back the successful
+// handshake's connection, open and past the attempt's deadline (the agent
+// answers later than AttemptTimeout), and closes the failed attempts'.
+func TestReadyConnKeepsTheConnection(t *testing.T) {
+	path := sockPath(t)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	closedFirst := make(chan struct{})
+	go func() {
+		// The first connection is refused (hang up), the second answered;
+		// the agent's line comes after the attempt's deadline has passed.
+		for n := 1; ; n++ {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+					return
+				}
+				if n == 1 {
+					close(closedFirst)
+					return
+				}
+				_, _ = c.Write([]byte("OK 9\n"))
+				time.Sleep(150 * time.Millisecond)
+				_, _ = c.Write([]byte("agent says hi\n"))
+				_, _ = c.Read(make([]byte, 1)) // until the client closes
+			}()
+		}
+	}()
+	running := func(context.Context) (bool, error) { return true, nil }
+	c, res, err := ReadyConn(context.Background(), running, path, 1024, Options{Timeout: 10 * time.Second, AttemptTimeout: 50 * time.Millisecond, Interval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-closedFirst
+	if res.Attempts != 2 {
+		t.Fatalf("result %+v, want 2 attempts", res)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || line != "agent says hi\n" {
+		t.Fatalf("read %q, %v from the kept connection; want the agent's line", line, err)
+	}
+}
+
+func TestReadyConnFails(t *testing.T) {
+	f := listen(t, sockPath(t), func(int) string { return hangUp })
+	running := func(context.Context) (bool, error) { return true, nil }
+	c, _, err := ReadyConn(context.Background(), running, f.path, 1024, Options{Timeout: 100 * time.Millisecond})
+	if !errors.Is(err, ErrNotReady) || c != nil {
+		t.Fatalf("ReadyConn = %v, %v; want no connection and ErrNotReady", c, err)
+	}
+}
