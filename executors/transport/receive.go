@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"path/filepath"
@@ -153,10 +152,8 @@ func writeFile(path string, r io.Reader, size int64) (string, error) {
 	if err := f.Close(); err != nil {
 		return "", fmt.Errorf("transport: %w", err)
 	}
-	return hexSum(h), nil
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
-
-func hexSum(h hash.Hash) string { return hex.EncodeToString(h.Sum(nil)) }
 
 func copySparse(f *os.File, r io.Reader, size int64) error {
 	buf := make([]byte, sparseChunk)
