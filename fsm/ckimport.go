@@ -101,14 +101,17 @@ func (i FetchCheckpoint) Failed(m Meta, msg string, _ bool) Command {
 	return CheckpointImportFailed{Meta: m, Checkpoint: i.Checkpoint, Error: msg}
 }
 
-// ImportFailureReason is the reason an import's error text msg carries.
+// ImportFailureReason is the reason an import's error text msg carries:
+// the first one in it, as the executor puts its reason ahead of the text it
+// wraps, which may quote the origin's own answer (and so another reason).
 func ImportFailureReason(msg string) string {
-	for _, r := range []string{ImportNotFound, ImportUnreachable} {
-		if strings.Contains(msg, r+": ") {
-			return r
+	reason, at := ImportRefused, len(msg)
+	for _, r := range []string{ImportNotFound, ImportUnreachable, ImportRefused} {
+		if i := strings.Index(msg, r+": "); i >= 0 && i < at {
+			reason, at = r, i
 		}
 	}
-	return ImportRefused
+	return reason
 }
 
 func (cmd ImportCheckpoint) decide(d *decider) error {

@@ -120,3 +120,21 @@ func TestCheckpointImportTransitions(t *testing.T) {
 		})
 	}
 }
+
+// The reason is the first one the text carries: an origin's answer quoted
+// after it must not reclassify the failure (an unreachable origin whose
+// error text says "not_found: " is not the claim's 404).
+func TestImportFailureReasonFirstWins(t *testing.T) {
+	for _, c := range []struct{ msg, want string }{
+		{"checkpoint_import fetch: unrecoverable: not_found: origin a:1 holds no checkpoint ck_x", ImportNotFound},
+		{"checkpoint_import fetch: unrecoverable: unreachable: origin a:1: dial tcp: refused", ImportUnreachable},
+		{"checkpoint_import fetch: unrecoverable: refused: from a:1: refused: digest mismatch", ImportRefused},
+		{"checkpoint_import fetch: unrecoverable: unreachable: origin a:1 answered 500: store: not_found: x", ImportUnreachable},
+		{"checkpoint_import fetch: unrecoverable: refused: from a:1: entry \"unreachable: x\"", ImportRefused},
+		{"checkpoint_import fetch: disk full", ImportRefused},
+	} {
+		if got := ImportFailureReason(c.msg); got != c.want {
+			t.Errorf("ImportFailureReason(%q) = %q, want %q", c.msg, got, c.want)
+		}
+	}
+}

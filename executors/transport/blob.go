@@ -174,7 +174,7 @@ func (b *Blob) WriteTo(w io.Writer) (int64, error) {
 	sums := Sums{SHA256: make(map[string]string, len(b.files))}
 	for i, f := range b.files {
 		fi := b.head.Files[i]
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: fi.Name, Size: fi.Size, Mode: 0o644, ModTime: now, Format: tar.FormatPAX}); err != nil {
+		if err := tw.WriteHeader(entryHeader(fi.Name, fi.Size, now)); err != nil {
 			return cw.n, err
 		}
 		h := sha256.New()
@@ -200,8 +200,13 @@ func (b *Blob) WriteTo(w io.Writer) (int64, error) {
 	return cw.n, tw.Close()
 }
 
+// entryHeader is the header of every entry of a blob: a regular file.
+func entryHeader(name string, size int64, mtime time.Time) *tar.Header {
+	return &tar.Header{Typeflag: tar.TypeReg, Name: name, Size: size, Mode: 0o644, ModTime: mtime, Format: tar.FormatPAX}
+}
+
 func writeEntry(tw *tar.Writer, name string, data []byte, mtime time.Time) error {
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Size: int64(len(data)), Mode: 0o644, ModTime: mtime, Format: tar.FormatPAX}); err != nil {
+	if err := tw.WriteHeader(entryHeader(name, int64(len(data)), mtime)); err != nil {
 		return err
 	}
 	_, err := tw.Write(data)

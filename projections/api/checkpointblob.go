@@ -40,24 +40,24 @@ type CheckpointBlobs struct {
 	Format string
 }
 
-// blobCheckpoint returns the checkpoint of the path if this node holds it
-// claimable (durably), else the route's 404.
-func (s *Server) blobCheckpoint(r *http.Request) (fsm.CheckpointRec, error) {
+// openHeldBlob opens, for a root caller, the checkpoint of the path if this
+// node holds it claimable (durably) and its store dir is still there; else
+// the route's 404. Both blob routes answer from it, so the probe's 200
+// promises exactly what the GET then streams.
+func (s *Server) openHeldBlob(r *http.Request, id auth.Identity) (*transport.Blob, error) {
+	if err := rootOnly(id); err != nil {
+		return nil, err
+	}
 	ckID := r.PathValue("id")
 	var ck fsm.CheckpointRec
 	if fsm.ValidCheckpointID(ckID) {
 		if _, err := s.durableRead(r.Context(), func(st *fsm.State) { ck, _ = st.Checkpoint(ckID) }); err != nil {
-			return ck, err
+			return nil, err
 		}
 	}
 	if ck.ID == "" || !ck.Listed() || s.blobs == nil {
-		return ck, errorf(http.StatusNotFound, "%s", errUnknownCheckpoint)
+		return nil, errorf(http.StatusNotFound, "%s", errUnknownCheckpoint)
 	}
-	return ck, nil
-}
-
-// openBlob opens checkpoint ck's store dir for streaming.
-func (s *Server) openBlob(ck *fsm.CheckpointRec) (*transport.Blob, error) {
 	dir, err := s.blobs.Roots.SnapshotIn(layout.CheckpointStore, ck.SnapshotDir)
 	if err != nil {
 		return nil, err
@@ -75,14 +75,7 @@ func (s *Server) openBlob(ck *fsm.CheckpointRec) (*transport.Blob, error) {
 // Its files are open before the first byte is written and no lock is held
 // while it streams.
 func (s *Server) handleCheckpointBlob(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	if err := rootOnly(id); err != nil {
-		return err
-	}
-	ck, err := s.blobCheckpoint(r)
-	if err != nil {
-		return err
-	}
-	b, err := s.openBlob(&ck)
+	b, err := s.openHeldBlob(r, id)
 	if err != nil {
 		return err
 	}
@@ -91,7 +84,7 @@ func (s *Server) handleCheckpointBlob(w http.ResponseWriter, r *http.Request, id
 	w.WriteHeader(http.StatusOK)
 	if n, err := b.WriteTo(w); err != nil {
 		// The status is sent: the receiver sees a cut stream and refuses it.
-		s.zl.Warn().Err(err).Str("checkpoint", ck.ID).Int64("bytes", n).Msg("api: checkpoint blob cut off")
+		s.zl.Warn().Err(err).Str("checkpoint", b.Head().ID).Int64("bytes", n).Msg("api: checkpoint blob cut off")
 	}
 	return nil
 }
@@ -99,14 +92,7 @@ func (s *Server) handleCheckpointBlob(w http.ResponseWriter, r *http.Request, id
 // handleCheckpointProbe answers whether this node holds a checkpoint
 // claimable (root only): 200 or 404, no body.
 func (s *Server) handleCheckpointProbe(w http.ResponseWriter, r *http.Request, id auth.Identity) error {
-	if err := rootOnly(id); err != nil {
-		return err
-	}
-	ck, err := s.blobCheckpoint(r)
-	if err != nil {
-		return err
-	}
-	b, err := s.openBlob(&ck)
+	b, err := s.openHeldBlob(r, id)
 	if err != nil {
 		return err
 	}
