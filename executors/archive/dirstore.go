@@ -394,12 +394,13 @@ func copySparse(dst, src string, beforeSync func() error) (size int64, sum strin
 	// nothing), so the disk writes while the next runs are read and hashed
 	// and the fsync below has little left to wait for. The fsync is still
 	// what makes the file durable.
+	outFd := int(out.Fd())
 	if err := fsx.DataRuns(in, size, func(off int64, run []byte) error {
 		h.Add(off, run)
 		if _, err := out.WriteAt(run, off); err != nil {
 			return err
 		}
-		_ = unix.SyncFileRange(int(out.Fd()), off, int64(len(run)), unix.SYNC_FILE_RANGE_WRITE)
+		_ = unix.SyncFileRange(outFd, off, int64(len(run)), unix.SYNC_FILE_RANGE_WRITE)
 		return nil
 	}); err != nil {
 		return 0, "", err

@@ -45,10 +45,10 @@ func newOldStore() oldStore {
 	return oldStore{childFork: map[string]string{}, forkLeft: map[string]int{}, forkCks: map[string]bool{}, archivedVMs: map[string]bool{}}
 }
 
-// count follows one committed event; archivedInState reports whether the
-// state holds vm with its snapshot archived (an archive from before this
-// daemon's start).
-func (o *oldStore) count(e *event.Event, archivedInState func(vm string) bool) {
+// count follows one committed event; archivedInState holds the VMs the
+// state has with their snapshot archived (an archive from before this
+// daemon's start), as archivedInState reads them.
+func (o *oldStore) count(e *event.Event, archivedInState map[string]bool) {
 	switch e.Type {
 	case event.TypeClaimCreated:
 		if p, err := e.Decode(); err == nil {
@@ -107,7 +107,7 @@ func (o *oldStore) count(e *event.Event, archivedInState func(vm string) bool) {
 			}
 		}
 	case event.TypeVMDestroyRequested:
-		if o.archivedVMs[e.AggID] || archivedInState(e.AggID) {
+		if o.archivedVMs[e.AggID] || archivedInState[e.AggID] {
 			o.n[oldArchiveDeleteIdx]++
 		}
 		delete(o.archivedVMs, e.AggID)
@@ -117,22 +117,24 @@ func (o *oldStore) count(e *event.Event, archivedInState func(vm string) bool) {
 // archivedInState reads, once for a commit and before oldMetrics.mu is
 // taken, which VMs the commit's destroy requests find archived in the
 // state: an archive from before this daemon's start, which the events it
-// counted never showed.
-func archivedInState(eng Engine, evs []event.Event) func(vm string) bool {
+// counted never showed. It is nil, and reads nothing, for a commit without
+// a destroy request: most commits.
+func archivedInState(eng Engine, evs []event.Event) map[string]bool {
 	var vms []string
 	for i := range evs {
 		if evs[i].Type == event.TypeVMDestroyRequested {
 			vms = append(vms, evs[i].AggID)
 		}
 	}
-	archived := map[string]bool{}
-	if len(vms) > 0 {
-		eng.View(func(st *fsm.State) {
-			for _, vm := range vms {
-				v, ok := st.VM(vm)
-				archived[vm] = ok && v.Archive != ""
-			}
-		})
+	if len(vms) == 0 {
+		return nil
 	}
-	return func(vm string) bool { return archived[vm] }
+	archived := make(map[string]bool, len(vms))
+	eng.View(func(st *fsm.State) {
+		for _, vm := range vms {
+			v, ok := st.VM(vm)
+			archived[vm] = ok && v.Archive != ""
+		}
+	})
+	return archived
 }

@@ -240,12 +240,11 @@ type campaign struct {
 	lane *netnstest.Lane
 	// probes is the egress traffic (nil without a lane).
 	probes *prober
-	// The store recipes' models (snapshots.go): acked checkpoints by id
-	// in the order taken, and promotes.
-	ckpts     map[string]*ckptModel
-	ckptOrder []string
-	tmpls     []*tmplModel
-	tmplSeq   int
+	// The store recipes' models (snapshots.go): acked checkpoints in the
+	// order taken, and promotes.
+	ckpts   []*ckptModel
+	tmpls   []*tmplModel
+	tmplSeq int
 
 	bVMMs   map[int]string
 	bClaims []string
@@ -335,7 +334,7 @@ func run(ctx context.Context, opt Options, lane *netnstest.Lane) (*Result, error
 			defer os.RemoveAll(d)
 		}
 	}
-	c := &campaign{opt: opt, out: opt.Out, rng: rand.New(rand.NewPCG(opt.Seed, opt.Seed^0x9e3779b97f4a7c15)), res: res, claims: map[string]*claim{}, ckpts: map[string]*ckptModel{}, lane: lane}
+	c := &campaign{opt: opt, out: opt.Out, rng: rand.New(rand.NewPCG(opt.Seed, opt.Seed^0x9e3779b97f4a7c15)), res: res, claims: map[string]*claim{}, lane: lane}
 	defer func() {
 		// Leave nothing running: the daemons first, then every VMM
 		// under the scratch dir (found by its socket path).

@@ -314,10 +314,7 @@ func (c *campaign) checkCheckpoints(ctx context.Context, cl *apiclient.Client) {
 		listed[k.ID] = true
 	}
 	c.mu.Lock()
-	var ckpts []*ckptModel
-	for _, id := range c.ckptOrder {
-		ckpts = append(ckpts, c.ckpts[id])
-	}
+	ckpts := slices.Clone(c.ckpts)
 	c.mu.Unlock()
 	kept, deleted, claimed := 0, 0, 0
 	for _, k := range ckpts {

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 
 	"github.com/sbxlog/sbxlog/projections/api"
 	"github.com/sbxlog/sbxlog/projections/apiclient"
@@ -53,11 +54,7 @@ type tmplModel struct {
 // gone reports whether a delete was acked; maybe whether one may have
 // taken effect.
 func gone(deletes []string) (acked, maybe bool) {
-	for _, o := range deletes {
-		acked = acked || o == outAcked
-		maybe = true
-	}
-	return acked, maybe
+	return slices.Contains(deletes, outAcked), len(deletes) > 0
 }
 
 // stateMatches reports whether an observed sandbox state is the state a
@@ -134,8 +131,7 @@ func (c *campaign) doCheckpoint(ctx context.Context, cl *apiclient.Client, x *cl
 		return
 	}
 	c.mu.Lock()
-	c.ckpts[rec.ID] = &ckptModel{id: rec.ID, marker: marker}
-	c.ckptOrder = append(c.ckptOrder, rec.ID)
+	c.ckpts = append(c.ckpts, &ckptModel{id: rec.ID, marker: marker})
 	c.mu.Unlock()
 }
 
@@ -144,11 +140,7 @@ func (c *campaign) doCheckpoint(ctx context.Context, cl *apiclient.Client, x *cl
 func (c *campaign) pickCkpt() (*ckptModel, func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ks := make([]*ckptModel, 0, len(c.ckptOrder))
-	for _, id := range c.ckptOrder {
-		ks = append(ks, c.ckpts[id])
-	}
-	return pickIdle(c, ks, func(k *ckptModel) *bool { return &k.busy }, func(k *ckptModel) bool {
+	return pickIdle(c, c.ckpts, func(k *ckptModel) *bool { return &k.busy }, func(k *ckptModel) bool {
 		_, maybe := gone(k.deletes)
 		return !maybe
 	})
