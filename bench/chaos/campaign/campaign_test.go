@@ -200,13 +200,21 @@ func (n *node) clean() {
 	if err := (&campaign{}).quiesce(n.ctx, n.c); err != nil {
 		n.t.Fatal(err)
 	}
-	c := &campaign{a: n.d, res: &Result{Checked: map[string]int{}}, inst: n.d.Instance()}
-	vms := c.checkVMs(n.ctx, n.c)
-	c.checkOrphans(vms)
-	if temps, _ := filepath.Glob(filepath.Join(n.d.DataDir, "store", ".sbx-tmp-*")); len(temps) > 0 {
-		c.violate("temp dirs left in the store: %v", temps)
-	}
-	for _, v := range c.res.Violation {
+	// Quiescence is of the VMs: what a commit removes after it (a woken
+	// VM's hibernate snapshot) may still be going, so the checks are
+	// awaited, and what they find after the wait is reported.
+	var violations []string
+	_ = waitFor(n.ctx, 15*time.Second, func() bool {
+		c := &campaign{a: n.d, res: &Result{Checked: map[string]int{}}, inst: n.d.Instance()}
+		vms := c.checkVMs(n.ctx, n.c)
+		c.checkOrphans(vms)
+		if temps, _ := filepath.Glob(filepath.Join(n.d.DataDir, "store", ".sbx-tmp-*")); len(temps) > 0 {
+			c.violate("temp dirs left in the store: %v", temps)
+		}
+		violations = c.res.Violation
+		return len(violations) == 0
+	})
+	for _, v := range violations {
 		n.t.Error(v)
 	}
 }
